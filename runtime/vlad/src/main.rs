@@ -1,0 +1,2 @@
+//! `vlad`: the on-device VLA policy runtime daemon.
+fn main() {}
