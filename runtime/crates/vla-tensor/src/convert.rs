@@ -38,7 +38,7 @@ impl core::fmt::Display for ConvertError {
 impl std::error::Error for ConvertError {}
 
 fn check(ty: ElementType, elements: usize, bytes: usize) -> Result<(), ConvertError> {
-    let expected = elements.checked_mul(ty.size()).unwrap_or(usize::MAX);
+    let expected = elements.saturating_mul(ty.size());
     if expected != bytes {
         return Err(ConvertError::Length {
             element_type: ty.name(),
