@@ -1,0 +1,143 @@
+# nooelint: oelint.file.underscores
+# (No version in the file name: the bundle is whatever VLA_POLICY names.)
+SUMMARY = "The VLA policy bundle named by VLA_POLICY, installed as the first OTA slot"
+DESCRIPTION = "Copies the bundle directory VLA_BUNDLE_DIR/VLA_POLICY (bundle.json, QNN \
+               HTP context binaries, golden and prompt files) to /var/lib/vla/bundles/<id>/ \
+               and points /var/lib/vla/current at it, so vlad runs that policy on first boot."
+HOMEPAGE = "https://example.invalid/vla-runtime"
+BUGTRACKER = "https://example.invalid/vla-runtime/issues"
+SECTION = "robotics"
+# The model weights in a bundle carry their authors' license; an integrator shipping a
+# licensed model sets LICENSE and LIC_FILES_CHKSUM for it in a vla-bundle.bbappend.
+LICENSE = "CLOSED"
+
+# Copies data only: no compiler. The QAIRT provider is staged for its QnnSdkBuildId.h.
+INHIBIT_DEFAULT_DEPS = "1"
+DEPENDS = "${VLA_QAIRT_PROVIDER}"
+
+require conf/vla-defaults.inc
+
+VLA_BUNDLE_SRC = "${VLA_BUNDLE_DIR}/${VLA_POLICY}"
+# The QAIRT release the context binaries were compiled with: bundle.json's "qairt_version"
+# unless set here. do_check_qairt_version compares it with the QAIRT provider's.
+VLA_BUNDLE_QAIRT_VERSION ?= ""
+# Digest of the bundle's file list with sizes and mtimes (set at parse time from stat()
+# alone: context binaries are GBs and are never read or checksummed while parsing). It is
+# in do_install's signature, so a changed bundle is copied again.
+VLA_BUNDLE_STAMP = ""
+
+# Context binaries are not fetched (file:// would checksum GBs at parse time and break
+# parsing for everyone when a bundle is missing): do_install copies from VLA_BUNDLE_SRC.
+SRC_URI = ""
+S = "${UNPACKDIR}"
+
+# The skip decision and VLA_BUNDLE_STAMP depend on files outside the layer, which the
+# parse cache would not notice: parse this recipe every time (a few stat() calls).
+BB_DONT_CACHE = "1"
+
+# vlad's useradd creates the vla user and group the slot is owned by.
+inherit useradd
+USERADD_DEPENDS = "vlad"
+
+# Skipping (with the reason show-recipes prints) needs code that runs at parse time; it
+# reads bundle.json (a few KB) and stat()s the bundle's files, nothing more.
+# nooelint: oelint.task.noanonpython
+python __anonymous() {
+    import hashlib
+    import json
+
+    policy = d.getVar('VLA_POLICY')
+    bundle_dir = d.getVar('VLA_BUNDLE_DIR')
+    if not policy:
+        raise bb.parse.SkipRecipe("VLA_POLICY is not set: name the policy bundle (a directory "
+                                  "under VLA_BUNDLE_DIR=%s) in local.conf" % bundle_dir)
+    src = d.getVar('VLA_BUNDLE_SRC')
+    if not os.path.isdir(src):
+        raise bb.parse.SkipRecipe("bundle directory %s (VLA_BUNDLE_DIR/VLA_POLICY) does not exist"
+                                  % src)
+    manifest_path = os.path.join(src, 'bundle.json')
+    try:
+        with open(manifest_path, encoding='utf-8') as manifest_file:
+            manifest = json.load(manifest_file)
+    except (OSError, ValueError) as err:
+        raise bb.parse.SkipRecipe("%s is not a readable bundle manifest: %s" % (manifest_path, err))
+    if not isinstance(manifest, dict):
+        raise bb.parse.SkipRecipe("%s is not a JSON object" % manifest_path)
+
+    for key, want in (('soc_model', d.getVar('VLA_SOC_MODEL')), ('htp_arch', d.getVar('VLA_HTP_ARCH'))):
+        have = manifest.get(key)
+        if str(have) != want:
+            raise bb.parse.SkipRecipe("%s: %s is %r but this machine needs %s (VLA_SOC_MODEL/"
+                                      "VLA_HTP_ARCH): the context binaries would not load"
+                                      % (manifest_path, key, have, want))
+
+    if not d.getVar('VLA_BUNDLE_QAIRT_VERSION') and manifest.get('qairt_version'):
+        d.setVar('VLA_BUNDLE_QAIRT_VERSION', str(manifest['qairt_version']))
+
+    listing = hashlib.sha256()
+    for root, dirs, files in os.walk(src, followlinks=True):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            info = os.stat(path)
+            listing.update(("%s %d %d\n" % (os.path.relpath(path, src), info.st_size,
+                                           info.st_mtime_ns)).encode())
+    d.setVar('VLA_BUNDLE_STAMP', listing.hexdigest())
+}
+
+do_configure[noexec] = "1"
+do_compile[noexec] = "1"
+
+# Context binaries only load on the QAIRT release that compiled them: stop the build here
+# rather than ship an image whose daemon fails to warm up on first boot.
+python do_check_qairt_version() {
+    import re
+
+    provider = d.getVar('VLA_QAIRT_PROVIDER')
+    header = os.path.join(d.getVar('STAGING_INCDIR'), 'QNN', 'QnnSdkBuildId.h')
+    try:
+        with open(header, encoding='utf-8', errors='replace') as build_id:
+            found = re.search(r'#define\s+QNN_SDK_BUILD_ID\s+"v?([0-9][0-9.]*)', build_id.read())
+    except OSError as err:
+        bb.fatal("QAIRT provider %s staged no QNN build id (%s): cannot check the bundle against it"
+                 % (provider, err))
+    if not found:
+        bb.fatal("%s (from %s) has no QNN_SDK_BUILD_ID" % (header, provider))
+    provided = found.group(1).rstrip('.')
+    wanted = d.getVar('VLA_BUNDLE_QAIRT_VERSION').lstrip('v')
+    policy = d.getVar('VLA_POLICY')
+    if not wanted:
+        bb.warn("bundle %s records no QAIRT version (bundle.json \"qairt_version\" or "
+                "VLA_BUNDLE_QAIRT_VERSION): not checked against %s %s" % (policy, provider, provided))
+        return
+    if wanted.split('.')[:3] != provided.split('.')[:3]:
+        bb.fatal("QAIRT version mismatch: bundle %s was compiled with QAIRT %s but %s provides %s; "
+                 "rebuild the bundle with QAIRT %s or point QAIRT_SDK_DIR at QAIRT %s"
+                 % (policy, wanted, provider, provided, provided, wanted))
+    bb.note("bundle %s: QAIRT %s matches %s %s" % (policy, wanted, provider, provided))
+}
+addtask check_qairt_version after do_prepare_recipe_sysroot before do_install
+do_check_qairt_version[doc] = "Fails the build when the bundle's QAIRT version differs from the QAIRT provider's"
+do_check_qairt_version[vardeps] += "VLA_BUNDLE_QAIRT_VERSION VLA_QAIRT_PROVIDER"
+
+# The slot is named by the bundle id, the SHA-256 of its bundle.json, as vlad ota install
+# names the slots it creates; `current` is relative so it resolves in the rootfs too.
+do_install[vardeps] += "VLA_BUNDLE_SRC VLA_BUNDLE_STAMP"
+do_install() {
+    bundle_id=$(sha256sum "${VLA_BUNDLE_SRC}/bundle.json" | cut -d' ' -f1)
+    state=${D}${localstatedir}/lib/vla
+    slot=$state/bundles/$bundle_id
+
+    install -d -m 0750 $state $state/bundles $slot
+    # -L: a bundle directory may link to context binaries kept elsewhere on the build host.
+    cp -R -L --reflink=auto --no-preserve=ownership "${VLA_BUNDLE_SRC}/." $slot/
+    chmod -R u=rwX,g=rX,o= $slot
+    ln -s bundles/$bundle_id $state/current
+    chown -R vla:vla $state
+    bbnote "bundle ${VLA_POLICY} installed as slot $bundle_id"
+}
+
+# Context binaries are data for the NPU of this machine only.
+PACKAGE_ARCH = "${MACHINE_ARCH}"
+FILES:${PN} += "${localstatedir}/lib/vla"
+RDEPENDS:${PN} = "vlad"
