@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""Independent end-to-end reference: a bundle's contexts plus the host glue, in numpy.
+
+The contexts run as ONNX graphs on ONNX Runtime's CPU provider in fp32 (or, for parity
+checks, as any callable taking and returning {tensor name: ndarray}); everything between them
+follows docs/bundle-format.md "Host glue" step by step. make_golden.py uses this to write
+golden/end_to_end.npz; run directly it recomputes a bundle's end-to-end golden:
+
+    .venv/bin/python scripts/reference.py golden/bundles/molmoact2-original \
+        --onnx-dir /tmp/vla-golden-build/molmoact2-original/onnx
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from det_npz import load_npz  # noqa: E402
+
+U64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------------------------------
+# Noise: SplitMix64 + Box-Muller (step 6)
+# ---------------------------------------------------------------------------------------
+
+
+class SplitMix64:
+    def __init__(self, seed: int):
+        self.state = seed & U64
+
+    def next_u64(self) -> int:
+        self.state = (self.state + 0x9E3779B97F4A7C15) & U64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & U64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & U64
+        return z ^ (z >> 31)
+
+
+def gaussian_noise(seed: int, shape) -> np.ndarray:
+    """Standard normals by Box-Muller in f64, filled row-major (z0 then z1), cast to f32."""
+    count = int(np.prod(shape))
+    gen = SplitMix64(seed)
+    values = []
+    while len(values) < count:
+        r1, r2 = gen.next_u64(), gen.next_u64()
+        u1 = ((r1 >> 11) + 1) * 2.0**-53
+        u2 = (r2 >> 11) * 2.0**-53
+        radius = np.sqrt(-2.0 * np.log(u1))
+        values.append(radius * np.cos(2.0 * np.pi * u2))
+        values.append(radius * np.sin(2.0 * np.pi * u2))
+    return np.array(values[:count], dtype=np.float64).astype(np.float32).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------
+# Frames -> pixel_values (step 1)
+# ---------------------------------------------------------------------------------------
+
+
+def _axis_taps(n_in: int, n_out: int):
+    scale = np.float32(n_in) / np.float32(n_out)
+    src = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
+    src = np.clip(src, np.float32(0.0), np.float32(n_in - 1))
+    i0 = np.floor(src).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    frac = (src - i0.astype(np.float32)).astype(np.float32)
+    return i0, i1, frac
+
+
+def resize_bilinear(frame: np.ndarray, size: int) -> np.ndarray:
+    """RGB8 [H, W, 3] -> f32 [size, size, 3], half-pixel centres, clamped, no antialiasing."""
+    img = frame.astype(np.float32)
+    y0, y1, fy = _axis_taps(img.shape[0], size)
+    x0, x1, fx = _axis_taps(img.shape[1], size)
+    fx = fx[None, :, None]
+    fy = fy[:, None, None]
+    top = img[y0][:, x0] * (np.float32(1) - fx) + img[y0][:, x1] * fx
+    bottom = img[y1][:, x0] * (np.float32(1) - fx) + img[y1][:, x1] * fx
+    return (top * (np.float32(1) - fy) + bottom * fy).astype(np.float32)
+
+
+def pixel_values_from_frames(frames: np.ndarray, crop: int, patch: int) -> np.ndarray:
+    cams = frames.shape[0]
+    grid = crop // patch
+    out = np.empty((1, cams, grid * grid, patch * patch * 3), np.float32)
+    for cam in range(cams):
+        img = resize_bilinear(frames[cam], crop) / np.float32(255) * np.float32(2) - np.float32(1)
+        # [py, dy, px, dx, c] -> [py, px, dy, dx, c]
+        patches = img.reshape(grid, patch, grid, patch, 3).transpose(0, 2, 1, 3, 4)
+        out[0, cam] = patches.reshape(grid * grid, patch * patch * 3)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Normalization
+# ---------------------------------------------------------------------------------------
+
+
+def _norm_arrays(norm: dict, n: int):
+    get = lambda key: np.asarray(norm[key], np.float32) if key in norm else None  # noqa: E731
+    passthrough = np.asarray(norm.get("passthrough", [False] * n), bool)
+    return get("low"), get("high"), get("mean"), get("std"), passthrough
+
+
+def normalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
+    mode = norm["mode"]
+    if mode in ("quantile", "min_max"):
+        y = (x - low) / (high - low) * np.float32(2) - np.float32(1)
+    elif mode == "mean_std":
+        y = (x - mean) / std
+    elif mode == "identity":
+        y = x.copy()
+    else:
+        raise ValueError(f"normalization mode {mode!r}")
+    return np.where(passthrough, x, y).astype(np.float32)
+
+
+def denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
+    mode = norm["mode"]
+    if mode == "quantile":
+        y = (np.clip(x, -1, 1) + np.float32(1)) * (high - low) / np.float32(2) + low
+    elif mode == "min_max":
+        y = (x + np.float32(1)) / np.float32(2) * (high - low) + low
+    elif mode == "mean_std":
+        y = x * std + mean
+    elif mode == "identity":
+        y = x.copy()
+    else:
+        raise ValueError(f"normalization mode {mode!r}")
+    return np.where(passthrough, x, y).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# Prompt, state tokens and attention bias (steps 2, 3)
+# ---------------------------------------------------------------------------------------
+
+
+def state_token_ids(state: np.ndarray, state_norm: dict) -> np.ndarray:
+    s = np.clip(normalize(state, state_norm), -1, 1)
+    return np.rint((s + np.float32(1)) / np.float32(2) * np.float32(255)).astype(np.int64)
+
+
+def embed_prompt(tables: dict, instruction_id: int, image_embeds: np.ndarray, state: np.ndarray, state_norm: dict):
+    h = tables["scaffold"][instruction_id].astype(np.float32)
+    h[tables["image_positions"][instruction_id]] += image_embeds
+    ids = state_token_ids(state, state_norm)
+    h[tables["state_positions"][instruction_id]] = tables["state_token_rows"][ids].astype(np.float32)
+    return h[None]
+
+
+def attention_bias(valid: np.ndarray, image_positions: np.ndarray, blocked: float) -> np.ndarray:
+    s = valid.shape[0]
+    is_image = np.zeros(s, bool)
+    is_image[image_positions] = True
+    q = np.arange(s)[:, None]
+    k = np.arange(s)[None, :]
+    allowed = valid.astype(bool)[None, :] & ((k <= q) | (is_image[:, None] & is_image[None, :]))
+    return np.where(allowed, np.float32(0), np.float32(blocked)).astype(np.float32)[None, None]
+
+
+# ---------------------------------------------------------------------------------------
+# KeyStone (step 7)
+# ---------------------------------------------------------------------------------------
+
+
+def _distance(a: np.ndarray, b: np.ndarray, kind: str) -> float:
+    if kind == "l2":
+        return float(np.linalg.norm(a - b))
+    if kind == "l1":
+        return float(np.abs(a - b).sum())
+    if kind == "cosine":
+        return float(1.0 - (a @ b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+    raise ValueError(f"keystone distance {kind!r}")
+
+
+def keystone_select(candidates: np.ndarray, keystone: dict) -> int:
+    """candidates [K, H, action_dims] (normalized space) -> chosen index. f64 throughout."""
+    k = candidates.shape[0]
+    rows = keystone.get("executed_steps") or candidates.shape[1]
+    pts = candidates[:, :rows].reshape(k, -1).astype(np.float64)
+    kind = keystone.get("distance", "l2")
+    dist = np.array([[_distance(pts[i], pts[j], kind) for j in range(k)] for i in range(k)])
+    medoid = int(np.argmin(dist.sum(axis=1)))
+    if keystone["selector"] == "medoid":
+        return medoid
+    pairwise = dist[np.triu_indices(k, 1)]
+    spread = np.linalg.norm(pts.mean(axis=0) - pts[medoid]) / (np.median(pairwise) + 1e-8)
+    if spread <= keystone.get("spread_threshold", 0.3):
+        return medoid
+    assign = two_means(pts)
+    members = np.flatnonzero(assign == (0 if (assign == 0).sum() >= (assign == 1).sum() else 1))
+    return int(members[np.argmin(dist[np.ix_(members, members)].sum(axis=1))])
+
+
+def two_means(pts: np.ndarray, iterations: int = 10) -> np.ndarray:
+    centroids = pts[:2].copy()
+    assign = None
+    for _ in range(iterations):
+        d = ((pts[:, None, :] - centroids[None]) ** 2).sum(axis=2)
+        new = np.where(d[:, 1] < d[:, 0], 1, 0)
+        if assign is not None and np.array_equal(new, assign):
+            break
+        assign = new
+        for c in range(2):
+            if (assign == c).any():
+                centroids[c] = pts[assign == c].mean(axis=0)
+    return assign
+
+
+# ---------------------------------------------------------------------------------------
+# Pipelines
+# ---------------------------------------------------------------------------------------
+
+
+class OrtCpuRunner:
+    """One ONNX graph on ONNX Runtime's CPU provider, fp32, single-threaded."""
+
+    def __init__(self, onnx_path):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(onnx_path), sess_options=so, providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def __call__(self, feeds: dict) -> dict:
+        return dict(zip(self.output_names, self.session.run(None, feeds)))
+
+
+class Recorder:
+    """Wraps the runners and keeps one (inputs, outputs) pair per component for the goldens."""
+
+    def __init__(self, runners: dict, capture: dict):
+        self.runners = runners
+        self.capture = capture  # component -> call index to keep
+        self.calls = {}
+        self.io = {}
+
+    def __call__(self, component: str, feeds: dict) -> dict:
+        outs = self.runners[component](feeds)
+        index = self.calls.get(component, 0)
+        self.calls[component] = index + 1
+        if index == self.capture.get(component, 0):
+            self.io[component] = ({k: np.array(v) for k, v in feeds.items()}, {k: np.array(v) for k, v in outs.items()})
+        return outs
+
+
+def flow_loop(run, feeds_base: dict, noise: np.ndarray, n: int, step_output: str, keep: np.ndarray):
+    x = noise * keep
+    for i in range(n):
+        t = np.array([i / n], np.float32)
+        out = run("action_step", dict(feeds_base, trajectory=x, timestep=t))["next_trajectory"]
+        if step_output == "velocity":
+            x = (x + np.float32(1.0 / n) * out) * keep
+        else:
+            x = out * keep
+    return x
+
+
+def run_molmoact2(manifest: dict, tables: dict, run, frames, state, instruction_id: int, seed: int) -> dict:
+    m = manifest["molmoact2"]
+    pixel_values = pixel_values_from_frames(frames, m["crop_size"], m["patch_size"])
+    image_embeds = run("vision", {"pixel_values": pixel_values})["image_embeds"]
+    hidden = embed_prompt(tables, instruction_id, image_embeds, state, m["state_norm"]).astype(np.float32)
+    bias = attention_bias(tables["valid"][instruction_id], tables["image_positions"][instruction_id],
+                          m["attention_blocked_value"])
+    h, keys, values = hidden, [], []
+    for i in range(m["llm_splits"]):
+        out = run(f"llm_split{i}", {"hidden_states": h, "attention_bias": bias})
+        h = out["hidden_out"]
+        keys.append(out["keys"])
+        values.append(out["values"])
+    ctx = run("action_context", {"keys": np.concatenate(keys), "values": np.concatenate(values)})
+    width, dims = m["action_width"], m["action_dims"]
+    is_pad = np.zeros((1, width), np.float32)
+    is_pad[0, dims:] = 1
+    keep = np.float32(1) - is_pad
+    base = {
+        "k_ctx": ctx["k_ctx"],
+        "v_ctx": ctx["v_ctx"],
+        "encoder_attention_mask": tables["valid"][instruction_id][None].astype(np.float32),
+        "action_dim_is_pad": is_pad,
+    }
+    shape = (1, m["action_horizon"], width)
+    keystone = m.get("keystone")
+    count = keystone["k"] if keystone else 1
+    noises, finals = [], []
+    for c in range(count):
+        noise = gaussian_noise((seed + c) & U64, shape)
+        noise = noise * keep
+        noises.append(noise)
+        finals.append(flow_loop(run, base, noise, m["flow_steps"], m["step_output"], keep))
+    result = {
+        "pixel_values": pixel_values,
+        "hidden_states": hidden,
+        "attention_bias": bias,
+        "k_ctx": ctx["k_ctx"],
+        "v_ctx": ctx["v_ctx"],
+        "noise": noises[0],
+    }
+    if keystone:
+        candidates = np.stack([x[0, :, :dims] for x in finals]).astype(np.float32)
+        choice = keystone_select(candidates, keystone)
+        result["candidates"] = candidates
+        result["keystone_choice"] = np.array([choice], np.int32)
+        chosen = candidates[choice]
+    else:
+        chosen = finals[0][0, :, :dims]
+    result["actions"] = denormalize(chosen, m["action_norm"])
+    return result
+
+
+def wan_sigmas(n: int, shift: float) -> np.ndarray:
+    u = np.linspace(1.0, 0.0, n + 1)[:n]
+    sigma = shift * u / (1.0 + (shift - 1.0) * u)
+    return np.append(sigma, 0.0)
+
+
+def run_fastwam(manifest: dict, world: dict, run, seed: int) -> dict:
+    f = manifest["fastwam"]
+    shape = (1, f["action_horizon"], f["action_dims"])
+    noise = gaussian_noise(seed, shape)
+    sigma = wan_sigmas(f["flow_steps"], f["shift"])
+    x = noise.copy()
+    for i in range(f["flow_steps"]):
+        feeds = {
+            "latents_action": x,
+            "timestep": np.array([sigma[i] * 1000.0], np.float32),
+            "video_keys": world["video_keys"],
+            "video_values": world["video_values"],
+            "context": world["context"],
+            "context_mask": world["context_mask"],
+        }
+        pred = run("action_step", feeds)["pred_noise"]
+        x = (x + pred * np.float32(sigma[i + 1] - sigma[i])).astype(np.float32)
+    actions = denormalize(x[0], f["action_norm"])
+    if f.get("gripper_binarize"):
+        actions[:, -1] = np.where(actions[:, -1] >= 0, 1.0, -1.0)
+    return {"noise": noise, "actions": actions.astype(np.float32)}
+
+
+def capture_plan(manifest: dict) -> dict:
+    """Which call of a looped context goes into its golden: the middle flow step."""
+    if manifest["policy"] == "molmoact2":
+        return {"action_step": manifest["molmoact2"]["flow_steps"] // 2}
+    return {"action_step": manifest["fastwam"]["flow_steps"] // 2}
+
+
+def run_bundle(bundle_dir: Path, runners: dict, inputs: dict):
+    """Runs a bundle end to end; returns (end_to_end arrays, {component: (inputs, outputs)})."""
+    bundle_dir = Path(bundle_dir)
+    manifest = json.loads((bundle_dir / "bundle.json").read_text())
+    rec = Recorder(runners, capture_plan(manifest))
+    seed = int(inputs["seed"][0])
+    if manifest["policy"] == "molmoact2":
+        tables = load_npz(bundle_dir / manifest["molmoact2"]["prompt"])
+        result = run_molmoact2(manifest, tables, rec, inputs["frames"], inputs["state"],
+                               int(inputs["instruction_id"][0]), seed)
+    else:
+        world = load_npz(bundle_dir / manifest["fastwam"]["world_model"])
+        result = run_fastwam(manifest, world, rec, seed)
+    return result, rec.io
+
+
+def cpu_runners(bundle_dir: Path, onnx_dir: Path) -> dict:
+    manifest = json.loads((Path(bundle_dir) / "bundle.json").read_text())
+    return {name: OrtCpuRunner(Path(onnx_dir) / f"{name}.onnx") for name in manifest["components"]}
+
+
+def cosine(a, b) -> float:
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    denom = np.linalg.norm(a) * np.linalg.norm(b)
+    if denom == 0:
+        return 1.0 if np.array_equal(a, b) else 0.0
+    return float(a @ b / denom)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bundle", type=Path)
+    ap.add_argument("--onnx-dir", type=Path, required=True, help="directory with <component>.onnx graphs")
+    args = ap.parse_args()
+    manifest = json.loads((args.bundle / "bundle.json").read_text())
+    golden = load_npz(args.bundle / manifest["end_to_end"])
+    result, _ = run_bundle(args.bundle, cpu_runners(args.bundle, args.onnx_dir), golden)
+    worst = 1.0
+    for name, value in result.items():
+        c = cosine(value, golden[name])
+        worst = min(worst, c)
+        print(f"{name:16s} cosine {c:.9f}  max|diff| {np.abs(value.astype(np.float64) - golden[name]).max():.3g}")
+    sys.exit(0 if worst >= manifest["parity"]["end_to_end_cosine"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Host glue of the reference pipeline, and the committed goldens against the scripts."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import reference as ref
+from det_npz import load_npz, save_npz
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLES = REPO / "golden" / "bundles"
+
+
+def test_splitmix64_reference_values():
+    gen = ref.SplitMix64(0)
+    assert [gen.next_u64() for _ in range(3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+
+
+def test_gaussian_noise_is_seeded_and_standard():
+    a = ref.gaussian_noise(7, (1, 10, 32))
+    assert a.dtype == np.float32 and a.shape == (1, 10, 32)
+    np.testing.assert_array_equal(a, ref.gaussian_noise(7, (1, 10, 32)))
+    assert not np.array_equal(a, ref.gaussian_noise(8, (1, 10, 32)))
+    big = ref.gaussian_noise(1, (20000,))
+    assert abs(big.mean()) < 0.03 and abs(big.std() - 1) < 0.03
+    # an odd count drops the last z1 of the final pair
+    np.testing.assert_array_equal(ref.gaussian_noise(3, (5,)), ref.gaussian_noise(3, (6,))[:5])
+
+
+def test_wrapping_seed_for_keystone_candidates():
+    assert ref.SplitMix64((2**64 - 1 + 1) & ref.U64).state == 0
+
+
+def test_resize_identity_and_constant():
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (14, 14, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(ref.resize_bilinear(img, 14), img.astype(np.float32))
+    const = np.full((48, 64, 3), 77, np.uint8)
+    np.testing.assert_array_equal(ref.resize_bilinear(const, 56), np.full((56, 56, 3), 77, np.float32))
+
+
+def test_resize_half_pixel_centres():
+    # 2 -> 4 pixels: src = (dst + 0.5) * 0.5 - 0.5 = -0.25, 0.25, 0.75, 1.25 -> clamp
+    img = np.zeros((1, 2, 3), np.uint8)
+    img[0, 1] = 100
+    out = ref.resize_bilinear(np.repeat(img, 2, axis=0), 4)
+    np.testing.assert_allclose(out[0, :, 0], [0, 25, 75, 100])
+
+
+def test_patchify_layout():
+    frames = np.random.default_rng(1).integers(0, 256, (2, 28, 28, 3), dtype=np.uint8)
+    pv = ref.pixel_values_from_frames(frames, 28, 14)
+    assert pv.shape == (1, 2, 4, 588)
+    img = frames[1].astype(np.float32) / 255 * 2 - 1
+    py, px, dy, dx, c = 1, 0, 3, 9, 2
+    assert pv[0, 1, py * 2 + px, (dy * 14 + dx) * 3 + c] == np.float32(img[py * 14 + dy, px * 14 + dx, c])
+
+
+def test_attention_bias_rules():
+    valid = np.array([0, 1, 1, 1, 1, 1], np.uint8)
+    bias = ref.attention_bias(valid, np.array([2, 3]), -1e9)[0, 0]
+    allowed = bias == 0
+    assert not allowed[:, 0].any()  # pad key never
+    assert allowed[2, 3] and allowed[3, 2]  # image <-> image both ways
+    assert not allowed[1, 2] and allowed[2, 1]  # causal otherwise
+    assert not allowed[4, 5] and allowed[5, 4]
+    assert np.all(bias[~allowed] == np.float32(-1e9))
+
+
+def test_state_tokens_round_half_even():
+    norm = {"mode": "identity"}
+    # (s + 1) / 2 * 255 = 127.5 exactly -> 128 (even); -1 -> 0; 1 -> 255; clip beyond
+    ids = ref.state_token_ids(np.array([0.0, -1.0, 1.0, 3.0, -2.0], np.float32), norm)
+    np.testing.assert_array_equal(ids, [128, 0, 255, 255, 0])
+
+
+def test_normalize_denormalize():
+    norm = {"mode": "min_max", "low": [0.0, -2.0], "high": [1.0, 2.0], "passthrough": [False, True]}
+    x = np.array([0.25, 5.0], np.float32)
+    y = ref.normalize(x, norm)
+    np.testing.assert_allclose(y, [-0.5, 5.0])
+    np.testing.assert_allclose(ref.denormalize(y, norm), x)
+    q = {"mode": "quantile", "low": [0.0], "high": [2.0]}
+    np.testing.assert_allclose(ref.denormalize(np.array([3.0], np.float32), q), [2.0])  # clipped
+    ms = {"mode": "mean_std", "mean": [1.0], "std": [2.0]}
+    np.testing.assert_allclose(ref.denormalize(np.array([0.5], np.float32), ms), [2.0])
+
+
+def test_keystone_medoid_and_guard():
+    base = np.zeros((5, 2, 1), np.float32)
+    base[:, 0, 0] = [0.0, 0.1, 0.2, 0.3, 5.0]
+    plain = {"k": 5, "selector": "medoid", "distance": "l2", "executed_steps": None, "spread_threshold": 0.3}
+    assert ref.keystone_select(base, plain) == 2
+    # two clusters: three points near 10, two near 0; the guard picks the larger cluster's medoid
+    two = np.array([0.0, 0.2, 10.0, 10.1, 10.3], np.float32).reshape(5, 1, 1)
+    guarded = dict(plain, selector="guarded_medoid")
+    assert ref.keystone_select(two, guarded) == 3
+    assert ref.keystone_select(two, plain) in (2, 3)
+    # executed_steps limits the rows that count
+    rows = np.zeros((3, 2, 1), np.float32)
+    rows[:, 0, 0] = [0.0, 1.0, 3.0]
+    rows[:, 1, 0] = [100.0, 0.0, 0.0]
+    assert ref.keystone_select(rows, dict(plain, k=3, executed_steps=1)) == 1
+
+
+def test_wan_schedule_matches_reference_timesteps():
+    t = ref.wan_sigmas(10, 5.0)[:10] * 1000
+    np.testing.assert_allclose(t, [1000, 978.261, 952.381, 921.053, 882.353, 833.333, 769.231, 681.818,
+                                   555.556, 357.143], atol=1e-3)
+    assert ref.wan_sigmas(10, 5.0)[-1] == 0
+
+
+def test_det_npz_is_byte_stable(tmp_path):
+    arrays = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.array([1], np.uint64)}
+    save_npz(tmp_path / "x.npz", arrays)
+    save_npz(tmp_path / "y.npz", arrays)
+    assert (tmp_path / "x.npz").read_bytes() == (tmp_path / "y.npz").read_bytes()
+    back = load_npz(tmp_path / "x.npz")
+    assert list(back) == ["b", "a"]
+    np.testing.assert_array_equal(back["b"], arrays["b"])
+
+
+def _bundle_graphs(name):
+    import fixture_graphs as fg
+    import make_golden as mg
+
+    manifest = json.loads((BUNDLES / name / "bundle.json").read_text())
+    if manifest["policy"] == "fastwam":
+        rng = mg.component_rng(mg.FASTWAM["seed"], "action_step")
+        return manifest, {"action_step": fg.build_fastwam_step(mg.FASTWAM["dims"], rng)}
+    cfg = mg.MOLMO_VARIANTS[name]
+    cfg = dict(cfg, dims=replace(cfg["dims"], seq_len=manifest["molmoact2"]["seq_len"]))
+    return manifest, mg.build_molmo_graphs(cfg)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BUNDLES.iterdir()))
+def test_committed_goldens_match_reference(tmp_path, name):
+    """Rebuilds the graphs from their seeds and reruns the CPU reference: the committed
+    end-to-end and per-context goldens must come out bit-identical."""
+    manifest, graphs = _bundle_graphs(name)
+    for component, model in graphs.items():
+        onnx.save(model, str(tmp_path / f"{component}.onnx"))
+    bundle = BUNDLES / name
+    golden = load_npz(bundle / manifest["end_to_end"])
+    result, io = ref.run_bundle(bundle, ref.cpu_runners(bundle, tmp_path), golden)
+    for key, value in result.items():
+        np.testing.assert_array_equal(value, golden[key], err_msg=f"{name}: {key}")
+    for component, entry in manifest["components"].items():
+        stored = load_npz(bundle / entry["golden"])
+        feeds, outs = io[component]
+        assert list(stored) == list(feeds) + list(outs)
+        for key in stored:
+            np.testing.assert_array_equal(stored[key], {**feeds, **outs}[key], err_msg=f"{name}/{component}: {key}")
+
+
+def test_bundle_layout_is_complete():
+    for bundle in BUNDLES.iterdir():
+        manifest = json.loads((bundle / "bundle.json").read_text())
+        assert manifest["format"] == 1 and manifest["soc_model"] == 77 and manifest["htp_arch"] == 73
+        for component, entry in manifest["components"].items():
+            assert entry["binary"] == f"ctx/{component}_socid77_archv73.bin"
+            assert (bundle / entry["binary"]).stat().st_size > 0
+            assert (bundle / entry["golden"]).is_file()
+        e2e = load_npz(bundle / manifest["end_to_end"])
+        assert e2e["seed"].dtype == np.uint64 and e2e["actions"].dtype == np.float32
+        if manifest["policy"] == "molmoact2":
+            m = manifest["molmoact2"]
+            assert e2e["frames"].shape == (m["cameras"], m["frame_height"], m["frame_width"], 3)
+            assert e2e["actions"].shape == (m["action_horizon"], m["action_dims"])
+            assert (bundle / m["prompt"]).is_file()
+        else:
+            assert (bundle / manifest["fastwam"]["world_model"]).is_file()
