@@ -1,2 +1,82 @@
-//! `vlad`: the on-device VLA policy runtime daemon.
-fn main() {}
+//! `vlad`: the on-device VLA policy runtime daemon and its tools.
+//!
+//! One binary, several subcommands: the daemon itself and the tools an integrator needs
+//! next to it (inspect a context binary, prove parity against golden tensors, measure a
+//! context). This module only parses the command line and maps errors to exit codes;
+//! each subcommand lives in its own module.
+
+mod bench;
+mod cli;
+mod inspect;
+mod parity;
+mod qnn_setup;
+
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: vlad <command> [options]
+
+commands:
+  inspect <ctx.bin>                 SoC model, blob version, QNN build, graphs and tensors
+  parity <ctx.bin> <io.npz>         run one context on the npz inputs, compare its outputs
+  bench-context <ctx.bin>           load time, first executes, steady p50/p99
+
+common options:
+  --lib-dir DIR     QNN library directory (default: $VLA_QNN_LIB_DIR, else /usr/lib)
+  --log-level LVL   error|warn|info|debug|trace (default: warn; RUST_LOG also works)
+  -h, --help        this text
+";
+
+/// How a command ended, beyond plain success.
+pub enum Failure {
+    /// Bad command line: exit 2.
+    Usage(String),
+    /// The command ran and an error stopped it: exit 1.
+    Error(String),
+    /// The command ran to the end and a gate failed (parity below threshold): exit 3.
+    Gate(String),
+}
+
+impl<E: std::error::Error> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Error(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    let Some(command) = args.next() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest: Vec<std::ffi::OsString> = args.collect();
+    let result = match command.to_str().unwrap_or("") {
+        "inspect" => inspect::run(rest),
+        "parity" => parity::run(rest),
+        "bench-context" => bench::run(rest),
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        "--version" | "version" => {
+            println!("vlad {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!("unknown command `{other}`"))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(m)) => {
+            eprintln!("vlad: {m}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Error(m)) => {
+            eprintln!("vlad: error: {m}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Gate(m)) => {
+            eprintln!("vlad: gate failed: {m}");
+            ExitCode::from(3)
+        }
+    }
+}

@@ -5,9 +5,11 @@
 //! while the host glue computes in f32; everything that crosses that boundary goes through
 //! [`encode_f32`] and [`decode_f32`], which check lengths instead of trusting them.
 
+mod buffer;
 mod convert;
 mod metrics;
 
+pub use buffer::AlignedBuf;
 pub use convert::{decode_f32, encode_f32, ConvertError};
 pub use metrics::{compare, Comparison};
 

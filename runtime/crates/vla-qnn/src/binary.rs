@@ -1,0 +1,406 @@
+//! Context binaries: the read-only mapping of a `.bin` and its metadata.
+//!
+//! The file is memory-mapped (never copied into the heap) and described through
+//! libQnnSystem's binary info. Everything the library returns is copied into owned Rust
+//! types before the system context that owns it is freed.
+
+use crate::error::QnnError;
+use crate::ffi::{self, binary_info as bi, data_type as dt, graph_info as gi, read_at, Handle};
+use crate::library::{ApiVersion, QnnLibrary};
+use core::ffi::{c_char, c_void, CStr};
+use std::path::{Path, PathBuf};
+use vla_tensor::{ElementType, Quantization};
+
+/// Direction of a graph tensor as the application sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorKind {
+    Input,
+    Output,
+    Other(u32),
+}
+
+/// One graph input or output, as described by the binary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub id: u32,
+    pub name: String,
+    pub kind: TensorKind,
+    pub dims: Vec<u32>,
+    /// QNN data type code (`Qnn_DataType_t`).
+    pub data_type: u32,
+    /// The element type when this runtime can execute it.
+    pub element: Option<ElementType>,
+    /// Why `element` is `None`.
+    pub unsupported: Option<String>,
+    pub(crate) quant_raw: ffi::QuantizeParams,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn elements(&self) -> usize {
+        self.dims.iter().map(|&d| d as usize).product()
+    }
+
+    /// Buffer size in bytes, when the element type is supported.
+    pub fn byte_len(&self) -> Option<usize> {
+        self.element.map(|e| self.elements() * e.size())
+    }
+
+    /// `[1, 2, 729, 588]`-style shape text.
+    pub fn shape_text(&self) -> String {
+        let dims: Vec<String> = self.dims.iter().map(|d| d.to_string()).collect();
+        format!("[{}]", dims.join(","))
+    }
+
+    /// Dims as `usize`.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().map(|&d| d as usize).collect()
+    }
+}
+
+/// Human name of a QNN data type code.
+pub fn data_type_name(code: u32) -> &'static str {
+    match code {
+        dt::INT_8 => "int8",
+        dt::INT_16 => "int16",
+        dt::INT_32 => "int32",
+        dt::INT_64 => "int64",
+        dt::UINT_8 => "uint8",
+        dt::UINT_16 => "uint16",
+        dt::UINT_32 => "uint32",
+        dt::UINT_64 => "uint64",
+        dt::FLOAT_16 => "float16",
+        dt::FLOAT_32 => "float32",
+        dt::FLOAT_64 => "float64",
+        dt::BFLOAT_16 => "bfloat16",
+        dt::SFIXED_POINT_8 => "sfixed8",
+        dt::SFIXED_POINT_16 => "sfixed16",
+        dt::SFIXED_POINT_32 => "sfixed32",
+        dt::UFIXED_POINT_8 => "ufixed8",
+        dt::UFIXED_POINT_16 => "ufixed16",
+        dt::UFIXED_POINT_32 => "ufixed32",
+        dt::BOOL_8 => "bool8",
+        dt::STRING => "string",
+        _ => "unknown",
+    }
+}
+
+fn element_type(data_type: u32, q: &ffi::QuantizeParams) -> Result<ElementType, String> {
+    let quant = || -> Result<Quantization, String> {
+        if q.encoding_definition != ffi::QUANT_DEFINITION_DEFINED
+            || q.quantization_encoding != ffi::QUANT_ENCODING_SCALE_OFFSET
+        {
+            return Err(format!(
+                "{} with quantization encoding {:#x} (only per-tensor scale/offset is supported)",
+                data_type_name(data_type),
+                q.quantization_encoding
+            ));
+        }
+        if !(q.scale.is_finite() && q.scale > 0.0) {
+            return Err(format!(
+                "{} with invalid scale {}",
+                data_type_name(data_type),
+                q.scale
+            ));
+        }
+        Ok(Quantization {
+            scale: q.scale,
+            offset: q.offset,
+        })
+    };
+    Ok(match data_type {
+        dt::FLOAT_32 => ElementType::F32,
+        dt::FLOAT_16 => ElementType::F16,
+        dt::INT_32 => ElementType::I32,
+        dt::UINT_8 => ElementType::U8,
+        dt::BOOL_8 => ElementType::Bool,
+        dt::UFIXED_POINT_8 => ElementType::UFixed8(quant()?),
+        dt::UFIXED_POINT_16 => ElementType::UFixed16(quant()?),
+        dt::SFIXED_POINT_8 => ElementType::SFixed8(quant()?),
+        dt::SFIXED_POINT_16 => ElementType::SFixed16(quant()?),
+        other => {
+            return Err(format!(
+                "data type {} ({other:#x}) is not supported",
+                data_type_name(other)
+            ))
+        }
+    })
+}
+
+fn c_str(ptr: *const c_char) -> Option<String> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: non-null strings in binary info are NUL-terminated and live as long as the
+    // system context, which outlives this call.
+    Some(
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned(),
+    )
+}
+
+/// Upper bounds that keep a hostile binary from making us walk wild pointers forever.
+const MAX_GRAPHS: u32 = 1024;
+const MAX_TENSORS: u32 = 4096;
+const MAX_RANK: u32 = 16;
+
+/// Copies one `Qnn_Tensor_t` (v1 or v2; the v1 prefix is common) out of library memory.
+///
+/// # Safety
+/// `t` must point to a tensor struct owned by a live system context.
+unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError> {
+    let bad = |reason: String| QnnError::Metadata {
+        path: path.to_owned(),
+        reason,
+    };
+    // SAFETY: per the caller, `t` is a valid Qnn_Tensor_t.
+    let (version, v1): (u32, ffi::TensorV1) = unsafe { (read_at(t, 0), read_at(t, 8)) };
+    if version != 1 && version != 2 {
+        return Err(bad(format!("tensor struct version {version}")));
+    }
+    let name = c_str(v1.name).ok_or_else(|| bad(format!("tensor id {} has no name", v1.id)))?;
+    if v1.rank > MAX_RANK || (v1.rank > 0 && v1.dimensions.is_null()) {
+        return Err(bad(format!(
+            "tensor `{name}` has rank {} without dimensions",
+            v1.rank
+        )));
+    }
+    // SAFETY: `dimensions` holds `rank` u32 values (checked non-null above).
+    let dims: Vec<u32> = (0..v1.rank as usize)
+        .map(|i| unsafe { *v1.dimensions.add(i) })
+        .collect();
+    let kind = match v1.tensor_type {
+        ffi::TENSOR_TYPE_APP_WRITE => TensorKind::Input,
+        ffi::TENSOR_TYPE_APP_READ => TensorKind::Output,
+        other => TensorKind::Other(other),
+    };
+    let (element, unsupported) = match element_type(v1.data_type, &v1.quantize_params) {
+        Ok(e) => (Some(e), None),
+        Err(why) => (None, Some(why)),
+    };
+    Ok(TensorInfo {
+        id: v1.id,
+        name,
+        kind,
+        dims,
+        data_type: v1.data_type,
+        element,
+        unsupported,
+        quant_raw: v1.quantize_params,
+    })
+}
+
+/// One graph of a context binary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphInfo {
+    pub name: String,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+}
+
+/// What libQnnSystem reports about a context binary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BinaryInfo {
+    pub info_version: u32,
+    pub build_id: Option<String>,
+    pub core_api: ApiVersion,
+    pub backend_api: ApiVersion,
+    /// Context blob version (binary info v3 only).
+    pub blob_version: Option<ApiVersion>,
+    pub blob_size: Option<u64>,
+    /// SoC model the binary was compiled for (binary info v3 only; 77 = QCS9075/QCS9100).
+    pub soc_model: Option<u32>,
+    pub graphs: Vec<GraphInfo>,
+}
+
+/// Owns a `QnnSystemContext_Handle_t` and frees it on every path.
+struct SystemContext<'a> {
+    lib: &'a QnnLibrary,
+    handle: Handle,
+}
+
+impl Drop for SystemContext<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by this library's systemContextCreate and freed once.
+        unsafe { (self.lib.system.context_free)(self.handle) };
+    }
+}
+
+/// Reads the metadata of the binary in `bytes` (which libQnnSystem only reads).
+pub(crate) fn read_binary_info(
+    lib: &QnnLibrary,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<BinaryInfo, QnnError> {
+    let subject = || path.display().to_string();
+    let mut handle: Handle = core::ptr::null_mut();
+    // SAFETY: out-pointer valid.
+    let rc = unsafe { (lib.system.context_create)(&mut handle) };
+    lib.check(rc, "systemContextCreate", subject)?;
+    let sys = SystemContext { lib, handle };
+
+    let mut info: *const c_void = core::ptr::null();
+    let mut info_size: u64 = 0;
+    // SAFETY: getBinaryInfo only reads the buffer (documented and checked with a
+    // read-only mapping); `bytes.len()` is its exact size, as the API requires.
+    let rc = unsafe {
+        (lib.system.context_get_binary_info)(
+            sys.handle,
+            bytes.as_ptr() as *mut c_void,
+            bytes.len() as u64,
+            &mut info,
+            &mut info_size,
+        )
+    };
+    lib.check(rc, "systemContextGetBinaryInfo", subject)?;
+    if info.is_null() {
+        return Err(QnnError::Metadata {
+            path: path.to_owned(),
+            reason: "no binary info returned".into(),
+        });
+    }
+    let base = info as *const u8;
+    let bad = |reason: String| QnnError::Metadata {
+        path: path.to_owned(),
+        reason,
+    };
+    // SAFETY: `info` points to a BinaryInfo owned by `sys` (alive until the end of this
+    // function); fields are read at the documented offsets for its version, and only
+    // when `info_size` (when reported) covers them.
+    unsafe {
+        let version: u32 = read_at(base, bi::VERSION);
+        let need = if version >= 3 {
+            bi::V3_MIN_SIZE
+        } else {
+            bi::V1_GRAPHS + 8
+        };
+        if info_size != 0 && (info_size as usize) < need {
+            return Err(bad(format!(
+                "binary info v{version} is {info_size} bytes, need {need}"
+            )));
+        }
+        let build_id = c_str(read_at(base, bi::BUILD_ID));
+        let core: [u32; 3] = read_at(base, bi::CORE_API);
+        let backend: [u32; 3] = read_at(base, bi::BACKEND_API);
+        let (num_graphs, graphs_ptr, blob_version, blob_size, soc_model) = match version {
+            1 | 2 => (
+                read_at::<u32>(base, bi::V1_NUM_GRAPHS),
+                read_at::<*const u8>(base, bi::V1_GRAPHS),
+                None,
+                None,
+                None,
+            ),
+            3 => {
+                let bv: [u32; 3] = read_at(base, bi::V3_BLOB_VERSION);
+                (
+                    read_at::<u32>(base, bi::V3_NUM_GRAPHS),
+                    read_at::<*const u8>(base, bi::V3_GRAPHS),
+                    Some(ApiVersion::new(bv[0], bv[1], bv[2])),
+                    Some(read_at::<u64>(base, bi::V3_BLOB_SIZE)),
+                    Some(read_at::<u32>(base, bi::V3_SOC_MODEL)),
+                )
+            }
+            v => return Err(bad(format!("binary info version {v} is not supported"))),
+        };
+        if num_graphs == 0 || num_graphs > MAX_GRAPHS || graphs_ptr.is_null() {
+            return Err(bad(format!("{num_graphs} graphs")));
+        }
+        let mut graphs = Vec::with_capacity(num_graphs as usize);
+        for g in 0..num_graphs as usize {
+            let gp = graphs_ptr.add(g * gi::STRIDE);
+            let name = c_str(read_at(gp, gi::NAME))
+                .ok_or_else(|| bad(format!("graph {g} has no name")))?;
+            let mut io = [Vec::new(), Vec::new()];
+            for (slot, (n_off, p_off)) in
+                [(gi::NUM_INPUTS, gi::INPUTS), (gi::NUM_OUTPUTS, gi::OUTPUTS)]
+                    .into_iter()
+                    .enumerate()
+            {
+                let n: u32 = read_at(gp, n_off);
+                let p: *const u8 = read_at(gp, p_off);
+                if n > MAX_TENSORS || (n > 0 && p.is_null()) {
+                    return Err(bad(format!("graph `{name}` lists {n} tensors")));
+                }
+                for i in 0..n as usize {
+                    io[slot].push(read_tensor(
+                        p.add(i * core::mem::size_of::<ffi::QnnTensor>()),
+                        path,
+                    )?);
+                }
+            }
+            let [inputs, outputs] = io;
+            graphs.push(GraphInfo {
+                name,
+                inputs,
+                outputs,
+            });
+        }
+        Ok(BinaryInfo {
+            info_version: version,
+            build_id,
+            core_api: ApiVersion::new(core[0], core[1], core[2]),
+            backend_api: ApiVersion::new(backend[0], backend[1], backend[2]),
+            blob_version,
+            blob_size,
+            soc_model,
+            graphs,
+        })
+    }
+}
+
+/// A context binary file, mapped read-only, with its metadata.
+pub struct ContextBinary {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    info: BinaryInfo,
+}
+
+impl core::fmt::Debug for ContextBinary {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ContextBinary")
+            .field("path", &self.path)
+            .field("size", &self.map.len())
+            .finish()
+    }
+}
+
+impl ContextBinary {
+    /// Maps `path` and reads its metadata; rejects missing, non-regular, empty, truncated
+    /// and corrupted files with an error naming the file.
+    pub fn open(lib: &QnnLibrary, path: impl AsRef<Path>) -> Result<Self, QnnError> {
+        let path = path.as_ref().to_owned();
+        let err = |reason: String| QnnError::Binary {
+            path: path.clone(),
+            reason,
+        };
+        let file = std::fs::File::open(&path).map_err(|e| err(e.to_string()))?;
+        let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(err("not a regular file".into()));
+        }
+        if meta.len() == 0 {
+            return Err(err("empty file".into()));
+        }
+        // SAFETY: the mapping is read-only and private to this process's view; bundle files
+        // are never modified in place (updates go to a new directory), so the bytes cannot
+        // change under us. A truncation by another process would fault, which OTA rules out.
+        let map = unsafe { memmap2::MmapOptions::new().map(&file) }
+            .map_err(|e| err(format!("mmap: {e}")))?;
+        let info = read_binary_info(lib, &map, &path)?;
+        Ok(Self { path, map, info })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn info(&self) -> &BinaryInfo {
+        &self.info
+    }
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+    pub fn size(&self) -> usize {
+        self.map.len()
+    }
+}

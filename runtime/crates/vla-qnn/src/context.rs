@@ -1,0 +1,379 @@
+//! Contexts created from binaries, their graphs, and checked execution.
+//!
+//! `graphExecute` matches tensors by id and trusts every `dataSize`: a short output buffer
+//! is overrun and a short input is over-read. So each buffer is checked against the
+//! tensor metadata here, before the call, and the tensor structs handed to QNN are built
+//! once per graph so execution itself allocates nothing.
+
+use crate::backend::{Backend, BackendInner};
+use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
+use crate::error::QnnError;
+use crate::ffi::{self, Handle, QnnTensor};
+use core::ffi::c_void;
+use std::ffi::CString;
+use std::sync::Arc;
+use vla_tensor::AlignedBuf;
+
+struct ContextInner {
+    backend: Arc<BackendInner>,
+    handle: Handle,
+    binary: ContextBinary,
+}
+
+// SAFETY: a QNN context handle may be used and freed from any thread.
+unsafe impl Send for ContextInner {}
+// SAFETY: the handle is not mutated after creation; QNN serializes execution per graph.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: created by contextCreateFromBinary and freed exactly once, before the
+        // backend (which this struct keeps alive through its Arc).
+        let rc =
+            unsafe { (self.backend.lib.core.context_free)(self.handle, core::ptr::null_mut()) };
+        if rc != ffi::QNN_SUCCESS {
+            log::warn!(
+                "QNN contextFree({}) returned {}",
+                self.binary.path().display(),
+                rc & 0xFFFF
+            );
+        }
+    }
+}
+
+/// A resident QNN context made from a context binary.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<ContextInner>,
+}
+
+impl Context {
+    /// Creates the context from the mapped binary (no copy on our side).
+    pub fn create(backend: &Backend, binary: ContextBinary) -> Result<Self, QnnError> {
+        let b = &backend.inner;
+        let mut handle: Handle = core::ptr::null_mut();
+        // SAFETY: the buffer is the whole mapped file, its exact size; NULL config and
+        // profile are allowed; the out-pointer is valid.
+        let rc = unsafe {
+            (b.lib.core.context_create_from_binary)(
+                b.backend,
+                b.device,
+                core::ptr::null(),
+                binary.bytes().as_ptr() as *const c_void,
+                binary.size() as u64,
+                &mut handle,
+                core::ptr::null_mut(),
+            )
+        };
+        b.lib.check(rc, "contextCreateFromBinary", || {
+            binary.path().display().to_string()
+        })?;
+        Ok(Self {
+            inner: Arc::new(ContextInner {
+                backend: b.clone(),
+                handle,
+                binary,
+            }),
+        })
+    }
+
+    pub fn binary(&self) -> &ContextBinary {
+        &self.inner.binary
+    }
+
+    /// Retrieves the graph called `name`, or the binary's only graph when `name` is `None`.
+    pub fn graph(&self, name: Option<&str>) -> Result<Graph, QnnError> {
+        let info = self.inner.binary.info();
+        let available = || {
+            info.graphs
+                .iter()
+                .map(|g| g.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let graph_info = match name {
+            Some(n) => info.graphs.iter().find(|g| g.name == n),
+            None if info.graphs.len() == 1 => info.graphs.first(),
+            None => None,
+        }
+        .ok_or_else(|| QnnError::GraphName {
+            path: self.inner.binary.path().to_owned(),
+            requested: name.map(str::to_owned),
+            available: available(),
+        })?
+        .clone();
+        let label = self
+            .inner
+            .binary
+            .path()
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| graph_info.name.clone());
+        for t in graph_info.inputs.iter().chain(&graph_info.outputs) {
+            let unsupported = |reason: String| QnnError::UnsupportedTensor {
+                graph: label.clone(),
+                tensor: t.name.clone(),
+                reason,
+            };
+            if let Some(why) = &t.unsupported {
+                return Err(unsupported(why.clone()));
+            }
+            if t.byte_len().is_none_or(|n| n > u32::MAX as usize) {
+                return Err(unsupported("larger than 4 GiB".into()));
+            }
+        }
+        let cname = CString::new(graph_info.name.as_str()).map_err(|_| QnnError::Metadata {
+            path: self.inner.binary.path().to_owned(),
+            reason: "graph name contains NUL".into(),
+        })?;
+        let lib = &self.inner.backend.lib;
+        let mut handle: Handle = core::ptr::null_mut();
+        // SAFETY: valid context handle, NUL-terminated name, valid out-pointer.
+        let rc =
+            unsafe { (lib.core.graph_retrieve)(self.inner.handle, cname.as_ptr(), &mut handle) };
+        lib.check(rc, "graphRetrieve", || {
+            format!(
+                "graph `{}` in {}",
+                graph_info.name,
+                self.inner.binary.path().display()
+            )
+        })?;
+        Graph::new(self.inner.clone(), handle, graph_info, label)
+    }
+}
+
+/// Tensor structs handed to QNN, with the storage their pointers refer to.
+struct BoundTensors {
+    structs: Vec<QnnTensor>,
+    byte_lens: Vec<usize>,
+    _names: Vec<CString>,
+    _dims: Vec<Vec<u32>>,
+}
+
+impl BoundTensors {
+    fn new(infos: &[TensorInfo], tensor_type: u32) -> Self {
+        let names: Vec<CString> = infos
+            .iter()
+            .map(|t| CString::new(t.name.replace('\0', "")).unwrap_or_default())
+            .collect();
+        let mut dims: Vec<Vec<u32>> = infos.iter().map(|t| t.dims.clone()).collect();
+        let structs = infos
+            .iter()
+            .zip(&names)
+            .zip(dims.iter_mut())
+            .map(|((t, name), d)| QnnTensor {
+                version: 1,
+                v1: ffi::TensorV1 {
+                    id: t.id,
+                    name: name.as_ptr(),
+                    tensor_type,
+                    data_format: ffi::DATA_FORMAT_DENSE,
+                    data_type: t.data_type,
+                    quantize_params: t.quant_raw,
+                    rank: d.len() as u32,
+                    dimensions: d.as_mut_ptr(),
+                    mem_type: ffi::MEM_TYPE_RAW,
+                    client_buf: ffi::ClientBuffer {
+                        data: core::ptr::null_mut(),
+                        data_size: 0,
+                    },
+                },
+                _v2_tail: [0; 3],
+            })
+            .collect();
+        let byte_lens = infos.iter().map(|t| t.byte_len().unwrap_or(0)).collect();
+        Self {
+            structs,
+            byte_lens,
+            _names: names,
+            _dims: dims,
+        }
+    }
+}
+
+/// One executable graph of a resident context.
+pub struct Graph {
+    context: Arc<ContextInner>,
+    handle: Handle,
+    info: GraphInfo,
+    label: String,
+    inputs: BoundTensors,
+    outputs: BoundTensors,
+}
+
+// SAFETY: the graph handle and the tensor structs (whose pointers refer to storage owned
+// by this struct) may move between threads; `execute` takes `&mut self`.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    fn new(
+        context: Arc<ContextInner>,
+        handle: Handle,
+        info: GraphInfo,
+        label: String,
+    ) -> Result<Self, QnnError> {
+        let inputs = BoundTensors::new(&info.inputs, ffi::TENSOR_TYPE_APP_WRITE);
+        let outputs = BoundTensors::new(&info.outputs, ffi::TENSOR_TYPE_APP_READ);
+        Ok(Self {
+            context,
+            handle,
+            info,
+            label,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// The QNN graph name.
+    pub fn name(&self) -> &str {
+        &self.info.name
+    }
+    /// A short label used in errors (the binary's file stem unless set).
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+    pub fn set_label(&mut self, label: impl Into<String>) {
+        self.label = label.into();
+    }
+    pub fn inputs(&self) -> &[TensorInfo] {
+        &self.info.inputs
+    }
+    pub fn outputs(&self) -> &[TensorInfo] {
+        &self.info.outputs
+    }
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.info.inputs.iter().position(|t| t.name == name)
+    }
+    pub fn output_index(&self, name: &str) -> Option<usize> {
+        self.info.outputs.iter().position(|t| t.name == name)
+    }
+    pub fn context_binary(&self) -> &ContextBinary {
+        &self.context.binary
+    }
+
+    /// Buffers of exactly the right size for every input and output, 8-byte aligned.
+    pub fn allocate_io(&self) -> IoBuffers {
+        IoBuffers {
+            inputs: self
+                .inputs
+                .byte_lens
+                .iter()
+                .map(|&n| AlignedBuf::zeroed(n))
+                .collect(),
+            outputs: self
+                .outputs
+                .byte_lens
+                .iter()
+                .map(|&n| AlignedBuf::zeroed(n))
+                .collect(),
+        }
+    }
+
+    fn bind(
+        &mut self,
+        output: bool,
+        index: usize,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<(), QnnError> {
+        let (set, infos) = if output {
+            (&mut self.outputs, &self.info.outputs)
+        } else {
+            (&mut self.inputs, &self.info.inputs)
+        };
+        let expected = set.byte_lens[index];
+        if len != expected {
+            return Err(QnnError::Buffer {
+                graph: self.label.clone(),
+                tensor: infos[index].name.clone(),
+                expected_bytes: expected,
+                found_bytes: len,
+            });
+        }
+        let buf = &mut set.structs[index].v1.client_buf;
+        buf.data = ptr as *mut c_void;
+        buf.data_size = len as u32;
+        Ok(())
+    }
+
+    fn check_counts(&self, n_in: usize, n_out: usize) -> Result<(), QnnError> {
+        for (direction, expected, found) in [
+            ("input", self.info.inputs.len(), n_in),
+            ("output", self.info.outputs.len(), n_out),
+        ] {
+            if expected != found {
+                return Err(QnnError::BufferCount {
+                    graph: self.label.clone(),
+                    direction,
+                    expected,
+                    found,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<(), QnnError> {
+        let lib = &self.context.backend.lib;
+        // SAFETY: every tensor struct was bound above to a live buffer of exactly the
+        // tensor's byte size (inputs are only read by QNN); name and dims pointers refer
+        // to storage owned by `self`; the graph handle belongs to the live context.
+        let rc = unsafe {
+            (lib.core.graph_execute)(
+                self.handle,
+                self.inputs.structs.as_ptr(),
+                self.inputs.structs.len() as u32,
+                self.outputs.structs.as_mut_ptr(),
+                self.outputs.structs.len() as u32,
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+            )
+        };
+        let result = lib.check(rc, "graphExecute", || format!("graph {}", self.label));
+        // Do not keep pointers to buffers we do not own past this call.
+        for t in self
+            .inputs
+            .structs
+            .iter_mut()
+            .chain(self.outputs.structs.iter_mut())
+        {
+            t.v1.client_buf = ffi::ClientBuffer {
+                data: core::ptr::null_mut(),
+                data_size: 0,
+            };
+        }
+        result
+    }
+
+    /// Executes with caller-owned buffers, one per input and output in graph order.
+    /// Each buffer's length must equal its tensor's byte size.
+    pub fn execute(&mut self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), QnnError> {
+        self.check_counts(inputs.len(), outputs.len())?;
+        for (i, b) in inputs.iter().enumerate() {
+            self.bind(false, i, b.as_ptr(), b.len())?;
+        }
+        for (i, b) in outputs.iter_mut().enumerate() {
+            self.bind(true, i, b.as_mut_ptr(), b.len())?;
+        }
+        self.run()
+    }
+
+    /// Executes with buffers from [`Graph::allocate_io`] (no allocation).
+    pub fn execute_io(&mut self, io: &mut IoBuffers) -> Result<(), QnnError> {
+        self.check_counts(io.inputs.len(), io.outputs.len())?;
+        for (i, b) in io.inputs.iter().enumerate() {
+            let bytes = b.as_bytes();
+            self.bind(false, i, bytes.as_ptr(), bytes.len())?;
+        }
+        for (i, b) in io.outputs.iter_mut().enumerate() {
+            let bytes = b.as_bytes_mut();
+            self.bind(true, i, bytes.as_mut_ptr(), bytes.len())?;
+        }
+        self.run()
+    }
+}
+
+/// Owned, aligned input and output buffers of one graph.
+pub struct IoBuffers {
+    pub inputs: Vec<AlignedBuf>,
+    pub outputs: Vec<AlignedBuf>,
+}

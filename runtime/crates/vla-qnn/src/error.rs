@@ -1,0 +1,159 @@
+//! Typed errors of the QNN binding, each shown to the user as one readable line.
+//!
+//! A failed QNN call keeps the operation, the raw code and a meaning from the codes the
+//! QAIRT libraries are known to return, plus the backend's own message when it has one.
+
+use std::path::PathBuf;
+
+/// Meaning of a QNN error code (`Qnn_ErrorHandle_t & 0xFFFF`).
+pub fn error_meaning(code: u64) -> &'static str {
+    match code {
+        0 => "success",
+        1000 => "not supported",
+        1002 => "memory allocation failed",
+        1003 => "system error",
+        1004 => "invalid argument",
+        1005 => "operation not permitted",
+        1006 => "platform not supported",
+        1007 => "system communication error (DSP/FastRPC)",
+        1008 => "incompatible binaries",
+        1009 => "loading binaries failed",
+        1010 => "resource unavailable",
+        5000 => "context: invalid argument (empty or NULL buffer)",
+        5001 => "context: does not exist",
+        5002 => "context: invalid handle",
+        5004 => "context: binary version not supported",
+        5005 => "context: binary configuration mismatch",
+        5007 => "context: corrupted or incompatible binary",
+        6000 => "graph: invalid argument",
+        6001 => "graph: invalid handle",
+        6003 => "graph: no graph of that name in the context",
+        6004 => "graph: invalid tensor (id, data pointer or dimensions)",
+        13001 | 13002 => "device: invalid performance config",
+        14001 => "device: invalid config",
+        30001 => "system: not a QNN context binary",
+        30010 => "system: malformed or truncated context binary",
+        c if (1000..2000).contains(&c) => "common error",
+        c if (4000..5000).contains(&c) => "backend error",
+        c if (5000..6000).contains(&c) => "context error",
+        c if (6000..7000).contains(&c) => "graph error",
+        c if (7000..8000).contains(&c) => "tensor error",
+        c if (8000..9000).contains(&c) => "memory registration error",
+        c if (11000..12000).contains(&c) => "log error",
+        c if (14000..15000).contains(&c) => "device error",
+        c if (30000..31000).contains(&c) => "system library error",
+        _ => "unknown error",
+    }
+}
+
+/// Everything the binding can fail with.
+#[derive(Debug)]
+pub enum QnnError {
+    /// The configured library directory does not exist or is not a directory.
+    LibraryDirMissing { dir: PathBuf },
+    /// `dlopen` or a symbol lookup failed.
+    LibraryLoad { path: PathBuf, reason: String },
+    /// No provider with a usable API version.
+    ApiVersion {
+        library: PathBuf,
+        found: String,
+        needed: String,
+    },
+    /// A QNN call returned an error.
+    Call {
+        operation: &'static str,
+        subject: String,
+        code: u64,
+        backend_message: Option<String>,
+    },
+    /// The context binary file could not be opened or is unusable before QNN sees it.
+    Binary { path: PathBuf, reason: String },
+    /// The library returned metadata we cannot represent safely.
+    Metadata { path: PathBuf, reason: String },
+    /// No graph of the requested name, or no unique graph when none was named.
+    GraphName {
+        path: PathBuf,
+        requested: Option<String>,
+        available: Vec<String>,
+    },
+    /// A graph input or output has a type this runtime does not execute.
+    UnsupportedTensor {
+        graph: String,
+        tensor: String,
+        reason: String,
+    },
+    /// The buffers passed to an execution do not match the graph's tensors.
+    Buffer {
+        graph: String,
+        tensor: String,
+        expected_bytes: usize,
+        found_bytes: usize,
+    },
+    BufferCount {
+        graph: String,
+        direction: &'static str,
+        expected: usize,
+        found: usize,
+    },
+}
+
+impl core::fmt::Display for QnnError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            QnnError::LibraryDirMissing { dir } => write!(
+                f,
+                "QNN library directory {} does not exist (set qnn.lib_dir or VLA_QNN_LIB_DIR)",
+                dir.display()
+            ),
+            QnnError::LibraryLoad { path, reason } => {
+                write!(f, "cannot load QNN library {}: {reason}", path.display())
+            }
+            QnnError::ApiVersion { library, found, needed } => write!(
+                f,
+                "{}: no usable QNN provider: found {found}, need {needed}",
+                library.display()
+            ),
+            QnnError::Call { operation, subject, code, backend_message } => {
+                write!(f, "{operation} failed for {subject}: QNN error {code} ({})", error_meaning(*code))?;
+                if let Some(m) = backend_message {
+                    write!(f, ": {m}")?;
+                }
+                Ok(())
+            }
+            QnnError::Binary { path, reason } => {
+                write!(f, "context binary {}: {reason}", path.display())
+            }
+            QnnError::Metadata { path, reason } => {
+                write!(f, "context binary {}: unusable metadata: {reason}", path.display())
+            }
+            QnnError::GraphName { path, requested, available } => match requested {
+                Some(name) => write!(
+                    f,
+                    "context binary {}: no graph named `{name}` (has: {})",
+                    path.display(),
+                    available.join(", ")
+                ),
+                None => write!(
+                    f,
+                    "context binary {}: holds {} graphs ({}); name the one to use",
+                    path.display(),
+                    available.len(),
+                    available.join(", ")
+                ),
+            },
+            QnnError::UnsupportedTensor { graph, tensor, reason } => {
+                write!(f, "graph {graph}: tensor `{tensor}`: {reason}")
+            }
+            QnnError::Buffer { graph, tensor, expected_bytes, found_bytes } => write!(
+                f,
+                "graph {graph}: buffer for tensor `{tensor}` is {found_bytes} bytes, the tensor needs {expected_bytes}"
+            ),
+            QnnError::BufferCount { graph, direction, expected, found } => write!(
+                f,
+                "graph {graph}: {found} {direction} buffers given, the graph has {expected}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for QnnError {}

@@ -1,0 +1,226 @@
+//! Hand-written declarations of the parts of the QNN C ABI this crate uses.
+//!
+//! Layouts come from the QAIRT 2.51 libraries (checked) and the public 2.32-era headers;
+//! see `shared/qnn-abi.md` in the project notes. Only the fields we read or write are
+//! named; where a newer library may have grown a struct we never rely on its total size,
+//! except `Qnn_Tensor_t`, which we allocate ourselves as version 1 (the library accepts
+//! v1 and v2 alike) at its full v2 size so a library that peeks at v2 fields reads zeros.
+
+use core::ffi::{c_char, c_void};
+
+pub type ErrorHandle = u64;
+pub type Handle = *mut c_void;
+
+/// `QnnInterface_getProviders` / `QnnSystemInterface_getProviders`.
+pub type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u32) -> ErrorHandle;
+
+/// QNN log callback: `void(const char* fmt, QnnLog_Level_t, uint64_t timestamp, va_list)`.
+/// On LP64 targets a `va_list` argument reaches the callee as one pointer (x86_64: the
+/// array decays; aarch64: the 32-byte struct is passed by reference), which `vsnprintf`
+/// accepts back in the same form.
+pub type LogCallback = unsafe extern "C" fn(*const c_char, u32, u64, *mut c_void);
+
+pub const QNN_SUCCESS: u64 = 0;
+
+/// `QnnInterface_t`: backendId @0, providerName @8, core API version @16, backend API
+/// version @28, function table from @40.
+pub const IFACE_PROVIDER_NAME: usize = 8;
+pub const IFACE_CORE_API: usize = 16;
+pub const IFACE_BACKEND_API: usize = 28;
+pub const IFACE_TABLE: usize = 40;
+
+/// `QnnSystemInterface_t`: backendId @0, providerName @8, system API version @16,
+/// function table from @32.
+pub const SYS_IFACE_API: usize = 16;
+pub const SYS_IFACE_TABLE: usize = 32;
+
+/// Slots of the QNN core function table.
+pub mod slot {
+    pub const BACKEND_CREATE: usize = 1;
+    pub const BACKEND_GET_BUILD_ID: usize = 4;
+    pub const BACKEND_FREE: usize = 8;
+    pub const CONTEXT_CREATE_FROM_BINARY: usize = 13;
+    pub const CONTEXT_FREE: usize = 14;
+    pub const GRAPH_RETRIEVE: usize = 20;
+    pub const GRAPH_EXECUTE: usize = 21;
+    pub const LOG_CREATE: usize = 25;
+    pub const LOG_FREE: usize = 27;
+    pub const DEVICE_CREATE: usize = 40;
+    pub const DEVICE_FREE: usize = 43;
+    pub const ERROR_GET_MESSAGE: usize = 48;
+    /// The highest slot we call: the provider's table must be at least this long, which
+    /// the minimum core API version guarantees.
+    pub const HIGHEST_USED: usize = ERROR_GET_MESSAGE;
+}
+
+/// Slots of the QNN system function table.
+pub mod sys_slot {
+    pub const CONTEXT_CREATE: usize = 0;
+    pub const CONTEXT_GET_BINARY_INFO: usize = 1;
+    pub const CONTEXT_FREE: usize = 3;
+}
+
+pub type LogCreateFn = unsafe extern "C" fn(Option<LogCallback>, u32, *mut Handle) -> ErrorHandle;
+pub type LogFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+pub type BackendCreateFn =
+    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
+pub type BackendGetBuildIdFn = unsafe extern "C" fn(*mut *const c_char) -> ErrorHandle;
+pub type BackendFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+pub type DeviceCreateFn =
+    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
+pub type DeviceFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+pub type ContextCreateFromBinaryFn = unsafe extern "C" fn(
+    Handle,
+    Handle,
+    *const *const c_void,
+    *const c_void,
+    u64,
+    *mut Handle,
+    Handle,
+) -> ErrorHandle;
+pub type ContextFreeFn = unsafe extern "C" fn(Handle, Handle) -> ErrorHandle;
+pub type GraphRetrieveFn = unsafe extern "C" fn(Handle, *const c_char, *mut Handle) -> ErrorHandle;
+pub type GraphExecuteFn = unsafe extern "C" fn(
+    Handle,
+    *const QnnTensor,
+    u32,
+    *mut QnnTensor,
+    u32,
+    Handle,
+    Handle,
+) -> ErrorHandle;
+pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
+
+pub type SysContextCreateFn = unsafe extern "C" fn(*mut Handle) -> ErrorHandle;
+pub type SysContextGetBinaryInfoFn =
+    unsafe extern "C" fn(Handle, *mut c_void, u64, *mut *const c_void, *mut u64) -> ErrorHandle;
+pub type SysContextFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+
+/// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
+pub mod binary_info {
+    pub const VERSION: usize = 0;
+    const U: usize = 8;
+    pub const BUILD_ID: usize = U + 8;
+    pub const CORE_API: usize = U + 16;
+    pub const BACKEND_API: usize = U + 28;
+    pub const V1_NUM_GRAPHS: usize = U + 112;
+    pub const V1_GRAPHS: usize = U + 120;
+    pub const V3_BLOB_VERSION: usize = U + 48;
+    pub const V3_BLOB_SIZE: usize = U + 64;
+    pub const V3_NUM_GRAPHS: usize = U + 88;
+    pub const V3_GRAPHS: usize = U + 96;
+    pub const V3_SOC_MODEL: usize = U + 128;
+    /// Bytes the library must return for us to read every v3 field above.
+    pub const V3_MIN_SIZE: usize = V3_SOC_MODEL + 4;
+}
+
+/// `QnnSystemContext_GraphInfo_t`: 88-byte stride; u32 version @0, union @8.
+pub mod graph_info {
+    pub const STRIDE: usize = 88;
+    pub const NAME: usize = 8;
+    pub const NUM_INPUTS: usize = 16;
+    pub const INPUTS: usize = 24;
+    pub const NUM_OUTPUTS: usize = 32;
+    pub const OUTPUTS: usize = 40;
+}
+
+pub const TENSOR_TYPE_APP_WRITE: u32 = 0;
+pub const TENSOR_TYPE_APP_READ: u32 = 1;
+pub const DATA_FORMAT_DENSE: u32 = 0;
+pub const MEM_TYPE_RAW: u32 = 0;
+pub const QUANT_DEFINITION_DEFINED: u32 = 1;
+pub const QUANT_UNDEFINED: u32 = 0x7FFF_FFFF;
+pub const QUANT_ENCODING_SCALE_OFFSET: u32 = 0;
+
+pub mod data_type {
+    pub const INT_8: u32 = 0x0008;
+    pub const INT_16: u32 = 0x0016;
+    pub const INT_32: u32 = 0x0032;
+    pub const INT_64: u32 = 0x0064;
+    pub const UINT_8: u32 = 0x0108;
+    pub const UINT_16: u32 = 0x0116;
+    pub const UINT_32: u32 = 0x0132;
+    pub const UINT_64: u32 = 0x0164;
+    pub const FLOAT_16: u32 = 0x0216;
+    pub const FLOAT_32: u32 = 0x0232;
+    pub const FLOAT_64: u32 = 0x0264;
+    pub const BFLOAT_16: u32 = 0x0226;
+    pub const SFIXED_POINT_8: u32 = 0x0308;
+    pub const SFIXED_POINT_16: u32 = 0x0316;
+    pub const SFIXED_POINT_32: u32 = 0x0332;
+    pub const UFIXED_POINT_8: u32 = 0x0408;
+    pub const UFIXED_POINT_16: u32 = 0x0416;
+    pub const UFIXED_POINT_32: u32 = 0x0432;
+    pub const BOOL_8: u32 = 0x0508;
+    pub const STRING: u32 = 0x0608;
+}
+
+/// `Qnn_QuantizeParams_t` (40 bytes): definition, encoding, then a union whose
+/// scale-offset member is `{ f32 scale, i32 offset }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantizeParams {
+    pub encoding_definition: u32,
+    pub quantization_encoding: u32,
+    pub scale: f32,
+    pub offset: i32,
+    pub _rest_of_union: [u64; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ClientBuffer {
+    pub data: *mut c_void,
+    pub data_size: u32,
+}
+
+/// `Qnn_TensorV1_t` (112 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TensorV1 {
+    pub id: u32,
+    pub name: *const c_char,
+    pub tensor_type: u32,
+    pub data_format: u32,
+    pub data_type: u32,
+    pub quantize_params: QuantizeParams,
+    pub rank: u32,
+    pub dimensions: *mut u32,
+    pub mem_type: u32,
+    pub client_buf: ClientBuffer,
+}
+
+/// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct QnnTensor {
+    pub version: u32,
+    pub v1: TensorV1,
+    pub _v2_tail: [u64; 3],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<QuantizeParams>() == 40);
+    assert!(core::mem::size_of::<TensorV1>() == 112);
+    assert!(core::mem::size_of::<QnnTensor>() == 144);
+    assert!(core::mem::align_of::<QnnTensor>() == 8);
+    assert!(core::mem::offset_of!(QnnTensor, v1) == 8);
+    assert!(core::mem::offset_of!(TensorV1, name) == 8);
+    assert!(core::mem::offset_of!(TensorV1, tensor_type) == 16);
+    assert!(core::mem::offset_of!(TensorV1, data_type) == 24);
+    assert!(core::mem::offset_of!(TensorV1, quantize_params) == 32);
+    assert!(core::mem::offset_of!(TensorV1, rank) == 72);
+    assert!(core::mem::offset_of!(TensorV1, dimensions) == 80);
+    assert!(core::mem::offset_of!(TensorV1, mem_type) == 88);
+    assert!(core::mem::offset_of!(TensorV1, client_buf) == 96);
+};
+
+/// Reads a `T` at `base + offset` from library-owned memory.
+///
+/// # Safety
+/// `base + offset .. + size_of::<T>()` must be readable memory holding a valid `T`.
+pub unsafe fn read_at<T: Copy>(base: *const u8, offset: usize) -> T {
+    // SAFETY: the caller guarantees the range is readable; unaligned reads are used
+    // because the library only promises the C layout, which we address by offset.
+    unsafe { core::ptr::read_unaligned(base.add(offset) as *const T) }
+}

@@ -1,0 +1,33 @@
+//! Safe binding to Qualcomm's QNN (HTP backend), loaded at run time.
+//!
+//! Layers, bottom up: [`ffi`] declares the C ABI by hand; [`QnnLibrary`] `dlopen`s
+//! libQnnHtp.so and libQnnSystem.so and picks providers by API version; [`Backend`] owns
+//! the log, backend and device handles; [`ContextBinary`] maps a `.bin` read-only and
+//! reads its graphs and tensors through libQnnSystem; [`Context`] makes it resident and
+//! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
+//! before QNN sees it. Nothing here knows about policies.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use vla_qnn::{Backend, Context, ContextBinary, LoadOptions, QnnLibrary};
+//! let lib = Arc::new(QnnLibrary::load(&LoadOptions::htp("/usr/lib"))?);
+//! let backend = Backend::new(lib.clone())?;
+//! let binary = ContextBinary::open(&lib, "ctx/vision_socid77_archv73.bin")?;
+//! let mut graph = Context::create(&backend, binary)?.graph(None)?;
+//! let mut io = graph.allocate_io();
+//! graph.execute_io(&mut io)?;
+//! # Ok::<(), vla_qnn::QnnError>(())
+//! ```
+
+mod backend;
+mod binary;
+mod context;
+mod error;
+pub mod ffi;
+mod library;
+
+pub use backend::Backend;
+pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
+pub use context::{Context, Graph, IoBuffers};
+pub use error::{error_meaning, QnnError};
+pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};

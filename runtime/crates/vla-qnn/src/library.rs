@@ -1,0 +1,384 @@
+//! Loading libQnnHtp.so / libQnnSystem.so with `libloading` and picking their providers.
+//!
+//! The provider structs live inside the loaded libraries, so [`QnnLibrary`] copies the
+//! function pointers it needs out of them and keeps both libraries loaded for as long as
+//! any handle made from them exists (handles hold an `Arc<QnnLibrary>`).
+
+use crate::error::QnnError;
+use crate::ffi::{self, read_at, slot, sys_slot, GetProvidersFn};
+use core::ffi::{c_char, c_void, CStr};
+use std::path::{Path, PathBuf};
+
+/// A `major.minor.patch` API version as reported by a provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ApiVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl core::fmt::Display for ApiVersion {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+impl ApiVersion {
+    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
+        Self {
+            major,
+            minor,
+            patch,
+        }
+    }
+
+    /// Same major, at least the required minor.
+    pub fn satisfies(self, needed: ApiVersion) -> bool {
+        self.major == needed.major && (self.minor, self.patch) >= (needed.minor, needed.patch)
+    }
+}
+
+/// Where and what to load.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub lib_dir: PathBuf,
+    pub backend_lib: String,
+    pub system_lib: String,
+    /// Oldest QNN core API whose function table has every slot we call.
+    pub min_core_api: ApiVersion,
+    /// Oldest system API with `systemContextGetBinaryInfo`.
+    pub min_system_api: ApiVersion,
+}
+
+impl LoadOptions {
+    /// The HTP backend from `lib_dir` with the default file names and minimum versions.
+    pub fn htp(lib_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            lib_dir: lib_dir.into(),
+            backend_lib: "libQnnHtp.so".into(),
+            system_lib: "libQnnSystem.so".into(),
+            // QAIRT 2.20+ (core API 2.14) has every slot up to errorGetMessage.
+            min_core_api: ApiVersion::new(2, 14, 0),
+            min_system_api: ApiVersion::new(1, 3, 0),
+        }
+    }
+}
+
+pub(crate) struct CoreFns {
+    pub backend_create: ffi::BackendCreateFn,
+    pub backend_get_build_id: ffi::BackendGetBuildIdFn,
+    pub backend_free: ffi::BackendFreeFn,
+    pub context_create_from_binary: ffi::ContextCreateFromBinaryFn,
+    pub context_free: ffi::ContextFreeFn,
+    pub graph_retrieve: ffi::GraphRetrieveFn,
+    pub graph_execute: ffi::GraphExecuteFn,
+    pub log_create: ffi::LogCreateFn,
+    pub log_free: ffi::LogFreeFn,
+    pub device_create: Option<ffi::DeviceCreateFn>,
+    pub device_free: Option<ffi::DeviceFreeFn>,
+    pub error_get_message: Option<ffi::ErrorGetMessageFn>,
+}
+
+pub(crate) struct SystemFns {
+    pub context_create: ffi::SysContextCreateFn,
+    pub context_get_binary_info: ffi::SysContextGetBinaryInfoFn,
+    pub context_free: ffi::SysContextFreeFn,
+}
+
+/// Both QNN libraries, loaded, with the chosen providers' function tables.
+pub struct QnnLibrary {
+    pub(crate) core: CoreFns,
+    pub(crate) system: SystemFns,
+    backend_path: PathBuf,
+    provider_name: String,
+    core_api: ApiVersion,
+    backend_api: ApiVersion,
+    system_api: ApiVersion,
+    // Dropped last: every function pointer above points into these.
+    _system_lib: libloading::Library,
+    _backend_lib: libloading::Library,
+}
+
+// SAFETY: the struct holds plain function pointers into libraries that stay loaded for
+// its whole life; QNN's entry points may be called from any thread.
+unsafe impl Send for QnnLibrary {}
+// SAFETY: as above; nothing in the struct is mutated after construction.
+unsafe impl Sync for QnnLibrary {}
+
+impl core::fmt::Debug for QnnLibrary {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("QnnLibrary")
+            .field("backend", &self.backend_path)
+            .field("provider", &self.provider_name)
+            .field("core_api", &self.core_api)
+            .finish_non_exhaustive()
+    }
+}
+
+fn open_library(path: &Path) -> Result<libloading::Library, QnnError> {
+    if !path.is_file() {
+        return Err(QnnError::LibraryLoad {
+            path: path.to_owned(),
+            reason: "no such file".into(),
+        });
+    }
+    // SAFETY: loading a shared library runs its initializers; the QNN libraries are
+    // trusted vendor code selected by configuration, loaded by absolute path so that
+    // their $ORIGIN-relative dependencies resolve.
+    unsafe { libloading::Library::new(path) }.map_err(|e| QnnError::LibraryLoad {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+/// Calls a `*_getProviders` entry point and returns the provider pointers.
+fn providers(
+    lib: &libloading::Library,
+    symbol: &[u8],
+    path: &Path,
+) -> Result<Vec<*const u8>, QnnError> {
+    // SAFETY: the symbol has the documented `getProviders` signature in both libraries.
+    let get: libloading::Symbol<GetProvidersFn> =
+        unsafe { lib.get(symbol) }.map_err(|e| QnnError::LibraryLoad {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    let mut list: *const *const c_void = core::ptr::null();
+    let mut count: u32 = 0;
+    // SAFETY: both out-pointers are valid for writes.
+    let rc = unsafe { get(&mut list, &mut count) };
+    if rc != ffi::QNN_SUCCESS || list.is_null() || count == 0 {
+        return Err(QnnError::LibraryLoad {
+            path: path.to_owned(),
+            reason: format!(
+                "{} returned code {} and {count} providers",
+                String::from_utf8_lossy(&symbol[..symbol.len() - 1]),
+                rc & 0xFFFF
+            ),
+        });
+    }
+    // SAFETY: the library reported `count` valid provider pointers at `list`.
+    Ok((0..count as usize)
+        .map(|i| unsafe { *list.add(i) } as *const u8)
+        .collect())
+}
+
+fn c_string(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null strings from QNN are NUL-terminated and owned by the library.
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Reads function pointer `index` of a table at `base + table`.
+///
+/// # Safety
+/// The provider must have a table with at least `index + 1` entries.
+unsafe fn table_fn<F: Copy>(base: *const u8, table: usize, index: usize) -> Option<F> {
+    debug_assert_eq!(
+        core::mem::size_of::<F>(),
+        core::mem::size_of::<*const c_void>()
+    );
+    // SAFETY: per the caller's guarantee the slot is inside the provider struct.
+    let raw: *const c_void = unsafe { read_at(base, table + 8 * index) };
+    if raw.is_null() {
+        None
+    } else {
+        // SAFETY: F is an `extern "C" fn` type of pointer size; the slot holds that function.
+        Some(unsafe { core::mem::transmute_copy::<*const c_void, F>(&raw) })
+    }
+}
+
+impl QnnLibrary {
+    /// Loads the backend and system libraries from `opts.lib_dir` and picks providers.
+    pub fn load(opts: &LoadOptions) -> Result<Self, QnnError> {
+        if !opts.lib_dir.is_dir() {
+            return Err(QnnError::LibraryDirMissing {
+                dir: opts.lib_dir.clone(),
+            });
+        }
+        let backend_path = opts.lib_dir.join(&opts.backend_lib);
+        let system_path = opts.lib_dir.join(&opts.system_lib);
+        let backend_lib = open_library(&backend_path)?;
+        let system_lib = open_library(&system_path)?;
+
+        let mut found = Vec::new();
+        let mut chosen = None;
+        for p in providers(&backend_lib, b"QnnInterface_getProviders\0", &backend_path)? {
+            // SAFETY: provider structs start with the documented header fields.
+            let (name, core, backend) = unsafe {
+                (
+                    c_string(read_at(p, ffi::IFACE_PROVIDER_NAME)),
+                    read_at::<[u32; 3]>(p, ffi::IFACE_CORE_API),
+                    read_at::<[u32; 3]>(p, ffi::IFACE_BACKEND_API),
+                )
+            };
+            let core = ApiVersion::new(core[0], core[1], core[2]);
+            let backend = ApiVersion::new(backend[0], backend[1], backend[2]);
+            found.push(format!("{name} core API {core}"));
+            if chosen.is_none() && core.satisfies(opts.min_core_api) {
+                chosen = Some((p, name, core, backend));
+            }
+        }
+        let Some((p, provider_name, core_api, backend_api)) = chosen else {
+            return Err(QnnError::ApiVersion {
+                library: backend_path,
+                found: found.join(", "),
+                needed: format!(
+                    "core API {}.x >= {}",
+                    opts.min_core_api.major, opts.min_core_api
+                ),
+            });
+        };
+
+        let mut sys_found = Vec::new();
+        let mut sys_chosen = None;
+        for s in providers(
+            &system_lib,
+            b"QnnSystemInterface_getProviders\0",
+            &system_path,
+        )? {
+            // SAFETY: system provider structs start with the documented header fields.
+            let (name, v) = unsafe {
+                (
+                    c_string(read_at(s, ffi::IFACE_PROVIDER_NAME)),
+                    read_at::<[u32; 3]>(s, ffi::SYS_IFACE_API),
+                )
+            };
+            let v = ApiVersion::new(v[0], v[1], v[2]);
+            sys_found.push(format!("{name} system API {v}"));
+            if sys_chosen.is_none() && v.satisfies(opts.min_system_api) {
+                sys_chosen = Some((s, v));
+            }
+        }
+        let Some((s, system_api)) = sys_chosen else {
+            return Err(QnnError::ApiVersion {
+                library: system_path,
+                found: sys_found.join(", "),
+                needed: format!(
+                    "system API {}.x >= {}",
+                    opts.min_system_api.major, opts.min_system_api
+                ),
+            });
+        };
+
+        let missing = |what: &str, path: &Path| QnnError::LibraryLoad {
+            path: path.to_owned(),
+            reason: format!("provider has no {what} entry"),
+        };
+        let t = ffi::IFACE_TABLE;
+        // SAFETY: the chosen core API version guarantees a table reaching slot::HIGHEST_USED.
+        let core = unsafe {
+            CoreFns {
+                backend_create: table_fn(p, t, slot::BACKEND_CREATE)
+                    .ok_or_else(|| missing("backendCreate", &backend_path))?,
+                backend_get_build_id: table_fn(p, t, slot::BACKEND_GET_BUILD_ID)
+                    .ok_or_else(|| missing("backendGetBuildId", &backend_path))?,
+                backend_free: table_fn(p, t, slot::BACKEND_FREE)
+                    .ok_or_else(|| missing("backendFree", &backend_path))?,
+                context_create_from_binary: table_fn(p, t, slot::CONTEXT_CREATE_FROM_BINARY)
+                    .ok_or_else(|| missing("contextCreateFromBinary", &backend_path))?,
+                context_free: table_fn(p, t, slot::CONTEXT_FREE)
+                    .ok_or_else(|| missing("contextFree", &backend_path))?,
+                graph_retrieve: table_fn(p, t, slot::GRAPH_RETRIEVE)
+                    .ok_or_else(|| missing("graphRetrieve", &backend_path))?,
+                graph_execute: table_fn(p, t, slot::GRAPH_EXECUTE)
+                    .ok_or_else(|| missing("graphExecute", &backend_path))?,
+                log_create: table_fn(p, t, slot::LOG_CREATE)
+                    .ok_or_else(|| missing("logCreate", &backend_path))?,
+                log_free: table_fn(p, t, slot::LOG_FREE)
+                    .ok_or_else(|| missing("logFree", &backend_path))?,
+                device_create: table_fn(p, t, slot::DEVICE_CREATE),
+                device_free: table_fn(p, t, slot::DEVICE_FREE),
+                error_get_message: table_fn(p, t, slot::ERROR_GET_MESSAGE),
+            }
+        };
+        let st = ffi::SYS_IFACE_TABLE;
+        // SAFETY: every system API 1.x table has the first four slots.
+        let system = unsafe {
+            SystemFns {
+                context_create: table_fn(s, st, sys_slot::CONTEXT_CREATE)
+                    .ok_or_else(|| missing("systemContextCreate", &system_path))?,
+                context_get_binary_info: table_fn(s, st, sys_slot::CONTEXT_GET_BINARY_INFO)
+                    .ok_or_else(|| missing("systemContextGetBinaryInfo", &system_path))?,
+                context_free: table_fn(s, st, sys_slot::CONTEXT_FREE)
+                    .ok_or_else(|| missing("systemContextFree", &system_path))?,
+            }
+        };
+        log::debug!(
+            "loaded {} (provider {provider_name}, core API {core_api}, backend API {backend_api}, system API {system_api})",
+            backend_path.display()
+        );
+        Ok(Self {
+            core,
+            system,
+            backend_path,
+            provider_name,
+            core_api,
+            backend_api,
+            system_api,
+            _system_lib: system_lib,
+            _backend_lib: backend_lib,
+        })
+    }
+
+    pub fn backend_path(&self) -> &Path {
+        &self.backend_path
+    }
+    pub fn provider_name(&self) -> &str {
+        &self.provider_name
+    }
+    pub fn core_api(&self) -> ApiVersion {
+        self.core_api
+    }
+    pub fn backend_api(&self) -> ApiVersion {
+        self.backend_api
+    }
+    pub fn system_api(&self) -> ApiVersion {
+        self.system_api
+    }
+
+    /// The backend's build id string (e.g. `v2.51.0...`).
+    pub fn build_id(&self) -> Option<String> {
+        let mut p: *const c_char = core::ptr::null();
+        // SAFETY: out-pointer valid; the returned string is owned by the library.
+        let rc = unsafe { (self.core.backend_get_build_id)(&mut p) };
+        (rc == ffi::QNN_SUCCESS && !p.is_null()).then(|| c_string(p))
+    }
+
+    /// Turns a QNN return value into a typed error for `operation` on `subject`.
+    pub(crate) fn check(
+        &self,
+        rc: u64,
+        operation: &'static str,
+        subject: impl FnOnce() -> String,
+    ) -> Result<(), QnnError> {
+        if rc == ffi::QNN_SUCCESS {
+            return Ok(());
+        }
+        let backend_message = self.core.error_get_message.and_then(|f| {
+            let mut p: *const c_char = core::ptr::null();
+            // SAFETY: out-pointer valid; the message is owned by the library.
+            let ok = unsafe { f(rc, &mut p) } == ffi::QNN_SUCCESS;
+            let m = c_string(p);
+            (ok && !m.is_empty()).then_some(m)
+        });
+        Err(QnnError::Call {
+            operation,
+            subject: subject(),
+            code: rc & 0xFFFF,
+            backend_message,
+        })
+    }
+}
+
+/// The QNN library directory: `VLA_QNN_LIB_DIR` when set and non-empty, else `configured`.
+pub fn lib_dir_from_env(configured: &Path) -> PathBuf {
+    match std::env::var_os("VLA_QNN_LIB_DIR") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => configured.to_owned(),
+    }
+}

@@ -1,0 +1,101 @@
+//! `vlad inspect <ctx.bin>`: what a context binary holds, read through libQnnSystem only
+//! (no context is created, so it also works on a machine whose NPU is busy).
+
+use crate::cli::{self, Common};
+use crate::{qnn_setup, Failure};
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use vla_qnn::{data_type_name, BinaryInfo, ContextBinary, TensorInfo, TensorKind};
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut common = Common::default();
+    let mut path: Option<PathBuf> = None;
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name) if Common::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                common.take(&name, &mut p)?;
+            }
+            Value(v) if path.is_none() => path = Some(v.into()),
+            Short('h') | Long("help") => {
+                println!("usage: vlad inspect <ctx.bin> [--lib-dir DIR]");
+                return Ok(());
+            }
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let path = path.ok_or_else(|| Failure::Usage("inspect needs a context binary path".into()))?;
+    common.init_logging();
+    let lib = qnn_setup::load_library(&common)?;
+    let binary = ContextBinary::open(&lib, &path)?;
+    print!("{}", render(&binary, binary.info()));
+    Ok(())
+}
+
+fn tensor_line(t: &TensorInfo) -> String {
+    let dtype = match (t.element, &t.unsupported) {
+        (Some(e), _) => e.to_string(),
+        (None, Some(why)) => format!("{} (unsupported: {why})", data_type_name(t.data_type)),
+        (None, None) => data_type_name(t.data_type).to_string(),
+    };
+    let kind = match t.kind {
+        TensorKind::Input => "in ",
+        TensorKind::Output => "out",
+        TensorKind::Other(_) => "?  ",
+    };
+    format!(
+        "    {kind} {:<28} id={:<4} {:<20} {}\n",
+        t.name,
+        t.id,
+        t.shape_text(),
+        dtype
+    )
+}
+
+/// The human-readable report (also used by tests).
+pub fn render(binary: &ContextBinary, info: &BinaryInfo) -> String {
+    let mut s = String::new();
+    s += &format!(
+        "file:          {} ({} bytes)\n",
+        binary.path().display(),
+        binary.size()
+    );
+    s += &format!(
+        "soc model:     {}\n",
+        info.soc_model.map_or("not recorded".to_string(), |m| {
+            if m == 77 {
+                "77 (QCS9075 / QCS9100, Hexagon v73)".to_string()
+            } else {
+                m.to_string()
+            }
+        })
+    );
+    s += &format!(
+        "blob version:  {}\n",
+        info.blob_version
+            .map_or("not recorded".to_string(), |v| v.to_string())
+    );
+    s += &format!(
+        "QNN build:     {}\n",
+        info.build_id.as_deref().unwrap_or("not recorded")
+    );
+    s += &format!(
+        "core API:      {}   backend API: {}   binary info v{}\n",
+        info.core_api, info.backend_api, info.info_version
+    );
+    s += &format!("graphs:        {}\n", info.graphs.len());
+    for g in &info.graphs {
+        s += &format!(
+            "  graph {} ({} inputs, {} outputs)\n",
+            g.name,
+            g.inputs.len(),
+            g.outputs.len()
+        );
+        for t in g.inputs.iter().chain(&g.outputs) {
+            s += &tensor_line(t);
+        }
+    }
+    s
+}
