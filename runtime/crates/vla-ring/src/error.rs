@@ -1,0 +1,306 @@
+//! Typed errors of the ring: configuration, creating (writer), opening (reader), reading
+//! and publishing. Each Display is one line naming the file and field involved.
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+use crate::layout::RingKind;
+
+/// A geometry or slot count that cannot make a ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A geometry field that must be at least 1 is 0.
+    Zero { field: &'static str },
+    /// The slot count is outside `MIN_SLOTS..=MAX_SLOTS`.
+    SlotCount { found: u32 },
+    /// A derived size overflows the ABI's integer fields.
+    TooLarge { what: &'static str },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Zero { field } => write!(f, "ring geometry field {field} must not be 0"),
+            ConfigError::SlotCount { found } => write!(
+                f,
+                "ring slot count {found} out of range {}..={}",
+                crate::layout::MIN_SLOTS,
+                crate::layout::MAX_SLOTS
+            ),
+            ConfigError::TooLarge { what } => {
+                write!(f, "ring {what} size does not fit the ABI's size fields")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a writer could not create or take over a ring segment.
+#[derive(Debug)]
+pub enum CreateError {
+    Config {
+        path: PathBuf,
+        source: ConfigError,
+    },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
+    /// Another live process holds the writer lock (an flock, released by the kernel when
+    /// its holder dies, so a killed writer never blocks its successor).
+    WriterActive {
+        path: PathBuf,
+        pid: u32,
+    },
+}
+
+impl fmt::Display for CreateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CreateError::Config { path, source } => write!(f, "{}: {source}", path.display()),
+            CreateError::Io { path, op, source } => {
+                write!(f, "{}: {op} failed: {source}", path.display())
+            }
+            CreateError::WriterActive { path, pid } => write!(
+                f,
+                "{}: another writer (pid {pid}) holds this ring",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CreateError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CreateError::Config { source, .. } => Some(source),
+            CreateError::Io { source, .. } => Some(source),
+            CreateError::WriterActive { .. } => None,
+        }
+    }
+}
+
+/// Why a reader could not open (attach to) a ring segment.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The reader's own expected geometry is unusable.
+    Config { path: PathBuf, source: ConfigError },
+    /// No such file (yet): the writer has not started. Retry.
+    NotFound { path: PathBuf },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
+    /// The file is shorter than the header or than its header says.
+    Truncated {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+    /// A writer is (re)writing the header, or died doing so. Retry.
+    Initializing { path: PathBuf },
+    /// The magic is not a ring magic at all.
+    BadMagic {
+        path: PathBuf,
+        expected: u64,
+        found: u64,
+    },
+    /// The segment is the other ring.
+    WrongKind {
+        path: PathBuf,
+        expected: RingKind,
+        found: RingKind,
+    },
+    /// The ABI major differs: the layout is not ours.
+    AbiMajor {
+        path: PathBuf,
+        expected: u32,
+        found: u32,
+    },
+    /// The writer needs a newer reader than this one.
+    AbiTooOld {
+        path: PathBuf,
+        reader_version: u32,
+        lowest_compatible: u32,
+    },
+    /// A header field (geometry, slot size, sizes) differs from what this reader expects.
+    Mismatch {
+        path: PathBuf,
+        field: &'static str,
+        expected: u64,
+        found: u64,
+    },
+}
+
+impl OpenError {
+    /// True for states a starting writer passes through: the caller should retry.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            OpenError::NotFound { .. } | OpenError::Initializing { .. }
+        )
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Config { path, source } => write!(f, "{}: {source}", path.display()),
+            OpenError::NotFound { path } => {
+                write!(f, "{}: ring segment does not exist (writer not started?)", path.display())
+            }
+            OpenError::Io { path, op, source } => {
+                write!(f, "{}: {op} failed: {source}", path.display())
+            }
+            OpenError::Truncated { path, expected, found } => write!(
+                f,
+                "{}: ring segment truncated: expected at least {expected} bytes, found {found}",
+                path.display()
+            ),
+            OpenError::Initializing { path } => {
+                write!(f, "{}: ring segment is being initialized by its writer", path.display())
+            }
+            OpenError::BadMagic { path, expected, found } => write!(
+                f,
+                "{}: field magic: expected {expected:#018x}, found {found:#018x} (not a ring segment)",
+                path.display()
+            ),
+            OpenError::WrongKind { path, expected, found } => write!(
+                f,
+                "{}: field magic: expected an {expected} ring, found an {found} ring",
+                path.display()
+            ),
+            OpenError::AbiMajor { path, expected, found } => write!(
+                f,
+                "{}: field abi_major: expected {expected}, found {found}",
+                path.display()
+            ),
+            OpenError::AbiTooOld { path, reader_version, lowest_compatible } => write!(
+                f,
+                "{}: field abi_lowest_compatible: writer needs reader version >= {lowest_compatible}, this reader is {reader_version}",
+                path.display()
+            ),
+            OpenError::Mismatch { path, field, expected, found } => write!(
+                f,
+                "{}: field {field}: expected {expected}, found {found}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Config { source, .. } => Some(source),
+            OpenError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// Why a read returned no data. Carries no path so that reads never allocate; the caller
+/// knows which ring it read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadError {
+    /// Nothing published yet.
+    Empty,
+    /// `seq` is newer than anything written.
+    NotYetWritten { seq: u64, published: u64 },
+    /// `seq`'s slot now holds the newer seq `by`: the reader fell behind.
+    Overwritten { seq: u64, by: u64 },
+    /// The writer was inside `seq`'s slot on every attempt (or died there).
+    InProgress { seq: u64 },
+    /// Every attempt overlapped a write.
+    Contended { attempts: u32 },
+    /// An action slot's status word is none of ok / hold / fault.
+    InvalidStatus { seq: u64, found: u32 },
+    /// `published` names a seq that its slot never reached: the segment is corrupt.
+    Inconsistent { published: u64, lock_word: u64 },
+    /// The caller's buffer does not match the ring geometry.
+    BufferMismatch {
+        field: &'static str,
+        expected: usize,
+        found: usize,
+    },
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReadError::Empty => write!(f, "ring is empty: nothing published yet"),
+            ReadError::NotYetWritten { seq, published } => {
+                write!(f, "seq {seq} not written yet (published {published})")
+            }
+            ReadError::Overwritten { seq, by } => {
+                write!(f, "seq {seq} was overwritten by seq {by}")
+            }
+            ReadError::InProgress { seq } => {
+                write!(
+                    f,
+                    "seq {seq} is being written (or its writer died mid-write)"
+                )
+            }
+            ReadError::Contended { attempts } => {
+                write!(f, "every one of {attempts} read attempts raced the writer")
+            }
+            ReadError::InvalidStatus { seq, found } => {
+                write!(
+                    f,
+                    "seq {seq}: field status: {found} is none of ok=0, hold=1, fault=2"
+                )
+            }
+            ReadError::Inconsistent {
+                published,
+                lock_word,
+            } => write!(
+                f,
+                "corrupt ring: published seq {published} but its slot's seqlock word is {lock_word}"
+            ),
+            ReadError::BufferMismatch {
+                field,
+                expected,
+                found,
+            } => {
+                write!(
+                    f,
+                    "buffer field {field}: expected {expected} elements, found {found}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+/// Why a publish was refused (nothing was written).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublishError {
+    /// A variable-length field does not match the ring geometry.
+    Length {
+        field: &'static str,
+        expected: usize,
+        found: usize,
+    },
+}
+
+impl fmt::Display for PublishError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PublishError::Length {
+                field,
+                expected,
+                found,
+            } => write!(
+                f,
+                "publish field {field}: expected {expected} elements, found {found}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PublishError {}

@@ -1,0 +1,323 @@
+//! The ABI seen from both sides: the Rust layout pinned to the numbers `vla_ring.h`
+//! asserts, and a C program built with the system `cc` against the header alone that
+//! reads actions written by Rust and writes observations Rust reads.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{small_geometry, Scratch};
+use vla_ring::*;
+
+#[test]
+fn rust_layout_matches_the_numbers_the_c_header_asserts() {
+    assert_eq!(size_of::<RingHeader>(), 128);
+    let header = [
+        (offset_of!(RingHeader, magic), 0),
+        (offset_of!(RingHeader, abi_major), 8),
+        (offset_of!(RingHeader, abi_version), 12),
+        (offset_of!(RingHeader, abi_lowest_compatible), 16),
+        (offset_of!(RingHeader, header_size), 20),
+        (offset_of!(RingHeader, total_size), 24),
+        (offset_of!(RingHeader, slot_count), 32),
+        (offset_of!(RingHeader, slot_size), 36),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, cameras),
+            40,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, height),
+            44,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, width),
+            48,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, channels),
+            52,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, state_dims),
+            56,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, action_dims),
+            60,
+        ),
+        (
+            offset_of!(RingHeader, geometry) + offset_of!(RawGeometry, chunk_len),
+            64,
+        ),
+        (offset_of!(RingHeader, initializing), 72),
+        (offset_of!(RingHeader, writer_pid), 76),
+        (offset_of!(RingHeader, writer_epoch), 80),
+        (offset_of!(RingHeader, writer_heartbeat_ns), 88),
+        (offset_of!(RingHeader, published), 96),
+        (offset_of!(RingHeader, reserved), 104),
+    ];
+    for (i, (found, expected)) in header.iter().enumerate() {
+        assert_eq!(found, expected, "header field #{i}");
+    }
+    assert_eq!(size_of::<ObservationSlotFixed>(), 64);
+    let obs = [
+        (offset_of!(ObservationSlotFixed, seqlock), 0),
+        (offset_of!(ObservationSlotFixed, seq), 8),
+        (offset_of!(ObservationSlotFixed, writer_epoch), 16),
+        (offset_of!(ObservationSlotFixed, capture_time_ns), 24),
+        (offset_of!(ObservationSlotFixed, seed), 32),
+        (offset_of!(ObservationSlotFixed, instruction_id), 40),
+        (offset_of!(ObservationSlotFixed, reserved), 48),
+    ];
+    for (i, (found, expected)) in obs.iter().enumerate() {
+        assert_eq!(found, expected, "observation slot field #{i}");
+    }
+    assert_eq!(size_of::<ActionSlotFixed>(), 64);
+    let action = [
+        (offset_of!(ActionSlotFixed, seqlock), 0),
+        (offset_of!(ActionSlotFixed, seq), 8),
+        (offset_of!(ActionSlotFixed, writer_epoch), 16),
+        (offset_of!(ActionSlotFixed, source_obs_seq), 24),
+        (offset_of!(ActionSlotFixed, made_time_ns), 32),
+        (offset_of!(ActionSlotFixed, valid_until_ns), 40),
+        (offset_of!(ActionSlotFixed, chunk_id), 48),
+        (offset_of!(ActionSlotFixed, step_index), 56),
+        (offset_of!(ActionSlotFixed, status), 60),
+    ];
+    for (i, (found, expected)) in action.iter().enumerate() {
+        assert_eq!(found, expected, "action slot field #{i}");
+    }
+    assert_eq!(OBS_MAGIC, 0x0053_424F_2D41_4C56);
+    assert_eq!(ACTION_MAGIC, 0x0054_4341_2D41_4C56);
+    assert_eq!((ABI_MAJOR, ABI_VERSION, ABI_LOWEST_COMPATIBLE), (1, 0, 0));
+    assert_eq!((HEADER_SIZE, SLOT_ALIGN, SLOT_FIXED_SIZE), (128, 64, 64));
+}
+
+#[test]
+fn c_header_constants_match_rust() {
+    let header = std::fs::read_to_string(header_dir().join("vla_ring.h")).expect("read vla_ring.h");
+    let define = |name: &str| -> String {
+        header
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("vla_ring.h lacks #define {name}"))
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        define("VLA_RING_OBS_MAGIC"),
+        format!("UINT64_C({OBS_MAGIC:#018X})").replace("0X", "0x")
+    );
+    assert_eq!(
+        define("VLA_RING_ACTION_MAGIC"),
+        format!("UINT64_C({ACTION_MAGIC:#018X})").replace("0X", "0x")
+    );
+    assert_eq!(define("VLA_RING_ABI_MAJOR"), format!("{ABI_MAJOR}u"));
+    assert_eq!(define("VLA_RING_ABI_VERSION"), format!("{ABI_VERSION}u"));
+    assert_eq!(
+        define("VLA_RING_ABI_LOWEST_COMPATIBLE"),
+        format!("{ABI_LOWEST_COMPATIBLE}u")
+    );
+    assert_eq!(define("VLA_RING_HEADER_SIZE"), format!("{HEADER_SIZE}u"));
+    assert_eq!(define("VLA_RING_SLOT_ALIGN"), format!("{SLOT_ALIGN}u"));
+    assert_eq!(define("VLA_RING_MIN_SLOTS"), format!("{MIN_SLOTS}u"));
+    assert_eq!(define("VLA_RING_MAX_SLOTS"), format!("{MAX_SLOTS}u"));
+    assert_eq!(
+        define("VLA_RING_READ_ATTEMPTS"),
+        format!("{READ_ATTEMPTS}u")
+    );
+    assert_eq!(
+        define("VLA_RING_STATUS_FAULT"),
+        format!("{}u", ActionStatus::Fault as u32)
+    );
+}
+
+fn header_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include")
+}
+
+/// Builds `tests/c/ring_peer.c`, or explains why this run cannot (cross target).
+fn build_c_peer(scratch: &Scratch) -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let machine = match Command::new(&cc).arg("-dumpmachine").output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        Ok(out) => {
+            eprintln!(
+                "skipping C peer test: `{cc} -dumpmachine` failed: {}",
+                out.status
+            );
+            return None;
+        }
+        Err(e) => {
+            eprintln!("skipping C peer test: no C compiler `{cc}`: {e}");
+            return None;
+        }
+    };
+    if !machine.starts_with(std::env::consts::ARCH) {
+        eprintln!(
+            "skipping C peer test: `{cc}` builds for {machine}, these tests run as {} (cross build)",
+            std::env::consts::ARCH
+        );
+        return None;
+    }
+    let exe = scratch.path("ring_peer");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/ring_peer.c");
+    let out = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-I",
+        ])
+        .arg(header_dir())
+        .arg(&source)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+fn geometry_args(g: &Geometry) -> Vec<String> {
+    g.fields().iter().map(|(_, v)| v.to_string()).collect()
+}
+
+fn run_peer(exe: &Path, args: &[String]) -> (i32, String, String) {
+    let out = Command::new(exe)
+        .args(args)
+        .output()
+        .expect("run ring_peer");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn c_reader_reads_the_newest_action_written_by_rust() {
+    let scratch = Scratch::new("c-reader");
+    let Some(exe) = build_c_peer(&scratch) else {
+        return;
+    };
+    let geometry = small_geometry();
+    let path = scratch.path("actions");
+    let mut writer = ActionWriter::create(&path, geometry, 4).unwrap();
+    let mut action = Action::for_geometry(&geometry);
+    for step in 0..6u32 {
+        action.source_obs_seq = 77;
+        action.made_time_ns = 1_000 + step as u64;
+        action.valid_until_ns = 5_000 + step as u64;
+        action.chunk_id = 9;
+        action.step_index = step;
+        action.status = if step == 5 {
+            ActionStatus::Hold
+        } else {
+            ActionStatus::Ok
+        };
+        for (i, v) in action.values.iter_mut().enumerate() {
+            *v = step as f32 + i as f32 * 0.25 - 1.5;
+        }
+        writer.publish(&action).unwrap();
+    }
+    let mut args = vec!["read-action".to_string(), path.display().to_string()];
+    args.extend(geometry_args(&geometry));
+    let (code, stdout, stderr) = run_peer(&exe, &args);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert_eq!(
+        stdout.trim(),
+        "seq=6 epoch=1 source_obs_seq=77 made_time_ns=1005 valid_until_ns=5005 chunk_id=9 \
+         step_index=5 status=1 values=3.5,3.75,4,4.25,4.5,4.75,5"
+    );
+
+    // The C side rejects a geometry it does not expect, naming the field.
+    let mut wrong = vec!["read-action".to_string(), path.display().to_string()];
+    wrong.extend(geometry_args(&Geometry {
+        action_dims: 6,
+        ..geometry
+    }));
+    let (code, _, stderr) = run_peer(&exe, &wrong);
+    assert_eq!(code, 4);
+    assert!(stderr.contains("field action_dims"), "{stderr}");
+
+    // And an observation ring is not an action ring.
+    let obs_path = scratch.path("obs");
+    let _obs = ObservationWriter::create(&obs_path, geometry, 2).unwrap();
+    let mut args = vec!["read-action".to_string(), obs_path.display().to_string()];
+    args.extend(geometry_args(&geometry));
+    let (code, _, stderr) = run_peer(&exe, &args);
+    assert_eq!(code, 4);
+    assert!(stderr.contains("field magic"), "{stderr}");
+}
+
+fn check_c_observation(obs: &Observation, seq: u64, epoch: u64) {
+    assert_eq!(obs.seq, seq);
+    assert_eq!(obs.writer_epoch, epoch);
+    assert_eq!(obs.seed, seq * 1000 + 1);
+    assert_eq!(obs.instruction_id, 42);
+    for (i, v) in obs.state.iter().enumerate() {
+        assert_eq!(*v, seq as f32 * 10.0 + i as f32, "state[{i}] of seq {seq}");
+    }
+    for (j, b) in obs.frames.iter().enumerate() {
+        assert_eq!(
+            *b,
+            (seq * 7 + j as u64) as u8,
+            "frame byte {j} of seq {seq}"
+        );
+    }
+}
+
+#[test]
+fn rust_reads_observations_written_by_the_c_helpers_across_a_c_restart() {
+    let scratch = Scratch::new("c-writer");
+    let Some(exe) = build_c_peer(&scratch) else {
+        return;
+    };
+    let geometry = small_geometry();
+    let path = scratch.path("obs");
+    let mut args = vec!["write-obs".to_string(), path.display().to_string()];
+    args.extend(geometry_args(&geometry));
+    args.extend(["3".to_string(), "5".to_string()]);
+
+    let (code, stdout, stderr) = run_peer(&exe, &args);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert_eq!(stdout.trim(), "epoch=1 next_seq=6");
+    let reader = ObservationReader::open(&path, geometry).unwrap();
+    let mut obs = Observation::for_geometry(&geometry).unwrap();
+    assert_eq!(reader.read_latest(&mut obs).unwrap(), 5);
+    check_c_observation(&obs, 5, 1);
+    reader.read_seq(4, &mut obs).unwrap();
+    check_c_observation(&obs, 4, 1);
+
+    // A restarted C writer keeps the segment, bumps the epoch and continues the seqs.
+    let (code, stdout, stderr) = run_peer(&exe, &args);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert_eq!(stdout.trim(), "epoch=2 next_seq=11");
+    assert_eq!(reader.writer_epoch(), 2);
+    assert_eq!(reader.read_latest(&mut obs).unwrap(), 10);
+    check_c_observation(&obs, 10, 2);
+
+    // A Rust writer takes over the C-made segment just as well.
+    drop(reader);
+    let writer = ObservationWriter::create(&path, geometry, 3).unwrap();
+    assert!(
+        matches!(writer.origin(), Origin::Reopened),
+        "{:?}",
+        writer.origin()
+    );
+    assert_eq!((writer.epoch(), writer.next_seq()), (3, 11));
+}

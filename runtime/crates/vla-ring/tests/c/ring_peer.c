@@ -1,0 +1,138 @@
+/* ring_peer: a C firmware stand-in built against runtime/include/vla_ring.h alone.
+ *
+ *   ring_peer read-action PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN
+ *       prints the newest action step as one "key=value ..." line
+ *   ring_peer write-obs PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN SLOTS COUNT
+ *       publishes COUNT observations whose payload is derived from their seq
+ *
+ * Exit status: 0 ok, 2 usage, 3 system error, 4 segment rejected, 5 read failed.
+ */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vla_ring.h"
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int parse_geometry(char **argv, struct vla_ring_geometry *g) {
+    uint32_t *fields[] = {&g->cameras, &g->height, &g->width, &g->channels,
+                          &g->state_dims, &g->action_dims, &g->chunk_len};
+    for (unsigned i = 0; i < 7; i++) {
+        char *end;
+        unsigned long v = strtoul(argv[i], &end, 10);
+        if (*end != '\0') return -1;
+        *fields[i] = (uint32_t)v;
+    }
+    g->reserved = 0;
+    return 0;
+}
+
+static int read_action(const char *path, const struct vla_ring_geometry *g) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        fprintf(stderr, "%s: open: %s\n", path, strerror(errno));
+        return 3;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)VLA_RING_HEADER_SIZE) {
+        fprintf(stderr, "%s: too small for a ring header\n", path);
+        close(fd);
+        return 4;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        fprintf(stderr, "%s: mmap: %s\n", path, strerror(errno));
+        return 3;
+    }
+    const char *field = "";
+    enum vla_ring_check_result check = vla_ring_check(base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, g, &field);
+    if (check != VLA_RING_CHECK_OK) {
+        fprintf(stderr, "%s: field %s: %s\n", path, field, vla_ring_check_str(check));
+        return 4;
+    }
+    float *values = calloc(g->action_dims, sizeof *values);
+    struct vla_ring_action_step step;
+    int r = values ? vla_ring_action_read_latest(base, &step, values) : VLA_RING_READ_CONTENDED;
+    if (r != VLA_RING_READ_OK) {
+        fprintf(stderr, "%s: read failed: %d\n", path, r);
+        free(values);
+        return 5;
+    }
+    printf("seq=%llu epoch=%llu source_obs_seq=%llu made_time_ns=%llu valid_until_ns=%llu chunk_id=%llu "
+           "step_index=%u status=%u values=",
+           (unsigned long long)step.seq, (unsigned long long)step.writer_epoch,
+           (unsigned long long)step.source_obs_seq, (unsigned long long)step.made_time_ns,
+           (unsigned long long)step.valid_until_ns, (unsigned long long)step.chunk_id, step.step_index,
+           step.status);
+    for (uint32_t i = 0; i < g->action_dims; i++) printf("%s%.9g", i ? "," : "", (double)values[i]);
+    printf("\n");
+    free(values);
+    munmap(base, (size_t)st.st_size);
+    return 0;
+}
+
+static int write_obs(const char *path, const struct vla_ring_geometry *g, uint32_t slots, uint64_t count) {
+    uint64_t total = vla_ring_total_size(VLA_RING_OBS_MAGIC, g, slots);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr, "%s: open/flock: %s\n", path, strerror(errno));
+        return 3;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) return 3;
+    if (st.st_size != 0 && (uint64_t)st.st_size != total) {
+        /* Another geometry: never resize a file readers may map; start a new one. */
+        close(fd);
+        unlink(path);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
+        st.st_size = 0;
+    }
+    if (st.st_size == 0 && ftruncate(fd, (off_t)total) != 0) return 3;
+    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return 3;
+
+    uint64_t epoch;
+    uint64_t seq = vla_ring_writer_start(base, VLA_RING_OBS_MAGIC, g, slots, (uint32_t)getpid(), now_ns(), &epoch);
+    float *state = calloc(g->state_dims ? g->state_dims : 1, sizeof *state);
+    uint64_t frame_bytes = vla_ring_frame_bytes(g);
+    uint8_t *frames = malloc(frame_bytes ? frame_bytes : 1);
+    if (!state || !frames) return 3;
+    for (uint64_t n = 0; n < count; n++, seq++) {
+        for (uint32_t i = 0; i < g->state_dims; i++) state[i] = (float)seq * 10.0f + (float)i;
+        for (uint64_t j = 0; j < frame_bytes; j++) frames[j] = (uint8_t)(seq * 7u + j);
+        struct vla_ring_obs_meta meta = {now_ns(), seq * 1000u + 1u, 42u};
+        vla_ring_obs_publish(base, seq, epoch, &meta, state, frames, now_ns());
+    }
+    printf("epoch=%llu next_seq=%llu\n", (unsigned long long)epoch, (unsigned long long)seq);
+    free(state);
+    free(frames);
+    munmap(base, (size_t)total);
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    struct vla_ring_geometry g;
+    if (argc == 10 && strcmp(argv[1], "read-action") == 0 && parse_geometry(argv + 3, &g) == 0)
+        return read_action(argv[2], &g);
+    if (argc == 12 && strcmp(argv[1], "write-obs") == 0 && parse_geometry(argv + 3, &g) == 0)
+        return write_obs(argv[2], &g, (uint32_t)strtoul(argv[10], NULL, 10), strtoull(argv[11], NULL, 10));
+    fprintf(stderr, "usage: ring_peer read-action PATH <7 geometry numbers> | write-obs PATH <7 geometry numbers> SLOTS COUNT\n");
+    return 2;
+}
