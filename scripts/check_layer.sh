@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# CI checks for the meta-vla layer and the systemd units, offline apart from PyPI and
+# Debian's archive (no bitbake, no layer checkouts):
+#   1. oelint-adv over every recipe, include and conf file of meta-vla/;
+#   2. systemd-analyze verify over systemd/*.service|*.timer;
+#   3. systemd-tmpfiles --create of systemd/vla-tmpfiles.conf into a scratch root;
+#   4. scripts/gen_crates_inc.py --check (vlad-crates.inc matches Cargo.lock) and its tests.
+# Prints one PASS/FAIL line per check and exits non-zero if any failed.
+# A real bitbake parse of the layer is scripts/bitbake_parse.sh (needs layer checkouts).
+set -uo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+# The linter lives in its own venv: the project venv (.venv) pins the ML tooling and is
+# rebuilt from scripts/requirements.txt alone. build/ is ignored by git.
+lint_venv="$repo_root/build/oelint-venv"
+lint_requirements="$repo_root/scripts/oelint/requirements.txt"
+# systemd-analyze and systemd-tmpfiles from Debian bookworm's systemd 252: the oldest unit
+# parser we verify against (wrynose ships 259, which knows every directive 252 knows).
+systemd_pin="252.*"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+declare -a results=()
+failed=0
+record() { # name status
+    results+=("$2  $1")
+    if [[ "$2" != PASS ]]; then failed=1; fi
+}
+
+say() { printf '\n== %s\n' "$*"; }
+
+install_oelint() {
+    local want stamp="$lint_venv/.requirements.sha256"
+    want="$(sha256sum "$lint_requirements" | cut -d' ' -f1)"
+    if [[ ! -x "$lint_venv/bin/python" ]]; then
+        python3 -m venv "$lint_venv" || return 1
+    fi
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        "$lint_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+            -r "$lint_requirements" || return 1
+        echo "$want" > "$stamp"
+    fi
+}
+
+install_systemd_tools() {
+    if command -v systemd-analyze >/dev/null && command -v systemd-tmpfiles >/dev/null; then
+        return 0
+    fi
+    if ! command -v apt-get >/dev/null; then
+        echo "check_layer: systemd-analyze is missing and apt-get is not available" >&2
+        return 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "systemd=$systemd_pin" >/dev/null
+}
+
+check_oelint() {
+    say "oelint-adv --release wrynose"
+    if ! install_oelint; then
+        echo "check_layer: could not install oelint-adv from $lint_requirements" >&2
+        return 1
+    fi
+    local -a files
+    mapfile -t files < <(find meta-vla \( -name '*.bb' -o -name '*.bbappend' -o -name '*.inc' \
+        -o -name '*.conf' -o -name '*.bbclass' \) -type f | sort)
+    echo "${#files[@]} files: ${files[*]}"
+    # Layer-wide suppressions (per-line ones are justified next to the line):
+    # - homepageping: pings HOMEPAGE over the network; CI is offline.
+    # - bbclassextend: every recipe is target-only (a device daemon, NPU libraries, a
+    #   data bundle, an image); native/nativesdk variants would make no sense.
+    # - suggestedvar.CVE_PRODUCT: none of these components has a CPE product of its own;
+    #   cve-check falls back to the recipe name.
+    # The constants file declares the layer's own variables (VLA_*, QAIRT_*) as known.
+    "$lint_venv/bin/oelint-adv" --quiet --release wrynose --relpaths \
+        --suppress oelint.vars.homepageping \
+        --suppress oelint.var.bbclassextend \
+        --suppress oelint.var.suggestedvar.CVE_PRODUCT \
+        --constantmods="+$repo_root/scripts/oelint/constants.json" \
+        "${files[@]}"
+}
+
+check_units() {
+    say "systemd-analyze verify"
+    install_systemd_tools || return 1
+    systemd-analyze --version | head -n 1
+    # verify refuses a unit whose ExecStart binary does not exist, and /usr/bin/vlad is
+    # not installed on a CI machine: verify copies whose /usr/bin/vlad is a stub script in
+    # a scratch directory, so every other line (arguments, /bin/kill, /bin/systemctl)
+    # is checked as written. The copies keep their names: OnFailure=, Requisite= and the
+    # timer's service resolve among them.
+    local units="$work/units" unit out
+    mkdir -p "$units/bin"
+    printf '#!/bin/sh\nexit 0\n' > "$units/bin/vlad"
+    chmod 0755 "$units/bin/vlad"
+    for unit in systemd/*.service systemd/*.timer; do
+        sed "s|/usr/bin/vlad|$units/bin/vlad|g" "$unit" > "$units/$(basename "$unit")"
+    done
+    # verify exits 0 on many parse errors ("Failed to parse ..., ignoring"): any output
+    # at all is a failure.
+    out="$(cd "$units" && systemd-analyze verify --man=no ./*.service ./*.timer 2>&1)"
+    local status=$?
+    echo "${out:-no findings}"
+    [[ $status -eq 0 && -z "$out" ]]
+}
+
+check_tmpfiles() {
+    say "systemd-tmpfiles --create (scratch root)"
+    install_systemd_tools || return 1
+    # --root resolves users from the scratch root's /etc, where vla is what useradd makes.
+    local root="$work/root" out
+    mkdir -p "$root/etc" "$root/dev/shm"
+    echo 'vla:x:990:990::/var/lib/vla:/sbin/nologin' > "$root/etc/passwd"
+    echo 'vla:x:990:' > "$root/etc/group"
+    out="$(systemd-tmpfiles --create --root="$root" "$repo_root/systemd/vla-tmpfiles.conf" 2>&1)"
+    local status=$?
+    echo "${out:-no findings}"
+    [[ $status -eq 0 && -z "$out" ]] || return 1
+    local path
+    for path in /var/lib/vla /var/lib/vla/bundles /dev/shm/vla-obs /dev/shm/vla-act; do
+        if [[ ! -e "$root$path" ]]; then
+            echo "check_layer: tmpfiles did not create $path" >&2
+            return 1
+        fi
+    done
+    stat -c '%A %u:%g %n' "$root/var/lib/vla" "$root/dev/shm/vla-obs" "$root/dev/shm/vla-act" |
+        sed "s|$root||"
+}
+
+check_crates() {
+    say "gen_crates_inc.py --check"
+    python3 -m unittest discover -s scripts/tests -p 'test_gen_crates_inc.py' || return 1
+    python3 scripts/gen_crates_inc.py --check
+}
+
+run_check() { # name function
+    if "$2"; then record "$1" PASS; else record "$1" FAIL; fi
+}
+
+run_check "oelint-adv (meta-vla, wrynose)" check_oelint
+run_check "systemd-analyze verify (systemd/)" check_units
+run_check "systemd-tmpfiles (vla-tmpfiles.conf)" check_tmpfiles
+run_check "vlad-crates.inc matches Cargo.lock" check_crates
+
+printf '\n== summary\n'
+printf '%s\n' "${results[@]}"
+passed=$(printf '%s\n' "${results[@]}" | grep -c '^PASS' || true)
+echo "check_layer: $passed passed, $(( ${#results[@]} - passed )) failed"
+if [[ $failed -ne 0 ]]; then
+    echo "check_layer: FAIL"
+    exit 1
+fi
+echo "check_layer: PASS"
