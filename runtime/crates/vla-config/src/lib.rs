@@ -1,0 +1,339 @@
+//! The `vlad` configuration: one JSON file, parsed without heap allocation into
+//! [`Config`] and checked field by field before anything starts.
+//!
+//! The file is read by `serde-json-core` into bounded `heapless` values, then a
+//! validation pass checks ranges, formats and cross-field rules. Unknown fields, missing
+//! fields, wrong types and out-of-range values are all errors, and every
+//! [`ConfigError`] displays as one line naming where the configuration came from, the
+//! field as a dotted path (`control.publish_hz`), what was expected and what was found:
+//!
+//! ```text
+//! config file /etc/vla/vlad.json: `control.publish_hz`: expected a number in (0, 1000], found 0
+//! ```
+//!
+//! The field reference, with ranges and defaults, is `config/README.md`.
+//!
+//! ```
+//! let json = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../config/vlad.json"))?;
+//! let mut config = vla_config::Config::from_json(&json)?;
+//! // At start-up, after loading: environment overrides (VLA_QNN_LIB_DIR).
+//! config.apply_overrides(|name| std::env::var_os(name))?;
+//! assert_eq!(config.control.publish_hz, 20.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+// `ConfigError` is heap-free by design, so it is large (under 1 KiB); it is built at most
+// once, at start-up, where that size costs nothing.
+#![allow(clippy::result_large_err)]
+
+mod error;
+mod probe;
+mod raw;
+mod track;
+mod validate;
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use error::{ConfigError, Expected, FieldPath, FileName, Found, Origin, Segment, Snippet};
+
+/// Largest accepted configuration, in bytes.
+pub const MAX_CONFIG_BYTES: usize = 16 * 1024;
+/// Longest accepted path value, in bytes.
+pub const MAX_PATH_BYTES: usize = 256;
+/// Longest accepted library file name, in bytes.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Most entries in `realtime.inference_cpus`.
+pub const MAX_INFERENCE_CPUS: usize = 16;
+/// Most entries in `ota.trusted_keys`.
+pub const MAX_TRUSTED_KEYS: usize = 8;
+/// Highest CPU index accepted (the kernel's `CPU_SETSIZE` is 1024).
+pub const MAX_CPU_INDEX: u16 = 1023;
+/// Environment variable that replaces `qnn.lib_dir` (see [`Config::apply_overrides`]).
+pub const QNN_LIB_DIR_ENV: &str = "VLA_QNN_LIB_DIR";
+
+/// Scratch space for strings with escape sequences; longer than any accepted string so an
+/// over-long escaped string is still reported by its field's own length bound.
+pub(crate) const UNESCAPE_BYTES: usize = 512;
+
+/// An accepted path value.
+pub type PathText = heapless::String<MAX_PATH_BYTES>;
+/// An accepted library file name.
+pub type NameText = heapless::String<MAX_NAME_BYTES>;
+
+/// A log verbosity, from quietest to noisiest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The accepted spellings, in order.
+    pub const NAMES: [&'static str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "error" => Some(LogLevel::Error),
+            "warn" => Some(LogLevel::Warn),
+            "info" => Some(LogLevel::Info),
+            "debug" => Some(LogLevel::Debug),
+            "trace" => Some(LogLevel::Trace),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The QNN `QnnLog_Level_t` value (1 error .. 5 debug): our `debug` is QNN's
+    /// VERBOSE (4) and our `trace` is QNN's DEBUG (5).
+    pub fn qnn_level(self) -> u32 {
+        self as u32 + 1
+    }
+}
+
+/// Where the QNN (QAIRT) libraries are and how loud they may be.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QnnConfig {
+    /// Directory holding the backend and system libraries (absolute).
+    pub lib_dir: PathText,
+    /// File name of the backend library inside `lib_dir`, e.g. `libQnnHtp.so`.
+    pub backend_lib: NameText,
+    /// File name of the system library inside `lib_dir`, e.g. `libQnnSystem.so`.
+    pub system_lib: NameText,
+    pub log_level: LogLevel,
+}
+
+/// The policy bundle to load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BundleConfig {
+    /// Bundle directory. May be relative (development); then it is resolved against the
+    /// working directory of the process.
+    pub path: PathText,
+}
+
+/// The shared-memory rings to the robot side.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RingsConfig {
+    pub observation_path: PathText,
+    pub action_path: PathText,
+    /// Slots in the action ring: a power of two.
+    pub action_slots: u32,
+}
+
+/// Timing of the action publisher and the staleness limits that make it fail closed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControlConfig {
+    pub publish_hz: f64,
+    pub max_observation_age_ms: u32,
+    pub max_chunk_age_ms: u32,
+    pub hold_after_chunk_end_ms: u32,
+    pub action_valid_ms: u32,
+    pub writer_heartbeat_timeout_ms: u32,
+}
+
+impl ControlConfig {
+    /// Time between two published actions.
+    pub fn publish_period(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.publish_hz)
+    }
+
+    pub fn max_observation_age(&self) -> Duration {
+        Duration::from_millis(self.max_observation_age_ms.into())
+    }
+
+    pub fn max_chunk_age(&self) -> Duration {
+        Duration::from_millis(self.max_chunk_age_ms.into())
+    }
+
+    pub fn hold_after_chunk_end(&self) -> Duration {
+        Duration::from_millis(self.hold_after_chunk_end_ms.into())
+    }
+
+    pub fn action_valid(&self) -> Duration {
+        Duration::from_millis(self.action_valid_ms.into())
+    }
+
+    pub fn writer_heartbeat_timeout(&self) -> Duration {
+        Duration::from_millis(self.writer_heartbeat_timeout_ms.into())
+    }
+}
+
+/// Scheduling of the publisher and inference threads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RealtimeConfig {
+    /// `SCHED_FIFO` priority 1..=99, or 0 for `SCHED_OTHER`.
+    pub publisher_priority: u8,
+    /// `SCHED_FIFO` priority 1..=99, or 0 for `SCHED_OTHER`; below the publisher's.
+    pub inference_priority: u8,
+    /// CPU the publisher is pinned to; `None`: not pinned.
+    pub publisher_cpu: Option<u16>,
+    /// CPUs the inference thread may run on; empty: not pinned.
+    pub inference_cpus: heapless::Vec<u16, MAX_INFERENCE_CPUS>,
+    /// Lock all current and future pages in memory (`mlockall`).
+    pub mlockall: bool,
+}
+
+/// Integration with systemd (`Type=notify`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SystemdConfig {
+    /// Send `READY=1`, `STATUS=` and `STOPPING=1` to `$NOTIFY_SOCKET`.
+    pub notify: bool,
+    /// Send `WATCHDOG=1` when `$WATCHDOG_USEC` asks for it (requires `notify`).
+    pub watchdog: bool,
+}
+
+/// An Ed25519 public key trusted to sign bundles (the 32 raw bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrustedKey(pub [u8; 32]);
+
+/// Over-the-air bundle updates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtaConfig {
+    /// Directory holding the bundle versions and the `current` link.
+    pub root: PathText,
+    /// Keys a bundle signature may verify against; empty: every update is refused.
+    pub trusted_keys: heapless::Vec<TrustedKey, MAX_TRUSTED_KEYS>,
+    /// Inferences a new bundle must complete before it is marked good.
+    pub trial_inferences: u32,
+    /// Starts a new bundle gets before it is rolled back.
+    pub max_trial_starts: u32,
+}
+
+/// The daemon's own logging.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogConfig {
+    pub level: LogLevel,
+}
+
+/// The whole, validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub qnn: QnnConfig,
+    pub bundle: BundleConfig,
+    pub rings: RingsConfig,
+    pub control: ControlConfig,
+    pub realtime: RealtimeConfig,
+    pub systemd: SystemdConfig,
+    pub ota: OtaConfig,
+    pub log: LogConfig,
+}
+
+/// Which environment overrides [`Config::apply_overrides`] applied, for the start-up log.
+pub type AppliedOverrides = heapless::Vec<&'static str, 1>;
+
+impl Config {
+    /// Parses and validates a configuration from JSON bytes. Never panics, whatever the
+    /// bytes (a leading UTF-8 byte-order mark is ignored).
+    pub fn from_json(json: &[u8]) -> Result<Config, ConfigError> {
+        if json.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge {
+                origin: Origin::Bytes,
+                size: json.len() as u64,
+                max: MAX_CONFIG_BYTES,
+            });
+        }
+        let json = json.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(json);
+        let raw = parse_raw(json)?;
+        validate::validate(&raw)
+    }
+
+    /// Reads, parses and validates the file at `path`; errors name the file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        let path = path.as_ref();
+        let origin = Origin::File(error::bounded(format_args!("{}", path.display())));
+        let read_error = |source| ConfigError::Read {
+            origin: origin.clone(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(read_error)?;
+        let mut buffer = [0u8; MAX_CONFIG_BYTES + 1];
+        let mut len = 0;
+        // One byte more than allowed tells "too large" apart from "exactly at the limit";
+        // reading instead of trusting metadata also covers pipes and /proc files.
+        let mut limited = file.take(buffer.len() as u64);
+        loop {
+            match limited.read(&mut buffer[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(read_error(e)),
+            }
+        }
+        if len > MAX_CONFIG_BYTES {
+            let size = std::fs::metadata(path)
+                .map(|m| m.len())
+                .unwrap_or(len as u64);
+            return Err(ConfigError::TooLarge {
+                origin,
+                size: size.max(len as u64),
+                max: MAX_CONFIG_BYTES,
+            });
+        }
+        Config::from_json(&buffer[..len]).map_err(|e| e.with_origin(origin))
+    }
+
+    /// Applies environment overrides, looking each variable up with `lookup` (pass
+    /// `|name| std::env::var_os(name)` at start-up; tests pass their own table).
+    ///
+    /// - [`QNN_LIB_DIR_ENV`] (`VLA_QNN_LIB_DIR`) replaces `qnn.lib_dir`; the value must
+    ///   pass the same check as the field (an absolute path, valid UTF-8). Set but empty
+    ///   is an error, not "unset": an empty override is always a mistake.
+    ///
+    /// On error the configuration is left unchanged. Returns the variables applied.
+    pub fn apply_overrides(
+        &mut self,
+        mut lookup: impl FnMut(&str) -> Option<OsString>,
+    ) -> Result<AppliedOverrides, ConfigError> {
+        let mut applied = AppliedOverrides::new();
+        if let Some(value) = lookup(QNN_LIB_DIR_ENV) {
+            let origin = Origin::Env(QNN_LIB_DIR_ENV);
+            let path = FieldPath::of(&["qnn", "lib_dir"]);
+            let Some(text) = value.to_str() else {
+                return Err(ConfigError::invalid(
+                    path,
+                    format_args!("a UTF-8 absolute path"),
+                    Found::Other(error::bounded(format_args!(
+                        "non-UTF-8 bytes {:?}",
+                        value.to_string_lossy()
+                    ))),
+                )
+                .with_origin(origin));
+            };
+            let lib_dir = validate::absolute_path(path, text).map_err(|e| e.with_origin(origin))?;
+            self.qnn.lib_dir = lib_dir;
+            let _ = applied.push(QNN_LIB_DIR_ENV);
+        }
+        Ok(applied)
+    }
+}
+
+/// Runs the tracked deserialization and turns its failure into a [`ConfigError`].
+fn parse_raw(json: &[u8]) -> Result<raw::RawConfig, ConfigError> {
+    let mut unescape = [0u8; UNESCAPE_BYTES];
+    let mut deserializer = serde_json_core::de::Deserializer::new(json, Some(&mut unescape));
+    let tracker = track::Tracker::default();
+    let result = raw::RawConfig::deserialize(track::Tracked {
+        inner: &mut deserializer,
+        tracker: &tracker,
+    });
+    let raw = match result {
+        Ok(raw) => raw,
+        Err(error) => return Err(validate::from_track_error(json, tracker.path(), error)),
+    };
+    deserializer.end().map_err(|_| ConfigError::Malformed {
+        origin: Origin::Bytes,
+        path: FieldPath::root(),
+        problem: "unexpected characters after the top-level object",
+    })?;
+    Ok(raw)
+}

@@ -1,0 +1,454 @@
+//! The rules a parsed configuration must follow (ranges, formats, cross-field limits),
+//! and the translation of deserialization failures into [`ConfigError`]s.
+//!
+//! The checks run in document order, so the first error reported is the first wrong
+//! field in the file.
+
+use serde_json_core::de::Error as JsonError;
+
+use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
+use crate::raw::{RawConfig, RawControl, RawOta, RawQnn, RawRealtime, RawRings, Text};
+use crate::track::TrackError;
+use crate::{
+    BundleConfig, Config, ControlConfig, LogConfig, LogLevel, NameText, OtaConfig, PathText,
+    QnnConfig, RealtimeConfig, RingsConfig, SystemdConfig, TrustedKey, MAX_CPU_INDEX,
+};
+
+/// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
+/// and a bound keeps millisecond arithmetic clear of overflow.
+const MAX_MS: u32 = 60_000;
+
+type Checked<T> = Result<T, ConfigError>;
+
+fn path(keys: &[&str]) -> FieldPath {
+    FieldPath::of(keys)
+}
+
+pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
+    let qnn = qnn(&raw.qnn)?;
+    let bundle = BundleConfig {
+        path: any_path(path(&["bundle", "path"]), &raw.bundle.path)?,
+    };
+    let rings = rings(&raw.rings)?;
+    let control = control(&raw.control)?;
+    let realtime = realtime(&raw.realtime)?;
+    if raw.systemd.watchdog && !raw.systemd.notify {
+        return Err(ConfigError::invalid(
+            path(&["systemd", "watchdog"]),
+            format_args!(
+                "false while systemd.notify is false (watchdog pings use the notify socket)"
+            ),
+            Found::Bool(true),
+        ));
+    }
+    let systemd = SystemdConfig {
+        notify: raw.systemd.notify,
+        watchdog: raw.systemd.watchdog,
+    };
+    let ota = ota(&raw.ota)?;
+    let log = LogConfig {
+        level: log_level(path(&["log", "level"]), &raw.log.level)?,
+    };
+    Ok(Config {
+        qnn,
+        bundle,
+        rings,
+        control,
+        realtime,
+        systemd,
+        ota,
+        log,
+    })
+}
+
+fn qnn(raw: &RawQnn) -> Checked<QnnConfig> {
+    Ok(QnnConfig {
+        lib_dir: absolute_path(path(&["qnn", "lib_dir"]), &raw.lib_dir.0)?,
+        backend_lib: file_name(path(&["qnn", "backend_lib"]), &raw.backend_lib)?,
+        system_lib: file_name(path(&["qnn", "system_lib"]), &raw.system_lib)?,
+        log_level: log_level(path(&["qnn", "log_level"]), &raw.log_level)?,
+    })
+}
+
+fn rings(raw: &RawRings) -> Checked<RingsConfig> {
+    let observation_path = absolute_path(
+        path(&["rings", "observation_path"]),
+        &raw.observation_path.0,
+    )?;
+    let action_path = absolute_path(path(&["rings", "action_path"]), &raw.action_path.0)?;
+    if action_path == observation_path {
+        return Err(ConfigError::invalid(
+            path(&["rings", "action_path"]),
+            format_args!("a path different from rings.observation_path"),
+            Found::text(&action_path),
+        ));
+    }
+    let slots_path = path(&["rings", "action_slots"]);
+    let action_slots = whole(slots_path.clone(), raw.action_slots, 2, 4096)?;
+    if !action_slots.is_power_of_two() {
+        return Err(ConfigError::invalid(
+            slots_path,
+            format_args!("a power of two in 2..=4096"),
+            Found::Number(raw.action_slots),
+        ));
+    }
+    Ok(RingsConfig {
+        observation_path,
+        action_path,
+        action_slots,
+    })
+}
+
+fn control(raw: &RawControl) -> Checked<ControlConfig> {
+    let hz = raw.publish_hz;
+    if !(hz > 0.0 && hz <= 1000.0) {
+        return Err(ConfigError::invalid(
+            path(&["control", "publish_hz"]),
+            format_args!("a number in (0, 1000]"),
+            Found::number(hz),
+        ));
+    }
+    let ms = |key: &str, value: f64, min: u32| whole(path(&["control", key]), value, min, MAX_MS);
+    let config = ControlConfig {
+        publish_hz: hz,
+        max_observation_age_ms: ms("max_observation_age_ms", raw.max_observation_age_ms, 1)?,
+        max_chunk_age_ms: ms("max_chunk_age_ms", raw.max_chunk_age_ms, 1)?,
+        hold_after_chunk_end_ms: ms("hold_after_chunk_end_ms", raw.hold_after_chunk_end_ms, 0)?,
+        action_valid_ms: ms("action_valid_ms", raw.action_valid_ms, 1)?,
+        writer_heartbeat_timeout_ms: ms(
+            "writer_heartbeat_timeout_ms",
+            raw.writer_heartbeat_timeout_ms,
+            1,
+        )?,
+    };
+    // An action must stay valid until the next one is published, or the reader would
+    // see a gap of stale data on every tick.
+    let period_ms = (1000.0 / hz).ceil() as u32;
+    if config.action_valid_ms < period_ms {
+        return Err(ConfigError::invalid(
+            path(&["control", "action_valid_ms"]),
+            format_args!("at least one publish period ({period_ms} ms at {hz} Hz)"),
+            Found::Number(raw.action_valid_ms),
+        ));
+    }
+    // One late tick must not look like a dead writer.
+    let two_periods_ms = (2000.0 / hz).ceil() as u32;
+    if config.writer_heartbeat_timeout_ms < two_periods_ms {
+        return Err(ConfigError::invalid(
+            path(&["control", "writer_heartbeat_timeout_ms"]),
+            format_args!("at least two publish periods ({two_periods_ms} ms at {hz} Hz)"),
+            Found::Number(raw.writer_heartbeat_timeout_ms),
+        ));
+    }
+    Ok(config)
+}
+
+fn realtime(raw: &RawRealtime) -> Checked<RealtimeConfig> {
+    let publisher_priority = whole(
+        path(&["realtime", "publisher_priority"]),
+        raw.publisher_priority,
+        0,
+        99,
+    )? as u8;
+    let inference_priority = whole(
+        path(&["realtime", "inference_priority"]),
+        raw.inference_priority,
+        0,
+        99,
+    )? as u8;
+    // A real-time inference thread at or above the publisher would starve it.
+    if inference_priority > 0 && inference_priority >= publisher_priority {
+        return Err(ConfigError::invalid(
+            path(&["realtime", "inference_priority"]),
+            format_args!(
+                "0 (SCHED_OTHER) or a priority below realtime.publisher_priority ({publisher_priority})"
+            ),
+            Found::Number(raw.inference_priority),
+        ));
+    }
+    let publisher_cpu = match raw.publisher_cpu {
+        Some(cpu) => Some(cpu_index(path(&["realtime", "publisher_cpu"]), cpu)?),
+        None => None,
+    };
+    let mut inference_cpus = heapless::Vec::new();
+    if let Some(list) = &raw.inference_cpus {
+        for (i, &value) in list.0.iter().enumerate() {
+            let item_path = path(&["realtime", "inference_cpus"]).index(i);
+            let cpu = cpu_index(item_path.clone(), value)?;
+            if inference_cpus.contains(&cpu) {
+                return Err(ConfigError::invalid(
+                    item_path,
+                    format_args!("each CPU listed once"),
+                    Found::Number(value),
+                ));
+            }
+            if publisher_cpu == Some(cpu) {
+                return Err(ConfigError::invalid(
+                    item_path,
+                    format_args!("a CPU other than realtime.publisher_cpu ({cpu}), which the publisher keeps to itself"),
+                    Found::Number(value),
+                ));
+            }
+            // Capacity equals the raw list's bound, so this cannot fail.
+            let _ = inference_cpus.push(cpu);
+        }
+    }
+    Ok(RealtimeConfig {
+        publisher_priority,
+        inference_priority,
+        publisher_cpu,
+        inference_cpus,
+        mlockall: raw.mlockall,
+    })
+}
+
+fn ota(raw: &RawOta) -> Checked<OtaConfig> {
+    let root = absolute_path(path(&["ota", "root"]), &raw.root.0)?;
+    // An empty list is allowed: every update is then refused (fail closed), which is the
+    // right default for an image that has not been given its fleet key yet.
+    let keys_path = path(&["ota", "trusted_keys"]);
+    let mut trusted_keys = heapless::Vec::new();
+    for (i, text) in raw.trusted_keys.0.iter().enumerate() {
+        let key_path = keys_path.clone().index(i);
+        let key = trusted_key(key_path.clone(), &text.0)?;
+        if trusted_keys.contains(&key) {
+            return Err(ConfigError::invalid(
+                key_path,
+                format_args!("each key listed once"),
+                Found::text(&text.0),
+            ));
+        }
+        // Capacity equals the raw list's bound, so this cannot fail.
+        let _ = trusted_keys.push(key);
+    }
+    Ok(OtaConfig {
+        root,
+        trusted_keys,
+        trial_inferences: whole(
+            path(&["ota", "trial_inferences"]),
+            raw.trial_inferences,
+            1,
+            1_000_000,
+        )?,
+        max_trial_starts: whole(
+            path(&["ota", "max_trial_starts"]),
+            raw.max_trial_starts,
+            1,
+            100,
+        )?,
+    })
+}
+
+/// A whole number in `min..=max`.
+fn whole(at: FieldPath, value: f64, min: u32, max: u32) -> Checked<u32> {
+    if value.fract() == 0.0 && value >= f64::from(min) && value <= f64::from(max) {
+        Ok(value as u32)
+    } else {
+        Err(ConfigError::invalid(
+            at,
+            format_args!("a whole number in {min}..={max}"),
+            Found::number(value),
+        ))
+    }
+}
+
+fn cpu_index(at: FieldPath, value: f64) -> Checked<u16> {
+    whole(at, value, 0, MAX_CPU_INDEX.into()).map(|cpu| cpu as u16)
+}
+
+fn path_text_problem(value: &str) -> Option<&'static str> {
+    if value.is_empty() {
+        Some("a non-empty path")
+    } else if value.contains('\0') {
+        Some("a path without NUL characters")
+    } else {
+        None
+    }
+}
+
+/// A non-empty absolute path without NUL characters.
+pub(crate) fn absolute_path(at: FieldPath, value: &str) -> Checked<PathText> {
+    let problem = path_text_problem(value)
+        .or_else(|| (!value.starts_with('/')).then_some("an absolute path (starting with '/')"));
+    if let Some(expected) = problem {
+        return Err(ConfigError::invalid(
+            at,
+            format_args!("{expected}"),
+            Found::text(value),
+        ));
+    }
+    copy_text(at, value)
+}
+
+/// A non-empty path without NUL characters, absolute or relative to the working directory.
+fn any_path(at: FieldPath, value: &Text<{ crate::MAX_PATH_BYTES }>) -> Checked<PathText> {
+    if let Some(expected) = path_text_problem(&value.0) {
+        return Err(ConfigError::invalid(
+            at,
+            format_args!("{expected}"),
+            Found::text(&value.0),
+        ));
+    }
+    Ok(value.0.clone())
+}
+
+fn copy_text<const N: usize>(at: FieldPath, value: &str) -> Checked<heapless::String<N>> {
+    let mut text = heapless::String::new();
+    if text.push_str(value).is_err() {
+        return Err(ConfigError::invalid(
+            at,
+            format_args!("a path of at most {N} bytes"),
+            Found::text(value),
+        ));
+    }
+    Ok(text)
+}
+
+/// A bare file name (no directory part), looked up inside `qnn.lib_dir`.
+fn file_name(at: FieldPath, value: &Text<{ crate::MAX_NAME_BYTES }>) -> Checked<NameText> {
+    let name = value.0.as_str();
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(ConfigError::invalid(
+            at,
+            format_args!("a file name without '/' (it is looked up in qnn.lib_dir)"),
+            Found::text(name),
+        ));
+    }
+    Ok(value.0.clone())
+}
+
+fn log_level<const N: usize>(at: FieldPath, value: &Text<N>) -> Checked<LogLevel> {
+    LogLevel::parse(&value.0).ok_or_else(|| {
+        ConfigError::invalid(
+            at,
+            format_args!("one of error, warn, info, debug, trace"),
+            Found::text(&value.0),
+        )
+    })
+}
+
+/// 64 lowercase hex characters: an Ed25519 public key.
+fn trusted_key(at: FieldPath, value: &str) -> Checked<TrustedKey> {
+    let bytes = value.as_bytes();
+    let hex_value = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    };
+    let mut key = [0u8; 32];
+    let well_formed = bytes.len() == 64
+        && key
+            .iter_mut()
+            .zip(bytes.chunks_exact(2))
+            .all(
+                |(out, pair)| match (hex_value(pair[0]), hex_value(pair[1])) {
+                    (Some(high), Some(low)) => {
+                        *out = high << 4 | low;
+                        true
+                    }
+                    _ => false,
+                },
+            );
+    if !well_formed {
+        return Err(ConfigError::invalid(
+            at,
+            format_args!("64 lowercase hex characters (an Ed25519 public key)"),
+            Found::text(value),
+        ));
+    }
+    Ok(TrustedKey(key))
+}
+
+/// Turns a failed deserialization at `at` into the error the user sees.
+pub(crate) fn from_track_error(json: &[u8], at: FieldPath, error: TrackError) -> ConfigError {
+    let origin = Origin::Bytes;
+    match error {
+        TrackError::UnknownField { allowed } => ConfigError::UnknownField {
+            origin,
+            path: at,
+            allowed,
+        },
+        TrackError::MissingField(name) => ConfigError::MissingField {
+            origin,
+            path: at.key(name),
+        },
+        // The tracked path already ends with the repeated key.
+        TrackError::DuplicateField(_) => ConfigError::DuplicateField { origin, path: at },
+        TrackError::Mismatch { expected, found } => ConfigError::Invalid {
+            origin,
+            path: at,
+            expected,
+            found,
+        },
+        TrackError::Custom(message) => ConfigError::Invalid {
+            origin,
+            path: at,
+            expected: message,
+            found: Found::Malformed,
+        },
+        TrackError::Parser {
+            error,
+            message,
+            expected,
+        } => match error {
+            Some(JsonError::InvalidType | JsonError::InvalidNumber) => {
+                let found = crate::probe::describe(json, &at);
+                ConfigError::WrongType {
+                    origin,
+                    path: at,
+                    expected: bounded(format_args!("{expected}")),
+                    found,
+                }
+            }
+            Some(JsonError::EscapedStringIsTooLong) => ConfigError::Invalid {
+                origin,
+                path: at,
+                expected: bounded(format_args!(
+                    "a string of at most {} bytes after unescaping",
+                    crate::UNESCAPE_BYTES
+                )),
+                found: Found::Other(bounded(format_args!("a longer string"))),
+            },
+            Some(parser_error) => ConfigError::Malformed {
+                origin,
+                path: at,
+                problem: syntax_problem(&parser_error),
+            },
+            // Of the variants sharing one text, only the two string ones can occur here.
+            None if expected == "a string" || expected == "a field name" => {
+                ConfigError::Malformed {
+                    origin,
+                    path: at,
+                    problem: "invalid escape sequence, or string too long once unescaped",
+                }
+            }
+            None => ConfigError::Invalid {
+                origin,
+                path: at,
+                expected: bounded(format_args!("{expected}")),
+                found: Found::Other(bounded(format_args!("{message}"))),
+            },
+        },
+    }
+}
+
+fn syntax_problem(error: &JsonError) -> &'static str {
+    match error {
+        JsonError::EofWhileParsingList
+        | JsonError::EofWhileParsingObject
+        | JsonError::EofWhileParsingString
+        | JsonError::EofWhileParsingNumber
+        | JsonError::EofWhileParsingValue => "unexpected end of input",
+        JsonError::ExpectedColon => "expected ':' after the key",
+        JsonError::ExpectedListCommaOrEnd => "expected ',' or ']'",
+        JsonError::ExpectedObjectCommaOrEnd => "expected ',' or '}'",
+        JsonError::ExpectedSomeIdent => "expected true, false or null",
+        JsonError::ExpectedSomeValue => "expected a value",
+        JsonError::InvalidUnicodeCodePoint => "invalid UTF-8 or unicode escape",
+        JsonError::InvalidEscapeSequence => "invalid escape sequence in a string",
+        JsonError::KeyMustBeAString => "expected a quoted key",
+        JsonError::TrailingCharacters => "unexpected characters",
+        JsonError::TrailingComma => "trailing comma",
+        _ => "not valid JSON",
+    }
+}

@@ -1,0 +1,609 @@
+//! Parsing the example configs, and one test per kind of error, each asserting that the
+//! one-line message names the field, what was expected and what was found.
+
+// `ConfigError` is large on purpose (heap-free); see the crate root.
+#![allow(clippy::result_large_err)]
+
+mod common;
+
+use std::ffi::OsString;
+
+use common::{dev_json, device_json, edit};
+use vla_config::{
+    Config, ConfigError, FieldPath, LogLevel, Origin, TrustedKey, MAX_CONFIG_BYTES, QNN_LIB_DIR_ENV,
+};
+
+fn parse(json: &str) -> Result<Config, ConfigError> {
+    Config::from_json(json.as_bytes())
+}
+
+/// Parses `json`, expects an error, checks it is one line and returns its message.
+fn error_of(json: &str) -> (ConfigError, String) {
+    let error = parse(json).expect_err("config should be rejected");
+    let message = error.to_string();
+    assert!(!message.contains('\n'), "multi-line message: {message}");
+    (error, message)
+}
+
+fn assert_mentions(message: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(
+            message.contains(part),
+            "{message:?} should mention {part:?}"
+        );
+    }
+}
+
+fn path_of(error: &ConfigError) -> String {
+    error.path().expect("error names a field").to_string()
+}
+
+#[test]
+fn device_config_parses_to_the_documented_values() {
+    let config = parse(&device_json()).unwrap();
+    assert_eq!(config.qnn.lib_dir, "/usr/lib");
+    assert_eq!(config.qnn.backend_lib, "libQnnHtp.so");
+    assert_eq!(config.qnn.system_lib, "libQnnSystem.so");
+    assert_eq!(config.qnn.log_level, LogLevel::Warn);
+    assert_eq!(config.bundle.path, "/var/lib/vla/current");
+    assert_eq!(config.rings.observation_path, "/dev/shm/vla-obs");
+    assert_eq!(config.rings.action_path, "/dev/shm/vla-act");
+    assert_eq!(config.rings.action_slots, 64);
+    assert_eq!(config.control.publish_hz, 20.0);
+    assert_eq!(config.control.max_observation_age_ms, 200);
+    assert_eq!(config.control.max_chunk_age_ms, 1500);
+    assert_eq!(config.control.hold_after_chunk_end_ms, 100);
+    assert_eq!(config.control.action_valid_ms, 100);
+    assert_eq!(config.control.writer_heartbeat_timeout_ms, 500);
+    assert_eq!(
+        config.control.publish_period(),
+        std::time::Duration::from_millis(50)
+    );
+    assert_eq!(config.realtime.publisher_priority, 50);
+    assert_eq!(config.realtime.inference_priority, 0);
+    assert_eq!(config.realtime.publisher_cpu, Some(3));
+    assert_eq!(config.realtime.inference_cpus.as_slice(), &[4, 5, 6, 7]);
+    assert!(config.realtime.mlockall);
+    assert!(config.systemd.notify && config.systemd.watchdog);
+    assert_eq!(config.ota.root, "/var/lib/vla");
+    assert!(config.ota.trusted_keys.is_empty());
+    assert_eq!(config.ota.trial_inferences, 20);
+    assert_eq!(config.ota.max_trial_starts, 3);
+    assert_eq!(config.log.level, LogLevel::Info);
+}
+
+#[test]
+fn dev_config_parses_to_the_documented_values() {
+    let config = parse(&dev_json()).unwrap();
+    assert_eq!(config.bundle.path, "golden/bundles/molmoact2-original");
+    assert_eq!(config.rings.observation_path, "/dev/shm/vla-dev-obs");
+    assert_eq!(config.rings.action_path, "/dev/shm/vla-dev-act");
+    assert_eq!(config.realtime.publisher_priority, 0);
+    assert_eq!(config.realtime.inference_priority, 0);
+    assert_eq!(config.realtime.publisher_cpu, None);
+    assert!(config.realtime.inference_cpus.is_empty());
+    assert!(!config.realtime.mlockall);
+    assert!(!config.systemd.notify && !config.systemd.watchdog);
+    assert_eq!(config.log.level, LogLevel::Debug);
+    // RFC 8032 test 1 public key: the hex decodes byte for byte.
+    let mut expected = [0u8; 32];
+    expected[..4].copy_from_slice(&[0xd7, 0x5a, 0x98, 0x01]);
+    expected[28..].copy_from_slice(&[0xf7, 0x07, 0x51, 0x1a]);
+    let key = config.ota.trusted_keys[0].0;
+    assert_eq!(config.ota.trusted_keys.len(), 1);
+    assert_eq!((&key[..4], &key[28..]), (&expected[..4], &expected[28..]));
+    assert_eq!(key[16], 0x0e);
+}
+
+#[test]
+fn every_example_config_is_valid() {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(common::config_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|ext| ext == "json") {
+            if let Err(error) = Config::load(&path) {
+                panic!("{error}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "found only {checked} example configs");
+}
+
+#[test]
+fn optional_realtime_fields_accept_null() {
+    let json = edit(
+        &device_json(),
+        "\"publisher_cpu\": 3",
+        "\"publisher_cpu\": null",
+    );
+    let json = edit(&json, "[4, 5, 6, 7]", "null");
+    let config = parse(&json).unwrap();
+    assert_eq!(config.realtime.publisher_cpu, None);
+    assert!(config.realtime.inference_cpus.is_empty());
+}
+
+#[test]
+fn escaped_strings_and_a_byte_order_mark_are_accepted() {
+    let json = edit(&device_json(), "\"/usr/lib\"", r#""\/usr\/lib""#);
+    let mut bytes = b"\xEF\xBB\xBF".to_vec();
+    bytes.extend_from_slice(json.as_bytes());
+    let config = Config::from_json(&bytes).unwrap();
+    assert_eq!(config.qnn.lib_dir, "/usr/lib");
+}
+
+#[test]
+fn unknown_fields_are_named_with_the_known_ones() {
+    let (error, message) = error_of(&edit(
+        &device_json(),
+        "\"publish_hz\": 20.0",
+        "\"publish_hzz\": 20.0",
+    ));
+    assert!(matches!(error, ConfigError::UnknownField { .. }));
+    assert_eq!(path_of(&error), "control.publish_hzz");
+    assert_mentions(
+        &message,
+        &[
+            "`control.publish_hzz`",
+            "publish_hz, max_observation_age_ms",
+        ],
+    );
+
+    let (error, message) = error_of(&edit(
+        &device_json(),
+        "\"log\": {",
+        "\"colour\": 1, \"log\": {",
+    ));
+    assert_eq!(path_of(&error), "colour");
+    assert_mentions(&message, &["unknown field `colour`", "qnn, bundle, rings"]);
+}
+
+#[test]
+fn missing_fields_are_named() {
+    let (error, message) = error_of(&edit(&device_json(), "    \"action_valid_ms\": 100,\n", ""));
+    assert!(matches!(error, ConfigError::MissingField { .. }));
+    assert_eq!(path_of(&error), "control.action_valid_ms");
+    assert_mentions(&message, &["missing field `control.action_valid_ms`"]);
+
+    let (error, _) = error_of(&edit(
+        &device_json(),
+        ",\n  \"log\": {\n    \"level\": \"info\"\n  }",
+        "",
+    ));
+    assert_eq!(path_of(&error), "log");
+}
+
+#[test]
+fn wrong_types_name_the_field_the_expected_and_the_found_type() {
+    let cases: &[(&str, &str, &str, &[&str])] = &[
+        (
+            "\"publish_hz\": 20.0",
+            "\"publish_hz\": \"fast\"",
+            "control.publish_hz",
+            &["expected a number", "found the string \"fast\""],
+        ),
+        (
+            "\"mlockall\": true",
+            "\"mlockall\": 1",
+            "realtime.mlockall",
+            &["expected true or false", "found 1"],
+        ),
+        (
+            "\"lib_dir\": \"/usr/lib\"",
+            "\"lib_dir\": 5",
+            "qnn.lib_dir",
+            &["expected a string", "found 5"],
+        ),
+        (
+            "[4, 5, 6, 7]",
+            "\"4-7\"",
+            "realtime.inference_cpus",
+            &["expected an array", "found the string \"4-7\""],
+        ),
+        (
+            "[4, 5, 6, 7]",
+            "[4, true]",
+            "realtime.inference_cpus[1]",
+            &["expected a number", "found true"],
+        ),
+        (
+            "\"bundle\": {\n    \"path\": \"/var/lib/vla/current\"\n  }",
+            "\"bundle\": [\"/var/lib/vla/current\"]",
+            "bundle",
+            &["expected an object", "found an array"],
+        ),
+        (
+            "\"max_trial_starts\": 3",
+            "\"max_trial_starts\": null",
+            "ota.max_trial_starts",
+            &["found null"],
+        ),
+    ];
+    for (old, new, path, parts) in cases {
+        let (error, message) = error_of(&edit(&device_json(), old, new));
+        assert_eq!(&path_of(&error), path, "{message}");
+        assert_mentions(&message, parts);
+    }
+}
+
+#[test]
+fn out_of_range_values_name_the_field_the_range_and_the_value() {
+    let cases: &[(&str, &str, &str, &[&str])] = &[
+        (
+            "\"publish_hz\": 20.0",
+            "\"publish_hz\": 0",
+            "control.publish_hz",
+            &["(0, 1000]", "found 0"],
+        ),
+        (
+            "\"publish_hz\": 20.0",
+            "\"publish_hz\": 1000.5",
+            "control.publish_hz",
+            &["(0, 1000]", "found 1000.5"],
+        ),
+        (
+            "\"publisher_priority\": 50",
+            "\"publisher_priority\": 100",
+            "realtime.publisher_priority",
+            &["0..=99", "found 100"],
+        ),
+        (
+            "\"action_slots\": 64",
+            "\"action_slots\": 48",
+            "rings.action_slots",
+            &["power of two", "found 48"],
+        ),
+        (
+            "\"action_slots\": 64",
+            "\"action_slots\": 8192",
+            "rings.action_slots",
+            &["2..=4096", "found 8192"],
+        ),
+        (
+            "\"max_observation_age_ms\": 200",
+            "\"max_observation_age_ms\": 0",
+            "control.max_observation_age_ms",
+            &["1..=60000", "found 0"],
+        ),
+        (
+            "\"max_chunk_age_ms\": 1500",
+            "\"max_chunk_age_ms\": 20.5",
+            "control.max_chunk_age_ms",
+            &["whole number", "found 20.5"],
+        ),
+        (
+            "\"trial_inferences\": 20",
+            "\"trial_inferences\": -1",
+            "ota.trial_inferences",
+            &["1..=1000000", "found -1"],
+        ),
+        (
+            "\"level\": \"info\"",
+            "\"level\": \"verbose\"",
+            "log.level",
+            &[
+                "error, warn, info, debug, trace",
+                "found the string \"verbose\"",
+            ],
+        ),
+        (
+            "\"lib_dir\": \"/usr/lib\"",
+            "\"lib_dir\": \"usr/lib\"",
+            "qnn.lib_dir",
+            &["an absolute path", "\"usr/lib\""],
+        ),
+        (
+            "\"path\": \"/var/lib/vla/current\"",
+            "\"path\": \"\"",
+            "bundle.path",
+            &["a non-empty path"],
+        ),
+        (
+            "\"action_path\": \"/dev/shm/vla-act\"",
+            "\"action_path\": \"/dev/shm/vla\\u0000act\"",
+            "rings.action_path",
+            &["without NUL"],
+        ),
+        (
+            "\"backend_lib\": \"libQnnHtp.so\"",
+            "\"backend_lib\": \"/usr/lib/libQnnHtp.so\"",
+            "qnn.backend_lib",
+            &["a file name without '/'"],
+        ),
+        (
+            "\"publisher_cpu\": 3",
+            "\"publisher_cpu\": 1024",
+            "realtime.publisher_cpu",
+            &["0..=1023", "found 1024"],
+        ),
+    ];
+    for (old, new, path, parts) in cases {
+        let (error, message) = error_of(&edit(&device_json(), old, new));
+        assert!(matches!(error, ConfigError::Invalid { .. }), "{message}");
+        assert_eq!(&path_of(&error), path, "{message}");
+        assert_mentions(&message, parts);
+    }
+}
+
+#[test]
+fn bounded_strings_and_lists_report_their_bound() {
+    let long_dir = format!("\"lib_dir\": \"/{}\"", "d".repeat(299));
+    let (error, message) = error_of(&edit(
+        &device_json(),
+        "\"lib_dir\": \"/usr/lib\"",
+        &long_dir,
+    ));
+    assert_eq!(path_of(&error), "qnn.lib_dir");
+    assert_mentions(&message, &["at most 256 bytes", "a string of 300 bytes"]);
+
+    let cpus: Vec<String> = (4..21).map(|cpu| cpu.to_string()).collect();
+    let list = format!("[{}]", cpus.join(", "));
+    let (error, message) = error_of(&edit(&device_json(), "[4, 5, 6, 7]", &list));
+    assert_eq!(path_of(&error), "realtime.inference_cpus");
+    assert_mentions(&message, &["at most 16 items", "more than 16"]);
+}
+
+#[test]
+fn cross_field_rules_name_the_dependent_field() {
+    let cases: &[(&str, &str, &str, &[&str])] = &[
+        (
+            "\"notify\": true",
+            "\"notify\": false",
+            "systemd.watchdog",
+            &["systemd.notify is false"],
+        ),
+        (
+            "\"inference_priority\": 0",
+            "\"inference_priority\": 50",
+            "realtime.inference_priority",
+            &["below realtime.publisher_priority (50)", "found 50"],
+        ),
+        (
+            "[4, 5, 6, 7]",
+            "[4, 3]",
+            "realtime.inference_cpus[1]",
+            &["other than realtime.publisher_cpu (3)"],
+        ),
+        (
+            "[4, 5, 6, 7]",
+            "[4, 5, 4]",
+            "realtime.inference_cpus[2]",
+            &["each CPU listed once", "found 4"],
+        ),
+        (
+            "\"action_path\": \"/dev/shm/vla-act\"",
+            "\"action_path\": \"/dev/shm/vla-obs\"",
+            "rings.action_path",
+            &["different from rings.observation_path"],
+        ),
+        (
+            "\"action_valid_ms\": 100",
+            "\"action_valid_ms\": 49",
+            "control.action_valid_ms",
+            &["at least one publish period (50 ms at 20 Hz)", "found 49"],
+        ),
+        (
+            "\"writer_heartbeat_timeout_ms\": 500",
+            "\"writer_heartbeat_timeout_ms\": 99",
+            "control.writer_heartbeat_timeout_ms",
+            &["two publish periods (100 ms", "found 99"],
+        ),
+    ];
+    for (old, new, path, parts) in cases {
+        let (error, message) = error_of(&edit(&device_json(), old, new));
+        assert_eq!(&path_of(&error), path, "{message}");
+        assert_mentions(&message, parts);
+    }
+}
+
+#[test]
+fn bad_trusted_keys_name_the_key_position() {
+    let good = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+    let bad_keys = [
+        good.to_uppercase(),
+        good[..63].to_string(),
+        format!("{good}0"),
+        good.replacen('d', "g", 1),
+    ];
+    for bad in bad_keys {
+        let keys = format!("\"trusted_keys\": [\"{good}\", \"{bad}\"]");
+        let (error, message) = error_of(&edit(&device_json(), "\"trusted_keys\": []", &keys));
+        assert_eq!(path_of(&error), "ota.trusted_keys[1]", "{message}");
+        assert_mentions(&message, &["64 lowercase hex characters", &bad[..8]]);
+    }
+    let keys = format!("\"trusted_keys\": [\"{good}\", \"{good}\"]");
+    let (error, message) = error_of(&edit(&device_json(), "\"trusted_keys\": []", &keys));
+    assert_eq!(path_of(&error), "ota.trusted_keys[1]");
+    assert_mentions(&message, &["each key listed once"]);
+}
+
+#[test]
+fn two_distinct_keys_decode() {
+    let a = "00".repeat(31) + "01";
+    let b = "ff".repeat(32);
+    let keys = format!("\"trusted_keys\": [\"{a}\", \"{b}\"]");
+    let config = parse(&edit(&device_json(), "\"trusted_keys\": []", &keys)).unwrap();
+    let mut one = [0u8; 32];
+    one[31] = 1;
+    assert_eq!(
+        config.ota.trusted_keys.as_slice(),
+        &[TrustedKey(one), TrustedKey([0xff; 32])]
+    );
+}
+
+#[test]
+fn duplicate_fields_are_rejected() {
+    let (error, message) = error_of(&edit(
+        &device_json(),
+        "\"publish_hz\": 20.0,",
+        "\"publish_hz\": 20.0, \"publish_hz\": 30.0,",
+    ));
+    assert!(matches!(error, ConfigError::DuplicateField { .. }));
+    assert_mentions(&message, &["duplicate field `control.publish_hz`"]);
+}
+
+#[test]
+fn malformed_json_names_where_it_broke() {
+    let json = device_json();
+    let cut = json.find("\"action_valid_ms\"").unwrap() + 10;
+    let (error, message) = error_of(&json[..cut]);
+    assert!(matches!(error, ConfigError::Malformed { .. }), "{message}");
+    assert!(path_of(&error).starts_with("control"), "{message}");
+    assert_mentions(&message, &["malformed JSON", "unexpected end of input"]);
+
+    let (error, message) = error_of(&edit(
+        &json,
+        "\"max_chunk_age_ms\": 1500,",
+        "\"max_chunk_age_ms\": 1500",
+    ));
+    assert_eq!(path_of(&error), "control.max_chunk_age_ms");
+    assert_mentions(&message, &["expected ',' or '}'"]);
+
+    let (error, message) = error_of(&format!("{json} {{}}"));
+    assert!(matches!(error, ConfigError::Malformed { .. }));
+    assert_mentions(&message, &["after the top-level object"]);
+
+    let (error, message) = error_of("");
+    assert_eq!(error.path(), Some(&FieldPath::root()));
+    assert_mentions(&message, &["(top level)", "unexpected end of input"]);
+
+    let (error, message) = error_of(&edit(&json, "\"/usr/lib\"", r#""/usr\qlib""#));
+    assert_eq!(path_of(&error), "qnn.lib_dir");
+    assert_mentions(&message, &["invalid escape sequence"]);
+
+    let (error, message) = error_of(&edit(
+        &json,
+        "\"publish_hz\": 20.0",
+        "\"publish_hz\": 2.0.0",
+    ));
+    assert_eq!(path_of(&error), "control.publish_hz");
+    assert_mentions(&message, &["expected a number", "found a malformed value"]);
+
+    let (_, message) = error_of("[]");
+    assert_mentions(
+        &message,
+        &["(top level)", "expected an object", "found an array"],
+    );
+}
+
+#[test]
+fn oversized_input_is_rejected_before_parsing() {
+    let mut json = device_json();
+    json.push_str(&" ".repeat(MAX_CONFIG_BYTES));
+    let (error, message) = error_of(&json);
+    assert!(matches!(
+        error,
+        ConfigError::TooLarge {
+            max: MAX_CONFIG_BYTES,
+            ..
+        }
+    ));
+    assert_mentions(
+        &message,
+        &[
+            "at most 16384 bytes",
+            &format!("found {} bytes", json.len()),
+        ],
+    );
+}
+
+#[test]
+fn load_names_the_file_in_every_error() {
+    let dir = std::env::temp_dir().join(format!("vla-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        edit(&device_json(), "\"publish_hz\": 20.0", "\"publish_hz\": -2"),
+    )
+    .unwrap();
+    let error = Config::load(&bad).unwrap_err();
+    assert!(matches!(error.origin(), Origin::File(_)));
+    assert_mentions(
+        &error.to_string(),
+        &[
+            &format!("config file {}", bad.display()),
+            "`control.publish_hz`",
+            "found -2",
+        ],
+    );
+
+    let big = dir.join("big.json");
+    std::fs::write(&big, vec![b' '; MAX_CONFIG_BYTES + 10]).unwrap();
+    let message = Config::load(&big).unwrap_err().to_string();
+    assert_mentions(&message, &[&big.display().to_string(), "found 16394 bytes"]);
+
+    let exact = dir.join("exact.json");
+    let mut padded = device_json();
+    padded.push_str(&" ".repeat(MAX_CONFIG_BYTES - padded.len()));
+    std::fs::write(&exact, padded).unwrap();
+    Config::load(&exact).expect("a file of exactly the limit is accepted");
+
+    let missing = dir.join("missing.json");
+    let error = Config::load(&missing).unwrap_err();
+    assert!(matches!(error, ConfigError::Read { .. }));
+    assert_mentions(
+        &error.to_string(),
+        &[&missing.display().to_string(), "cannot read"],
+    );
+
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn env_table(value: Option<&str>) -> impl FnMut(&str) -> Option<OsString> + '_ {
+    move |name| {
+        (name == QNN_LIB_DIR_ENV)
+            .then(|| value.map(OsString::from))
+            .flatten()
+    }
+}
+
+#[test]
+fn qnn_lib_dir_override_replaces_the_placeholder() {
+    let mut config = parse(&dev_json()).unwrap();
+    let applied = config
+        .apply_overrides(env_table(Some("/work/.venv/lib/onnxruntime_qnn")))
+        .unwrap();
+    assert_eq!(applied.as_slice(), &[QNN_LIB_DIR_ENV]);
+    assert_eq!(config.qnn.lib_dir, "/work/.venv/lib/onnxruntime_qnn");
+
+    let before = parse(&dev_json()).unwrap();
+    let mut config = before.clone();
+    let applied = config.apply_overrides(env_table(None)).unwrap();
+    assert!(applied.is_empty());
+    assert_eq!(config, before);
+}
+
+#[test]
+fn bad_qnn_lib_dir_override_names_the_variable_and_keeps_the_config() {
+    for bad in ["", "relative/lib"] {
+        let before = parse(&dev_json()).unwrap();
+        let mut config = before.clone();
+        let error = config.apply_overrides(env_table(Some(bad))).unwrap_err();
+        assert_eq!(error.origin(), &Origin::Env(QNN_LIB_DIR_ENV));
+        assert_mentions(
+            &error.to_string(),
+            &["environment variable VLA_QNN_LIB_DIR", "`qnn.lib_dir`"],
+        );
+        assert_eq!(config, before);
+    }
+
+    use std::os::unix::ffi::OsStringExt;
+    let mut config = parse(&dev_json()).unwrap();
+    let error = config
+        .apply_overrides(|_| Some(OsString::from_vec(b"/opt/\xff".to_vec())))
+        .unwrap_err();
+    assert_mentions(&error.to_string(), &["UTF-8", "VLA_QNN_LIB_DIR"]);
+}
+
+#[test]
+fn log_levels_map_to_qnn_levels() {
+    let levels: Vec<u32> = LogLevel::NAMES
+        .iter()
+        .map(|name| LogLevel::parse(name).unwrap().qnn_level())
+        .collect();
+    assert_eq!(levels, [1, 2, 3, 4, 5]);
+    assert_eq!(LogLevel::parse("Info"), None);
+    assert_eq!(LogLevel::Trace.as_str(), "trace");
+}
