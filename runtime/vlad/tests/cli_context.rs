@@ -1,0 +1,288 @@
+//! `vlad inspect | parity | bench-context` end to end: the binary against the real QNN
+//! libraries and the golden fixtures, including every bad input the tools must survive.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use vla_npz::{write_npz, Array, Npz};
+
+fn qnn_available() -> bool {
+    let set = std::env::var_os("VLA_QNN_LIB_DIR").is_some_and(|d| !d.is_empty());
+    if !set {
+        assert!(
+            std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
+            "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
+        );
+        eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+    }
+    set
+}
+
+fn bundle() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/bundles/molmoact2-original")
+}
+
+fn ctx(c: &str) -> PathBuf {
+    bundle().join(format!("ctx/{c}_socid77_archv73.bin"))
+}
+
+fn io(c: &str) -> PathBuf {
+    bundle().join(format!("golden/{c}_io.npz"))
+}
+
+fn vlad(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(args)
+        .output()
+        .expect("run vlad")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vlad-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The golden of `component` with `edit` applied to its arrays, written to `dir`.
+fn edited_golden(component: &str, dir: &Path, edit: impl FnOnce(&mut Vec<Array>)) -> PathBuf {
+    let npz = Npz::open(io(component)).unwrap();
+    let mut arrays: Vec<Array> = npz.names().map(|n| npz.array(n).unwrap()).collect();
+    edit(&mut arrays);
+    let path = dir.join(format!("{component}_io.npz"));
+    write_npz(&path, &arrays.iter().collect::<Vec<_>>()).unwrap();
+    path
+}
+
+#[test]
+fn inspect_shows_soc_blob_build_and_tensors() {
+    if !qnn_available() {
+        return;
+    }
+    let o = vlad(&["inspect", ctx("action_step").to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("soc model:     77 (QCS9075"), "{out}");
+    assert!(
+        out.contains("blob version:") && out.contains("QNN build:     v2."),
+        "{out}"
+    );
+    for t in [
+        "trajectory",
+        "timestep",
+        "k_ctx",
+        "v_ctx",
+        "encoder_attention_mask",
+        "action_dim_is_pad",
+        "next_trajectory",
+    ] {
+        assert!(out.contains(t), "missing {t}: {out}");
+    }
+    assert!(out.contains("[1,10,32]") && out.contains("f32"), "{out}");
+}
+
+#[test]
+fn parity_passes_on_the_golden_and_fails_the_gate_on_a_wrong_one() {
+    if !qnn_available() {
+        return;
+    }
+    let o = vlad(&[
+        "parity",
+        ctx("vision").to_str().unwrap(),
+        io("vision").to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("image_embeds") && out.contains("PASS"),
+        "{out}"
+    );
+
+    let tmp = scratch("gate");
+    let wrong = edited_golden("vision", &tmp, |arrays| {
+        let a = arrays
+            .iter_mut()
+            .find(|a| a.name() == "image_embeds")
+            .unwrap();
+        let mut v = a.to_f32().unwrap();
+        for (i, x) in v.iter_mut().enumerate() {
+            if i % 3 == 0 {
+                *x = -*x;
+            }
+        }
+        *a = Array::from_f32("image_embeds", a.shape(), &v).unwrap();
+    });
+    let o = vlad(&[
+        "parity",
+        ctx("vision").to_str().unwrap(),
+        wrong.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{out}{err}");
+    assert!(out.contains("FAIL"), "{out}");
+    assert!(
+        err.contains("gate failed") && err.contains("lowest cosine"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn bad_golden_npz_is_named_in_one_line() {
+    if !qnn_available() {
+        return;
+    }
+    let tmp = scratch("npz");
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            edited_golden("vision", &tmp.join("missing").tap_mkdir(), |a| {
+                a.retain(|x| x.name() != "pixel_values")
+            }),
+            "no array for tensor `pixel_values`",
+        ),
+        (
+            edited_golden("vision", &tmp.join("shape").tap_mkdir(), |arrays| {
+                let a = arrays
+                    .iter_mut()
+                    .find(|a| a.name() == "pixel_values")
+                    .unwrap();
+                let v = a.to_f32().unwrap();
+                *a = Array::from_f32("pixel_values", &[2, 16, 588], &v).unwrap();
+            }),
+            "tensor `pixel_values` has shape [2, 16, 588], the context needs [1, 2, 16, 588]",
+        ),
+        (
+            edited_golden("vision", &tmp.join("dtype").tap_mkdir(), |arrays| {
+                let a = arrays
+                    .iter_mut()
+                    .find(|a| a.name() == "pixel_values")
+                    .unwrap();
+                let v: Vec<i32> = a.to_f32().unwrap().iter().map(|x| *x as i32).collect();
+                *a = Array::from_i32("pixel_values", a.shape(), &v).unwrap();
+            }),
+            "tensor `pixel_values` is",
+        ),
+    ];
+    for (path, needle) in cases {
+        let o = vlad(&[
+            "parity",
+            ctx("vision").to_str().unwrap(),
+            path.to_str().unwrap(),
+        ]);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains(needle), "expected `{needle}` in: {err}");
+        let error_lines: Vec<&str> = err.lines().filter(|l| l.starts_with("vlad:")).collect();
+        assert_eq!(error_lines.len(), 1, "{err}");
+    }
+    let o = vlad(&[
+        "parity",
+        ctx("vision").to_str().unwrap(),
+        "/nonexistent/io.npz",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).1.contains("/nonexistent/io.npz"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn bad_binary_and_graph_name_fail_cleanly() {
+    if !qnn_available() {
+        return;
+    }
+    let tmp = scratch("bin");
+    let truncated = tmp.join("vision_socid77_archv73.bin");
+    let good = std::fs::read(ctx("vision")).unwrap();
+    std::fs::write(&truncated, &good[..1000]).unwrap();
+    for (args, needle) in [
+        (
+            vec!["inspect", truncated.to_str().unwrap()],
+            "malformed or truncated",
+        ),
+        (vec!["inspect", tmp.to_str().unwrap()], "not a regular file"),
+        (
+            vec![
+                "parity",
+                ctx("vision").to_str().unwrap(),
+                io("vision").to_str().unwrap(),
+                "--graph",
+                "nope",
+            ],
+            "no graph named `nope`",
+        ),
+    ] {
+        let o = vlad(&args);
+        let (_, err) = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected `{needle}` in {err}"
+        );
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["inspect", ctx("vision").to_str().unwrap()])
+        .env("VLA_QNN_LIB_DIR", tmp.join("nolibs"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o).1.contains("QNN library directory"),
+        "{}",
+        text(&o).1
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn bench_context_prints_its_figures() {
+    if !qnn_available() {
+        return;
+    }
+    let o = vlad(&[
+        "bench-context",
+        ctx("vision").to_str().unwrap(),
+        "--inputs",
+        io("vision").to_str().unwrap(),
+        "--iterations",
+        "5",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for needle in [
+        "load QNN libraries",
+        "create context",
+        "first 3 executes",
+        "steady over 5: p50",
+    ] {
+        assert!(out.contains(needle), "missing {needle}: {out}");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(vlad(&[]).status.code(), Some(2));
+    assert_eq!(vlad(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(vlad(&["parity", "only-one-arg"]).status.code(), Some(2));
+    assert_eq!(
+        vlad(&["bench-context", "x", "--iterations", "many"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+trait TapMkdir {
+    fn tap_mkdir(self) -> Self;
+}
+impl TapMkdir for PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
+}
