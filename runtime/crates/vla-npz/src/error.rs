@@ -1,0 +1,200 @@
+//! The one error type of this crate: every variant names the file (or label) it came from
+//! and, where one is involved, the array or zip entry, so a single line tells what is wrong.
+
+use std::fmt;
+use std::io;
+
+use crate::DType;
+
+/// Everything that can go wrong reading, checking or writing `.npy`/`.npz` data.
+///
+/// `file` is the path (for [`crate::Npz::open`]/[`crate::write_npz`]) or the caller's label
+/// (for in-memory parsing); `array` is the array name without the `.npy` suffix and
+/// `entry` the raw zip entry name.
+#[derive(Debug)]
+pub enum NpzError {
+    /// Reading or writing the file itself failed.
+    Io {
+        file: String,
+        action: &'static str,
+        source: io::Error,
+    },
+    /// No end-of-central-directory record: the bytes are not a zip archive.
+    NotZip { file: String, len: usize },
+    /// The archive structure is inconsistent: bad signatures, offsets or sizes that point
+    /// outside the file, sizes that disagree.
+    CorruptZip {
+        file: String,
+        entry: Option<String>,
+        reason: String,
+    },
+    /// A zip feature this reader deliberately does not implement (encryption, spanning,
+    /// compression methods other than stored and deflate).
+    UnsupportedZip {
+        file: String,
+        entry: Option<String>,
+        reason: String,
+    },
+    /// An entry's data does not match the CRC-32 the central directory records.
+    CrcMismatch {
+        file: String,
+        entry: String,
+        recorded: u32,
+        computed: u32,
+    },
+    /// Two entries map to the same array name.
+    DuplicateArray { file: String, name: String },
+    /// The `.npy` payload is malformed (magic, header dict, data length).
+    BadNpy {
+        file: String,
+        array: String,
+        reason: String,
+    },
+    /// A well-formed `.npy` this reader does not handle: big-endian or non-numeric dtypes,
+    /// `fortran_order: True`.
+    UnsupportedNpy {
+        file: String,
+        array: String,
+        reason: String,
+    },
+    /// The archive has no array of that name.
+    MissingArray {
+        file: String,
+        name: String,
+        available: Vec<String>,
+    },
+    /// An array has a different element type than the caller requires.
+    DTypeMismatch {
+        file: String,
+        array: String,
+        expected: DType,
+        found: DType,
+    },
+    /// An array has a different shape than the caller requires.
+    ShapeMismatch {
+        file: String,
+        array: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    /// An array being built or written is inconsistent (data length vs shape, bad name).
+    InvalidArray {
+        file: String,
+        array: String,
+        reason: String,
+    },
+}
+
+fn shape_text(shape: &[usize]) -> String {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}
+
+fn entry_prefix(f: &mut fmt::Formatter<'_>, file: &str, entry: &Option<String>) -> fmt::Result {
+    match entry {
+        Some(entry) => write!(f, "{file}: entry `{entry}`: "),
+        None => write!(f, "{file}: "),
+    }
+}
+
+impl fmt::Display for NpzError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NpzError::Io {
+                file,
+                action,
+                source,
+            } => write!(f, "{file}: {action} failed: {source}"),
+            NpzError::NotZip { file, len } => write!(
+                f,
+                "{file}: not a zip/npz archive (no end-of-central-directory record in {len} bytes)"
+            ),
+            NpzError::CorruptZip {
+                file,
+                entry,
+                reason,
+            } => {
+                entry_prefix(f, file, entry)?;
+                write!(f, "corrupt zip: {reason}")
+            }
+            NpzError::UnsupportedZip {
+                file,
+                entry,
+                reason,
+            } => {
+                entry_prefix(f, file, entry)?;
+                write!(f, "unsupported zip feature: {reason}")
+            }
+            NpzError::CrcMismatch {
+                file,
+                entry,
+                recorded,
+                computed,
+            } => write!(
+                f,
+                "{file}: entry `{entry}`: CRC-32 mismatch (recorded {recorded:#010x}, data has \
+                 {computed:#010x})"
+            ),
+            NpzError::DuplicateArray { file, name } => {
+                write!(f, "{file}: array `{name}` appears more than once")
+            }
+            NpzError::BadNpy {
+                file,
+                array,
+                reason,
+            } => write!(f, "{file}: array `{array}`: malformed .npy: {reason}"),
+            NpzError::UnsupportedNpy {
+                file,
+                array,
+                reason,
+            } => write!(f, "{file}: array `{array}`: unsupported .npy: {reason}"),
+            NpzError::MissingArray {
+                file,
+                name,
+                available,
+            } => write!(
+                f,
+                "{file}: no array `{name}` (has: {})",
+                if available.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    available.join(", ")
+                }
+            ),
+            NpzError::DTypeMismatch {
+                file,
+                array,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{file}: array `{array}`: expected dtype {expected}, found {found}"
+            ),
+            NpzError::ShapeMismatch {
+                file,
+                array,
+                expected,
+                found,
+            } => write!(
+                f,
+                "{file}: array `{array}`: expected shape {}, found {}",
+                shape_text(expected),
+                shape_text(found)
+            ),
+            NpzError::InvalidArray {
+                file,
+                array,
+                reason,
+            } => write!(f, "{file}: array `{array}`: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for NpzError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NpzError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
