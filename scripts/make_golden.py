@@ -290,7 +290,8 @@ def verify_bundle(name: str, bundle_dir: Path, wrappers: dict, inputs: dict, cpu
 
 
 def keystone_margins_ok(candidates: np.ndarray, keystone: dict) -> bool:
-    """True when no KeyStone decision is near a tie (fp16 candidates pick the same index)."""
+    """True when no KeyStone decision is near a tie (fp16 candidates pick the same index)
+    and, for the guarded selector, the 2-means branch is taken and changes the pick."""
     k = len(candidates)
     pts = candidates.reshape(k, -1).astype(np.float64)
     dist = np.linalg.norm(pts[:, None] - pts[None], axis=2)
@@ -301,8 +302,10 @@ def keystone_margins_ok(candidates: np.ndarray, keystone: dict) -> bool:
     spread = np.linalg.norm(pts.mean(0) - pts[medoid]) / (np.median(dist[np.triu_indices(k, 1)]) + 1e-8)
     if abs(spread - keystone["spread_threshold"]) < 0.05:
         return False
-    if spread <= keystone["spread_threshold"]:
+    if keystone["selector"] == "medoid":
         return True
+    if spread <= keystone["spread_threshold"]:
+        return False
     assign = ref.two_means(pts)
     sizes = np.bincount(assign, minlength=2)
     if sizes[0] == sizes[1]:
@@ -316,7 +319,8 @@ def keystone_margins_ok(candidates: np.ndarray, keystone: dict) -> bool:
         inner = np.sort(dist[np.ix_(members, members)].sum(axis=1))
         if (inner[1] - inner[0]) / inner[0] < 0.02:
             return False
-    return True
+    # The guard must matter: its choice differs from the plain medoid's.
+    return ref.keystone_select(candidates, keystone) != medoid
 
 
 def make_molmo(name: str, cfg: dict, tok, wte, table: list) -> bool:
