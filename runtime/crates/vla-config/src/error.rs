@@ -104,7 +104,7 @@ impl fmt::Display for Origin {
 /// One step of a [`FieldPath`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Segment {
-    /// An object key (cut to [`MAX_KEY_BYTES`]).
+    /// An object key (cut to 48 bytes).
     Key(heapless::String<MAX_KEY_BYTES>),
     /// An array position.
     Index(usize),

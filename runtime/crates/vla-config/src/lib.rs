@@ -17,7 +17,7 @@
 //! let json = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../config/vlad.json"))?;
 //! let mut config = vla_config::Config::from_json(&json)?;
 //! // At start-up, after loading: environment overrides (VLA_QNN_LIB_DIR).
-//! config.apply_overrides(|name| std::env::var_os(name))?;
+//! config.apply_env_overrides()?;
 //! assert_eq!(config.control.publish_hz, 20.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -25,6 +25,7 @@
 // `ConfigError` is heap-free by design, so it is large (under 1 KiB); it is built at most
 // once, at start-up, where that size costs nothing.
 #![allow(clippy::result_large_err)]
+#![forbid(unsafe_code)]
 
 mod error;
 mod probe;
@@ -142,9 +143,10 @@ pub struct ControlConfig {
 }
 
 impl ControlConfig {
-    /// Time between two published actions.
+    /// Time between two published actions (saturating, for hand-built values outside the
+    /// validated range; a validated rate gives at most 60 s).
     pub fn publish_period(&self) -> Duration {
-        Duration::from_secs_f64(1.0 / self.publish_hz)
+        Duration::try_from_secs_f64(1.0 / self.publish_hz).unwrap_or(Duration::MAX)
     }
 
     pub fn max_observation_age(&self) -> Duration {
@@ -280,6 +282,11 @@ impl Config {
             });
         }
         Config::from_json(&buffer[..len]).map_err(|e| e.with_origin(origin))
+    }
+
+    /// [`Config::apply_overrides`] with the process environment: call once at start-up.
+    pub fn apply_env_overrides(&mut self) -> Result<AppliedOverrides, ConfigError> {
+        self.apply_overrides(|name| std::env::var_os(name))
     }
 
     /// Applies environment overrides, looking each variable up with `lookup` (pass

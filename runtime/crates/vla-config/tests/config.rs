@@ -598,6 +598,18 @@ fn bad_qnn_lib_dir_override_names_the_variable_and_keeps_the_config() {
 }
 
 #[test]
+fn publish_period_saturates_for_hand_built_rates() {
+    let mut control = parse(&device_json()).unwrap().control;
+    control.publish_hz = 0.0;
+    assert_eq!(control.publish_period(), std::time::Duration::MAX);
+    control.publish_hz = 1000.0;
+    assert_eq!(
+        control.publish_period(),
+        std::time::Duration::from_millis(1)
+    );
+}
+
+#[test]
 fn log_levels_map_to_qnn_levels() {
     let levels: Vec<u32> = LogLevel::NAMES
         .iter()
