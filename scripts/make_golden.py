@@ -416,12 +416,93 @@ def run_fastwam_raw(manifest, world, runners, seed):
     return ref.run_fastwam(raw, world, lambda c, f: runners[c](f), seed)["actions"]
 
 
+QDQ = {  # tensor -> (dtype, scale, zero point); QNN's offset is -zero_point
+    "x_u8": (np.uint8, 0.02, 128),
+    "x_u16": (np.uint16, 0.0005, 32768),
+    "y_u8": (np.uint8, 0.05, 128),
+    "y_u16": (np.uint16, 0.0004, 32768),
+}
+
+
+def build_qdq_graph(rng) -> onnx.ModelProto:
+    """uint8 + uint16 fixed-point inputs -> MatMul (uint8 weights) -> uint8 + uint16 outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    onnx_type = {np.uint8: TensorProto.UINT8, np.uint16: TensorProto.UINT16}
+    w = rng.standard_normal((32, 24)).astype(np.float32) / np.sqrt(32)
+    w_scale = np.float32(np.abs(w).max() / 127)
+    w_q = (np.clip(np.rint(w / w_scale), -127, 127) + 128).astype(np.uint8)
+    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(np.array(w_scale, np.float32), "w_scale"),
+             numpy_helper.from_array(np.array(128, np.uint8), "w_zero")]
+    for name, (dtype, scale, zero) in QDQ.items():
+        inits.append(numpy_helper.from_array(np.array(scale, np.float32), f"{name}_scale"))
+        inits.append(numpy_helper.from_array(np.array(zero, dtype), f"{name}_zero"))
+    nodes = [
+        helper.make_node("DequantizeLinear", ["x_u8", "x_u8_scale", "x_u8_zero"], ["a"]),
+        helper.make_node("DequantizeLinear", ["x_u16", "x_u16_scale", "x_u16_zero"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["ab"]),
+        helper.make_node("QuantizeLinear", ["ab", "x_u16_scale", "x_u16_zero"], ["ab_q"]),
+        helper.make_node("DequantizeLinear", ["ab_q", "x_u16_scale", "x_u16_zero"], ["ab_f"]),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"]),
+        helper.make_node("MatMul", ["ab_f", "w"], ["y"]),
+        helper.make_node("QuantizeLinear", ["y", "y_u8_scale", "y_u8_zero"], ["y_u8"]),
+        helper.make_node("QuantizeLinear", ["y", "y_u16_scale", "y_u16_zero"], ["y_u16"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "qdq_mixed",
+        [helper.make_tensor_value_info(n, onnx_type[QDQ[n][0]], [1, 16, 32]) for n in ("x_u8", "x_u16")],
+        [helper.make_tensor_value_info(n, onnx_type[QDQ[n][0]], [1, 16, 24]) for n in ("y_u8", "y_u16")],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="vla-golden")
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def make_quantized(table: list) -> bool:
+    """golden/contexts/qdq_mixed: a context with fixed-point (uint8/uint16) I/O tensors."""
+    name = "qdq_mixed"
+    out_dir = REPO / "golden" / "contexts"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(505)
+    path = BUILD / "contexts" / "onnx" / f"{name}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(build_qdq_graph(rng), str(path))
+    binary = qnn_ctx.compile_context(path)
+    shutil.copyfile(binary, out_dir / f"{name}_socid77_archv73.bin")
+    feeds = {
+        "x_u8": rng.integers(128 - 60, 128 + 60, (1, 16, 32)).astype(np.uint8),
+        "x_u16": rng.integers(32768 - 2400, 32768 + 2400, (1, 16, 32)).astype(np.uint16),
+    }
+    outs = ref.OrtCpuRunner(path)(feeds)
+    save_npz(out_dir / f"{name}_io.npz", {**feeds, **outs})
+    write_json(out_dir / f"{name}.json", {
+        "binary": f"{name}_socid77_archv73.bin",
+        "golden": f"{name}_io.npz",
+        "graph": None,
+        "dequantize": "(q + offset) * scale",
+        "tensors": {n: {"dtype": np.dtype(d).name, "scale": s, "offset": -z} for n, (d, s, z) in QDQ.items()},
+    })
+    htp = qnn_ctx.HtpSession(qnn_ctx.wrapper_paths(path)[0])(feeds)
+    ok = True
+    for out_name, value in htp.items():
+        dtype, scale, zero = QDQ[out_name]
+        if value.dtype != dtype:
+            raise RuntimeError(f"{name}: {out_name} came back as {value.dtype}, expected {np.dtype(dtype).name}")
+        deq = lambda q: (q.astype(np.float64) - zero) * scale  # noqa: E731
+        c = ref.cosine(deq(value), deq(outs[out_name]))
+        lsb = int(np.abs(value.astype(np.int64) - outs[out_name].astype(np.int64)).max())
+        table.append(("contexts", name, out_name, c, float(lsb)))
+        ok &= c >= CONTEXT_COSINE
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.parse_args()
     started = time.time()
     golden = REPO / "golden"
-    for owned in (golden / "bundles", golden / "tokenizer", BUILD):
+    for owned in (golden / "bundles", golden / "tokenizer", golden / "contexts", BUILD):
         shutil.rmtree(owned, ignore_errors=True)
     (golden / "tokenizer").mkdir(parents=True)
     tok, wte = fixture_tokenizer(MOLMO_BASE)
@@ -435,6 +516,8 @@ def main():
         ok &= make_molmo(name, cfg, tok, wte, table)
     log("[fastwam]")
     ok &= make_fastwam(table)
+    log("[contexts/qdq_mixed]")
+    ok &= make_quantized(table)
     log("")
     log(f"{'bundle':26s} {'context':15s} {'output':16s} {'cosine':>11s} {'max|diff|':>10s}")
     for bundle, component, output, c, diff in table:

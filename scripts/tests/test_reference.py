@@ -174,3 +174,19 @@ def test_bundle_layout_is_complete():
             assert (bundle / m["prompt"]).is_file()
         else:
             assert (bundle / manifest["fastwam"]["world_model"]).is_file()
+
+
+def test_quantized_context_fixture_is_consistent():
+    ctx = REPO / "golden" / "contexts"
+    meta = json.loads((ctx / "qdq_mixed.json").read_text())
+    assert (ctx / meta["binary"]).stat().st_size > 0
+    io = load_npz(ctx / meta["golden"])
+    assert set(io) == set(meta["tensors"])
+    for name, q in meta["tensors"].items():
+        assert io[name].dtype == np.dtype(q["dtype"])
+        assert q["scale"] > 0 and -q["offset"] in (128, 32768)
+    # outputs are the fixed-point image of a real computation, not saturated constants
+    for name in ("y_u8", "y_u16"):
+        info = np.iinfo(io[name].dtype)
+        assert np.mean((io[name] == info.min) | (io[name] == info.max)) < 0.05
+        assert len(np.unique(io[name])) > 20
