@@ -6,6 +6,7 @@
 //! each subcommand lives in its own module.
 
 mod bench;
+mod bundle_cmd;
 mod cli;
 mod inspect;
 mod parity;
@@ -19,6 +20,8 @@ usage: vlad <command> [options]
 commands:
   inspect <ctx.bin>                 SoC model, blob version, QNN build, graphs and tensors
   parity <ctx.bin> <io.npz>         run one context on the npz inputs, compare its outputs
+  parity --bundle DIR               every context and the end-to-end golden of a bundle
+  run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
 
 common options:
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         "inspect" => inspect::run(rest),
         "parity" => parity::run(rest),
         "bench-context" => bench::run(rest),
+        "run-once" => bundle_cmd::run_once(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

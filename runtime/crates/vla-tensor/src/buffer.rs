@@ -7,7 +7,7 @@
 use half::f16;
 
 /// Zero-initialized, 8-byte aligned bytes of a fixed length.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AlignedBuf {
     words: Vec<u64>,
     len: usize,

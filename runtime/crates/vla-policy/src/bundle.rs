@@ -1,0 +1,242 @@
+//! Opening a bundle directory: manifest, files, contexts, and the contract checks that
+//! tie each context's tensors to the manifest.
+//!
+//! Everything is checked before the first inference: a missing file, a manifest rule, a
+//! binary built for another SoC, or a tensor whose name, shape or type differs from what
+//! the manifest implies is an error naming the component and the tensor.
+
+use crate::error::PolicyError;
+use crate::manifest::Manifest;
+use std::path::{Path, PathBuf};
+use vla_qnn::{Backend, Context, ContextBinary, Graph, TensorInfo};
+use vla_tensor::ElementType;
+
+/// The SoC and HTP architecture this runtime is built for (QCS9075, Hexagon v73).
+pub const DEVICE_SOC_MODEL: u32 = 77;
+pub const DEVICE_HTP_ARCH: u32 = 73;
+
+/// A bundle directory with its parsed, validated manifest.
+#[derive(Clone, Debug)]
+pub struct Bundle {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+}
+
+impl Bundle {
+    /// Reads `bundle.json`, validates it and checks that every file it names exists.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, PolicyError> {
+        let dir = dir.as_ref().to_owned();
+        let path = dir.join("bundle.json");
+        let bytes = std::fs::read(&path).map_err(|e| PolicyError::MissingFile {
+            bundle: dir.clone(),
+            what: "manifest".into(),
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let manifest = Manifest::from_json(&bytes).map_err(|e| PolicyError::ManifestSyntax {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        manifest
+            .validate()
+            .map_err(|invalid| PolicyError::ManifestInvalid {
+                path: path.clone(),
+                invalid,
+            })?;
+        for (field, expected, found) in [
+            ("soc_model", DEVICE_SOC_MODEL, manifest.soc_model),
+            ("htp_arch", DEVICE_HTP_ARCH, manifest.htp_arch),
+        ] {
+            if expected != found {
+                return Err(PolicyError::Target {
+                    bundle: dir.clone(),
+                    field,
+                    expected,
+                    found,
+                });
+            }
+        }
+        let bundle = Self { dir, manifest };
+        for name in bundle.manifest.required_components() {
+            let c = &bundle.manifest.components[&name];
+            bundle.require_file(&format!("context `{name}`"), &c.binary)?;
+            bundle.require_file(&format!("golden of `{name}`"), &c.golden)?;
+        }
+        bundle.require_file("end-to-end golden", &bundle.manifest.end_to_end)?;
+        if let Some(m) = &bundle.manifest.molmoact2 {
+            bundle.require_file("prompt tables", &m.prompt)?;
+        }
+        if let Some(f) = &bundle.manifest.fastwam {
+            bundle.require_file("world-model inputs", &f.world_model)?;
+        }
+        Ok(bundle)
+    }
+
+    /// `rel` inside the bundle.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    fn require_file(&self, what: &str, rel: &str) -> Result<(), PolicyError> {
+        let path = self.path(rel);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => Ok(()),
+            Ok(_) => Err(PolicyError::MissingFile {
+                bundle: self.dir.clone(),
+                what: what.into(),
+                path,
+                reason: "not a regular file".into(),
+            }),
+            Err(e) => Err(PolicyError::MissingFile {
+                bundle: self.dir.clone(),
+                what: what.into(),
+                path,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Maps, checks and makes resident the context of `component`.
+    pub fn load_component(
+        &self,
+        backend: &Backend,
+        component: &str,
+    ) -> Result<LoadedGraph, PolicyError> {
+        let c = &self.manifest.components[component];
+        let qnn = |error| PolicyError::Qnn {
+            component: component.into(),
+            error,
+        };
+        let binary = ContextBinary::open(backend.library(), self.path(&c.binary)).map_err(qnn)?;
+        if let Some(soc) = binary.info().soc_model {
+            if soc != self.manifest.soc_model {
+                return Err(PolicyError::Target {
+                    bundle: self.dir.clone(),
+                    field: "soc_model (context binary)",
+                    expected: self.manifest.soc_model,
+                    found: soc,
+                });
+            }
+        }
+        let context = Context::create(backend, binary).map_err(qnn)?;
+        let mut graph = context.graph(c.graph.as_deref()).map_err(qnn)?;
+        graph.set_label(component);
+        Ok(LoadedGraph {
+            component: component.into(),
+            golden: self.path(&c.golden),
+            graph,
+        })
+    }
+}
+
+/// A resident graph with the component it serves and its golden file.
+pub struct LoadedGraph {
+    pub component: String,
+    pub golden: PathBuf,
+    pub graph: Graph,
+}
+
+fn dims_text(d: &[usize]) -> String {
+    format!("{d:?}").replace(' ', "")
+}
+
+fn find<'g>(
+    list: &'g [TensorInfo],
+    component: &str,
+    tensor: &str,
+    direction: &str,
+) -> Result<(usize, &'g TensorInfo), PolicyError> {
+    list.iter()
+        .enumerate()
+        .find(|(_, t)| t.name == tensor)
+        .ok_or_else(|| PolicyError::Contract {
+            component: component.into(),
+            tensor: tensor.into(),
+            expected: format!("an {direction} of that name"),
+            found: format!(
+                "{direction}s {}",
+                list.iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        })
+}
+
+fn check(
+    t: &TensorInfo,
+    component: &str,
+    expected: Option<&[usize]>,
+) -> Result<Vec<usize>, PolicyError> {
+    let shape = t.shape();
+    if let Some(e) = expected {
+        if shape != e {
+            return Err(PolicyError::Contract {
+                component: component.into(),
+                tensor: t.name.clone(),
+                expected: format!("shape {} (from bundle.json)", dims_text(e)),
+                found: format!("shape {}", dims_text(&shape)),
+            });
+        }
+    }
+    if t.element != Some(ElementType::F32) {
+        return Err(PolicyError::Contract {
+            component: component.into(),
+            tensor: t.name.clone(),
+            expected: "f32 (the host glue exchanges f32 with every context)".into(),
+            found: t.element.map_or_else(
+                || vla_qnn::data_type_name(t.data_type).to_string(),
+                |e| e.to_string(),
+            ),
+        });
+    }
+    Ok(shape)
+}
+
+impl LoadedGraph {
+    /// Index of input `tensor`, checked to be f32 of shape `expected` (any shape if None).
+    pub fn input(
+        &self,
+        tensor: &str,
+        expected: Option<&[usize]>,
+    ) -> Result<(usize, Vec<usize>), PolicyError> {
+        let (i, t) = find(self.graph.inputs(), &self.component, tensor, "input")?;
+        Ok((i, check(t, &self.component, expected)?))
+    }
+
+    /// Index of output `tensor`, checked like [`LoadedGraph::input`].
+    pub fn output(
+        &self,
+        tensor: &str,
+        expected: Option<&[usize]>,
+    ) -> Result<(usize, Vec<usize>), PolicyError> {
+        let (i, t) = find(self.graph.outputs(), &self.component, tensor, "output")?;
+        Ok((i, check(t, &self.component, expected)?))
+    }
+
+    /// The graph must have exactly `inputs` inputs and `outputs` outputs (no extras the
+    /// glue would leave unbound).
+    pub fn expect_counts(&self, inputs: usize, outputs: usize) -> Result<(), PolicyError> {
+        for (dir, list, n) in [
+            ("inputs", self.graph.inputs(), inputs),
+            ("outputs", self.graph.outputs(), outputs),
+        ] {
+            if list.len() != n {
+                return Err(PolicyError::Contract {
+                    component: self.component.clone(),
+                    tensor: format!("({dir})"),
+                    expected: format!("{n} {dir}"),
+                    found: format!(
+                        "{} ({})",
+                        list.len(),
+                        list.iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! Resident VLA policies: bundle loading, contract checks, and all host glue between the
+//! QNN contexts (MolmoAct2 and Fast-WAM).
+//!
+//! This crate knows policies and contexts; it knows nothing of shared memory, control
+//! rates or systemd. The daemon hands it an [`Observation`] and a preallocated action
+//! buffer; [`Policy::infer`] fills the buffer without allocating.
+//!
+//! The bundle layout and every step of the glue are specified in `docs/bundle-format.md`;
+//! `scripts/reference.py` implements the same contract independently in numpy.
+
+mod bundle;
+mod error;
+mod exec;
+mod fastwam;
+mod keystone;
+pub mod manifest;
+mod molmoact2;
+mod noise;
+mod norm;
+mod parity;
+mod preprocess;
+mod prompt;
+
+pub use bundle::{Bundle, LoadedGraph, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
+pub use error::PolicyError;
+pub use exec::Timings;
+pub use fastwam::{wan_sigmas, FastWam};
+pub use keystone::KeyStoneSelector;
+pub use manifest::{Manifest, PolicyKind};
+pub use molmoact2::MolmoAct2;
+pub use noise::{fill_gaussian, SplitMix64};
+pub use parity::{BundleParity, EndToEndParity, ObservationFile};
+pub use preprocess::Preprocessor;
+
+use vla_qnn::Backend;
+
+/// One observation as the policy sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Observation<'a> {
+    pub cameras: usize,
+    pub height: usize,
+    pub width: usize,
+    /// `cameras x height x width x 3` RGB8, camera-major.
+    pub frames: &'a [u8],
+    pub state: &'a [f32],
+    pub instruction_id: u32,
+    /// Seed of the flow-matching noise (KeyStone candidate k uses `seed + k`).
+    pub seed: u64,
+}
+
+/// What the robot side must provide and will receive (ring geometry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub cameras: usize,
+    pub height: usize,
+    pub width: usize,
+    pub state_dims: usize,
+    pub action_dims: usize,
+    pub chunk_len: usize,
+    pub instructions: usize,
+}
+
+/// A loaded, resident policy.
+pub enum Policy {
+    MolmoAct2(Box<MolmoAct2>),
+    FastWam(Box<FastWam>),
+}
+
+impl Policy {
+    /// Opens the bundle and makes every context resident.
+    pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
+        Ok(match bundle.manifest.policy {
+            PolicyKind::Molmoact2 => Policy::MolmoAct2(Box::new(MolmoAct2::load(bundle, backend)?)),
+            PolicyKind::Fastwam => Policy::FastWam(Box::new(FastWam::load(bundle, backend)?)),
+        })
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        match self {
+            Policy::MolmoAct2(p) => {
+                let m = &p.settings;
+                Geometry {
+                    cameras: m.cameras,
+                    height: m.frame_height,
+                    width: m.frame_width,
+                    state_dims: m.state_dims,
+                    action_dims: m.action_dims,
+                    chunk_len: m.action_horizon,
+                    instructions: m.instructions.len(),
+                }
+            }
+            Policy::FastWam(p) => Geometry {
+                cameras: 0,
+                height: 0,
+                width: 0,
+                state_dims: 0,
+                action_dims: p.settings.action_dims,
+                chunk_len: p.settings.action_horizon,
+                instructions: 1,
+            },
+        }
+    }
+
+    /// One inference into `actions` (`chunk_len x action_dims`, de-normalized).
+    pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
+        match self {
+            Policy::MolmoAct2(p) => p.infer(obs, actions),
+            Policy::FastWam(p) => p.infer(obs, actions),
+        }
+    }
+
+    /// Per-component wall time of the last inference.
+    pub fn timings(&self) -> &Timings {
+        match self {
+            Policy::MolmoAct2(p) => &p.timings,
+            Policy::FastWam(p) => &p.timings,
+        }
+    }
+
+    /// KeyStone's choice in the last inference (KeyStone bundles only).
+    pub fn keystone_choice(&self) -> Option<usize> {
+        match self {
+            Policy::MolmoAct2(p) => p.last_choice(),
+            Policy::FastWam(_) => None,
+        }
+    }
+
+    /// Every resident graph with its component name and golden, in pipeline order.
+    pub fn graphs_mut(&mut self) -> Vec<&mut LoadedGraph> {
+        match self {
+            Policy::MolmoAct2(p) => {
+                let p = &mut **p;
+                let mut v = vec![&mut p.vision];
+                v.extend(p.splits.iter_mut());
+                v.push(&mut p.action_context);
+                v.push(&mut p.action_step);
+                v
+            }
+            Policy::FastWam(p) => vec![&mut p.action_step],
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! `bundle.json`: the policy bundle manifest (format 1, see `docs/bundle-format.md`).
+//!
+//! Parsed strictly (unknown fields are errors) and validated for internal consistency
+//! before any context is loaded, so a broken manifest is reported by field name and never
+//! half-loads a policy.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    pub name: String,
+    pub version: String,
+    pub policy: PolicyKind,
+    #[serde(default)]
+    pub variant: Option<String>,
+    pub soc_model: u32,
+    pub htp_arch: u32,
+    pub min_runtime_version: String,
+    pub components: BTreeMap<String, Component>,
+    #[serde(default)]
+    pub molmoact2: Option<MolmoAct2Settings>,
+    #[serde(default)]
+    pub fastwam: Option<FastWamSettings>,
+    pub parity: ParityGate,
+    pub end_to_end: String,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    Molmoact2,
+    Fastwam,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Component {
+    pub binary: String,
+    pub golden: String,
+    #[serde(default)]
+    pub graph: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ParityGate {
+    pub context_cosine: f64,
+    pub end_to_end_cosine: f64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StepOutput {
+    /// The graph returns the velocity v; the host integrates `x + dt * v`.
+    Velocity,
+    /// The graph returns `x + dt * v` itself.
+    NextTrajectory,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Selector {
+    Medoid,
+    GuardedMedoid,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Distance {
+    L2,
+    L1,
+    Cosine,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KeyStone {
+    pub k: usize,
+    pub selector: Selector,
+    #[serde(default = "default_distance")]
+    pub distance: Distance,
+    #[serde(default)]
+    pub executed_steps: Option<usize>,
+    #[serde(default = "default_spread")]
+    pub spread_threshold: f64,
+}
+
+fn default_distance() -> Distance {
+    Distance::L2
+}
+fn default_spread() -> f64 {
+    0.3
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NormMode {
+    Quantile,
+    MeanStd,
+    MinMax,
+    Identity,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Normalization {
+    pub mode: NormMode,
+    #[serde(default)]
+    pub low: Option<Vec<f32>>,
+    #[serde(default)]
+    pub high: Option<Vec<f32>>,
+    #[serde(default)]
+    pub mean: Option<Vec<f32>>,
+    #[serde(default)]
+    pub std: Option<Vec<f32>>,
+    #[serde(default)]
+    pub passthrough: Option<Vec<bool>>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MolmoAct2Settings {
+    pub cameras: usize,
+    pub frame_height: usize,
+    pub frame_width: usize,
+    pub crop_size: usize,
+    pub patch_size: usize,
+    pub image_tokens: usize,
+    pub seq_len: usize,
+    pub hidden: usize,
+    pub llm_splits: usize,
+    pub layers_per_split: usize,
+    pub kv_width: usize,
+    pub action_context_width: usize,
+    pub action_horizon: usize,
+    pub action_width: usize,
+    pub action_dims: usize,
+    pub flow_steps: usize,
+    pub step_output: StepOutput,
+    #[serde(default)]
+    pub keystone: Option<KeyStone>,
+    pub state_dims: usize,
+    pub state_norm: Normalization,
+    pub action_norm: Normalization,
+    pub attention_blocked_value: f32,
+    pub prompt: String,
+    pub instructions: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FastWamSettings {
+    pub action_horizon: usize,
+    pub action_dims: usize,
+    pub flow_steps: usize,
+    pub shift: f64,
+    pub world_model: String,
+    pub action_norm: Normalization,
+    #[serde(default)]
+    pub gripper_binarize: bool,
+}
+
+/// A manifest rule that does not hold: `field` is a dotted path.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Invalid {
+    pub field: String,
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn positive(field: &str, v: usize) -> Result<(), Invalid> {
+    if v == 0 {
+        return Err(invalid(field, "must be at least 1"));
+    }
+    Ok(())
+}
+
+impl Normalization {
+    fn validate(&self, field: &str, dims: usize) -> Result<(), Invalid> {
+        let need = |key: &str, v: &Option<Vec<f32>>| -> Result<(), Invalid> {
+            match v {
+                None => Err(invalid(
+                    format!("{field}.{key}"),
+                    format!("required for mode {:?}", self.mode),
+                )),
+                Some(v) if v.len() != dims => Err(invalid(
+                    format!("{field}.{key}"),
+                    format!("has {} values, expected {dims}", v.len()),
+                )),
+                Some(v) if v.iter().any(|x| !x.is_finite()) => Err(invalid(
+                    format!("{field}.{key}"),
+                    "holds a non-finite value",
+                )),
+                Some(_) => Ok(()),
+            }
+        };
+        match self.mode {
+            NormMode::Quantile | NormMode::MinMax => {
+                need("low", &self.low)?;
+                need("high", &self.high)?;
+                let (lo, hi) = (self.low.as_ref().unwrap(), self.high.as_ref().unwrap());
+                let passthrough = self.passthrough.as_deref();
+                for i in 0..dims {
+                    let passes = passthrough.is_some_and(|p| p.get(i) == Some(&true));
+                    if !passes && hi[i] <= lo[i] {
+                        return Err(invalid(
+                            format!("{field}.high[{i}]"),
+                            format!("{} is not above low {}", hi[i], lo[i]),
+                        ));
+                    }
+                }
+            }
+            NormMode::MeanStd => {
+                need("mean", &self.mean)?;
+                need("std", &self.std)?;
+                if let Some(i) = self.std.as_ref().unwrap().iter().position(|s| *s == 0.0) {
+                    return Err(invalid(format!("{field}.std[{i}]"), "is zero"));
+                }
+            }
+            NormMode::Identity => {}
+        }
+        if let Some(p) = &self.passthrough {
+            if p.len() != dims {
+                return Err(invalid(
+                    format!("{field}.passthrough"),
+                    format!("has {} values, expected {dims}", p.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// Parses `bundle.json` bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+
+    /// The component names this policy needs, in pipeline order.
+    pub fn required_components(&self) -> Vec<String> {
+        match (self.policy, &self.molmoact2) {
+            (PolicyKind::Molmoact2, Some(m)) => {
+                let mut v = vec!["vision".to_string()];
+                v.extend((0..m.llm_splits).map(|i| format!("llm_split{i}")));
+                v.push("action_context".into());
+                v.push("action_step".into());
+                v
+            }
+            _ => vec!["action_step".to_string()],
+        }
+    }
+
+    /// Checks every rule that does not need the files.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        if self.format != 1 {
+            return Err(invalid(
+                "format",
+                format!(
+                    "{} is not supported (this runtime reads format 1)",
+                    self.format
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("parity.context_cosine", self.parity.context_cosine),
+            ("parity.end_to_end_cosine", self.parity.end_to_end_cosine),
+        ] {
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(invalid(field, format!("{v} is not in (0, 1]")));
+            }
+        }
+        match self.policy {
+            PolicyKind::Molmoact2 => {
+                let m = self
+                    .molmoact2
+                    .as_ref()
+                    .ok_or_else(|| invalid("molmoact2", "required for policy molmoact2"))?;
+                if self.fastwam.is_some() {
+                    return Err(invalid("fastwam", "not allowed for policy molmoact2"));
+                }
+                for (f, v) in [
+                    ("molmoact2.cameras", m.cameras),
+                    ("molmoact2.frame_height", m.frame_height),
+                    ("molmoact2.frame_width", m.frame_width),
+                    ("molmoact2.crop_size", m.crop_size),
+                    ("molmoact2.patch_size", m.patch_size),
+                    ("molmoact2.image_tokens", m.image_tokens),
+                    ("molmoact2.seq_len", m.seq_len),
+                    ("molmoact2.hidden", m.hidden),
+                    ("molmoact2.llm_splits", m.llm_splits),
+                    ("molmoact2.layers_per_split", m.layers_per_split),
+                    ("molmoact2.kv_width", m.kv_width),
+                    ("molmoact2.action_context_width", m.action_context_width),
+                    ("molmoact2.action_horizon", m.action_horizon),
+                    ("molmoact2.action_width", m.action_width),
+                    ("molmoact2.action_dims", m.action_dims),
+                    ("molmoact2.flow_steps", m.flow_steps),
+                    ("molmoact2.state_dims", m.state_dims),
+                ] {
+                    positive(f, v)?;
+                }
+                if m.crop_size % m.patch_size != 0 {
+                    return Err(invalid(
+                        "molmoact2.crop_size",
+                        format!(
+                            "{} is not a multiple of patch_size {}",
+                            m.crop_size, m.patch_size
+                        ),
+                    ));
+                }
+                if m.action_dims > m.action_width {
+                    return Err(invalid(
+                        "molmoact2.action_dims",
+                        format!("{} exceeds action_width {}", m.action_dims, m.action_width),
+                    ));
+                }
+                if m.image_tokens > m.seq_len || m.state_dims > m.seq_len {
+                    return Err(invalid(
+                        "molmoact2.seq_len",
+                        "shorter than the image or state tokens",
+                    ));
+                }
+                if m.instructions.is_empty() {
+                    return Err(invalid("molmoact2.instructions", "lists no instruction"));
+                }
+                if !m.attention_blocked_value.is_finite() || m.attention_blocked_value >= 0.0 {
+                    return Err(invalid(
+                        "molmoact2.attention_blocked_value",
+                        "must be a finite negative value",
+                    ));
+                }
+                if let Some(k) = &m.keystone {
+                    if k.k == 0 {
+                        return Err(invalid(
+                            "molmoact2.keystone.k",
+                            "must be at least 1 (K = 0 selects nothing)",
+                        ));
+                    }
+                    if k.k > 64 {
+                        return Err(invalid(
+                            "molmoact2.keystone.k",
+                            format!("{} is above the limit of 64", k.k),
+                        ));
+                    }
+                    if let Some(e) = k.executed_steps {
+                        if e == 0 || e > m.action_horizon {
+                            return Err(invalid(
+                                "molmoact2.keystone.executed_steps",
+                                format!("{e} is not in 1..={}", m.action_horizon),
+                            ));
+                        }
+                    }
+                    if !(k.spread_threshold.is_finite() && k.spread_threshold >= 0.0) {
+                        return Err(invalid(
+                            "molmoact2.keystone.spread_threshold",
+                            "must be a finite value >= 0",
+                        ));
+                    }
+                }
+                m.state_norm
+                    .validate("molmoact2.state_norm", m.state_dims)?;
+                m.action_norm
+                    .validate("molmoact2.action_norm", m.action_dims)?;
+            }
+            PolicyKind::Fastwam => {
+                let f = self
+                    .fastwam
+                    .as_ref()
+                    .ok_or_else(|| invalid("fastwam", "required for policy fastwam"))?;
+                if self.molmoact2.is_some() {
+                    return Err(invalid("molmoact2", "not allowed for policy fastwam"));
+                }
+                positive("fastwam.action_horizon", f.action_horizon)?;
+                positive("fastwam.action_dims", f.action_dims)?;
+                positive("fastwam.flow_steps", f.flow_steps)?;
+                if !(f.shift.is_finite() && f.shift > 0.0) {
+                    return Err(invalid(
+                        "fastwam.shift",
+                        format!("{} must be a finite positive value", f.shift),
+                    ));
+                }
+                f.action_norm
+                    .validate("fastwam.action_norm", f.action_dims)?;
+            }
+        }
+        for name in self.required_components() {
+            if !self.components.contains_key(&name) {
+                return Err(invalid(
+                    format!("components.{name}"),
+                    "missing: the policy needs this context",
+                ));
+            }
+        }
+        for (name, c) in &self.components {
+            for (key, path) in [("binary", &c.binary), ("golden", &c.golden)] {
+                if path.is_empty() || path.starts_with('/') || path.split('/').any(|p| p == "..") {
+                    return Err(invalid(
+                        format!("components.{name}.{key}"),
+                        format!("`{path}` must be a relative path inside the bundle"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

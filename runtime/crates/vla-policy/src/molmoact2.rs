@@ -1,0 +1,436 @@
+//! The MolmoAct2 pipeline: vision -> prompt -> LLM chain -> action_context -> flow loop
+//! (optionally KeyStone best-of-K) -> de-normalized action chunk.
+//!
+//! All buffers are allocated at load. Chained contexts write where the next one reads:
+//! the hidden state ping-pongs between two buffers, each split's keys and values land in
+//! place in the action_context inputs, and k_ctx/v_ctx are the action_step inputs. One
+//! inference allocates nothing.
+
+use crate::bundle::{Bundle, LoadedGraph};
+use crate::error::PolicyError;
+use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::keystone::KeyStoneSelector;
+use crate::manifest::{MolmoAct2Settings, StepOutput};
+use crate::noise::fill_gaussian;
+use crate::norm::{state_token_id, Normalizer};
+use crate::preprocess::Preprocessor;
+use crate::prompt::PromptTables;
+use crate::Observation;
+use std::time::Instant;
+use vla_qnn::Backend;
+use vla_tensor::AlignedBuf;
+
+pub struct MolmoAct2 {
+    pub settings: MolmoAct2Settings,
+    pre: Preprocessor,
+    prompt: PromptTables,
+    state_norm: Normalizer,
+    action_norm: Normalizer,
+    pub(crate) vision: LoadedGraph,
+    vision_io: ([usize; 1], [usize; 1]),
+    pub(crate) splits: Vec<LoadedGraph>,
+    split_io: Vec<([usize; 2], [usize; 3])>,
+    pub(crate) action_context: LoadedGraph,
+    context_io: ([usize; 2], [usize; 2]),
+    pub(crate) action_step: LoadedGraph,
+    step_io: ([usize; 6], [usize; 1]),
+    pixel_values: AlignedBuf,
+    image_embeds: AlignedBuf,
+    hidden: [AlignedBuf; 2],
+    keys: AlignedBuf,
+    values: AlignedBuf,
+    split_kv_bytes: usize,
+    k_ctx: AlignedBuf,
+    v_ctx: AlignedBuf,
+    trajectory: AlignedBuf,
+    step_out: AlignedBuf,
+    timestep: AlignedBuf,
+    dim_is_pad: AlignedBuf,
+    candidates: Vec<f32>,
+    keystone: Option<KeyStoneSelector>,
+    last_choice: Option<usize>,
+    pub(crate) timings: Timings,
+    state_ids: Vec<usize>,
+}
+
+impl MolmoAct2 {
+    pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
+        let m = bundle
+            .manifest
+            .molmoact2
+            .clone()
+            .expect("validated: molmoact2 settings present");
+        let (s, d) = (m.seq_len, m.hidden);
+        let grid = m.crop_size / m.patch_size;
+        let layers = m.llm_splits * m.layers_per_split;
+
+        let vision = bundle.load_component(backend, "vision")?;
+        vision.expect_counts(1, 1)?;
+        let (pv, _) = vision.input(
+            "pixel_values",
+            Some(&[1, m.cameras, grid * grid, m.patch_size * m.patch_size * 3]),
+        )?;
+        let (ie, _) = vision.output("image_embeds", Some(&[m.image_tokens, d]))?;
+
+        let mut splits = Vec::with_capacity(m.llm_splits);
+        let mut split_io = Vec::with_capacity(m.llm_splits);
+        let kv_split = [m.layers_per_split, 1, s, m.kv_width];
+        for i in 0..m.llm_splits {
+            let g = bundle.load_component(backend, &format!("llm_split{i}"))?;
+            g.expect_counts(2, 3)?;
+            let (hs, _) = g.input("hidden_states", Some(&[1, s, d]))?;
+            let (ab, _) = g.input("attention_bias", Some(&[1, 1, s, s]))?;
+            let (ho, _) = g.output("hidden_out", Some(&[1, s, d]))?;
+            let (k, _) = g.output("keys", Some(&kv_split))?;
+            let (v, _) = g.output("values", Some(&kv_split))?;
+            split_io.push(([hs, ab], [ho, k, v]));
+            splits.push(g);
+        }
+
+        let action_context = bundle.load_component(backend, "action_context")?;
+        action_context.expect_counts(2, 2)?;
+        let kv_all = [layers, 1, s, m.kv_width];
+        let (ck, _) = action_context.input("keys", Some(&kv_all))?;
+        let (cv, _) = action_context.input("values", Some(&kv_all))?;
+        let (kc, k_ctx_shape) = action_context.output("k_ctx", None)?;
+        let (vc, v_ctx_shape) = action_context.output("v_ctx", None)?;
+        for (name, shape) in [("k_ctx", &k_ctx_shape), ("v_ctx", &v_ctx_shape)] {
+            if shape.last() != Some(&m.action_context_width) {
+                return Err(PolicyError::Contract {
+                    component: "action_context".into(),
+                    tensor: name.into(),
+                    expected: format!("last dim {} (action_context_width)", m.action_context_width),
+                    found: format!("shape {shape:?}"),
+                });
+            }
+        }
+
+        let action_step = bundle.load_component(backend, "action_step")?;
+        action_step.expect_counts(6, 1)?;
+        let traj = [1, m.action_horizon, m.action_width];
+        let (st, _) = action_step.input("trajectory", Some(&traj))?;
+        let (ts, _) = action_step.input("timestep", Some(&[1]))?;
+        let (sk, _) = action_step.input("k_ctx", Some(&k_ctx_shape))?;
+        let (sv, _) = action_step.input("v_ctx", Some(&v_ctx_shape))?;
+        let (em, _) = action_step.input("encoder_attention_mask", Some(&[1, s]))?;
+        let (ip, _) = action_step.input("action_dim_is_pad", Some(&[1, m.action_width]))?;
+        let (nt, _) = action_step.output("next_trajectory", Some(&traj))?;
+
+        let prompt = PromptTables::load(&bundle.path(&m.prompt), &m)?;
+        let mut dim_is_pad = AlignedBuf::zeroed(m.action_width * 4);
+        for (i, v) in dim_is_pad.as_f32_mut().iter_mut().enumerate() {
+            *v = if i >= m.action_dims { 1.0 } else { 0.0 };
+        }
+        let k = m.keystone.as_ref().map_or(1, |k| k.k);
+        let keystone = m
+            .keystone
+            .as_ref()
+            .map(|ks| KeyStoneSelector::new(ks, m.action_horizon, m.action_dims));
+        let mut names: Vec<String> = vec!["vision".into()];
+        names.extend((0..m.llm_splits).map(|i| format!("llm_split{i}")));
+        names.extend(["action_context".to_string(), "action_step".to_string()]);
+        let f32s = |n: usize| AlignedBuf::zeroed(n * 4);
+        let numel = |v: &[usize]| v.iter().product::<usize>();
+        Ok(Self {
+            pre: Preprocessor::new(
+                m.cameras,
+                m.frame_height,
+                m.frame_width,
+                m.crop_size,
+                m.patch_size,
+            ),
+            state_norm: Normalizer::new(&m.state_norm, m.state_dims),
+            action_norm: Normalizer::new(&m.action_norm, m.action_dims),
+            vision_io: ([pv], [ie]),
+            split_io,
+            context_io: ([ck, cv], [kc, vc]),
+            step_io: ([st, ts, sk, sv, em, ip], [nt]),
+            pixel_values: f32s(m.cameras * grid * grid * m.patch_size * m.patch_size * 3),
+            image_embeds: f32s(m.image_tokens * d),
+            hidden: [f32s(s * d), f32s(s * d)],
+            keys: f32s(numel(&kv_all)),
+            values: f32s(numel(&kv_all)),
+            split_kv_bytes: numel(&kv_split) * 4,
+            k_ctx: f32s(numel(&k_ctx_shape)),
+            v_ctx: f32s(numel(&v_ctx_shape)),
+            trajectory: f32s(numel(&traj)),
+            step_out: f32s(numel(&traj)),
+            timestep: f32s(1),
+            dim_is_pad,
+            candidates: vec![0.0; k * m.action_horizon * m.action_dims],
+            keystone,
+            last_choice: None,
+            timings: Timings::new(&names),
+            state_ids: vec![0; m.state_dims],
+            vision,
+            splits,
+            action_context,
+            action_step,
+            prompt,
+            settings: m,
+        })
+    }
+
+    /// Index of the KeyStone candidate chosen by the last inference.
+    pub fn last_choice(&self) -> Option<usize> {
+        self.last_choice
+    }
+
+    /// The normalized candidates `[K, H, action_dims]` of the last inference.
+    pub fn candidates(&self) -> &[f32] {
+        &self.candidates
+    }
+
+    fn check_observation(&self, obs: &Observation<'_>) -> Result<(), PolicyError> {
+        let m = &self.settings;
+        let geometry = (obs.cameras, obs.height, obs.width);
+        if geometry != (m.cameras, m.frame_height, m.frame_width) {
+            return Err(PolicyError::Observation {
+                field: "frames",
+                expected: format!(
+                    "{} cameras of {}x{} RGB8",
+                    m.cameras, m.frame_height, m.frame_width
+                ),
+                found: format!("{} cameras of {}x{}", obs.cameras, obs.height, obs.width),
+            });
+        }
+        if obs.frames.len() != self.pre.frames_len() {
+            return Err(PolicyError::Observation {
+                field: "frames",
+                expected: format!("{} bytes", self.pre.frames_len()),
+                found: format!("{} bytes", obs.frames.len()),
+            });
+        }
+        if obs.state.len() != m.state_dims {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: format!("{} values", m.state_dims),
+                found: format!("{} values", obs.state.len()),
+            });
+        }
+        if let Some(i) = obs.state.iter().position(|x| !x.is_finite()) {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: "finite values".into(),
+                found: format!("{} at index {i}", obs.state[i]),
+            });
+        }
+        if obs.instruction_id as usize >= m.instructions.len() {
+            return Err(PolicyError::Observation {
+                field: "instruction_id",
+                expected: format!("0..{} (the bundle's instructions)", m.instructions.len()),
+                found: obs.instruction_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn qnn(component: &str) -> impl FnOnce(vla_qnn::QnnError) -> PolicyError + '_ {
+        move |error| PolicyError::Qnn {
+            component: component.to_string(),
+            error,
+        }
+    }
+
+    /// Runs one inference; writes `[H, action_dims]` de-normalized actions to `actions`.
+    pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
+        self.check_observation(obs)?;
+        let m = &self.settings;
+        let (h, dims) = (m.action_horizon, m.action_dims);
+        if actions.len() != h * dims {
+            return Err(PolicyError::Observation {
+                field: "action buffer",
+                expected: format!("{} values", h * dims),
+                found: format!("{} values", actions.len()),
+            });
+        }
+        self.timings.reset();
+        let start = Instant::now();
+        let instr = &self.prompt.instructions[obs.instruction_id as usize];
+
+        // Vision.
+        self.pre.run(obs.frames, self.pixel_values.as_f32_mut());
+        let t = Instant::now();
+        let (vi, vo) = self.vision_io;
+        self.vision
+            .graph
+            .execute(
+                &ordered(vi, [self.pixel_values.as_bytes()]),
+                &mut ordered_mut(vo, [self.image_embeds.as_bytes_mut()]),
+            )
+            .map_err(Self::qnn("vision"))?;
+        self.timings.add(0, t.elapsed());
+        let bad = count_non_finite(self.image_embeds.as_f32());
+        if bad > 0 {
+            return Err(PolicyError::NonFinite {
+                component: "vision".into(),
+                tensor: "image_embeds".into(),
+                count: bad,
+            });
+        }
+
+        // Prompt: scaffold + image embeds (added) + state token rows (replaced).
+        let d = m.hidden;
+        let hidden = self.hidden[0].as_f32_mut();
+        hidden.copy_from_slice(&instr.scaffold);
+        let embeds = self.image_embeds.as_f32();
+        for (j, &pos) in instr.image_positions.iter().enumerate() {
+            for (x, e) in hidden[pos * d..(pos + 1) * d]
+                .iter_mut()
+                .zip(&embeds[j * d..(j + 1) * d])
+            {
+                *x += e;
+            }
+        }
+        for (i, (&x, id)) in obs.state.iter().zip(self.state_ids.iter_mut()).enumerate() {
+            *id = state_token_id(self.state_norm.normalize(x, i));
+        }
+        for (&pos, &id) in instr.state_positions.iter().zip(&self.state_ids) {
+            hidden[pos * d..(pos + 1) * d]
+                .copy_from_slice(&self.prompt.state_token_rows[id * d..(id + 1) * d]);
+        }
+
+        // LLM chain: ping-pong hidden state, KV written in place into action_context inputs.
+        let bias: &[u8] = bytemuck::cast_slice(&instr.attention_bias);
+        let kv = self.split_kv_bytes;
+        for (i, (split, (si, so))) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
+            let (a, b) = self.hidden.split_at_mut(1);
+            let (src, dst) = if i % 2 == 0 {
+                (&a[0], &mut b[0])
+            } else {
+                (&b[0], &mut a[0])
+            };
+            let keys = &mut self.keys.as_bytes_mut()[i * kv..(i + 1) * kv];
+            let values = &mut self.values.as_bytes_mut()[i * kv..(i + 1) * kv];
+            let t = Instant::now();
+            split
+                .graph
+                .execute(
+                    &ordered(*si, [src.as_bytes(), bias]),
+                    &mut ordered_mut(*so, [dst.as_bytes_mut(), keys, values]),
+                )
+                .map_err(Self::qnn(&split.component))?;
+            self.timings.add(1 + i, t.elapsed());
+        }
+
+        // action_context straight into the action_step inputs.
+        let ci = 1 + self.splits.len();
+        let t = Instant::now();
+        let (xi, xo) = self.context_io;
+        self.action_context
+            .graph
+            .execute(
+                &ordered(xi, [self.keys.as_bytes(), self.values.as_bytes()]),
+                &mut ordered_mut(xo, [self.k_ctx.as_bytes_mut(), self.v_ctx.as_bytes_mut()]),
+            )
+            .map_err(Self::qnn("action_context"))?;
+        self.timings.add(ci, t.elapsed());
+        if count_non_finite(self.k_ctx.as_f32()) + count_non_finite(self.v_ctx.as_f32()) > 0 {
+            return Err(self.locate_non_finite());
+        }
+
+        // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
+        let n = m.flow_steps;
+        let dt = (1.0f64 / n as f64) as f32;
+        let width = m.action_width;
+        let candidates = m.keystone.as_ref().map_or(1, |k| k.k);
+        let mask: &[u8] = bytemuck::cast_slice(&instr.encoder_mask);
+        let (pi, po) = self.step_io;
+        for c in 0..candidates {
+            let x = self.trajectory.as_f32_mut();
+            fill_gaussian(obs.seed.wrapping_add(c as u64), x);
+            for (j, v) in x.iter_mut().enumerate() {
+                if j % width >= dims {
+                    *v = 0.0;
+                }
+            }
+            for step in 0..n {
+                self.timestep.as_f32_mut()[0] = (step as f64 / n as f64) as f32;
+                let t = Instant::now();
+                self.action_step
+                    .graph
+                    .execute(
+                        &ordered(
+                            pi,
+                            [
+                                self.trajectory.as_bytes(),
+                                self.timestep.as_bytes(),
+                                self.k_ctx.as_bytes(),
+                                self.v_ctx.as_bytes(),
+                                mask,
+                                self.dim_is_pad.as_bytes(),
+                            ],
+                        ),
+                        &mut ordered_mut(po, [self.step_out.as_bytes_mut()]),
+                    )
+                    .map_err(Self::qnn("action_step"))?;
+                self.timings.add(ci + 1, t.elapsed());
+                let out = self.step_out.as_f32();
+                let bad = count_non_finite(out);
+                if bad > 0 {
+                    return Err(PolicyError::NonFinite {
+                        component: "action_step".into(),
+                        tensor: "next_trajectory".into(),
+                        count: bad,
+                    });
+                }
+                let x = self.trajectory.as_f32_mut();
+                for (j, (xv, ov)) in x.iter_mut().zip(out).enumerate() {
+                    let keep = if j % width >= dims { 0.0 } else { 1.0 };
+                    *xv = match m.step_output {
+                        StepOutput::Velocity => (*xv + dt * ov) * keep,
+                        StepOutput::NextTrajectory => ov * keep,
+                    };
+                }
+            }
+            let x = self.trajectory.as_f32();
+            let cand = &mut self.candidates[c * h * dims..(c + 1) * h * dims];
+            for r in 0..h {
+                cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
+            }
+        }
+        let choice = match &mut self.keystone {
+            Some(ks) => ks.select(&self.candidates, h * dims),
+            None => 0,
+        };
+        self.last_choice = self.keystone.as_ref().map(|_| choice);
+        let chosen = &self.candidates[choice * h * dims..(choice + 1) * h * dims];
+        for (j, (a, &x)) in actions.iter_mut().zip(chosen).enumerate() {
+            *a = self.action_norm.denormalize(x, j % dims);
+        }
+        self.timings.total = start.elapsed();
+        Ok(())
+    }
+
+    /// Names the first component whose output holds NaN/Inf (called only on failure).
+    fn locate_non_finite(&self) -> PolicyError {
+        let kv = self.split_kv_bytes / 4;
+        for (i, split) in self.splits.iter().enumerate() {
+            for (tensor, buf) in [("keys", &self.keys), ("values", &self.values)] {
+                let bad = count_non_finite(&buf.as_f32()[i * kv..(i + 1) * kv]);
+                if bad > 0 {
+                    return PolicyError::NonFinite {
+                        component: split.component.clone(),
+                        tensor: tensor.into(),
+                        count: bad,
+                    };
+                }
+            }
+        }
+        for (tensor, buf) in [("k_ctx", &self.k_ctx), ("v_ctx", &self.v_ctx)] {
+            let bad = count_non_finite(buf.as_f32());
+            if bad > 0 {
+                return PolicyError::NonFinite {
+                    component: "action_context".into(),
+                    tensor: tensor.into(),
+                    count: bad,
+                };
+            }
+        }
+        PolicyError::NonFinite {
+            component: "action_context".into(),
+            tensor: "k_ctx".into(),
+            count: 0,
+        }
+    }
+}

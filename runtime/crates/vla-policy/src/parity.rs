@@ -1,0 +1,246 @@
+//! The bundle parity gate: every context against its golden, then the whole pipeline
+//! against the end-to-end golden (observation in, actions out).
+//!
+//! Used by `vlad parity --bundle`, by the daemon before it resumes on a new bundle, and by
+//! the OTA trial. Per-context checks run on the resident graphs themselves, so what is
+//! gated is exactly what will drive the arm.
+
+use crate::bundle::Bundle;
+use crate::error::PolicyError;
+use crate::{Observation, Policy};
+use std::path::Path;
+use vla_npz::{DType, Npz};
+use vla_parity::{check_context, ContextParity, GateOptions};
+use vla_tensor::{compare, Comparison};
+
+/// An observation stored as npz (`frames`, `state`, `instruction_id`, `seed`), the format
+/// of `golden/end_to_end.npz` and of `vlad run-once --obs`.
+#[derive(Clone, Debug, Default)]
+pub struct ObservationFile {
+    pub cameras: usize,
+    pub height: usize,
+    pub width: usize,
+    pub frames: Vec<u8>,
+    pub state: Vec<f32>,
+    pub instruction_id: u32,
+    pub seed: u64,
+}
+
+/// Integer values of any integer array (ids and seeds may be saved as i32, i64 or u64).
+fn integers(a: &vla_npz::Array) -> Result<Vec<i128>, PolicyError> {
+    let npz = PolicyError::Npz;
+    Ok(match a.dtype() {
+        DType::I32 => a
+            .to_i32()
+            .map_err(npz)?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        DType::I64 => a
+            .to_i64()
+            .map_err(npz)?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        DType::U64 => a
+            .to_u64()
+            .map_err(npz)?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        DType::U8 => a
+            .to_u8()
+            .map_err(npz)?
+            .into_iter()
+            .map(i128::from)
+            .collect(),
+        other => {
+            return Err(PolicyError::Observation {
+                field: "integer array",
+                expected: "int32, int64, uint64 or uint8".into(),
+                found: format!("{other} array `{}`", a.name()),
+            })
+        }
+    })
+}
+
+impl ObservationFile {
+    /// Reads an observation; `frames`, `state` and `instruction_id` may be absent (Fast-WAM).
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        let npz = Npz::open(path).map_err(PolicyError::Npz)?;
+        let mut o = ObservationFile::default();
+        if npz.contains("frames") {
+            let a = npz.array("frames").map_err(PolicyError::Npz)?;
+            let s = a.shape();
+            if a.dtype() != DType::U8 || s.len() != 4 || s[3] != 3 {
+                return Err(PolicyError::Observation {
+                    field: "frames",
+                    expected: "uint8 [cameras, height, width, 3]".into(),
+                    found: format!("{} {:?} in {}", a.dtype(), s, path.display()),
+                });
+            }
+            (o.cameras, o.height, o.width) = (s[0], s[1], s[2]);
+            o.frames = a.to_u8().map_err(PolicyError::Npz)?;
+        }
+        if npz.contains("state") {
+            o.state = npz
+                .array("state")
+                .map_err(PolicyError::Npz)?
+                .to_f32()
+                .map_err(PolicyError::Npz)?;
+        }
+        if npz.contains("instruction_id") {
+            let v = integers(&npz.array("instruction_id").map_err(PolicyError::Npz)?)?;
+            o.instruction_id = match v.as_slice() {
+                [id] if *id >= 0 && *id <= u32::MAX as i128 => *id as u32,
+                _ => {
+                    return Err(PolicyError::Observation {
+                        field: "instruction_id",
+                        expected: "one non-negative integer".into(),
+                        found: format!("{v:?}"),
+                    })
+                }
+            };
+        }
+        let v = integers(&npz.array("seed").map_err(PolicyError::Npz)?)?;
+        o.seed = match v.as_slice() {
+            [s] if *s >= 0 && *s <= u64::MAX as i128 => *s as u64,
+            _ => {
+                return Err(PolicyError::Observation {
+                    field: "seed",
+                    expected: "one non-negative integer".into(),
+                    found: format!("{v:?}"),
+                })
+            }
+        };
+        Ok(o)
+    }
+
+    pub fn observation(&self) -> Observation<'_> {
+        Observation {
+            cameras: self.cameras,
+            height: self.height,
+            width: self.width,
+            frames: &self.frames,
+            state: &self.state,
+            instruction_id: self.instruction_id,
+            seed: self.seed,
+        }
+    }
+}
+
+/// Actions against the end-to-end golden.
+#[derive(Clone, Debug)]
+pub struct EndToEndParity {
+    pub actions: Vec<f32>,
+    pub expected: Vec<f32>,
+    pub comparison: Comparison,
+    /// (golden choice, our choice) for KeyStone bundles.
+    pub keystone: Option<(usize, usize)>,
+    pub passed: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct BundleParity {
+    pub contexts: Vec<ContextParity>,
+    pub end_to_end: EndToEndParity,
+    pub context_gate: f64,
+    pub end_to_end_gate: f64,
+}
+
+impl BundleParity {
+    pub fn passed(&self) -> bool {
+        self.contexts.iter().all(|c| c.passed()) && self.end_to_end.passed
+    }
+
+    /// One line naming what failed, for logs and exit messages.
+    pub fn failure_summary(&self) -> Option<String> {
+        let mut parts: Vec<String> = self
+            .contexts
+            .iter()
+            .filter(|c| !c.passed())
+            .map(|c| {
+                format!(
+                    "{} cosine {:.6} < {}",
+                    c.label,
+                    c.min_cosine(),
+                    self.context_gate
+                )
+            })
+            .collect();
+        let e = &self.end_to_end;
+        if !e.passed {
+            match e.keystone {
+                Some((want, got)) if want != got => {
+                    parts.push(format!("KeyStone chose {got}, golden {want}"))
+                }
+                _ => parts.push(format!(
+                    "end-to-end actions cosine {:.6} < {}",
+                    e.comparison.cosine, self.end_to_end_gate
+                )),
+            }
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+impl Bundle {
+    /// Runs the parity gate of this bundle on `policy` (loaded from it).
+    pub fn parity(&self, policy: &mut Policy) -> Result<BundleParity, PolicyError> {
+        let gate = GateOptions {
+            min_cosine: self.manifest.parity.context_cosine,
+            ..GateOptions::default()
+        };
+        let mut contexts = Vec::new();
+        for g in policy.graphs_mut() {
+            let npz = Npz::open(&g.golden).map_err(PolicyError::Npz)?;
+            let r = check_context(&mut g.graph, &npz, &gate).map_err(|e| PolicyError::Prompt {
+                file: g.golden.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            contexts.push(r);
+        }
+        let path = self.path(&self.manifest.end_to_end);
+        let obs = ObservationFile::load(&path)?;
+        let npz = Npz::open(&path).map_err(PolicyError::Npz)?;
+        let expected = npz
+            .array("actions")
+            .map_err(PolicyError::Npz)?
+            .to_f32()
+            .map_err(PolicyError::Npz)?;
+        let g = policy.geometry();
+        if expected.len() != g.chunk_len * g.action_dims {
+            return Err(PolicyError::Observation {
+                field: "golden actions",
+                expected: format!("{} values", g.chunk_len * g.action_dims),
+                found: format!("{} values in {}", expected.len(), path.display()),
+            });
+        }
+        let mut actions = vec![0f32; expected.len()];
+        policy.infer(&obs.observation(), &mut actions)?;
+        let comparison = compare(&actions, &expected, 1e-3, 1e-2);
+        let keystone = match (policy.keystone_choice(), npz.contains("keystone_choice")) {
+            (Some(ours), true) => {
+                let want = integers(&npz.array("keystone_choice").map_err(PolicyError::Npz)?)?;
+                Some((want.first().copied().unwrap_or(-1) as usize, ours))
+            }
+            _ => None,
+        };
+        let e2e_gate = self.manifest.parity.end_to_end_cosine;
+        let passed = comparison.non_finite == 0
+            && comparison.cosine >= e2e_gate
+            && keystone.is_none_or(|(want, got)| want == got);
+        Ok(BundleParity {
+            contexts,
+            end_to_end: EndToEndParity {
+                actions,
+                expected,
+                comparison,
+                keystone,
+                passed,
+            },
+            context_gate: gate.min_cosine,
+            end_to_end_gate: e2e_gate,
+        })
+    }
+}

@@ -1,0 +1,165 @@
+//! Prompt tables: per-instruction scaffolds, image/state token positions, state-token rows,
+//! and everything derived from them that depends only on the instruction.
+//!
+//! The device has no tokenizer. The bundle carries the embedded prompt of every supported
+//! instruction; the f32 scaffold, the attention bias and the encoder mask of each are
+//! computed here once at load, so per inference only the image and state rows change.
+
+use crate::error::PolicyError;
+use crate::manifest::MolmoAct2Settings;
+use half::f16;
+use std::path::Path;
+use vla_npz::{DType, Npz};
+
+/// What one instruction contributes, precomputed.
+pub struct Instruction {
+    /// `[S, D]` f32 embedding rows (image rows hold `wte[image_patch_id]`).
+    pub scaffold: Vec<f32>,
+    /// `[S, S]` additive attention bias.
+    pub attention_bias: Vec<f32>,
+    /// `[S]` 1.0 for real tokens.
+    pub encoder_mask: Vec<f32>,
+    pub image_positions: Vec<usize>,
+    pub state_positions: Vec<usize>,
+}
+
+pub struct PromptTables {
+    pub instructions: Vec<Instruction>,
+    /// `[256, D]` f32 rows of the `<state_k>` tokens.
+    pub state_token_rows: Vec<f32>,
+}
+
+fn positions(raw: &[i32], what: &str, file: &str, seq: usize) -> Result<Vec<usize>, PolicyError> {
+    raw.iter()
+        .map(|&p| {
+            if p < 0 || p as usize >= seq {
+                Err(PolicyError::Prompt {
+                    file: file.into(),
+                    reason: format!("{what} position {p} outside 0..{seq}"),
+                })
+            } else {
+                Ok(p as usize)
+            }
+        })
+        .collect()
+}
+
+/// The bias of one instruction: a key is visible to a query when it is a real token and
+/// either causal (key <= query) or both are image tokens.
+pub fn attention_bias(valid: &[u8], image_positions: &[usize], blocked: f32) -> Vec<f32> {
+    let s = valid.len();
+    let mut is_image = vec![false; s];
+    for &p in image_positions {
+        is_image[p] = true;
+    }
+    let mut bias = vec![blocked; s * s];
+    for q in 0..s {
+        for k in 0..s {
+            if valid[k] != 0 && (k <= q || (is_image[q] && is_image[k])) {
+                bias[q * s + k] = 0.0;
+            }
+        }
+    }
+    bias
+}
+
+impl PromptTables {
+    pub fn load(path: &Path, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
+        let file = path.display().to_string();
+        let npz = Npz::open(path).map_err(PolicyError::Npz)?;
+        let n = m.instructions.len();
+        let (s, d) = (m.seq_len, m.hidden);
+        let scaffold = npz
+            .expect("scaffold", DType::F16, &[n, s, d])
+            .map_err(PolicyError::Npz)?
+            .to_f16()
+            .map_err(PolicyError::Npz)?;
+        let valid = npz
+            .expect("valid", DType::U8, &[n, s])
+            .map_err(PolicyError::Npz)?
+            .to_u8()
+            .map_err(PolicyError::Npz)?;
+        let image = npz
+            .expect("image_positions", DType::I32, &[n, m.image_tokens])
+            .map_err(PolicyError::Npz)?
+            .to_i32()
+            .map_err(PolicyError::Npz)?;
+        let state = npz
+            .expect("state_positions", DType::I32, &[n, m.state_dims])
+            .map_err(PolicyError::Npz)?
+            .to_i32()
+            .map_err(PolicyError::Npz)?;
+        let rows = npz
+            .expect("state_token_rows", DType::F16, &[256, d])
+            .map_err(PolicyError::Npz)?
+            .to_f16()
+            .map_err(PolicyError::Npz)?;
+        let mut instructions = Vec::with_capacity(n);
+        for i in 0..n {
+            let v = &valid[i * s..(i + 1) * s];
+            let image_positions = positions(
+                &image[i * m.image_tokens..(i + 1) * m.image_tokens],
+                "image",
+                &file,
+                s,
+            )?;
+            let state_positions = positions(
+                &state[i * m.state_dims..(i + 1) * m.state_dims],
+                "state",
+                &file,
+                s,
+            )?;
+            if let Some(p) = image_positions
+                .iter()
+                .chain(&state_positions)
+                .find(|p| v[**p] == 0)
+            {
+                return Err(PolicyError::Prompt {
+                    file,
+                    reason: format!("instruction {i}: token position {p} is padding"),
+                });
+            }
+            let scaffold: Vec<f32> = scaffold[i * s * d..(i + 1) * s * d]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect();
+            if scaffold.iter().any(|x| !x.is_finite()) {
+                return Err(PolicyError::Prompt {
+                    file,
+                    reason: format!("instruction {i}: scaffold holds a non-finite value"),
+                });
+            }
+            instructions.push(Instruction {
+                attention_bias: attention_bias(v, &image_positions, m.attention_blocked_value),
+                encoder_mask: v.iter().map(|&x| if x != 0 { 1.0 } else { 0.0 }).collect(),
+                scaffold,
+                image_positions,
+                state_positions,
+            });
+        }
+        let state_token_rows = rows.iter().map(|x: &f16| x.to_f32()).collect();
+        Ok(Self {
+            instructions,
+            state_token_rows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bias_is_causal_with_bidirectional_images_and_masks_padding() {
+        // [pad, text, img, img, text]
+        let valid = [0u8, 1, 1, 1, 1];
+        let b = attention_bias(&valid, &[2, 3], -1.0);
+        let allowed = |q: usize, k: usize| b[q * 5 + k] == 0.0;
+        assert!(!allowed(4, 0), "padding is never visible");
+        assert!(allowed(4, 1) && allowed(4, 4));
+        assert!(!allowed(1, 2), "text does not see later tokens");
+        assert!(allowed(2, 3), "image tokens see each other both ways");
+        assert!(allowed(3, 2));
+        assert!(!allowed(0, 0), "a pad query sees nothing real");
+    }
+}

@@ -1,0 +1,137 @@
+//! Bundle-level tools: `vlad parity --bundle DIR` and `vlad run-once --bundle DIR --obs FILE`.
+
+use crate::cli::{self, Common};
+use crate::{qnn_setup, Failure};
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use vla_policy::{Bundle, BundleParity, ObservationFile, Policy};
+
+fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
+    let bundle = Bundle::open(dir)?;
+    let (_, backend) = qnn_setup::load_backend(common)?;
+    let t = Instant::now();
+    let policy = Policy::load(&bundle, &backend)?;
+    Ok((bundle, policy, t.elapsed().as_secs_f64() * 1e3))
+}
+
+pub fn parity(common: &Common, dir: &Path) -> Result<(), Failure> {
+    let (bundle, mut policy, load_ms) = load(common, dir)?;
+    let report = bundle.parity(&mut policy)?;
+    print!("{}", render_parity(&bundle, &report, load_ms));
+    match report.failure_summary() {
+        None => Ok(()),
+        Some(why) => Err(Failure::Gate(format!(
+            "bundle {}: {why}",
+            bundle.dir.display()
+        ))),
+    }
+}
+
+pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String {
+    let mut s = format!(
+        "bundle {} ({} {}), contexts loaded in {load_ms:.1} ms\n",
+        bundle.dir.display(),
+        bundle.manifest.name,
+        bundle.manifest.version
+    );
+    s += &format!("per context (gate cosine >= {}):\n", r.context_gate);
+    s += &format!(
+        "  {:<16} {:<16} {:>12} {:>11}  verdict\n",
+        "component", "output", "cosine", "max_abs"
+    );
+    for c in &r.contexts {
+        for o in &c.outputs {
+            s += &format!(
+                "  {:<16} {:<16} {:>12.8} {:>11.3e}  {}\n",
+                c.label,
+                o.name,
+                o.comparison.cosine,
+                o.comparison.max_abs_diff,
+                if o.passed { "PASS" } else { "FAIL" }
+            );
+        }
+    }
+    let e = &r.end_to_end;
+    s += &format!(
+        "end to end (gate cosine >= {}): actions cosine {:.8}, max abs diff {:.3e}",
+        r.end_to_end_gate, e.comparison.cosine, e.comparison.max_abs_diff
+    );
+    if let Some((want, got)) = e.keystone {
+        s += &format!(", KeyStone choice {got} (golden {want})");
+    }
+    s += &format!("  {}\n", if e.passed { "PASS" } else { "FAIL" });
+    s
+}
+
+const RUN_ONCE_HELP: &str =
+    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N] [--lib-dir DIR]
+The observation npz holds frames (uint8 [cameras,H,W,3]), state (f32), instruction_id and seed,
+like a bundle's golden/end_to_end.npz.";
+
+pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut common = Common::default();
+    let (mut dir, mut obs_path): (Option<PathBuf>, Option<PathBuf>) = (None, None);
+    let (mut seed, mut instruction): (Option<u64>, Option<u32>) = (None, None);
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name) if Common::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                common.take(&name, &mut p)?;
+            }
+            Long("bundle") => dir = Some(cli::value(&mut p)?.into()),
+            Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
+            Long("seed") => seed = Some(cli::number(&mut p, "--seed")?),
+            Long("instruction") => instruction = Some(cli::number(&mut p, "--instruction")?),
+            Short('h') | Long("help") => {
+                println!("{RUN_ONCE_HELP}");
+                return Ok(());
+            }
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let dir = dir.ok_or_else(|| Failure::Usage("run-once needs --bundle DIR".into()))?;
+    let obs_path = obs_path.ok_or_else(|| Failure::Usage("run-once needs --obs FILE".into()))?;
+    common.init_logging();
+    let mut obs = ObservationFile::load(&obs_path)?;
+    if let Some(s) = seed {
+        obs.seed = s;
+    }
+    if let Some(i) = instruction {
+        obs.instruction_id = i;
+    }
+    let (_bundle, mut policy, load_ms) = load(&common, &dir)?;
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    // The first inference pays the backend's warm-up; report the second as steady state.
+    let t = Instant::now();
+    policy.infer(&obs.observation(), &mut actions)?;
+    let first_ms = t.elapsed().as_secs_f64() * 1e3;
+    policy.infer(&obs.observation(), &mut actions)?;
+    println!("contexts loaded in {load_ms:.1} ms; first inference {first_ms:.1} ms (warm-up)");
+    println!(
+        "action chunk [{} x {}] (seed {}, instruction {}):",
+        g.chunk_len, g.action_dims, obs.seed, obs.instruction_id
+    );
+    for row in actions.chunks(g.action_dims) {
+        let cells: Vec<String> = row.iter().map(|v| format!("{v:>9.5}")).collect();
+        println!("  {}", cells.join(" "));
+    }
+    if let Some(c) = policy.keystone_choice() {
+        println!("KeyStone chose candidate {c}");
+    }
+    let t = policy.timings();
+    println!("latency (second inference):");
+    for (name, d) in &t.components {
+        println!("  {name:<16} {:>9.3} ms", d.as_secs_f64() * 1e3);
+    }
+    println!(
+        "  {:<16} {:>9.3} ms",
+        "host glue",
+        t.host().as_secs_f64() * 1e3
+    );
+    println!("  {:<16} {:>9.3} ms", "total", t.total.as_secs_f64() * 1e3);
+    Ok(())
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of a fresh machine for building, testing and running the
+# runtime here: Debian packages (aarch64 cross toolchain, qemu-user, C compiler), the
+# aarch64 Rust target, and the project venv with the pinned QNN wheel (whose
+# libQnnHtp.so runs real v73 context binaries on an HTP emulator).
+# Prints nothing but progress lines; the QNN library dir is in build/qnn-lib-dir.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+mkdir -p build
+
+apt_packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils)
+missing=()
+for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "setup: installing Debian packages: ${missing[*]}"
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+    echo "setup: adding Rust target aarch64-unknown-linux-gnu"
+    rustup target add aarch64-unknown-linux-gnu >/dev/null
+fi
+
+echo "setup: Python venv (.venv) with the pinned QNN wheel"
+scripts/setup_python.sh > build/qnn-lib-dir
+echo "setup: QNN libraries in $(cat build/qnn-lib-dir)"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs every check and test of the project on this machine (what CI runs):
+#   formatting, clippy, the Rust tests on x86_64 against the real QNN HTP emulator,
+#   the Python fixture tests, the aarch64 build with its QNN-free tests under qemu,
+#   the release binary's dynamic dependencies, and the layer/unit checks.
+# Builds are cached in the repo's target/ directory.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+scripts/setup.sh
+export VLA_QNN_LIB_DIR="$(cat build/qnn-lib-dir)"
+export VLA_REQUIRE_QNN=1
+export CARGO_TERM_COLOR=never
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "Rust tests (x86_64, real QNN HTP emulator)"
+cargo test --workspace --locked 2>&1 | grep -v '# LIBNATIVE'
+
+step "Python fixture tests"
+.venv/bin/python -m pytest -q scripts/tests
+
+step "aarch64 build and QNN-free tests under qemu-aarch64"
+# The QNN wheel is x86_64-only, so the aarch64 run covers everything that needs no QNN
+# library (the QNN tests report that they skipped).
+env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN \
+    cargo test --workspace --locked --target aarch64-unknown-linux-gnu
+
+step "release binary: size and NEEDED"
+scripts/check_release.sh
+
+step "meta-vla layer and systemd units"
+scripts/check_layer.sh
