@@ -30,6 +30,7 @@ pub struct FastWam {
     sigmas: Vec<f64>,
     action_norm: Normalizer,
     pub(crate) timings: Timings,
+    pub(crate) fault: Option<String>,
 }
 
 /// The Wan shifted schedule: `u = linspace(1, 0, N+1)[:N]`, `sigma = s*u / (1 + (s-1)*u)`.
@@ -99,6 +100,7 @@ impl FastWam {
             sigmas: wan_sigmas(f.flow_steps, f.shift),
             action_norm: Normalizer::new(&f.action_norm, f.action_dims),
             timings: Timings::new(&["action_step".to_string()]),
+            fault: None,
             action_step: g,
             settings: f,
         })
@@ -142,6 +144,9 @@ impl FastWam {
                     error,
                 })?;
             self.timings.add(0, t.elapsed());
+            if cfg!(feature = "fault-injection") && self.fault.as_deref() == Some("action_step") {
+                self.pred.as_f32_mut()[0] = f32::INFINITY;
+            }
             let bad = count_non_finite(self.pred.as_f32());
             if bad > 0 {
                 return Err(PolicyError::NonFinite {

@@ -163,7 +163,10 @@ impl KeyStoneSelector {
                 let centroid = &mut self.centroids[c as usize * dims..(c as usize + 1) * dims];
                 centroid.iter_mut().for_each(|x| *x = 0.0);
                 for i in (0..k).filter(|i| self.assign[*i] == c) {
-                    for (acc, p) in centroid.iter_mut().zip(&self.points[i * dims..(i + 1) * dims]) {
+                    for (acc, p) in centroid
+                        .iter_mut()
+                        .zip(&self.points[i * dims..(i + 1) * dims])
+                    {
                         *acc += p;
                     }
                 }

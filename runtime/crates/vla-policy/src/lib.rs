@@ -125,6 +125,15 @@ impl Policy {
         }
     }
 
+    /// Poisons the output of `component` with NaN after it runs, to exercise the guards.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_non_finite(&mut self, component: Option<&str>) {
+        match self {
+            Policy::MolmoAct2(p) => p.fault = component.map(str::to_owned),
+            Policy::FastWam(p) => p.fault = component.map(str::to_owned),
+        }
+    }
+
     /// Every resident graph with its component name and golden, in pipeline order.
     pub fn graphs_mut(&mut self) -> Vec<&mut LoadedGraph> {
         match self {

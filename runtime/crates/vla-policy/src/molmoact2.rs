@@ -51,6 +51,17 @@ pub struct MolmoAct2 {
     last_choice: Option<usize>,
     pub(crate) timings: Timings,
     state_ids: Vec<usize>,
+    /// Component whose output is poisoned after it runs (tests only).
+    pub(crate) fault: Option<String>,
+}
+
+/// Writes NaN into `buf` when `fault` names `component` (fault-injection builds only).
+fn poison(fault: &Option<String>, component: &str, buf: &mut AlignedBuf) {
+    if cfg!(feature = "fault-injection") && fault.as_deref() == Some(component) {
+        if let Some(v) = buf.as_f32_mut().first_mut() {
+            *v = f32::NAN;
+        }
+    }
 }
 
 impl MolmoAct2 {
@@ -162,6 +173,7 @@ impl MolmoAct2 {
             last_choice: None,
             timings: Timings::new(&names),
             state_ids: vec![0; m.state_dims],
+            fault: None,
             vision,
             splits,
             action_context,
@@ -260,6 +272,7 @@ impl MolmoAct2 {
             )
             .map_err(Self::qnn("vision"))?;
         self.timings.add(0, t.elapsed());
+        poison(&self.fault, "vision", &mut self.image_embeds);
         let bad = count_non_finite(self.image_embeds.as_f32());
         if bad > 0 {
             return Err(PolicyError::NonFinite {
@@ -311,6 +324,17 @@ impl MolmoAct2 {
                 )
                 .map_err(Self::qnn(&split.component))?;
             self.timings.add(1 + i, t.elapsed());
+            poison(&self.fault, &split.component, dst);
+            // The hidden state is small next to the KV and carries any overflow of the
+            // layer onward, so it is the one scanned per split.
+            let bad = count_non_finite(dst.as_f32());
+            if bad > 0 {
+                return Err(PolicyError::NonFinite {
+                    component: split.component.clone(),
+                    tensor: "hidden_out".into(),
+                    count: bad,
+                });
+            }
         }
 
         // action_context straight into the action_step inputs.
@@ -325,6 +349,7 @@ impl MolmoAct2 {
             )
             .map_err(Self::qnn("action_context"))?;
         self.timings.add(ci, t.elapsed());
+        poison(&self.fault, "action_context", &mut self.v_ctx);
         if count_non_finite(self.k_ctx.as_f32()) + count_non_finite(self.v_ctx.as_f32()) > 0 {
             return Err(self.locate_non_finite());
         }
@@ -365,6 +390,7 @@ impl MolmoAct2 {
                     )
                     .map_err(Self::qnn("action_step"))?;
                 self.timings.add(ci + 1, t.elapsed());
+                poison(&self.fault, "action_step", &mut self.step_out);
                 let out = self.step_out.as_f32();
                 let bad = count_non_finite(out);
                 if bad > 0 {

@@ -1,0 +1,266 @@
+//! Broken bundles and observations: each is refused with an error naming the part, and
+//! nothing non-finite ever comes out as an action.
+
+mod common;
+
+use vla_npz::{write_npz, Array, Npz};
+use vla_policy::{Bundle, Observation, ObservationFile, Policy, PolicyError};
+
+fn open_err(dir: &std::path::Path) -> String {
+    match Bundle::open(dir) {
+        Ok(_) => panic!("{} must be refused", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn missing_context_or_golden_is_named() {
+    let dir = common::copy_fixture("molmoact2-original", "missing");
+    std::fs::remove_file(dir.join("ctx/llm_split2_socid77_archv73.bin")).unwrap();
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("context `llm_split2`") && msg.contains("llm_split2_socid77_archv73.bin"),
+        "{msg}"
+    );
+    std::fs::copy(
+        common::fixture("molmoact2-original").join("ctx/llm_split2_socid77_archv73.bin"),
+        dir.join("ctx/llm_split2_socid77_archv73.bin"),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.join("golden/action_step_io.npz")).unwrap();
+    let msg = open_err(&dir);
+    assert!(msg.contains("golden of `action_step`"), "{msg}");
+    std::fs::remove_file(dir.join("bundle.json")).unwrap();
+    assert!(open_err(&dir).contains("manifest"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn manifest_rules_name_the_field() {
+    let dir = common::copy_fixture("molmoact2-drift-keystone", "manifest");
+    common::edit_manifest(&dir, |v| v["molmoact2"]["keystone"]["k"] = 0.into());
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.keystone.k` must be at least 1"),
+        "{msg}"
+    );
+
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["keystone"]["k"] = 5.into();
+        v["molmoact2"]["frobnicate"] = 1.into();
+    });
+    let msg = open_err(&dir);
+    assert!(msg.contains("unknown field `frobnicate`"), "{msg}");
+
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"].as_object_mut().unwrap().remove("frobnicate");
+        v["soc_model"] = 69.into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("built for soc_model 69, this device needs 77"),
+        "{msg}"
+    );
+
+    common::edit_manifest(&dir, |v| {
+        v["soc_model"] = 77.into();
+        v["molmoact2"]["action_norm"]["std"] = serde_json::json!([1.0]);
+        v["molmoact2"]["action_norm"]["mode"] = "mean_std".into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.action_norm.mean` required"),
+        "{msg}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn manifest_and_context_contract_mismatch_names_component_and_tensor() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let dir = common::copy_fixture("molmoact2-lp-vtp-sd", "contract");
+    let s = serde_json::from_slice::<serde_json::Value>(
+        &std::fs::read(dir.join("bundle.json")).unwrap(),
+    )
+    .unwrap()["molmoact2"]["seq_len"]
+        .as_u64()
+        .unwrap();
+    common::edit_manifest(&dir, |v| v["molmoact2"]["seq_len"] = (s + 8).into());
+    let bundle = Bundle::open(&dir).unwrap();
+    let err = Policy::load(&bundle, &backend)
+        .err()
+        .expect("contract mismatch");
+    let msg = err.to_string();
+    assert!(matches!(err, PolicyError::Contract { .. }), "{msg}");
+    assert!(
+        msg.contains("component `llm_split0` tensor `hidden_states`")
+            && msg.contains(&format!("expected shape [1,{},", s + 8))
+            && msg.contains(&format!("found shape [1,{s},")),
+        "{msg}"
+    );
+
+    // A context swapped for another component's binary.
+    common::edit_manifest(&dir, |v| v["molmoact2"]["seq_len"] = s.into());
+    std::fs::copy(
+        dir.join("ctx/vision_socid77_archv73.bin"),
+        dir.join("ctx/action_context_socid77_archv73.bin"),
+    )
+    .unwrap();
+    let bundle = Bundle::open(&dir).unwrap();
+    let msg = Policy::load(&bundle, &backend)
+        .err()
+        .expect("wrong binary")
+        .to_string();
+    assert!(msg.contains("component `action_context`"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_observations_are_refused_before_any_context_runs() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let bundle = Bundle::open(common::fixture("molmoact2-lp-vtp-sd")).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    let base = obs.observation();
+
+    let wrong_id = Observation {
+        instruction_id: g.instructions as u32,
+        ..base
+    };
+    let msg = policy
+        .infer(&wrong_id, &mut actions)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("observation instruction_id")
+            && msg.contains(&format!("found {}", g.instructions)),
+        "{msg}"
+    );
+
+    let short = &obs.frames[..obs.frames.len() / 2];
+    let wrong_geometry = Observation {
+        height: obs.height / 2,
+        frames: short,
+        ..base
+    };
+    let msg = policy
+        .infer(&wrong_geometry, &mut actions)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("observation frames")
+            && msg.contains(&format!("{}x{}", obs.height / 2, obs.width)),
+        "{msg}"
+    );
+
+    let truncated = Observation {
+        frames: short,
+        ..base
+    };
+    assert!(policy
+        .infer(&truncated, &mut actions)
+        .unwrap_err()
+        .to_string()
+        .contains("bytes"));
+
+    let mut nan_state = obs.state.clone();
+    nan_state[2] = f32::NAN;
+    let nan = Observation {
+        state: &nan_state,
+        ..base
+    };
+    let msg = policy.infer(&nan, &mut actions).unwrap_err().to_string();
+    assert!(
+        msg.contains("observation state") && msg.contains("index 2"),
+        "{msg}"
+    );
+    assert!(
+        actions.iter().all(|a| *a == 0.0),
+        "no action written on refusal"
+    );
+
+    policy
+        .infer(&base, &mut actions)
+        .expect("the same policy still runs a good observation");
+}
+
+#[test]
+fn non_finite_outputs_are_reported_with_the_component_never_as_actions() {
+    // The HTP saturates rather than producing NaN/Inf (checked: huge inputs, Log/Sqrt of
+    // negatives), so outputs are poisoned after real execution to drive the guards.
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    for (name, components) in [
+        (
+            "molmoact2-lp-vtp-sd",
+            &["vision", "llm_split1", "action_context", "action_step"][..],
+        ),
+        ("fastwam", &["action_step"][..]),
+    ] {
+        let bundle = Bundle::open(common::fixture(name)).unwrap();
+        let mut policy = Policy::load(&bundle, &backend).unwrap();
+        let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+        let g = policy.geometry();
+        let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+        for component in components {
+            policy.inject_non_finite(Some(component));
+            actions.iter_mut().for_each(|a| *a = 0.0);
+            let err = policy.infer(&obs.observation(), &mut actions).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(&err, PolicyError::NonFinite { component: c, .. } if c == component),
+                "{name}/{component}: {msg}"
+            );
+            assert!(msg.contains("no action published"), "{msg}");
+            assert!(
+                actions.iter().all(|a| *a == 0.0),
+                "{name}/{component}: actions written despite NaN"
+            );
+        }
+        policy.inject_non_finite(None);
+        policy
+            .infer(&obs.observation(), &mut actions)
+            .expect("recovers on the next inference");
+        assert!(actions.iter().all(|a| a.is_finite()));
+    }
+}
+
+#[test]
+fn non_finite_world_model_inputs_are_refused_at_load() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let dir = common::copy_fixture("fastwam", "inf");
+    let path = dir.join("inputs/world_model.npz");
+    let npz = Npz::open(&path).unwrap();
+    let arrays: Vec<Array> = npz
+        .names()
+        .map(|n| {
+            let a = npz.array(n).unwrap();
+            if n == "context" {
+                let mut v = a.to_f32().unwrap();
+                v[3] = f32::INFINITY;
+                Array::from_f32(n, a.shape(), &v).unwrap()
+            } else {
+                a
+            }
+        })
+        .collect();
+    write_npz(&path, &arrays.iter().collect::<Vec<_>>()).unwrap();
+    let msg = Policy::load(&Bundle::open(&dir).unwrap(), &backend)
+        .err()
+        .expect("inf input")
+        .to_string();
+    assert!(
+        msg.contains("world_model") && msg.contains("context[3]"),
+        "{msg}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
