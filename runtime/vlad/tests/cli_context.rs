@@ -286,3 +286,109 @@ impl TapMkdir for PathBuf {
         self
     }
 }
+
+fn golden_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden")
+}
+
+#[test]
+fn fixed_point_context_runs_from_raw_and_from_float_goldens() {
+    if !qnn_available() {
+        return;
+    }
+    let bin = golden_root().join("contexts/qdq_mixed_socid77_archv73.bin");
+    let raw = golden_root().join("contexts/qdq_mixed_io.npz");
+    let o = vlad(&["inspect", bin.to_str().unwrap()]);
+    let (out, _) = text(&o);
+    assert!(
+        out.contains("ufixed8(scale=0.02, offset=-128)") && out.contains("ufixed16("),
+        "{out}"
+    );
+    let o = vlad(&["parity", bin.to_str().unwrap(), raw.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+
+    // The same inputs as real values: vlad quantizes them with the tensors' own
+    // scale/offset, so the outputs must match just as well.
+    let npz = Npz::open(&raw).unwrap();
+    let tmp = scratch("qdq");
+    let dequantized: Vec<Array> = npz
+        .names()
+        .map(|n| {
+            let a = npz.array(n).unwrap();
+            let (scale, offset) = match n {
+                "x_u8" => (0.02f32, -128f32),
+                "x_u16" => (0.0005, -32768.0),
+                _ => return a,
+            };
+            let v: Vec<f32> = a
+                .to_f32()
+                .unwrap()
+                .iter()
+                .map(|q| (q + offset) * scale)
+                .collect();
+            Array::from_f32(n, a.shape(), &v).unwrap()
+        })
+        .collect();
+    let float_io = tmp.join("qdq_float_io.npz");
+    write_npz(&float_io, &dequantized.iter().collect::<Vec<_>>()).unwrap();
+    let o = vlad(&["parity", bin.to_str().unwrap(), float_io.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn bundle_parity_and_run_once() {
+    if !qnn_available() {
+        return;
+    }
+    let b = golden_root().join("bundles/molmoact2-lp-vtp-sd");
+    let o = vlad(&["parity", "--bundle", b.to_str().unwrap()]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{err}");
+    assert!(
+        out.contains("llm_split3") && out.contains("end to end") && out.contains("PASS"),
+        "{out}"
+    );
+
+    let obs = b.join("golden/end_to_end.npz");
+    let o = vlad(&[
+        "run-once",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--obs",
+        obs.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("action chunk [10 x 7]")
+            && out.contains("action_step")
+            && out.contains("host glue"),
+        "{out}"
+    );
+    let rows = out
+        .lines()
+        .skip_while(|l| !l.starts_with("action chunk"))
+        .skip(1)
+        .take(10);
+    assert_eq!(
+        rows.filter(|l| l.split_whitespace().count() == 7).count(),
+        10,
+        "{out}"
+    );
+
+    let o = vlad(&[
+        "run-once",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--obs",
+        obs.to_str().unwrap(),
+        "--instruction",
+        "99",
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("observation instruction_id"), "{err}");
+}
