@@ -16,10 +16,18 @@ fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
     Ok((bundle, policy, t.elapsed().as_secs_f64() * 1e3))
 }
 
-pub fn parity(common: &Common, dir: &Path) -> Result<(), Failure> {
+pub fn parity(common: &Common, dir: &Path, json: Option<&Path>) -> Result<(), Failure> {
     let (bundle, mut policy, load_ms) = load(common, dir)?;
     let report = bundle.parity(&mut policy)?;
     print!("{}", render_parity(&bundle, &report, load_ms));
+    if let Some(path) = json {
+        let doc = parity_json(&bundle, &report, load_ms);
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&doc).expect("JSON of plain values"),
+        )
+        .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+    }
     match report.failure_summary() {
         None => Ok(()),
         Some(why) => Err(Failure::Gate(format!(
@@ -27,6 +35,50 @@ pub fn parity(common: &Common, dir: &Path) -> Result<(), Failure> {
             bundle.dir.display()
         ))),
     }
+}
+
+/// The parity report as JSON (for the board bring-up report and fleet tooling).
+pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_json::Value {
+    use serde_json::json;
+    let finite = |x: f64| if x.is_finite() { json!(x) } else { json!(null) };
+    let contexts: Vec<_> = r
+        .contexts
+        .iter()
+        .map(|c| {
+            json!({
+                "component": c.label,
+                "execute_ms": c.execute_time.as_secs_f64() * 1e3,
+                "passed": c.passed(),
+                "outputs": c.outputs.iter().map(|o| json!({
+                    "name": o.name,
+                    "shape": o.shape,
+                    "cosine": finite(o.comparison.cosine),
+                    "max_abs_diff": finite(o.comparison.max_abs_diff),
+                    "within_tolerance": o.comparison.within_tolerance,
+                    "passed": o.passed,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let e = &r.end_to_end;
+    json!({
+        "bundle": bundle.manifest.name,
+        "version": bundle.manifest.version,
+        "policy": format!("{:?}", bundle.manifest.policy).to_lowercase(),
+        "load_ms": load_ms,
+        "context_gate": r.context_gate,
+        "end_to_end_gate": r.end_to_end_gate,
+        "contexts": contexts,
+        "end_to_end": {
+            "cosine": finite(e.comparison.cosine),
+            "max_abs_diff": finite(e.comparison.max_abs_diff),
+            "keystone": e.keystone.map(|(golden, ours)| json!({"golden": golden, "ours": ours})),
+            "passed": e.passed,
+            "actions": e.actions,
+            "expected": e.expected,
+        },
+        "passed": r.passed(),
+    })
 }
 
 pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String {

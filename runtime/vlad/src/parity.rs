@@ -10,7 +10,7 @@ use vla_parity::{check_context, ContextParity, GateOptions};
 use vla_qnn::{Context, ContextBinary};
 
 const HELP: &str = "usage: vlad parity <ctx.bin> <io.npz> [--graph NAME] [--min-cosine 0.9999] [--atol 1e-3] [--rtol 1e-2] [--lib-dir DIR]
-       vlad parity --bundle DIR [--lib-dir DIR]
+       vlad parity --bundle DIR [--json FILE] [--lib-dir DIR]
 Exit status: 0 all outputs pass, 3 an output is below the gate, 1 error, 2 usage.";
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
@@ -19,6 +19,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut graph_name: Option<String> = None;
     let mut gate = GateOptions::default();
     let mut bundle: Option<PathBuf> = None;
+    let mut json: Option<PathBuf> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -27,6 +28,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 common.take(&name, &mut p)?;
             }
             Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
+            Long("json") => json = Some(cli::value(&mut p)?.into()),
             Long("graph") => graph_name = Some(cli::string(&mut p)?),
             Long("min-cosine") => gate.min_cosine = cli::number(&mut p, "--min-cosine")?,
             Long("atol") => gate.atol = cli::number(&mut p, "--atol")?,
@@ -46,7 +48,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             ));
         }
         common.init_logging();
-        return crate::bundle_cmd::parity(&common, &dir);
+        return crate::bundle_cmd::parity(&common, &dir, json.as_deref());
     }
     let [ctx, npz_path] = <[PathBuf; 2]>::try_from(positional)
         .map_err(|_| Failure::Usage("parity needs <ctx.bin> <io.npz>".into()))?;
