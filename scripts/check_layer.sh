@@ -96,12 +96,19 @@ check_units() {
     mkdir -p "$units/bin"
     printf '#!/bin/sh\nexit 0\n' > "$units/bin/vlad"
     chmod 0755 "$units/bin/vlad"
-    for unit in systemd/*.service systemd/*.timer; do
+    local -a unit_files
+    mapfile -t unit_files < <(find systemd -maxdepth 1 -type f \( -name '*.service' -o -name '*.timer' \
+        -o -name '*.path' -o -name '*.socket' \) | sort)
+    if [[ ${#unit_files[@]} -eq 0 ]]; then
+        echo "check_layer: no unit files under systemd/" >&2
+        return 1
+    fi
+    for unit in "${unit_files[@]}"; do
         sed "s|/usr/bin/vlad|$units/bin/vlad|g" "$unit" > "$units/$(basename "$unit")"
     done
     # verify exits 0 on many parse errors ("Failed to parse ..., ignoring"): any output
     # at all is a failure.
-    out="$(cd "$units" && systemd-analyze verify --man=no ./*.service ./*.timer 2>&1)"
+    out="$(cd "$units" && systemd-analyze verify --man=no "${unit_files[@]##*/}" 2>&1)"
     local status=$?
     echo "${out:-no findings}"
     [[ $status -eq 0 && -z "$out" ]]

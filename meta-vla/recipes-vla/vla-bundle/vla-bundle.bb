@@ -18,8 +18,9 @@ DEPENDS = "${VLA_QAIRT_PROVIDER}"
 require conf/vla-defaults.inc
 
 VLA_BUNDLE_SRC = "${VLA_BUNDLE_DIR}/${VLA_POLICY}"
-# The QAIRT release the context binaries were compiled with: bundle.json's "qairt_version"
-# unless set here. do_check_qairt_version compares it with the QAIRT provider's.
+# The QAIRT release the context binaries were compiled with (set it in local.conf; a
+# "qairt_version" key in bundle.json, when the bundle carries one, fills it in).
+# do_check_qairt_version compares it with the QAIRT provider's.
 VLA_BUNDLE_QAIRT_VERSION ?= ""
 # Digest of the bundle's file list with sizes and mtimes (set at parse time from stat()
 # alone: context binaries are GBs and are never read or checksummed while parsing). It is
@@ -45,6 +46,7 @@ USERADD_DEPENDS = "vlad"
 python __anonymous() {
     import hashlib
     import json
+    import re
 
     policy = d.getVar('VLA_POLICY')
     bundle_dir = d.getVar('VLA_BUNDLE_DIR')
@@ -70,6 +72,16 @@ python __anonymous() {
             raise bb.parse.SkipRecipe("%s: %s is %r but this machine needs %s (VLA_SOC_MODEL/"
                                       "VLA_HTP_ARCH): the context binaries would not load"
                                       % (manifest_path, key, have, want))
+
+    # vlad verifies the current bundle against its signed OTA manifest at every start and
+    # names slots by the manifest's hash, so only a packed bundle can be the first slot.
+    if not os.path.isfile(os.path.join(src, 'ota-manifest.json')):
+        raise bb.parse.SkipRecipe("%s has no ota-manifest.json: pack (and sign) the bundle for OTA "
+                                  "first; vlad verifies it at every start" % src)
+
+    # The package version is the bundle's own, so package feeds tell bundles apart.
+    if isinstance(manifest.get('version'), str) and re.match(r'^[0-9][0-9A-Za-z.+~-]*$', manifest['version']):
+        d.setVar('PV', manifest['version'])
 
     if not d.getVar('VLA_BUNDLE_QAIRT_VERSION') and manifest.get('qairt_version'):
         d.setVar('VLA_BUNDLE_QAIRT_VERSION', str(manifest['qairt_version']))
@@ -120,11 +132,72 @@ addtask check_qairt_version after do_prepare_recipe_sysroot before do_install
 do_check_qairt_version[doc] = "Fails the build when the bundle's QAIRT version differs from the QAIRT provider's"
 do_check_qairt_version[vardeps] += "VLA_BUNDLE_QAIRT_VERSION VLA_QAIRT_PROVIDER"
 
-# The slot is named by the bundle id, the SHA-256 of its bundle.json, as vlad ota install
-# names the slots it creates; `current` is relative so it resolves in the rootfs too.
+# What vlad checks at every start, minus the signature check itself (the keys are in
+# vlad.json, see VLA_OTA_TRUSTED_KEYS in the vlad recipe):
+# ota-manifest.json names this machine's NPU and lists every file with its size and
+# SHA-256. Reads the whole bundle once; a corrupt copy fails here, not on a fleet.
+python do_verify_bundle() {
+    import hashlib
+    import json
+
+    src = d.getVar('VLA_BUNDLE_SRC')
+    manifest_path = os.path.join(src, 'ota-manifest.json')
+    try:
+        with open(manifest_path, encoding='utf-8') as manifest_file:
+            manifest = json.load(manifest_file)
+        listed = manifest['files']
+        target = (str(manifest['soc_model']), str(manifest['htp_arch']))
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        bb.fatal("%s is not a readable OTA manifest: %r" % (manifest_path, err))
+    if target != (d.getVar('VLA_SOC_MODEL'), d.getVar('VLA_HTP_ARCH')):
+        bb.fatal("%s targets soc_model %s / htp_arch %s, this machine needs %s / %s"
+                 % (manifest_path, target[0], target[1], d.getVar('VLA_SOC_MODEL'), d.getVar('VLA_HTP_ARCH')))
+    expected = {}
+    for entry in listed:
+        try:
+            expected[entry['path']] = (int(entry['size']), entry['sha256'])
+        except (KeyError, TypeError, ValueError) as err:
+            bb.fatal("%s: malformed files[] entry %r: %r" % (manifest_path, entry, err))
+    if 'bundle.json' not in expected:
+        bb.fatal("%s does not list bundle.json" % manifest_path)
+
+    present = set()
+    for root, dirs, files in os.walk(src, followlinks=True):
+        for name in files:
+            present.add(os.path.relpath(os.path.join(root, name), src).replace(os.sep, '/'))
+    unlisted = sorted(present - set(expected) - {'ota-manifest.json', 'ota-manifest.json.sig'})
+    if unlisted:
+        bb.fatal("%s: files not listed in ota-manifest.json: %s" % (src, ', '.join(unlisted)))
+    for rel, (size, sha256) in sorted(expected.items()):
+        path = os.path.join(src, rel)
+        if rel not in present:
+            bb.fatal("%s: %s is listed in ota-manifest.json but missing" % (src, rel))
+        if os.path.getsize(path) != size:
+            bb.fatal("%s: %s is %d bytes, ota-manifest.json says %d"
+                     % (src, rel, os.path.getsize(path), size))
+        digest = hashlib.sha256()
+        with open(path, 'rb') as data:
+            for block in iter(lambda: data.read(1 << 20), b''):
+                digest.update(block)
+        if digest.hexdigest() != sha256:
+            bb.fatal("%s: %s has SHA-256 %s, ota-manifest.json says %s"
+                     % (src, rel, digest.hexdigest(), sha256))
+    if 'ota-manifest.json.sig' not in present:
+        bb.fatal("%s is not signed (no ota-manifest.json.sig): vlad refuses unsigned bundles, "
+                 "the image would start with nothing to run" % src)
+    bb.note("bundle %s: %d files match ota-manifest.json" % (d.getVar('VLA_POLICY'), len(expected)))
+}
+addtask verify_bundle before do_install
+do_verify_bundle[doc] = "Checks every bundle file against ota-manifest.json (size, SHA-256) and the machine's NPU"
+do_verify_bundle[vardeps] += "VLA_BUNDLE_SRC VLA_BUNDLE_STAMP VLA_SOC_MODEL VLA_HTP_ARCH"
+
+# The slot is named by the bundle's content hash, the SHA-256 of its ota-manifest.json,
+# exactly as vlad ota install names the slots it creates. With no ota-state.json, vlad
+# rebuilds its state from the links at the first start: this bundle is current and
+# committed. `current` is relative (bundles/<hash>), the form vlad itself writes.
 do_install[vardeps] += "VLA_BUNDLE_SRC VLA_BUNDLE_STAMP"
 do_install() {
-    bundle_id=$(sha256sum "${VLA_BUNDLE_SRC}/bundle.json" | cut -d' ' -f1)
+    bundle_id=$(sha256sum "${VLA_BUNDLE_SRC}/ota-manifest.json" | cut -d' ' -f1)
     state=${D}${localstatedir}/lib/vla
     slot=$state/bundles/$bundle_id
 

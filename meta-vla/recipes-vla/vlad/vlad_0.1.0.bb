@@ -72,6 +72,36 @@ VLAD_ONDEMAND_UNITS = "\
     vla-ota-rollback.service \
 "
 
+# The Ed25519 public keys (64 lowercase hex characters each, space separated) vlad trusts
+# to sign bundles, written into ota.trusted_keys of the installed vlad.json. vlad verifies
+# the current bundle at every start and trusts nothing when the list is empty.
+VLA_OTA_TRUSTED_KEYS ?= ""
+
+python vlad_set_trusted_keys() {
+    import json
+    import re
+
+    keys = (d.getVar('VLA_OTA_TRUSTED_KEYS') or '').split()
+    for key in keys:
+        if not re.fullmatch(r'[0-9a-f]{64}', key):
+            bb.fatal("VLA_OTA_TRUSTED_KEYS: `%s` is not an Ed25519 public key "
+                     "(64 lowercase hex characters)" % key)
+    if not keys:
+        bb.warn("VLA_OTA_TRUSTED_KEYS is empty: the image's vlad trusts no bundle signature "
+                "and will refuse every bundle, the shipped one included")
+        return
+    path = d.expand('${D}${sysconfdir}/vla/vlad.json')
+    with open(path, encoding='utf-8') as config_file:
+        config = json.load(config_file)
+    config['ota']['trusted_keys'] = keys
+    with open(path, 'w', encoding='utf-8') as config_file:
+        json.dump(config, config_file, indent=2)
+        config_file.write('\n')
+}
+vlad_set_trusted_keys[doc] = "Writes VLA_OTA_TRUSTED_KEYS into ota.trusted_keys of the installed vlad.json"
+do_install[postfuncs] += "vlad_set_trusted_keys"
+do_install[vardeps] += "VLA_OTA_TRUSTED_KEYS VLA_ADSP_LIBRARY_PATH"
+
 do_install:append() {
     install -d ${D}${sysconfdir}/vla
     install -m 0644 ${S}/config/vlad.json ${D}${sysconfdir}/vla/vlad.json
