@@ -1,0 +1,512 @@
+//! The fixed-rate control loop between the robot's rings and a policy.
+//!
+//! Threads only, no async runtime:
+//! - the **inference thread** takes the newest observation from the observation ring,
+//!   skips it when too old, runs the [`Engine`] and hands the chunk over;
+//! - the **publisher thread** (SCHED_FIFO when allowed) wakes on absolute
+//!   `clock_nanosleep` deadlines and publishes one action per tick to the action ring,
+//!   skipping missed ticks (counted), never allocating, never blocking on a lock: the
+//!   chunk hand-over is a `try_lock` that simply waits for the next tick when contended;
+//! - a **watch thread** follows the robot's heartbeat so a dead firmware makes the
+//!   publisher hold within one tick, even while inference is busy.
+//!
+//! This crate knows the rings, not QNN or policies: the daemon provides the [`Engine`].
+
+mod rt;
+mod scheduler;
+mod stats;
+
+pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
+pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
+pub use stats::{Health, Histogram};
+
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
+use nix::time::{clock_nanosleep, ClockId, ClockNanosleepFlags};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use vla_ring::{monotonic_ns, Action, Geometry, Observation, RingReader, RingWriter};
+
+/// What runs a policy for the loop (implemented by the daemon).
+pub trait Engine: Send + 'static {
+    /// One inference: `actions` is `chunk_len x action_dims`, preallocated.
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String>;
+    /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
+    /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
+    fn reload(&mut self) -> Result<String, String>;
+}
+
+/// Everything the loop needs to know, resolved from the config and the bundle.
+#[derive(Clone, Debug)]
+pub struct LoopSettings {
+    pub geometry: Geometry,
+    pub observation_path: PathBuf,
+    pub action_path: PathBuf,
+    pub action_slots: u32,
+    pub period: Duration,
+    pub max_observation_age: Duration,
+    pub max_chunk_age: Duration,
+    pub hold_after_chunk_end: Duration,
+    pub action_valid: Duration,
+    pub writer_heartbeat_timeout: Duration,
+    pub publisher_priority: u8,
+    pub publisher_cpus: Vec<usize>,
+    pub inference_priority: u8,
+    pub inference_cpus: Vec<usize>,
+    /// Consecutive failed inferences before the loop publishes `fault` instead of `hold`.
+    pub fault_after_failures: u32,
+}
+
+#[derive(Debug)]
+pub enum ControlError {
+    ActionRing(vla_ring::CreateError),
+    Thread(std::io::Error),
+}
+
+impl core::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ControlError::ActionRing(e) => write!(f, "action ring: {e}"),
+            ControlError::Thread(e) => write!(f, "cannot start a loop thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    Chunk,
+    Drop,
+    Fault,
+}
+
+/// The chunk hand-over: the inference thread writes under the lock; the publisher only
+/// ever `try_lock`s it.
+struct Mailbox {
+    fresh: bool,
+    event: Event,
+    chunk: Chunk,
+}
+
+/// Figures of a finished run.
+#[derive(Clone, Debug, Default)]
+pub struct LoopReport {
+    pub duration: Duration,
+    pub ticks: u64,
+    pub missed_ticks: u64,
+    pub published_ok: u64,
+    pub published_hold: u64,
+    pub published_fault: u64,
+    /// Wake-up lateness against the absolute deadline.
+    pub jitter: Histogram,
+    /// Observation capture to publish, for `ok` chunk steps.
+    pub freshness: Histogram,
+    pub inference: Histogram,
+    pub inferences: u64,
+    pub inference_failures: u64,
+    pub stale_observations: u64,
+    pub skipped_steps: u64,
+}
+
+/// A running loop. Dropping it without [`ControlLoop::stop`] leaves the threads running
+/// until the process exits.
+pub struct ControlLoop {
+    health: Arc<Health>,
+    stop: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
+    started_ns: u64,
+    publisher: JoinHandle<Histograms>,
+    inference: JoinHandle<Histogram>,
+    watch: JoinHandle<()>,
+}
+
+struct Histograms {
+    jitter: Histogram,
+    freshness: Histogram,
+}
+
+fn block_signals() {
+    // Signals go to the daemon's main thread; a loop thread must not be interrupted.
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
+}
+
+fn sleep_until(deadline_ns: u64) {
+    let ts = nix::sys::time::TimeSpec::new(
+        (deadline_ns / 1_000_000_000) as i64,
+        (deadline_ns % 1_000_000_000) as i64,
+    );
+    while let Err(nix::errno::Errno::EINTR) = clock_nanosleep(
+        ClockId::CLOCK_MONOTONIC,
+        ClockNanosleepFlags::TIMER_ABSTIME,
+        &ts,
+    ) {}
+}
+
+impl ControlLoop {
+    /// Creates the action ring and starts the threads.
+    pub fn start(settings: LoopSettings, engine: Box<dyn Engine>) -> Result<Self, ControlError> {
+        let g = settings.geometry;
+        let writer = RingWriter::<Action>::create(&settings.action_path, g, settings.action_slots)
+            .map_err(ControlError::ActionRing)?;
+        let health = Arc::new(Health::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let reload = Arc::new(AtomicBool::new(false));
+        let robot_heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let steps = g.chunk_len as usize;
+        let dims = g.action_dims as usize;
+        let mailbox = Arc::new(Mutex::new(Mailbox {
+            fresh: false,
+            event: Event::Drop,
+            chunk: Chunk {
+                actions: vec![0.0; steps * dims],
+                ..Chunk::default()
+            },
+        }));
+
+        let publisher = {
+            let (s, health, stop, mailbox, hb) = (
+                settings.clone(),
+                health.clone(),
+                stop.clone(),
+                mailbox.clone(),
+                robot_heartbeat.clone(),
+            );
+            std::thread::Builder::new()
+                .name("vla-publisher".into())
+                .spawn(move || publisher_thread(s, writer, health, stop, mailbox, hb))
+                .map_err(ControlError::Thread)?
+        };
+        let inference = {
+            let (s, health, stop, reload, mailbox) = (
+                settings.clone(),
+                health.clone(),
+                stop.clone(),
+                reload.clone(),
+                mailbox.clone(),
+            );
+            std::thread::Builder::new()
+                .name("vla-inference".into())
+                .spawn(move || inference_thread(s, engine, health, stop, reload, mailbox))
+                .map_err(ControlError::Thread)?
+        };
+        let watch = {
+            let (s, stop, hb) = (settings.clone(), stop.clone(), robot_heartbeat.clone());
+            std::thread::Builder::new()
+                .name("vla-watch".into())
+                .spawn(move || watch_thread(s, stop, hb))
+                .map_err(ControlError::Thread)?
+        };
+        Ok(Self {
+            health,
+            stop,
+            reload,
+            started_ns: monotonic_ns(),
+            publisher,
+            inference,
+            watch,
+        })
+    }
+
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// Asks the inference thread to reload the policy; the publisher holds meanwhile.
+    pub fn request_reload(&self) {
+        self.reload.store(true, Ordering::Release);
+    }
+
+    /// Whether a loop thread has ended on its own (it should not).
+    pub fn is_broken(&self) -> bool {
+        self.publisher.is_finished() || self.inference.is_finished() || self.watch.is_finished()
+    }
+
+    /// Stops the loop: the publisher's last action is `hold`. Waits for an inference in
+    /// flight to finish.
+    pub fn stop(self) -> LoopReport {
+        self.stop.store(true, Ordering::Release);
+        let h = self.publisher.join().unwrap_or_else(|_| Histograms {
+            jitter: Histogram::default(),
+            freshness: Histogram::default(),
+        });
+        let inference = self.inference.join().unwrap_or_default();
+        let _ = self.watch.join();
+        let hl = &self.health;
+        LoopReport {
+            duration: Duration::from_nanos(monotonic_ns().saturating_sub(self.started_ns)),
+            ticks: Health::get(&hl.ticks),
+            missed_ticks: Health::get(&hl.missed_ticks),
+            published_ok: Health::get(&hl.published_ok),
+            published_hold: Health::get(&hl.published_hold),
+            published_fault: Health::get(&hl.published_fault),
+            jitter: h.jitter,
+            freshness: h.freshness,
+            inference,
+            inferences: Health::get(&hl.inferences),
+            inference_failures: Health::get(&hl.inference_failures),
+            stale_observations: Health::get(&hl.stale_observations),
+            skipped_steps: Health::get(&hl.skipped_steps),
+        }
+    }
+}
+
+fn publisher_thread(
+    s: LoopSettings,
+    mut writer: RingWriter<Action>,
+    health: Arc<Health>,
+    stop: Arc<AtomicBool>,
+    mailbox: Arc<Mutex<Mailbox>>,
+    robot_heartbeat: Arc<std::sync::atomic::AtomicU64>,
+) -> Histograms {
+    block_signals();
+    pin_current_thread("publisher", &s.publisher_cpus);
+    set_fifo_priority("publisher", s.publisher_priority);
+    let g = s.geometry;
+    let period = s.period.as_nanos() as u64;
+    let limits = ScheduleLimits {
+        period_ns: period,
+        max_chunk_age_ns: s.max_chunk_age.as_nanos() as u64,
+        hold_after_chunk_end_ns: s.hold_after_chunk_end.as_nanos() as u64,
+        action_valid_ns: s.action_valid.as_nanos() as u64,
+    };
+    let heartbeat_timeout = s.writer_heartbeat_timeout.as_nanos() as u64;
+    let mut scheduler = Scheduler::new(limits, g.chunk_len as usize, g.action_dims as usize);
+    let mut action = Action::for_geometry(&g);
+    let mut landed = Chunk {
+        actions: vec![0.0; (g.chunk_len * g.action_dims) as usize],
+        ..Chunk::default()
+    };
+    let mut h = Histograms {
+        jitter: Histogram::default(),
+        freshness: Histogram::default(),
+    };
+    let mut fault = false;
+    let mut capture_of_current = 0u64;
+    let mut next = monotonic_ns() + period;
+    loop {
+        sleep_until(next);
+        let now = monotonic_ns();
+        let late = now.saturating_sub(next);
+        h.jitter.record(late);
+        Health::set(&health.last_jitter_ns, late);
+        if late >= period {
+            // Overrun: skip the ticks whose deadlines already passed, and count them.
+            let missed = late / period;
+            next += missed * period;
+            health.missed_ticks.fetch_add(missed, Ordering::Relaxed);
+        }
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        if let Ok(mut m) = mailbox.try_lock() {
+            if m.fresh {
+                m.fresh = false;
+                match m.event {
+                    Event::Chunk => {
+                        landed.id = m.chunk.id;
+                        landed.source_obs_seq = m.chunk.source_obs_seq;
+                        landed.capture_ns = m.chunk.capture_ns;
+                        landed.done_ns = m.chunk.done_ns;
+                        landed.actions.copy_from_slice(&m.chunk.actions);
+                        fault = false;
+                    }
+                    Event::Drop => {
+                        landed.id = 0;
+                        fault = false;
+                    }
+                    Event::Fault => {
+                        landed.id = 0;
+                        fault = true;
+                    }
+                }
+                drop(m);
+                if landed.id != 0 {
+                    let skipped = scheduler.land(&landed, now);
+                    capture_of_current = landed.capture_ns;
+                    health.skipped_steps.fetch_add(skipped, Ordering::Relaxed);
+                } else {
+                    scheduler.drop_chunk();
+                }
+            }
+        }
+        let beat = robot_heartbeat.load(Ordering::Relaxed);
+        let robot_alive = beat != 0 && now.saturating_sub(beat) <= heartbeat_timeout;
+        match scheduler.tick(now, robot_alive, fault, &mut action) {
+            Decision::Step(_) => {
+                Health::bump(&health.published_ok);
+                let age = now.saturating_sub(capture_of_current);
+                h.freshness.record(age);
+                Health::set(&health.last_freshness_ns, age);
+            }
+            Decision::HoldLast => Health::bump(&health.published_ok),
+            Decision::Hold => Health::bump(&health.published_hold),
+            Decision::Fault => Health::bump(&health.published_fault),
+        }
+        // The layout was fixed from the same geometry, so a publish cannot fail on length.
+        let _ = writer.publish(&action);
+        Health::bump(&health.ticks);
+        Health::set(&health.last_tick_ns, now);
+        next += period;
+    }
+    // Leave the robot holding: one last `hold` with the last real action.
+    scheduler.drop_chunk();
+    scheduler.tick(monotonic_ns(), false, false, &mut action);
+    let _ = writer.publish(&action);
+    Health::bump(&health.published_hold);
+    h
+}
+
+fn inference_thread(
+    s: LoopSettings,
+    mut engine: Box<dyn Engine>,
+    health: Arc<Health>,
+    stop: Arc<AtomicBool>,
+    reload: Arc<AtomicBool>,
+    mailbox: Arc<Mutex<Mailbox>>,
+) -> Histogram {
+    block_signals();
+    pin_current_thread("inference", &s.inference_cpus);
+    set_fifo_priority("inference", s.inference_priority);
+    let g = s.geometry;
+    let mut latency = Histogram::default();
+    let mut obs = match Observation::for_geometry(&g) {
+        Ok(o) => o,
+        Err(e) => {
+            log::error!("observation buffer for {g:?}: {e}");
+            return latency;
+        }
+    };
+    let mut actions = vec![0f32; (g.chunk_len * g.action_dims) as usize];
+    let post = |event: Event, chunk: Option<(&Observation, u64, &[f32], u64)>| {
+        let mut m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
+        m.event = event;
+        if let Some((obs, seq, actions, id)) = chunk {
+            m.chunk.id = id;
+            m.chunk.source_obs_seq = seq;
+            m.chunk.capture_ns = obs.capture_time_ns;
+            m.chunk.done_ns = monotonic_ns();
+            m.chunk.actions.copy_from_slice(actions);
+        }
+        m.fresh = true;
+    };
+    let mut reader: Option<RingReader<Observation>> = None;
+    let mut last_seen = (0u64, 0u64);
+    let mut chunk_id = 0u64;
+    let mut consecutive_failures = 0u32;
+    let mut last_open_error = String::new();
+    let max_age = s.max_observation_age.as_nanos() as u64;
+    while !stop.load(Ordering::Acquire) {
+        Health::set(&health.inference_alive_ns, monotonic_ns());
+        if reload.swap(false, Ordering::AcqRel) {
+            post(Event::Drop, None);
+            Health::bump(&health.reloads);
+            match engine.reload() {
+                Ok(what) => log::info!("reloaded: {what}"),
+                Err(e) => log::error!("reload failed: {e}"),
+            }
+            continue;
+        }
+        let Some(r) = reader.as_ref() else {
+            match RingReader::<Observation>::open(&s.observation_path, g) {
+                Ok(r) => {
+                    log::info!(
+                        "observation ring {} open (writer epoch {})",
+                        s.observation_path.display(),
+                        r.writer_epoch()
+                    );
+                    reader = Some(r);
+                    last_open_error.clear();
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    if msg != last_open_error {
+                        if e.is_retryable() {
+                            log::info!("waiting for the observation ring: {msg}");
+                        } else {
+                            log::error!("observation ring refused: {msg}");
+                        }
+                        last_open_error = msg;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            continue;
+        };
+        let key = (r.writer_epoch(), r.published());
+        if key.1 == 0 || key == last_seen {
+            if matches!(r.is_replaced(), Ok(true)) {
+                log::warn!(
+                    "observation ring {} was replaced; reopening",
+                    s.observation_path.display()
+                );
+                reader = None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+            continue;
+        }
+        let seq = match r.read_latest(&mut obs) {
+            Ok(seq) => seq,
+            Err(e) => {
+                log::debug!("observation read: {e}");
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+        };
+        last_seen = (obs.writer_epoch, seq);
+        let now = monotonic_ns();
+        if now.saturating_sub(obs.capture_time_ns) > max_age {
+            Health::bump(&health.stale_observations);
+            continue;
+        }
+        let t0 = monotonic_ns();
+        let result = engine.infer(&obs, &mut actions);
+        let t1 = monotonic_ns();
+        match result {
+            Ok(()) => {
+                consecutive_failures = 0;
+                chunk_id += 1;
+                latency.record(t1 - t0);
+                Health::set(&health.last_inference_ns, t1 - t0);
+                Health::set(&health.last_inference_done_ns, t1);
+                Health::bump(&health.inferences);
+                post(Event::Chunk, Some((&obs, seq, &actions, chunk_id)));
+            }
+            Err(e) => {
+                consecutive_failures += 1;
+                Health::bump(&health.inference_failures);
+                log::error!("inference on observation {seq} failed: {e}");
+                let event = if consecutive_failures >= s.fault_after_failures {
+                    Event::Fault
+                } else {
+                    Event::Drop
+                };
+                post(event, None);
+            }
+        }
+    }
+    latency
+}
+
+fn watch_thread(
+    s: LoopSettings,
+    stop: Arc<AtomicBool>,
+    heartbeat: Arc<std::sync::atomic::AtomicU64>,
+) {
+    block_signals();
+    let mut reader: Option<RingReader<Observation>> = None;
+    while !stop.load(Ordering::Acquire) {
+        match &reader {
+            Some(r) => {
+                heartbeat.store(r.writer_heartbeat_ns(), Ordering::Relaxed);
+                if matches!(r.is_replaced(), Ok(true)) {
+                    reader = None;
+                }
+            }
+            None => reader = RingReader::<Observation>::open(&s.observation_path, s.geometry).ok(),
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}

@@ -1,0 +1,296 @@
+//! What to publish at each tick, given the current chunk: pure logic, no clocks or I/O.
+//!
+//! Step k of a chunk is meant for `capture + k * period` of the observation it came from.
+//! When a chunk lands, the steps whose time has passed by that inference's measured
+//! latency are skipped; afterwards exactly one step per tick. When the chunk runs out the
+//! last real action is held (never zeros), and a chunk older than the staleness limit or a
+//! silent robot publishes `hold`. Everything is preallocated at start.
+
+use vla_ring::{Action, ActionStatus};
+
+/// Limits of the schedule, in nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub struct ScheduleLimits {
+    pub period_ns: u64,
+    /// A chunk whose observation is older than this publishes `hold`.
+    pub max_chunk_age_ns: u64,
+    /// After the last step, the last action stays `ok` this long, then `hold`.
+    pub hold_after_chunk_end_ns: u64,
+    /// `valid_until = made + action_valid` for every published step.
+    pub action_valid_ns: u64,
+}
+
+/// A chunk as handed over by the inference thread.
+#[derive(Clone, Debug, Default)]
+pub struct Chunk {
+    pub id: u64,
+    pub source_obs_seq: u64,
+    pub capture_ns: u64,
+    pub done_ns: u64,
+    /// `steps x action_dims`.
+    pub actions: Vec<f32>,
+}
+
+/// Why the last tick published what it did (for counters and tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// A chunk step, fresh.
+    Step(u32),
+    /// The chunk ran out: last real action, still `ok` within the grace period.
+    HoldLast,
+    /// `hold`: no chunk yet, chunk stale, grace over, robot silent, or a reload.
+    Hold,
+    /// `fault`: inference keeps failing.
+    Fault,
+}
+
+pub struct Scheduler {
+    limits: ScheduleLimits,
+    steps: usize,
+    dims: usize,
+    chunk: Chunk,
+    have_chunk: bool,
+    /// Step index of the next tick within `chunk`.
+    next_step: u64,
+    last_values: Vec<f32>,
+    last_source_seq: u64,
+    last_chunk_id: u64,
+}
+
+impl Scheduler {
+    pub fn new(limits: ScheduleLimits, steps: usize, dims: usize) -> Self {
+        Self {
+            limits,
+            steps,
+            dims,
+            chunk: Chunk {
+                actions: vec![0.0; steps * dims],
+                ..Chunk::default()
+            },
+            have_chunk: false,
+            next_step: 0,
+            last_values: vec![0.0; dims],
+            last_source_seq: 0,
+            last_chunk_id: 0,
+        }
+    }
+
+    /// Takes a new chunk at time `now_ns`; returns how many steps were skipped.
+    pub fn land(&mut self, chunk: &Chunk, now_ns: u64) -> u64 {
+        self.chunk.id = chunk.id;
+        self.chunk.source_obs_seq = chunk.source_obs_seq;
+        self.chunk.capture_ns = chunk.capture_ns;
+        self.chunk.done_ns = chunk.done_ns;
+        self.chunk.actions.copy_from_slice(&chunk.actions);
+        self.have_chunk = true;
+        // Steps whose time has passed: the measured observation-to-now latency in periods.
+        self.next_step = now_ns.saturating_sub(chunk.capture_ns) / self.limits.period_ns;
+        self.next_step
+    }
+
+    /// Drops the current chunk (inference failed, bundle reloading, robot gone).
+    pub fn drop_chunk(&mut self) {
+        self.have_chunk = false;
+    }
+
+    /// Fills `out` with what to publish at `now_ns`. `robot_alive` is false when the
+    /// observation writer stopped beating; `fault` when inference keeps failing.
+    pub fn tick(
+        &mut self,
+        now_ns: u64,
+        robot_alive: bool,
+        fault: bool,
+        out: &mut Action,
+    ) -> Decision {
+        let l = self.limits;
+        out.made_time_ns = now_ns;
+        out.values.copy_from_slice(&self.last_values);
+        out.source_obs_seq = self.last_source_seq;
+        out.chunk_id = self.last_chunk_id;
+        out.step_index = 0;
+        let hold = |out: &mut Action, status: ActionStatus| {
+            out.status = status;
+            out.valid_until_ns = now_ns;
+        };
+        if fault {
+            self.have_chunk = false;
+            hold(out, ActionStatus::Fault);
+            return Decision::Fault;
+        }
+        if !robot_alive
+            || !self.have_chunk
+            || now_ns.saturating_sub(self.chunk.capture_ns) > l.max_chunk_age_ns
+        {
+            hold(out, ActionStatus::Hold);
+            return Decision::Hold;
+        }
+        let step = self.next_step;
+        self.next_step += 1;
+        if (step as usize) < self.steps {
+            let s = step as usize;
+            let row = &self.chunk.actions[s * self.dims..(s + 1) * self.dims];
+            self.last_values.copy_from_slice(row);
+            self.last_source_seq = self.chunk.source_obs_seq;
+            self.last_chunk_id = self.chunk.id;
+            out.values.copy_from_slice(row);
+            out.source_obs_seq = self.chunk.source_obs_seq;
+            out.chunk_id = self.chunk.id;
+            out.step_index = step as u32;
+            out.status = ActionStatus::Ok;
+            out.valid_until_ns = now_ns + l.action_valid_ns;
+            return Decision::Step(step as u32);
+        }
+        // Chunk exhausted (or landed with every step already past): hold its last real
+        // action, `ok` until the grace period after the chunk's end, then `hold`.
+        let s = self.steps - 1;
+        self.last_values
+            .copy_from_slice(&self.chunk.actions[s * self.dims..]);
+        self.last_source_seq = self.chunk.source_obs_seq;
+        self.last_chunk_id = self.chunk.id;
+        out.values.copy_from_slice(&self.last_values);
+        out.source_obs_seq = self.chunk.source_obs_seq;
+        out.chunk_id = self.chunk.id;
+        out.step_index = s as u32;
+        let grace_end =
+            self.chunk.capture_ns + self.steps as u64 * l.period_ns + l.hold_after_chunk_end_ns;
+        if now_ns < grace_end {
+            out.status = ActionStatus::Ok;
+            out.valid_until_ns = (now_ns + l.action_valid_ns).min(grace_end);
+            Decision::HoldLast
+        } else {
+            hold(out, ActionStatus::Hold);
+            Decision::Hold
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vla_ring::Geometry;
+
+    const MS: u64 = 1_000_000;
+
+    fn setup() -> (Scheduler, Action) {
+        let limits = ScheduleLimits {
+            period_ns: 100 * MS,
+            max_chunk_age_ns: 2000 * MS,
+            hold_after_chunk_end_ns: 150 * MS,
+            action_valid_ns: 100 * MS,
+        };
+        let g = Geometry {
+            cameras: 0,
+            height: 0,
+            width: 0,
+            channels: 3,
+            state_dims: 0,
+            action_dims: 2,
+            chunk_len: 5,
+        };
+        (Scheduler::new(limits, 5, 2), Action::for_geometry(&g))
+    }
+
+    fn chunk(id: u64, capture_ms: u64) -> Chunk {
+        Chunk {
+            id,
+            source_obs_seq: id * 10,
+            capture_ns: capture_ms * MS,
+            done_ns: 0,
+            actions: (0..10).map(|i| (id * 100 + i) as f32).collect(),
+        }
+    }
+
+    #[test]
+    fn holds_before_the_first_chunk() {
+        let (mut s, mut a) = setup();
+        assert_eq!(s.tick(0, true, false, &mut a), Decision::Hold);
+        assert_eq!(a.status, ActionStatus::Hold);
+        assert!(!a.applicable_at(0));
+    }
+
+    #[test]
+    fn skips_the_steps_elapsed_by_the_measured_latency_then_one_per_tick() {
+        let (mut s, mut a) = setup();
+        // Observation captured at 1000 ms, chunk lands at 1250 ms: steps 0 and 1 are past.
+        assert_eq!(s.land(&chunk(1, 1000), 1250 * MS), 2);
+        assert_eq!(s.tick(1250 * MS, true, false, &mut a), Decision::Step(2));
+        assert_eq!(a.values, vec![104.0, 105.0]);
+        assert_eq!((a.source_obs_seq, a.chunk_id, a.step_index), (10, 1, 2));
+        assert_eq!(a.valid_until_ns, 1350 * MS);
+        assert!(a.applicable_at(1300 * MS) && !a.applicable_at(1350 * MS));
+        assert_eq!(s.tick(1350 * MS, true, false, &mut a), Decision::Step(3));
+        assert_eq!(s.tick(1450 * MS, true, false, &mut a), Decision::Step(4));
+        assert_eq!(a.values, vec![108.0, 109.0]);
+    }
+
+    #[test]
+    fn runs_out_into_the_last_real_action_then_hold_never_zeros() {
+        let (mut s, mut a) = setup();
+        s.land(&chunk(2, 1000), 1000 * MS);
+        for t in 0..5 {
+            assert_eq!(
+                s.tick((1000 + 100 * t) * MS, true, false, &mut a),
+                Decision::Step(t as u32)
+            );
+        }
+        // Chunk ends at 1500 ms; grace 150 ms.
+        assert_eq!(s.tick(1500 * MS, true, false, &mut a), Decision::HoldLast);
+        assert_eq!(
+            (a.status, a.values.clone()),
+            (ActionStatus::Ok, vec![208.0, 209.0])
+        );
+        assert!(a.valid_until_ns <= 1650 * MS);
+        assert_eq!(s.tick(1700 * MS, true, false, &mut a), Decision::Hold);
+        assert_eq!(
+            a.values,
+            vec![208.0, 209.0],
+            "hold carries the last real action, not zeros"
+        );
+        assert_eq!(a.status, ActionStatus::Hold);
+    }
+
+    #[test]
+    fn a_chunk_landing_entirely_in_the_past_holds_the_previous_action() {
+        let (mut s, mut a) = setup();
+        s.land(&chunk(1, 0), 0);
+        assert_eq!(s.tick(0, true, false, &mut a), Decision::Step(0));
+        // Captured at 1000 ms but lands at 1600 ms: all 5 steps already elapsed.
+        assert_eq!(s.land(&chunk(3, 1000), 1600 * MS), 6);
+        let d = s.tick(1600 * MS, true, false, &mut a);
+        assert_eq!(
+            d,
+            Decision::HoldLast,
+            "within the grace after the chunk's end (1650 ms)"
+        );
+        assert_eq!(
+            a.values,
+            vec![308.0, 309.0],
+            "the newest chunk's last real action"
+        );
+        assert_eq!(s.tick(1700 * MS, true, false, &mut a), Decision::Hold);
+    }
+
+    #[test]
+    fn stale_chunk_dead_robot_and_faults_fail_closed() {
+        let (mut s, mut a) = setup();
+        s.land(&chunk(4, 1000), 1000 * MS);
+        assert_eq!(
+            s.tick(1000 * MS, false, false, &mut a),
+            Decision::Hold,
+            "robot silent"
+        );
+        assert_eq!(
+            s.tick(3100 * MS, true, false, &mut a),
+            Decision::Hold,
+            "observation too old"
+        );
+        s.land(&chunk(5, 4000), 4000 * MS);
+        assert_eq!(s.tick(4000 * MS, true, true, &mut a), Decision::Fault);
+        assert_eq!(a.status, ActionStatus::Fault);
+        assert_eq!(
+            s.tick(4100 * MS, true, false, &mut a),
+            Decision::Hold,
+            "a fault drops the chunk"
+        );
+    }
+}
