@@ -1,0 +1,293 @@
+//! [`OtaError`]: every way an update can be refused or fail, each naming the bundle, file
+//! or field involved, displayed as one line.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Why an OTA operation stopped. Nothing is activated when one of these is returned,
+/// except where a variant says so ([`OtaError::GateFailed`] reports the rollback it made).
+#[derive(Debug)]
+pub enum OtaError {
+    /// A file system call failed; `action` says what was being done ("reading", "fsync of").
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `ota-manifest.json` is not valid JSON of the expected shape.
+    ManifestSyntax { path: PathBuf, reason: String },
+    /// `ota-manifest.json` parses but a field breaks a rule.
+    ManifestInvalid {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    /// `bundle.json` is missing, unreadable as JSON, or lacks a field `pack` needs.
+    BundleJson { path: PathBuf, reason: String },
+    /// `bundle.json` and the signed OTA manifest disagree on a field.
+    BundleJsonMismatch {
+        bundle: PathBuf,
+        field: &'static str,
+        manifest: String,
+        bundle_json: String,
+    },
+    /// `ota-manifest.json.sig` is not 128 hex characters.
+    SignatureFormat { path: PathBuf, reason: String },
+    /// No trusted key is configured: every update is refused (fail closed).
+    NoTrustedKeys,
+    /// The signature does not verify against any trusted key.
+    BadSignature { path: PathBuf, keys: usize },
+    /// A secret key file is unreadable, malformed or readable by others.
+    SecretKey { path: PathBuf, reason: String },
+    /// A public key given as text is not 64 hex characters.
+    PublicKey { text: String, reason: String },
+    /// A symbolic link inside a bundle (never followed, never accepted).
+    Symlink { bundle: PathBuf, path: String },
+    /// Something in a bundle that is neither a regular file nor a directory.
+    NotRegular { bundle: PathBuf, path: String },
+    /// A manifest path that is absolute, climbs out, or is otherwise not a plain relative path.
+    UnsafePath {
+        bundle: PathBuf,
+        path: String,
+        reason: &'static str,
+    },
+    /// A file in the bundle directory the manifest does not list.
+    ExtraFile { bundle: PathBuf, path: String },
+    /// A file the manifest lists that is not in the bundle directory.
+    MissingFile { bundle: PathBuf, path: String },
+    /// A file whose size differs from the manifest (truncated or grown).
+    SizeMismatch {
+        bundle: PathBuf,
+        path: String,
+        expected: u64,
+        found: u64,
+    },
+    /// A file whose SHA-256 differs from the manifest.
+    HashMismatch {
+        bundle: PathBuf,
+        path: String,
+        expected: String,
+        found: String,
+    },
+    /// The bundle targets another SoC or HTP architecture than this device.
+    Target {
+        bundle: PathBuf,
+        field: &'static str,
+        expected: u32,
+        found: u32,
+    },
+    /// The bundle needs a newer runtime than this one.
+    RuntimeTooOld {
+        bundle: PathBuf,
+        required: String,
+        runtime: String,
+    },
+    /// A version string that is not `MAJOR.MINOR.PATCH[-pre][+build]`.
+    Version { what: String, value: String },
+    /// Not enough free space to stage a bundle.
+    InsufficientSpace {
+        dir: PathBuf,
+        needed: u64,
+        free: u64,
+    },
+    /// No installed bundle has this content hash (or prefix).
+    NotInstalled { hash: String },
+    /// A hash prefix that matches more than one installed bundle.
+    AmbiguousHash { prefix: String, matches: usize },
+    /// The activation gate refused the new bundle; `rolled_back_to` says where the device
+    /// is now (`None`: no previous bundle, nothing is active).
+    GateFailed {
+        hash: String,
+        reason: String,
+        rolled_back_to: Option<String>,
+        rollback_error: Option<String>,
+    },
+    /// `rollback` with no previous bundle to return to.
+    NoPrevious,
+    /// `ota-state.json` is unreadable or inconsistent.
+    State { path: PathBuf, reason: String },
+    /// A bundle that must not be replaced (current or previous) failed verification.
+    InUseCorrupt { hash: String, reason: String },
+}
+
+impl OtaError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        OtaError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Byte counts in the unit a person reads (`1.5 MiB (1572864 bytes)`).
+fn bytes(n: u64) -> String {
+    const MIB: f64 = 1024.0 * 1024.0;
+    if n >= 1024 * 1024 {
+        format!("{:.1} MiB ({n} bytes)", n as f64 / MIB)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+impl fmt::Display for OtaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use OtaError::*;
+        match self {
+            Io {
+                action,
+                path,
+                source,
+            } => write!(f, "{action} {}: {source}", path.display()),
+            ManifestSyntax { path, reason } => {
+                write!(f, "OTA manifest {}: {reason}", path.display())
+            }
+            ManifestInvalid {
+                path,
+                field,
+                reason,
+            } => write!(f, "OTA manifest {}: `{field}` {reason}", path.display()),
+            BundleJson { path, reason } => write!(f, "{}: {reason}", path.display()),
+            BundleJsonMismatch {
+                bundle,
+                field,
+                manifest,
+                bundle_json,
+            } => write!(
+                f,
+                "bundle {}: `{field}` is {manifest} in ota-manifest.json but {bundle_json} in bundle.json",
+                bundle.display()
+            ),
+            SignatureFormat { path, reason } => {
+                write!(f, "signature {}: {reason}", path.display())
+            }
+            NoTrustedKeys => write!(
+                f,
+                "no trusted key is configured (ota.trusted_keys is empty): every update is refused"
+            ),
+            BadSignature { path, keys } => write!(
+                f,
+                "signature {} does not verify against any of the {keys} trusted key(s)",
+                path.display()
+            ),
+            SecretKey { path, reason } => write!(f, "secret key {}: {reason}", path.display()),
+            PublicKey { text, reason } => write!(f, "public key `{text}`: {reason}"),
+            Symlink { bundle, path } => write!(
+                f,
+                "bundle {}: `{path}` is a symbolic link (not allowed in a bundle)",
+                bundle.display()
+            ),
+            NotRegular { bundle, path } => write!(
+                f,
+                "bundle {}: `{path}` is neither a regular file nor a directory",
+                bundle.display()
+            ),
+            UnsafePath {
+                bundle,
+                path,
+                reason,
+            } => write!(f, "bundle {}: manifest path `{path}` {reason}", bundle.display()),
+            ExtraFile { bundle, path } => write!(
+                f,
+                "bundle {}: `{path}` is not listed in ota-manifest.json",
+                bundle.display()
+            ),
+            MissingFile { bundle, path } => write!(
+                f,
+                "bundle {}: `{path}` is listed in ota-manifest.json but missing",
+                bundle.display()
+            ),
+            SizeMismatch {
+                bundle,
+                path,
+                expected,
+                found,
+            } => write!(
+                f,
+                "bundle {}: `{path}` has {found} bytes, the manifest says {expected}{}",
+                bundle.display(),
+                if found < expected { " (truncated)" } else { "" }
+            ),
+            HashMismatch {
+                bundle,
+                path,
+                expected,
+                found,
+            } => write!(
+                f,
+                "bundle {}: `{path}` has SHA-256 {found}, the manifest says {expected}",
+                bundle.display()
+            ),
+            Target {
+                bundle,
+                field,
+                expected,
+                found,
+            } => write!(
+                f,
+                "bundle {}: built for {field} {found}, this device is {field} {expected}",
+                bundle.display()
+            ),
+            RuntimeTooOld {
+                bundle,
+                required,
+                runtime,
+            } => write!(
+                f,
+                "bundle {}: needs runtime {required} or newer, this runtime is {runtime}",
+                bundle.display()
+            ),
+            Version { what, value } => write!(
+                f,
+                "{what}: `{value}` is not a version MAJOR.MINOR.PATCH[-pre][+build]"
+            ),
+            InsufficientSpace { dir, needed, free } => write!(
+                f,
+                "not enough space in {}: staging the bundle needs {}, {} free",
+                dir.display(),
+                bytes(*needed),
+                bytes(*free)
+            ),
+            NotInstalled { hash } => write!(f, "no installed bundle matches `{hash}`"),
+            AmbiguousHash { prefix, matches } => write!(
+                f,
+                "`{prefix}` matches {matches} installed bundles: give more of the hash"
+            ),
+            GateFailed {
+                hash,
+                reason,
+                rolled_back_to,
+                rollback_error,
+            } => {
+                write!(f, "bundle {hash} failed its activation gate ({reason}); ")?;
+                match rolled_back_to {
+                    Some(p) => write!(f, "rolled back to {p}")?,
+                    None => write!(f, "no previous bundle: nothing is active")?,
+                }
+                if let Some(e) = rollback_error {
+                    write!(f, ", but the previous bundle's gate failed too: {e}")?;
+                }
+                Ok(())
+            }
+            NoPrevious => write!(f, "there is no previous bundle to roll back to"),
+            State { path, reason } => write!(f, "OTA state {}: {reason}", path.display()),
+            InUseCorrupt { hash, reason } => write!(
+                f,
+                "installed bundle {hash} is in use (current or previous) and fails verification: {reason}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for OtaError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OtaError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

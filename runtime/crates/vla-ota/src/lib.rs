@@ -1,0 +1,123 @@
+//! Over-the-air policy bundle updates: signed manifests, atomic staging and activation,
+//! a trial period, and automatic rollback.
+//!
+//! A bad or half-written bundle must never drive an arm, and a power cut at any moment
+//! must leave a complete bundle running. This crate owns the files and the state machine;
+//! the daemon plugs its parity gate in through [`Activation`].
+//!
+//! Device layout under the OTA root (`ota.root`, `/var/lib/vla` on the device):
+//!
+//! ```text
+//! bundles/<content-hash>/          verified, complete bundles (never modified)
+//! bundles/.staging-<hash>-<pid>/   a copy in progress (removed at the next start)
+//! bundles/.trash-<hash>-<pid>/     a bundle being deleted (removed at the next start)
+//! current  -> bundles/<hash>       what the daemon loads (`bundle.path`)
+//! previous -> bundles/<hash>       the rollback target
+//! ota-state.json                   current, previous, trial, trial_starts, healthy count
+//! ota.lock                         flock serializing OTA operations between processes
+//! vlad.pid                         the daemon's pid (the CLI signals it to reload)
+//! ```
+//!
+//! The content hash is the SHA-256 of the signed `ota-manifest.json` bytes, which list
+//! every file's size and SHA-256: the directory name identifies the whole bundle.
+//!
+//! ```no_run
+//! use vla_ota::{DeviceTarget, OtaSettings, PublicKey, Store};
+//! let settings = OtaSettings {
+//!     root: "/var/lib/vla".into(),
+//!     trusted_keys: vec![PublicKey::from_hex(
+//!         "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+//!     )?],
+//!     trial_inferences: 20,
+//!     max_trial_starts: 3,
+//!     target: DeviceTarget { soc_model: 77, htp_arch: 73, runtime_version: "0.1.0".into() },
+//! };
+//! let store = Store::new(settings);
+//! let installed = store.install("/tmp/new-bundle".as_ref())?;
+//! let mut gate = |dir: &std::path::Path| -> Result<(), String> {
+//!     // the daemon: hold, free old contexts, load `dir`, run the golden parity gate
+//!     Ok(())
+//! };
+//! store.activate(&installed.hash, &mut gate)?;
+//! # Ok::<(), vla_ota::OtaError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod durable;
+mod error;
+pub mod hex;
+mod manifest;
+pub mod maps;
+mod signing;
+mod state;
+mod store;
+mod verify;
+pub mod version;
+
+use std::path::{Path, PathBuf};
+
+pub use error::OtaError;
+pub use manifest::{
+    pack, FileEntry, OtaManifest, MANIFEST_FILE, MANIFEST_FORMAT, MAX_MANIFEST_BYTES,
+    SIGNATURE_FILE,
+};
+pub use signing::{keygen, read_secret_key, sign, PublicKey};
+pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
+pub use store::{
+    Activated, BundleInfo, GcReport, Health, Installed, RolledBack, SignalDaemon, StartReport,
+    Status, Store, PID_FILE, STATE_FILE,
+};
+pub use verify::{verify, VerifiedBundle};
+
+/// What a bundle must be built for to run here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceTarget {
+    /// QNN SoC model (QCS9075: 77).
+    pub soc_model: u32,
+    /// Hexagon HTP architecture (v73: 73).
+    pub htp_arch: u32,
+    /// This runtime's version, compared with a bundle's `min_runtime_version`.
+    pub runtime_version: String,
+}
+
+/// Everything the store needs: where it lives, whom it trusts, and the trial rules.
+#[derive(Clone, Debug)]
+pub struct OtaSettings {
+    pub root: PathBuf,
+    /// Keys a bundle signature may verify against; empty: every update is refused.
+    pub trusted_keys: Vec<PublicKey>,
+    /// Healthy inferences a new bundle must complete before it is committed.
+    pub trial_inferences: u32,
+    /// Starts a new bundle gets (its activation is the first) before it is rolled back.
+    pub max_trial_starts: u32,
+    pub target: DeviceTarget,
+}
+
+impl OtaSettings {
+    /// Settings from the validated `ota` section of the vlad configuration.
+    pub fn from_config(config: &vla_config::OtaConfig, target: DeviceTarget) -> Self {
+        OtaSettings {
+            root: PathBuf::from(config.root.as_str()),
+            trusted_keys: config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect(),
+            trial_inferences: config.trial_inferences,
+            max_trial_starts: config.max_trial_starts,
+            target,
+        }
+    }
+}
+
+/// How the daemon (or the CLI) brings a bundle into service and proves it works.
+///
+/// The daemon's implementation publishes a hold, frees the old contexts, loads the new
+/// ones from `bundle_dir` and runs the golden parity gate; an `Err` (a one-line reason)
+/// makes the store roll back and call the gate again for the previous bundle.
+pub trait Activation {
+    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), String>;
+}
+
+impl<F: FnMut(&Path) -> Result<(), String>> Activation for F {
+    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), String> {
+        self(bundle_dir)
+    }
+}

@@ -1,0 +1,298 @@
+//! `ota-manifest.json`: what a signed bundle is (name, version, target) and every file it
+//! holds with its size and SHA-256; `pack` writes it from a bundle directory.
+//!
+//! The manifest bytes are what the signature covers and their SHA-256 is the bundle's
+//! content hash (its directory name on the device), so `pack` writes a canonical form:
+//! fields in a fixed order, files sorted by path, two-space indentation, final newline.
+
+use crate::durable;
+use crate::error::OtaError;
+use crate::hex;
+use crate::version::Version;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Component, Path};
+
+/// The manifest file name inside a bundle directory.
+pub const MANIFEST_FILE: &str = "ota-manifest.json";
+/// The detached signature next to it (128 lowercase hex characters and a newline).
+pub const SIGNATURE_FILE: &str = "ota-manifest.json.sig";
+/// The only manifest format this runtime reads and writes.
+pub const MANIFEST_FORMAT: u32 = 1;
+/// Largest manifest accepted: a bundle lists tens of files, so 1 MiB is generous and
+/// bounds what an unverified file can make us allocate.
+pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+
+/// One file of a bundle, relative to the bundle directory with `/` separators.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEntry {
+    pub path: String,
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the file's bytes.
+    pub sha256: String,
+}
+
+/// The parsed `ota-manifest.json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtaManifest {
+    pub format: u32,
+    /// `bundle.json` `name`.
+    pub name: String,
+    /// `bundle.json` `version`.
+    pub version: String,
+    /// `bundle.json` `policy` (`molmoact2` or `fastwam`).
+    pub policy: String,
+    pub soc_model: u32,
+    pub htp_arch: u32,
+    pub min_runtime_version: String,
+    /// Every file of the bundle except the manifest and its signature, sorted by path.
+    pub files: Vec<FileEntry>,
+}
+
+/// The fields of `bundle.json` the OTA manifest repeats (and verification cross-checks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BundleIdentity {
+    pub name: String,
+    pub version: String,
+    pub policy: String,
+    pub soc_model: u32,
+    pub htp_arch: u32,
+    pub min_runtime_version: String,
+}
+
+impl BundleIdentity {
+    /// Reads the identity fields of `<dir>/bundle.json`; other fields are the policy's
+    /// business and are not interpreted here.
+    pub(crate) fn read(dir: &Path) -> Result<Self, OtaError> {
+        let path = dir.join("bundle.json");
+        let bytes = std::fs::read(&path).map_err(|e| OtaError::io("reading", &path, e))?;
+        Self::parse(&path, &bytes)
+    }
+
+    pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Self, OtaError> {
+        let err = |reason: String| OtaError::BundleJson {
+            path: path.to_owned(),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| err(format!("not valid JSON: {e}")))?;
+        let text = |key: &str| -> Result<String, OtaError> {
+            match value.get(key) {
+                Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+                Some(other) => Err(err(format!(
+                    "`{key}` must be a non-empty string, found {other}"
+                ))),
+                None => Err(err(format!("`{key}` is missing"))),
+            }
+        };
+        let number = |key: &str| -> Result<u32, OtaError> {
+            match value.get(key) {
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| err(format!("`{key}` must be a whole number, found {v}"))),
+                None => Err(err(format!("`{key}` is missing"))),
+            }
+        };
+        Ok(BundleIdentity {
+            name: text("name")?,
+            version: text("version")?,
+            policy: text("policy")?,
+            soc_model: number("soc_model")?,
+            htp_arch: number("htp_arch")?,
+            min_runtime_version: text("min_runtime_version")?,
+        })
+    }
+}
+
+impl OtaManifest {
+    /// Parses manifest bytes and checks the rules that need no file system: format,
+    /// versions, policy, and that every path is a plain relative path listed once.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Self, OtaError> {
+        let manifest: OtaManifest =
+            serde_json::from_slice(bytes).map_err(|e| OtaError::ManifestSyntax {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let invalid = |field: String, reason: String| OtaError::ManifestInvalid {
+            path: path.to_owned(),
+            field,
+            reason,
+        };
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(invalid(
+                "format".into(),
+                format!(
+                    "{} is not supported (this runtime reads format 1)",
+                    manifest.format
+                ),
+            ));
+        }
+        for (field, value) in [
+            ("version", &manifest.version),
+            ("min_runtime_version", &manifest.min_runtime_version),
+        ] {
+            if Version::parse(value).is_none() {
+                return Err(invalid(
+                    field.into(),
+                    format!("`{value}` is not a version MAJOR.MINOR.PATCH"),
+                ));
+            }
+        }
+        if !matches!(manifest.policy.as_str(), "molmoact2" | "fastwam") {
+            return Err(invalid(
+                "policy".into(),
+                format!("`{}` is not molmoact2 or fastwam", manifest.policy),
+            ));
+        }
+        let bundle = path.parent().unwrap_or(Path::new("")).to_owned();
+        let mut seen = BTreeSet::new();
+        for (i, f) in manifest.files.iter().enumerate() {
+            check_relative(&bundle, &f.path)?;
+            if f.path == MANIFEST_FILE || f.path == SIGNATURE_FILE {
+                return Err(invalid(
+                    format!("files[{i}].path"),
+                    format!("`{}` may not list the manifest or its signature", f.path),
+                ));
+            }
+            if !seen.insert(f.path.as_str()) {
+                return Err(invalid(
+                    format!("files[{i}].path"),
+                    format!("`{}` is listed twice", f.path),
+                ));
+            }
+            if !hex::is_content_hash(&f.sha256) {
+                return Err(invalid(
+                    format!("files[{i}].sha256"),
+                    format!("`{}` is not 64 lowercase hex characters", f.sha256),
+                ));
+            }
+        }
+        if !seen.contains("bundle.json") {
+            return Err(invalid("files".into(), "does not list bundle.json".into()));
+        }
+        Ok(manifest)
+    }
+
+    /// The canonical bytes `pack` writes (and signs over).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes =
+            serde_json::to_vec_pretty(self).expect("a manifest of strings and numbers serializes");
+        bytes.push(b'\n');
+        bytes
+    }
+
+    /// Total bytes of the listed files.
+    pub fn payload_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+/// A manifest path must be non-empty, relative, `/`-separated plain names: no `.`, `..`,
+/// empty segments, backslashes or NUL, so it can only name something inside the bundle.
+pub(crate) fn check_relative(bundle: &Path, path: &str) -> Result<(), OtaError> {
+    let unsafe_path = |reason| OtaError::UnsafePath {
+        bundle: bundle.to_owned(),
+        path: path.to_owned(),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(unsafe_path("is empty"));
+    }
+    if path.starts_with('/') {
+        return Err(unsafe_path("is absolute"));
+    }
+    if path.contains('\\') || path.contains('\0') {
+        return Err(unsafe_path("contains a backslash or NUL"));
+    }
+    for segment in path.split('/') {
+        match segment {
+            "" => return Err(unsafe_path("has an empty segment")),
+            "." | ".." => return Err(unsafe_path("has a `.` or `..` segment")),
+            _ => {}
+        }
+    }
+    debug_assert!(Path::new(path)
+        .components()
+        .all(|c| matches!(c, Component::Normal(_))));
+    Ok(())
+}
+
+/// SHA-256 and length of everything `reader` yields.
+pub(crate) fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(u64, [u8; 32]), OtaError> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        match reader.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => {
+                hasher.update(&buffer[..n]);
+                total += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OtaError::io("reading", path, e)),
+        }
+    }
+    Ok((total, hasher.finalize().into()))
+}
+
+/// Writes `<bundle_dir>/ota-manifest.json` listing every file of the bundle, with the
+/// identity fields taken from `bundle.json`, and removes a signature left from an earlier
+/// manifest (it would no longer match). Symbolic links and special files are refused.
+pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
+    let identity = BundleIdentity::read(bundle_dir)?;
+    for (field, value) in [
+        ("version", &identity.version),
+        ("min_runtime_version", &identity.min_runtime_version),
+    ] {
+        if Version::parse(value).is_none() {
+            return Err(OtaError::BundleJson {
+                path: bundle_dir.join("bundle.json"),
+                reason: format!("`{field}` `{value}` is not a version MAJOR.MINOR.PATCH"),
+            });
+        }
+    }
+    let listing = crate::verify::walk(bundle_dir)?;
+    let mut files = Vec::new();
+    for rel in listing.files {
+        if rel == MANIFEST_FILE || rel == SIGNATURE_FILE {
+            continue;
+        }
+        let path = bundle_dir.join(&rel);
+        let file = durable::open_no_follow(&path)?;
+        let (size, digest) = hash_reader(file, &path)?;
+        files.push(FileEntry {
+            path: rel,
+            size,
+            sha256: hex::encode(&digest),
+        });
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let manifest = OtaManifest {
+        format: MANIFEST_FORMAT,
+        name: identity.name,
+        version: identity.version,
+        policy: identity.policy,
+        soc_model: identity.soc_model,
+        htp_arch: identity.htp_arch,
+        min_runtime_version: identity.min_runtime_version,
+        files,
+    };
+    let manifest_path = bundle_dir.join(MANIFEST_FILE);
+    let bytes = manifest.to_bytes();
+    // Checked before writing: a manifest `verify` would refuse must not be produced.
+    OtaManifest::parse(&manifest_path, &bytes)?;
+    let signature = bundle_dir.join(SIGNATURE_FILE);
+    match std::fs::remove_file(&signature) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(OtaError::io("removing stale", signature, e)),
+    }
+    durable::write_atomic(&manifest_path, &bytes, &mut |_| {})?;
+    Ok(manifest)
+}

@@ -1,0 +1,293 @@
+//! Bundle verification: signature first, then target, then that the directory holds
+//! exactly the listed files with the listed sizes and SHA-256.
+//!
+//! The order is deliberate: nothing unsigned is interpreted beyond parsing, cheap checks
+//! (target, file set, sizes) come before hashing gigabytes of context binaries, and
+//! `bundle.json` is cross-checked against the manifest only once its hash is proven.
+
+use crate::durable;
+use crate::error::OtaError;
+use crate::hex;
+use crate::manifest::{
+    hash_reader, BundleIdentity, OtaManifest, MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE,
+};
+use crate::signing::{parse_signature, verify_with_any, PublicKey};
+use crate::version::Version;
+use crate::DeviceTarget;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// A bundle whose signature, target and every file were checked.
+#[derive(Clone, Debug)]
+pub struct VerifiedBundle {
+    pub dir: PathBuf,
+    pub manifest: OtaManifest,
+    /// The exact manifest bytes the signature covers.
+    pub manifest_bytes: Vec<u8>,
+    /// Lowercase hex SHA-256 of `manifest_bytes`: the bundle's name on the device.
+    pub content_hash: String,
+    /// The trusted key the signature verified against.
+    pub signed_by: PublicKey,
+}
+
+/// Regular files and directories under a bundle, relative with `/` separators.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    pub files: Vec<String>,
+    pub dirs: Vec<String>,
+}
+
+/// Lists `dir` recursively without following links; a symbolic link or special file is
+/// an error naming it.
+pub(crate) fn walk(dir: &Path) -> Result<Listing, OtaError> {
+    let mut listing = Listing::default();
+    let mut pending = vec![String::new()];
+    while let Some(rel) = pending.pop() {
+        let here = if rel.is_empty() {
+            dir.to_owned()
+        } else {
+            dir.join(&rel)
+        };
+        let entries = std::fs::read_dir(&here).map_err(|e| OtaError::io("listing", &here, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| OtaError::io("listing", &here, e))?;
+            let name = entry.file_name();
+            let name = name.to_str().ok_or_else(|| OtaError::UnsafePath {
+                bundle: dir.to_owned(),
+                path: format!("{rel}/{}", name.to_string_lossy()),
+                reason: "is not valid UTF-8",
+            })?;
+            let child = if rel.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{rel}/{name}")
+            };
+            let kind = entry
+                .file_type()
+                .map_err(|e| OtaError::io("reading", entry.path(), e))?;
+            if kind.is_symlink() {
+                return Err(OtaError::Symlink {
+                    bundle: dir.to_owned(),
+                    path: child,
+                });
+            } else if kind.is_dir() {
+                listing.dirs.push(child.clone());
+                pending.push(child);
+            } else if kind.is_file() {
+                listing.files.push(child);
+            } else {
+                return Err(OtaError::NotRegular {
+                    bundle: dir.to_owned(),
+                    path: child,
+                });
+            }
+        }
+    }
+    listing.files.sort();
+    listing.dirs.sort();
+    Ok(listing)
+}
+
+/// Reads at most `limit` bytes of regular file `path` (a link or a longer file is refused).
+fn read_small(path: &Path, limit: u64, bundle: &Path, rel: &str) -> Result<Vec<u8>, OtaError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(OtaError::MissingFile {
+                bundle: bundle.to_owned(),
+                path: rel.to_owned(),
+            })
+        }
+        Err(e) => return Err(OtaError::io("reading", path, e)),
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(OtaError::Symlink {
+                bundle: bundle.to_owned(),
+                path: rel.to_owned(),
+            })
+        }
+        Ok(m) if !m.is_file() => {
+            return Err(OtaError::NotRegular {
+                bundle: bundle.to_owned(),
+                path: rel.to_owned(),
+            })
+        }
+        Ok(m) if m.len() > limit => {
+            return Err(OtaError::SizeMismatch {
+                bundle: bundle.to_owned(),
+                path: rel.to_owned(),
+                expected: limit,
+                found: m.len(),
+            })
+        }
+        Ok(_) => {}
+    }
+    let mut bytes = Vec::new();
+    durable::open_no_follow(path)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| OtaError::io("reading", path, e))?;
+    Ok(bytes)
+}
+
+/// Verifies `bundle_dir` for this device: the manifest signature against `trusted_keys`,
+/// the manifest rules, SoC / HTP arch / runtime version against `target`, the exact file
+/// set (no extra, no missing, no links), every size and every SHA-256, and that
+/// `bundle.json` agrees with the manifest.
+pub fn verify(
+    bundle_dir: &Path,
+    trusted_keys: &[PublicKey],
+    target: &DeviceTarget,
+) -> Result<VerifiedBundle, OtaError> {
+    if trusted_keys.is_empty() {
+        return Err(OtaError::NoTrustedKeys);
+    }
+    let bundle = bundle_dir;
+    let manifest_path = bundle.join(MANIFEST_FILE);
+    let signature_path = bundle.join(SIGNATURE_FILE);
+    let manifest_bytes = read_small(&manifest_path, MAX_MANIFEST_BYTES, bundle, MANIFEST_FILE)?;
+    let signature_text = read_small(&signature_path, 1024, bundle, SIGNATURE_FILE)?;
+    let signature = parse_signature(&signature_path, &signature_text)?;
+    let signed_by = *verify_with_any(trusted_keys, &manifest_bytes, &signature).ok_or(
+        OtaError::BadSignature {
+            path: signature_path.clone(),
+            keys: trusted_keys.len(),
+        },
+    )?;
+    let manifest = OtaManifest::parse(&manifest_path, &manifest_bytes)?;
+
+    for (field, expected, found) in [
+        ("soc_model", target.soc_model, manifest.soc_model),
+        ("htp_arch", target.htp_arch, manifest.htp_arch),
+    ] {
+        if expected != found {
+            return Err(OtaError::Target {
+                bundle: bundle.to_owned(),
+                field,
+                expected,
+                found,
+            });
+        }
+    }
+    let runtime = Version::parse(&target.runtime_version).ok_or_else(|| OtaError::Version {
+        what: "runtime version".into(),
+        value: target.runtime_version.clone(),
+    })?;
+    let required = Version::parse(&manifest.min_runtime_version)
+        .expect("OtaManifest::parse checked min_runtime_version");
+    if required > runtime {
+        return Err(OtaError::RuntimeTooOld {
+            bundle: bundle.to_owned(),
+            required: manifest.min_runtime_version.clone(),
+            runtime: target.runtime_version.clone(),
+        });
+    }
+
+    let listing = walk(bundle)?;
+    let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
+    for file in &listing.files {
+        if file != MANIFEST_FILE && file != SIGNATURE_FILE && !listed.contains(file.as_str()) {
+            return Err(OtaError::ExtraFile {
+                bundle: bundle.to_owned(),
+                path: file.clone(),
+            });
+        }
+    }
+    for dir in &listing.dirs {
+        let prefix = format!("{dir}/");
+        if !listed.iter().any(|p| p.starts_with(&prefix)) {
+            return Err(OtaError::ExtraFile {
+                bundle: bundle.to_owned(),
+                path: prefix,
+            });
+        }
+    }
+    let present: BTreeSet<&str> = listing.files.iter().map(String::as_str).collect();
+    for entry in &manifest.files {
+        if !present.contains(entry.path.as_str()) {
+            return Err(OtaError::MissingFile {
+                bundle: bundle.to_owned(),
+                path: entry.path.clone(),
+            });
+        }
+    }
+    for entry in &manifest.files {
+        let path = bundle.join(&entry.path);
+        let size = std::fs::symlink_metadata(&path)
+            .map_err(|e| OtaError::io("reading", &path, e))?
+            .len();
+        if size != entry.size {
+            return Err(OtaError::SizeMismatch {
+                bundle: bundle.to_owned(),
+                path: entry.path.clone(),
+                expected: entry.size,
+                found: size,
+            });
+        }
+    }
+    for entry in &manifest.files {
+        let path = bundle.join(&entry.path);
+        let (size, digest) = hash_reader(durable::open_no_follow(&path)?, &path)?;
+        let found = hex::encode(&digest);
+        if size != entry.size {
+            return Err(OtaError::SizeMismatch {
+                bundle: bundle.to_owned(),
+                path: entry.path.clone(),
+                expected: entry.size,
+                found: size,
+            });
+        }
+        if found != entry.sha256 {
+            return Err(OtaError::HashMismatch {
+                bundle: bundle.to_owned(),
+                path: entry.path.clone(),
+                expected: entry.sha256.clone(),
+                found,
+            });
+        }
+    }
+
+    let identity = BundleIdentity::read(bundle)?;
+    let numbers = [
+        ("soc_model", manifest.soc_model, identity.soc_model),
+        ("htp_arch", manifest.htp_arch, identity.htp_arch),
+    ];
+    for (field, m, b) in numbers {
+        if m != b {
+            return Err(mismatch(bundle, field, m.to_string(), b.to_string()));
+        }
+    }
+    let texts = [
+        ("name", &manifest.name, &identity.name),
+        ("version", &manifest.version, &identity.version),
+        ("policy", &manifest.policy, &identity.policy),
+        (
+            "min_runtime_version",
+            &manifest.min_runtime_version,
+            &identity.min_runtime_version,
+        ),
+    ];
+    for (field, m, b) in texts {
+        if m != b {
+            return Err(mismatch(bundle, field, format!("`{m}`"), format!("`{b}`")));
+        }
+    }
+
+    let content_hash = hex::encode(&Sha256::digest(&manifest_bytes));
+    Ok(VerifiedBundle {
+        dir: bundle.to_owned(),
+        manifest,
+        manifest_bytes,
+        content_hash,
+        signed_by,
+    })
+}
+
+fn mismatch(bundle: &Path, field: &'static str, manifest: String, bundle_json: String) -> OtaError {
+    OtaError::BundleJsonMismatch {
+        bundle: bundle.to_owned(),
+        field,
+        manifest,
+        bundle_json,
+    }
+}
