@@ -55,6 +55,11 @@ pub enum OtaError {
     ExtraFile { bundle: PathBuf, path: String },
     /// A file the manifest lists that is not in the bundle directory.
     MissingFile { bundle: PathBuf, path: String },
+    /// The bundle has no `ota-manifest.json` (never packed) or no signature (never signed).
+    Unsigned {
+        bundle: PathBuf,
+        missing: &'static str,
+    },
     /// A file whose size differs from the manifest (truncated or grown).
     SizeMismatch {
         bundle: PathBuf,
@@ -199,6 +204,11 @@ impl fmt::Display for OtaError {
             MissingFile { bundle, path } => write!(
                 f,
                 "bundle {}: `{path}` is listed in ota-manifest.json but missing",
+                bundle.display()
+            ),
+            Unsigned { bundle, missing } => write!(
+                f,
+                "bundle {} has no {missing}: pack and sign it first (vlad bundle pack / sign)",
                 bundle.display()
             ),
             SizeMismatch {

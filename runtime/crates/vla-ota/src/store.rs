@@ -138,6 +138,8 @@ pub struct GcReport {
     /// (hash, reason) for bundles kept although unreferenced.
     pub kept: Vec<(String, String)>,
     pub cleaned: Vec<PathBuf>,
+    /// Processes whose maps could not be read (permission), so not checked.
+    pub unchecked_processes: usize,
 }
 
 /// An exclusive lock on `ota.lock`, released on drop.
@@ -527,6 +529,8 @@ impl Store {
         directories.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
         for d in &directories {
             durable::fsync_dir(d)?;
+            let rel = d.strip_prefix(staging).unwrap_or(d);
+            self.step(&format!("stage directory /{}: fsynced", rel.display()));
         }
         self.step("stage: directories fsynced");
         let copy = self.verify(staging)?;
@@ -918,8 +922,9 @@ impl Store {
     }
 
     /// Deletes installed bundles that are not current, previous or on trial and that no
-    /// process maps. If some process's maps cannot be read (not root), nothing is deleted:
-    /// a bundle it maps could not be told apart.
+    /// process maps. Processes whose maps cannot be read (another user's without root, or
+    /// a container's init) are counted in [`GcReport::unchecked_processes`]: run gc as
+    /// the daemon's user or root so that the daemon is always among the checked ones.
     pub fn gc(&self) -> Result<GcReport, OtaError> {
         let _lock = self.lock()?;
         let mut report = GcReport {
@@ -928,6 +933,7 @@ impl Store {
         };
         let state = self.load_state(&mut Vec::new())?;
         let scan = self.scan_maps();
+        report.unchecked_processes = scan.unreadable;
         for hash in self.installed_hashes()? {
             if state.referenced().any(|h| h == hash) {
                 continue;
@@ -936,16 +942,6 @@ impl Store {
                 report
                     .kept
                     .push((hash, "still mapped by a running process".into()));
-                continue;
-            }
-            if scan.unreadable > 0 {
-                report.kept.push((
-                    hash,
-                    format!(
-                        "the maps of {} process(es) are unreadable (run as root)",
-                        scan.unreadable
-                    ),
-                ));
                 continue;
             }
             report.freed_bytes += self.discard(&self.bundle_dir(&hash), &hash)?;

@@ -145,8 +145,16 @@ pub fn verify(
     let bundle = bundle_dir;
     let manifest_path = bundle.join(MANIFEST_FILE);
     let signature_path = bundle.join(SIGNATURE_FILE);
-    let manifest_bytes = read_small(&manifest_path, MAX_MANIFEST_BYTES, bundle, MANIFEST_FILE)?;
-    let signature_text = read_small(&signature_path, 1024, bundle, SIGNATURE_FILE)?;
+    let unsigned = |missing| {
+        move |e: OtaError| match e {
+            OtaError::MissingFile { bundle, .. } => OtaError::Unsigned { bundle, missing },
+            other => other,
+        }
+    };
+    let manifest_bytes = read_small(&manifest_path, MAX_MANIFEST_BYTES, bundle, MANIFEST_FILE)
+        .map_err(unsigned(MANIFEST_FILE))?;
+    let signature_text = read_small(&signature_path, 1024, bundle, SIGNATURE_FILE)
+        .map_err(unsigned(SIGNATURE_FILE))?;
     let signature = parse_signature(&signature_path, &signature_text)?;
     let signed_by = *verify_with_any(trusted_keys, &manifest_bytes, &signature).ok_or(
         OtaError::BadSignature {

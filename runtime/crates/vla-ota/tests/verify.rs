@@ -101,7 +101,17 @@ fn bad_signatures_are_refused() {
     std::fs::remove_file(&sig_path).unwrap();
     let e = check(&dir).unwrap_err();
     assert!(
-        matches!(e, OtaError::MissingFile { ref path, .. } if path == SIGNATURE_FILE),
+        matches!(
+            e,
+            OtaError::Unsigned {
+                missing: SIGNATURE_FILE,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("has no ota-manifest.json.sig"),
         "{e}"
     );
 }

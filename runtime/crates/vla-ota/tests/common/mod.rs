@@ -211,3 +211,20 @@ pub fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out.sort();
     out
 }
+
+/// Copies a store tree, recreating symbolic links as links (a cheap fresh copy of a
+/// prepared root for each crash iteration).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let kind = e.file_type().unwrap();
+        let target = to.join(e.file_name());
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path()).unwrap(), &target).unwrap();
+        } else if kind.is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! The store without crashes: install, rejections leave the current bundle untouched,
+//! activation with a failing gate, trial commit, crash-loop rollback, manual rollback,
+//! gc, and the CLI gate that signals the daemon.
+
+mod common;
+
+use common::*;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use vla_ota::{Health, OtaError, Store};
+
+/// A store with bundle A installed, activated and committed; returns (store, A's hash).
+fn with_committed(root: &Path, sources: &Path) -> (Store, String) {
+    let store = store(root);
+    let a = Spec::new("a").build_signed(sources, DEV_SECRET);
+    let installed = store.install(&a).unwrap();
+    assert!(!installed.already_installed);
+    store.activate(&installed.hash, &mut pass).unwrap();
+    assert_eq!(store.commit().unwrap(), Some(installed.hash.clone()));
+    (store, installed.hash)
+}
+
+#[test]
+fn install_activate_commit_and_idempotence() {
+    let tmp = TempDir::new("store-basic");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+    assert_eq!(
+        std::fs::read_link(root.join("current")).unwrap(),
+        PathBuf::from("bundles").join(&a)
+    );
+    // The installed copy verifies on its own and its name is its content hash.
+    let v = store.verify(&store.bundle_dir(&a)).unwrap();
+    assert_eq!(v.content_hash, a);
+
+    // Installing the same bundle again writes nothing.
+    let before = snapshot(&root);
+    let again = store.install(&tmp.join("src/synthetic-a")).unwrap();
+    assert!(again.already_installed);
+    assert_eq!(snapshot(&root), before);
+    // Activating the current bundle changes nothing.
+    assert!(store.activate(&a[..8], &mut pass).unwrap().already_current);
+    assert_eq!(snapshot(&root), before);
+
+    let state = store.status().unwrap().state;
+    assert_eq!(state.current.as_deref(), Some(a.as_str()));
+    assert_eq!((state.previous, state.trial), (None, None));
+}
+
+#[test]
+fn every_rejected_install_leaves_the_store_untouched() {
+    let tmp = TempDir::new("store-reject");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    let before = snapshot(&root);
+
+    let rel = "ctx/action_step_socid77_archv73.bin";
+    type Damage = fn(&Path);
+    let cases: Vec<(&str, Spec, Damage, &str)> = vec![
+        (
+            "bad signature",
+            Spec::new("b"),
+            |d| {
+                let p = d.join(vla_ota::SIGNATURE_FILE);
+                let s = std::fs::read_to_string(&p).unwrap();
+                let flipped: String = s
+                    .chars()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if i == 10 {
+                            if c == 'a' {
+                                'b'
+                            } else {
+                                'a'
+                            }
+                        } else {
+                            c
+                        }
+                    })
+                    .collect();
+                std::fs::write(&p, flipped).unwrap();
+            },
+            "does not verify",
+        ),
+        (
+            "wrong hash",
+            Spec::new("b"),
+            |d| {
+                let p = d.join("ctx/action_step_socid77_archv73.bin");
+                let mut b = std::fs::read(&p).unwrap();
+                b[0] ^= 1;
+                std::fs::write(&p, b).unwrap();
+            },
+            "SHA-256",
+        ),
+        (
+            "truncated file",
+            Spec::new("b"),
+            |d| {
+                let p = d.join("ctx/action_step_socid77_archv73.bin");
+                let b = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+            },
+            "(truncated)",
+        ),
+        (
+            "extra file",
+            Spec::new("b"),
+            |d| {
+                std::fs::write(d.join("ctx/extra.bin"), b"payload").unwrap();
+            },
+            "not listed",
+        ),
+        (
+            "missing file",
+            Spec::new("b"),
+            |d| {
+                std::fs::remove_file(d.join("prompt/prompt_tables.npz")).unwrap();
+            },
+            "missing",
+        ),
+        (
+            "wrong soc",
+            {
+                let mut s = Spec::new("b");
+                s.soc_model = 69;
+                s
+            },
+            |_| {},
+            "soc_model 69",
+        ),
+        (
+            "wrong arch",
+            {
+                let mut s = Spec::new("b");
+                s.htp_arch = 79;
+                s
+            },
+            |_| {},
+            "htp_arch 79",
+        ),
+        (
+            "runtime too old",
+            {
+                let mut s = Spec::new("b");
+                s.min_runtime_version = "1.0.0".into();
+                s
+            },
+            |_| {},
+            "needs runtime 1.0.0",
+        ),
+    ];
+    for (i, (what, spec, damage, expect)) in cases.into_iter().enumerate() {
+        let dir = spec.build_signed(&tmp.join(format!("bad{i}")), DEV_SECRET);
+        damage(&dir);
+        let e = store.install(&dir).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains(expect),
+            "{what}: `{text}` should mention `{expect}`"
+        );
+        assert!(!text.contains('\n'), "{what}: one line: {text}");
+        assert_eq!(snapshot(&root), before, "{what}: the store changed");
+        println!("{what}: {text}");
+    }
+    let _ = rel;
+
+    // A full disk (free space probe reporting 10 KiB): refused before anything is written.
+    let mut full = vla_ota::Store::new(settings(&root));
+    full.set_free_space_probe(|_| Ok(10 * 1024));
+    let dir = Spec::new("b").build_signed(&tmp.join("full"), DEV_SECRET);
+    let e = full.install(&dir).unwrap_err();
+    assert!(
+        matches!(e, OtaError::InsufficientSpace { free: 10240, needed, .. } if needed > 10240),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("needs") && e.to_string().contains("10240 bytes free"),
+        "{e}"
+    );
+    println!("full disk: {e}");
+    assert_eq!(snapshot(&root), before);
+    assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+}
+
+#[test]
+fn gate_failure_rolls_back_to_the_previous_bundle() {
+    let tmp = TempDir::new("store-gate");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    let b = store
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+
+    let calls: RefCell<Vec<(PathBuf, Option<String>)>> = RefCell::new(Vec::new());
+    let b_dir = store.bundle_dir(&b);
+    let mut gate = |dir: &Path| -> Result<(), String> {
+        // What `current` says while the gate runs.
+        calls
+            .borrow_mut()
+            .push((dir.to_owned(), current_hash(&root)));
+        if dir == b_dir {
+            Err("end-to-end cosine 0.91 < 0.999".into())
+        } else {
+            Ok(())
+        }
+    };
+    let e = store.activate(&b, &mut gate).unwrap_err();
+    match &e {
+        OtaError::GateFailed {
+            hash,
+            reason,
+            rolled_back_to,
+            rollback_error,
+        } => {
+            assert_eq!(hash, &b);
+            assert!(reason.contains("0.91"));
+            assert_eq!(rolled_back_to.as_deref(), Some(a.as_str()));
+            assert!(rollback_error.is_none());
+        }
+        other => panic!("expected GateFailed, got {other}"),
+    }
+    println!("{e}");
+    // The gate saw B as current, then was called again for A after the swap back.
+    let calls = calls.into_inner();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0], (b_dir, Some(b.clone())));
+    assert_eq!(calls[1], (store.bundle_dir(&a), Some(a.clone())));
+    assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+    let state = store.status().unwrap().state;
+    assert_eq!(state.current.as_deref(), Some(a.as_str()));
+    assert_eq!(state.trial, None);
+    let record = state.last_rollback.unwrap();
+    assert_eq!(
+        (record.from.as_str(), record.to.as_deref()),
+        (b.as_str(), Some(a.as_str()))
+    );
+    // The failed bundle is no rollback target; gc may remove it.
+    assert_eq!(state.previous, None);
+    assert!(!root.join("previous").exists());
+    let gc = store.gc().unwrap();
+    assert_eq!(gc.removed, vec![b.clone()]);
+    assert!(!store.bundle_dir(&b).exists());
+    assert!(store.bundle_dir(&a).exists());
+}
+
+#[test]
+fn first_bundle_failing_its_gate_leaves_nothing_active() {
+    let tmp = TempDir::new("store-first");
+    let root = tmp.join("root");
+    let store = store(&root);
+    let a = store
+        .install(&Spec::new("a").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    let e = store
+        .activate(&a, &mut |_: &Path| {
+            Err("context vision cosine 0.2".to_string())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            OtaError::GateFailed {
+                rolled_back_to: None,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("nothing is active"), "{e}");
+    assert!(std::fs::symlink_metadata(root.join("current")).is_err());
+    let report = store.on_start().unwrap();
+    assert!(report.current.is_none());
+}
+
+#[test]
+fn trial_commits_after_enough_healthy_inferences() {
+    let tmp = TempDir::new("store-trial");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    let b = store
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    let activated = store.activate(&b, &mut pass).unwrap();
+    assert_eq!(activated.previous.as_deref(), Some(a.as_str()));
+    assert_eq!(
+        std::fs::read_link(root.join("previous")).unwrap(),
+        PathBuf::from("bundles").join(&a)
+    );
+    // Inferences of a bundle other than the trial one never count.
+    assert_eq!(store.record_healthy(&a, 100).unwrap(), Health::NotOnTrial);
+    assert_eq!(
+        store.record_healthy(&b, 2).unwrap(),
+        Health::OnTrial {
+            healthy: 2,
+            needed: 3
+        }
+    );
+    assert_eq!(
+        store.record_healthy(&b, 1).unwrap(),
+        Health::Committed(b.clone())
+    );
+    assert_eq!(store.record_healthy(&b, 1).unwrap(), Health::NotOnTrial);
+    let state = store.status().unwrap().state;
+    assert_eq!(
+        (state.current.as_deref(), state.trial.as_deref()),
+        (Some(b.as_str()), None)
+    );
+    assert_eq!(state.previous.as_deref(), Some(a.as_str()));
+
+    // Manual rollback of a committed bundle swaps the two, so it can be undone.
+    let rolled = store.rollback("operator request", &mut pass).unwrap();
+    assert_eq!(
+        (rolled.from.as_str(), rolled.to.as_deref()),
+        (b.as_str(), Some(a.as_str()))
+    );
+    let state = store.status().unwrap().state;
+    assert_eq!(state.current.as_deref(), Some(a.as_str()));
+    assert_eq!(state.previous.as_deref(), Some(b.as_str()));
+    assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+}
+
+#[test]
+fn crash_loop_during_trial_rolls_back_on_the_next_start() {
+    let tmp = TempDir::new("store-loop");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    let b = store
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    store.activate(&b, &mut pass).unwrap();
+    // max_trial_starts = 2: activation was start 1, this restart is start 2.
+    let report = store.on_start().unwrap();
+    assert_eq!(report.trial_start, Some(2));
+    assert!(report.rolled_back.is_none());
+    assert_eq!(
+        report.current.as_ref().map(|c| c.0.as_str()),
+        Some(b.as_str())
+    );
+    store.record_healthy(&b, 1).unwrap();
+    // It crashed again before 3 healthy inferences: the next start rolls back first.
+    let report = store.on_start().unwrap();
+    let rolled = report.rolled_back.expect("a rollback");
+    assert_eq!(
+        (rolled.from.as_str(), rolled.to.as_deref()),
+        (b.as_str(), Some(a.as_str()))
+    );
+    assert!(
+        rolled.reason.contains("crash loop: 2 starts"),
+        "{}",
+        rolled.reason
+    );
+    assert_eq!(
+        report.current.as_ref().map(|c| c.0.as_str()),
+        Some(a.as_str())
+    );
+    assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+    // Later starts are ordinary.
+    let report = store.on_start().unwrap();
+    assert!(report.rolled_back.is_none() && report.trial_start.is_none());
+}
+
+#[test]
+fn a_current_bundle_damaged_on_disk_is_rolled_back_at_start() {
+    let tmp = TempDir::new("store-rot");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    let b = store
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    store.activate(&b, &mut pass).unwrap();
+    store.record_healthy(&b, 3).unwrap();
+    // Bit rot in the committed current bundle.
+    let p = store.bundle_dir(&b).join("ctx/vision_socid77_archv73.bin");
+    let mut perms = std::fs::metadata(&p).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&p, perms).unwrap();
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[7] ^= 0xff;
+    std::fs::write(&p, bytes).unwrap();
+    let report = store.on_start().unwrap();
+    let rolled = report.rolled_back.expect("rollback");
+    assert!(
+        rolled.reason.contains("does not verify"),
+        "{}",
+        rolled.reason
+    );
+    assert_eq!(report.current.map(|c| c.0), Some(a));
+}
+
+#[test]
+fn gc_keeps_referenced_and_mapped_bundles() {
+    let tmp = TempDir::new("store-gc");
+    let root = tmp.join("root");
+    let (mut store, a) = with_committed(&root, &tmp.join("src"));
+    let mut hashes = Vec::new();
+    for tag in ["b", "c", "d"] {
+        let h = store
+            .install(&Spec::new(tag).build_signed(&tmp.join("src"), DEV_SECRET))
+            .unwrap()
+            .hash;
+        hashes.push(h);
+    }
+    let (b, c, d) = (hashes[0].clone(), hashes[1].clone(), hashes[2].clone());
+    store.activate(&b, &mut pass).unwrap(); // current = trial = b, previous = a
+                                            // A fake /proc in which process 4242 maps a context binary of c.
+    let proc_root = tmp.join("proc");
+    std::fs::create_dir_all(proc_root.join("4242")).unwrap();
+    let bundles = std::fs::canonicalize(store.bundles_dir()).unwrap();
+    std::fs::write(
+        proc_root.join("4242/maps"),
+        format!(
+            "7f0000000000-7f0000100000 r--s 00000000 08:01 99 {}/{c}/ctx/vision_socid77_archv73.bin\n",
+            bundles.display()
+        ),
+    )
+    .unwrap();
+    store.set_proc_root(&proc_root);
+    let report = store.gc().unwrap();
+    assert_eq!(report.removed, vec![d.clone()]);
+    assert!(report.freed_bytes > 8000);
+    assert_eq!(report.kept.len(), 1);
+    assert_eq!(report.kept[0].0, c);
+    for kept in [&a, &b, &c] {
+        store.verify(&store.bundle_dir(kept)).unwrap();
+    }
+    assert!(!store.bundle_dir(&d).exists());
+    let status = store.status().unwrap();
+    assert!(status.bundles.iter().any(|i| i.hash == c && i.mapped));
+    assert!(status.leftovers.is_empty());
+}
+
+#[test]
+fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
+    let tmp = TempDir::new("store-signal");
+    let root = tmp.join("root");
+    let (store, _a) = with_committed(&root, &tmp.join("src"));
+    let b = store
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    let c = store
+        .install(&Spec::new("c").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+
+    // A stand-in daemon: SIGHUP's default action ends it, which the test observes.
+    let mut daemon = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    std::fs::write(root.join(vla_ota::PID_FILE), format!("{}\n", daemon.id())).unwrap();
+
+    // A pid file naming another program is stale: not signalled.
+    let mut gate = vla_ota::SignalDaemon::new(&store, "vlad");
+    store.activate(&b, &mut gate).unwrap();
+    let outcome = gate.outcome.clone().unwrap();
+    assert!(
+        outcome.contains("stale pid file, not signalled"),
+        "{outcome}"
+    );
+    assert!(daemon.try_wait().unwrap().is_none(), "sleep must still run");
+
+    let mut gate = vla_ota::SignalDaemon::new(&store, "sleep");
+    store.activate(&c, &mut gate).unwrap();
+    assert!(gate.outcome.clone().unwrap().contains("sent SIGHUP"));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(daemon.wait().unwrap().signal(), Some(nix::libc::SIGHUP));
+
+    // No daemon: the bundle is loaded at the next start.
+    std::fs::remove_file(root.join(vla_ota::PID_FILE)).unwrap();
+    let mut gate = vla_ota::SignalDaemon::new(&store, "vlad");
+    store.activate(&b, &mut gate).unwrap();
+    assert!(gate.outcome.unwrap().contains("next start"));
+}
