@@ -321,3 +321,44 @@ fn rust_reads_observations_written_by_the_c_helpers_across_a_c_restart() {
     );
     assert_eq!((writer.epoch(), writer.next_seq()), (3, 11));
 }
+
+/// The header's `_Static_assert`s must hold for the target these tests run as, also when
+/// cross-built: then a `<arch>-linux-gnu-gcc` checks them if one is installed.
+#[test]
+fn c_header_static_asserts_hold_for_the_target_arch() {
+    let arch = std::env::consts::ARCH;
+    let candidates = [
+        std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
+        format!("{arch}-linux-gnu-gcc"),
+    ];
+    let compiler = candidates.iter().find(|cc| {
+        Command::new(cc)
+            .arg("-dumpmachine")
+            .output()
+            .is_ok_and(|out| out.status.success() && out.stdout.starts_with(arch.as_bytes()))
+    });
+    let Some(cc) = compiler else {
+        eprintln!("skipping: no C compiler for {arch} (tried {candidates:?})");
+        return;
+    };
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/ring_peer.c");
+    let out = Command::new(cc)
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-fsyntax-only",
+            "-I",
+        ])
+        .arg(header_dir())
+        .arg(&source)
+        .output()
+        .expect("run the C compiler");
+    assert!(
+        out.status.success(),
+        "{cc} rejects vla_ring.h for {arch}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
