@@ -1039,7 +1039,7 @@ impl<'a> SignalDaemon<'a> {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(format!(
-                    "no {} : the daemon loads the bundle at its next start",
+                    "no {}: the daemon loads the bundle at its next start",
                     pid_path.display()
                 ))
             }

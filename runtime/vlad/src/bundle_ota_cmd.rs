@@ -1,0 +1,119 @@
+//! `vlad bundle pack|sign|verify|keygen`: preparing a bundle directory for OTA delivery.
+//!
+//! `pack` writes `ota-manifest.json` (identity from `bundle.json`, every file's size and
+//! SHA-256), `sign` writes the detached Ed25519 signature `ota-manifest.json.sig`,
+//! `verify` runs the device's own verification, and `keygen` makes a signing key for
+//! development or fleet provisioning. File formats: `runtime/crates/vla-ota` docs.
+
+use crate::cli;
+use crate::ota_cmd::{device_target, StoreOptions};
+use crate::Failure;
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+const HELP: &str = "usage: vlad bundle <command>
+commands:
+  pack <dir>                  write <dir>/ota-manifest.json (removes a stale signature)
+  sign <dir> --key FILE       sign it with the secret key in FILE (mode 0600)
+  verify <dir> [--trusted-key HEX]... [--config FILE]
+                              verify as the device does: signature, SoC 77 / arch 73,
+                              runtime version, every file's size and SHA-256
+  keygen <file>               create a secret key file (0600, never overwritten), print the public key
+Keys are 64 hex characters; a signature is 128 hex characters.
+Exit status: 0 done, 1 error or refused, 2 usage.";
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut options = StoreOptions::default();
+    let mut command: Option<String> = None;
+    let mut operand: Option<PathBuf> = None;
+    let mut key: Option<PathBuf> = None;
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name @ ("config" | "trusted-key")) => {
+                let name = name.to_owned();
+                options.take(&name, &mut p)?;
+            }
+            Long("key") => key = Some(cli::value(&mut p)?.into()),
+            Short('h') | Long("help") => {
+                println!("{HELP}");
+                return Ok(());
+            }
+            Value(v) if command.is_none() => {
+                command = Some(v.into_string().map_err(|v| {
+                    Failure::Usage(format!("unknown bundle command `{}`", v.to_string_lossy()))
+                })?)
+            }
+            Value(v) if operand.is_none() => operand = Some(v.into()),
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let command =
+        command.ok_or_else(|| Failure::Usage(format!("bundle needs a command\n{HELP}")))?;
+    let operand =
+        operand.ok_or_else(|| Failure::Usage(format!("bundle {command} needs a path\n{HELP}")))?;
+    if key.is_some() && command != "sign" {
+        return Err(Failure::Usage("--key is only for bundle sign".into()));
+    }
+    match command.as_str() {
+        "pack" => {
+            let manifest = vla_ota::pack(&operand)?;
+            println!(
+                "packed {} {} ({} files, {} bytes) into {}",
+                manifest.name,
+                manifest.version,
+                manifest.files.len(),
+                manifest.payload_bytes(),
+                operand.join(vla_ota::MANIFEST_FILE).display()
+            );
+            println!(
+                "sign it with: vlad bundle sign {} --key FILE",
+                operand.display()
+            );
+            Ok(())
+        }
+        "sign" => {
+            let key = key.ok_or_else(|| Failure::Usage("bundle sign needs --key FILE".into()))?;
+            let public = vla_ota::sign(&operand, &key)?;
+            println!(
+                "signed {} with key {}",
+                operand.join(vla_ota::MANIFEST_FILE).display(),
+                public.to_hex()
+            );
+            Ok(())
+        }
+        "verify" => {
+            // Without a configuration, `--trusted-key` alone is enough off the device.
+            let keys = if options.config.is_none() && !options.trusted_keys.is_empty() {
+                options.trusted_keys.clone()
+            } else {
+                options.settings()?.trusted_keys
+            };
+            let v = vla_ota::verify(&operand, &keys, &device_target())?;
+            println!(
+                "verified {} {} ({}, soc {} arch {}, needs runtime {}): {} files, {} bytes",
+                v.manifest.name,
+                v.manifest.version,
+                v.manifest.policy,
+                v.manifest.soc_model,
+                v.manifest.htp_arch,
+                v.manifest.min_runtime_version,
+                v.manifest.files.len(),
+                v.manifest.payload_bytes()
+            );
+            println!("signed by {}", v.signed_by.to_hex());
+            println!("content hash {}", v.content_hash);
+            Ok(())
+        }
+        "keygen" => {
+            let public = vla_ota::keygen(&operand)?;
+            println!("secret key written to {} (mode 0600)", operand.display());
+            println!("public key (add to ota.trusted_keys): {}", public.to_hex());
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!(
+            "unknown bundle command `{other}`\n{HELP}"
+        ))),
+    }
+}

@@ -1,0 +1,352 @@
+//! `vlad ota status|install|activate|commit|rollback|gc|recover`: the OTA store from the
+//! command line, outside the daemon.
+//!
+//! The store (`ota.root`), trusted keys and trial rules come from the `ota` section of the
+//! configuration (`--config`, default `/etc/vla/vlad.json`); `--root` and `--trusted-key`
+//! override them. `activate` and `rollback` cannot run the parity gate here (the daemon
+//! owns the NPU): their gate verifies the bundle again and sends SIGHUP to the daemon
+//! named in `<root>/vlad.pid`, which reloads, runs the golden parity gate and rolls back
+//! by itself if it fails. Without a running daemon the bundle is gated at its next start.
+
+use crate::cli;
+use crate::Failure;
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use vla_ota::{DeviceTarget, OtaError, OtaSettings, PublicKey, SignalDaemon, Store};
+
+const HELP: &str = "usage: vlad ota <command> [--config FILE] [--root DIR] [--trusted-key HEX]...
+commands:
+  status                 state, links, installed bundles, leftovers
+  install <bundle-dir>   verify (signature, target, every file) and stage into <root>/bundles/<hash>
+  activate <hash>        make an installed bundle current, on trial; signal the daemon to reload
+  commit                 mark the bundle on trial good
+  rollback [--reason T]  return to the previous bundle; signal the daemon to reload
+  gc                     delete bundles that are not current, previous, on trial or mapped
+  recover                start-up recovery (what the daemon does before loading)
+<hash> is a content hash or a unique prefix of one (at least 4 characters).
+--config FILE       vlad configuration with the `ota` section (default /etc/vla/vlad.json)
+--root DIR          OTA root instead of ota.root
+--trusted-key HEX   trusted Ed25519 public key instead of ota.trusted_keys (repeatable)
+Exit status: 0 done, 1 error, 2 usage, 3 the activation gate refused the bundle.";
+
+/// The configuration file read when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "/etc/vla/vlad.json";
+
+/// The device this runtime serves: QCS9075 / Hexagon v73 and this vlad's version.
+pub fn device_target() -> DeviceTarget {
+    DeviceTarget {
+        soc_model: vla_policy::DEVICE_SOC_MODEL,
+        htp_arch: vla_policy::DEVICE_HTP_ARCH,
+        runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+/// `--config`, `--root` and `--trusted-key`, shared with `vlad bundle verify`.
+#[derive(Default)]
+pub struct StoreOptions {
+    pub config: Option<PathBuf>,
+    pub root: Option<PathBuf>,
+    pub trusted_keys: Vec<PublicKey>,
+}
+
+impl StoreOptions {
+    /// Long options this struct takes.
+    pub const OPTIONS: [&'static str; 3] = ["config", "root", "trusted-key"];
+
+    /// Reads the value of option `name` (one of [`StoreOptions::OPTIONS`]).
+    pub fn take(&mut self, name: &str, parser: &mut lexopt::Parser) -> Result<(), Failure> {
+        match name {
+            "config" => self.config = Some(cli::value(parser)?.into()),
+            "root" => self.root = Some(cli::value(parser)?.into()),
+            "trusted-key" => {
+                let text = cli::string(parser)?;
+                let key = PublicKey::from_hex(&text)
+                    .map_err(|e| Failure::Usage(format!("--trusted-key: {e}")))?;
+                self.trusted_keys.push(key);
+            }
+            other => return Err(Failure::Usage(format!("unknown option --{other}"))),
+        }
+        Ok(())
+    }
+
+    /// Settings from the configuration, with the command-line overrides applied. The
+    /// default configuration may be absent when `--root` is given.
+    pub fn settings(&self) -> Result<OtaSettings, Failure> {
+        let path = self.config.clone().unwrap_or_else(|| DEFAULT_CONFIG.into());
+        let from_file = if self.config.is_some() || self.root.is_none() || Path::new(&path).exists()
+        {
+            let config = vla_config::Config::load(&path)?;
+            Some(OtaSettings::from_config(&config.ota, device_target()))
+        } else {
+            None
+        };
+        let mut settings = from_file.unwrap_or_else(|| OtaSettings {
+            root: PathBuf::new(),
+            trusted_keys: Vec::new(),
+            // The defaults of the shipped configuration (config/vlad.json).
+            trial_inferences: 20,
+            max_trial_starts: 3,
+            target: device_target(),
+        });
+        if let Some(root) = &self.root {
+            settings.root = root.clone();
+        }
+        if !self.trusted_keys.is_empty() {
+            settings.trusted_keys = self.trusted_keys.clone();
+        }
+        Ok(settings)
+    }
+}
+
+fn gate_failure(e: OtaError) -> Failure {
+    match e {
+        OtaError::GateFailed { .. } => Failure::Gate(e.to_string()),
+        other => Failure::Error(other.to_string()),
+    }
+}
+
+/// Short form of a content hash for tables (the full hash is printed where it is acted on).
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut options = StoreOptions::default();
+    let mut command: Option<String> = None;
+    let mut operand: Option<String> = None;
+    let mut reason: Option<String> = None;
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name) if StoreOptions::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                options.take(&name, &mut p)?;
+            }
+            Long("reason") => reason = Some(cli::string(&mut p)?),
+            Short('h') | Long("help") => {
+                println!("{HELP}");
+                return Ok(());
+            }
+            Value(v) if command.is_none() => {
+                command = Some(v.into_string().map_err(|v| {
+                    Failure::Usage(format!("unknown ota command `{}`", v.to_string_lossy()))
+                })?)
+            }
+            Value(v) if operand.is_none() => {
+                operand = Some(v.into_string().map_err(|v| {
+                    Failure::Usage(format!("not valid UTF-8: {}", v.to_string_lossy()))
+                })?)
+            }
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let command = command.ok_or_else(|| Failure::Usage(format!("ota needs a command\n{HELP}")))?;
+    let needs_operand = matches!(command.as_str(), "install" | "activate");
+    if needs_operand != operand.is_some() {
+        return Err(Failure::Usage(match command.as_str() {
+            "install" => "ota install needs <bundle-dir>".into(),
+            "activate" => "ota activate needs <hash>".into(),
+            _ => format!("ota {command} takes no argument"),
+        }));
+    }
+    if reason.is_some() && command != "rollback" {
+        return Err(Failure::Usage("--reason is only for ota rollback".into()));
+    }
+    let settings = options.settings()?;
+    if settings.root.as_os_str().is_empty() {
+        return Err(Failure::Usage(
+            "no OTA root: give --config or --root".into(),
+        ));
+    }
+    let store = Store::new(settings);
+    match command.as_str() {
+        "status" => status(&store),
+        "install" => {
+            let installed = store.install(Path::new(operand.as_deref().unwrap_or_default()))?;
+            if installed.already_installed {
+                println!("already installed: {}", installed.hash);
+            } else {
+                println!(
+                    "installed {} in {}",
+                    installed.hash,
+                    installed.dir.display()
+                );
+            }
+            println!("activate it with: vlad ota activate {}", installed.hash);
+            Ok(())
+        }
+        "activate" => {
+            let mut gate = SignalDaemon::new(&store, "vlad");
+            let activated = store
+                .activate(operand.as_deref().unwrap_or_default(), &mut gate)
+                .map_err(gate_failure)?;
+            if activated.already_current {
+                println!("{} is already current", activated.hash);
+            } else {
+                println!(
+                    "{} is current, on trial ({} healthy inferences, {} starts); rollback target: {}",
+                    activated.hash,
+                    store.settings().trial_inferences,
+                    store.settings().max_trial_starts,
+                    activated.previous.as_deref().unwrap_or("none")
+                );
+            }
+            if let Some(outcome) = gate.outcome {
+                println!("{outcome}");
+            }
+            Ok(())
+        }
+        "commit" => {
+            match store.commit()? {
+                Some(hash) => println!("committed {hash}"),
+                None => println!("nothing is on trial"),
+            }
+            Ok(())
+        }
+        "rollback" => {
+            let mut gate = SignalDaemon::new(&store, "vlad");
+            let reason = reason.unwrap_or_else(|| "operator rollback (vlad ota rollback)".into());
+            let rolled = store.rollback(&reason, &mut gate)?;
+            println!(
+                "rolled back from {} to {}",
+                rolled.from,
+                rolled.to.as_deref().unwrap_or("nothing")
+            );
+            if let Some(e) = rolled.gate_error {
+                return Err(Failure::Gate(format!(
+                    "the bundle rolled back to was refused: {e}"
+                )));
+            }
+            if let Some(outcome) = gate.outcome {
+                println!("{outcome}");
+            }
+            Ok(())
+        }
+        "gc" => {
+            let report = store.gc()?;
+            for hash in &report.removed {
+                println!("removed {hash}");
+            }
+            for (hash, why) in &report.kept {
+                println!("kept {hash}: {why}");
+            }
+            for path in &report.cleaned {
+                println!("cleaned {}", path.display());
+            }
+            if report.unchecked_processes > 0 {
+                println!(
+                    "warning: the maps of {} process(es) could not be read; run as root or as the daemon's user",
+                    report.unchecked_processes
+                );
+            }
+            println!("freed {} bytes", report.freed_bytes);
+            Ok(())
+        }
+        "recover" => {
+            let report = store.on_start()?;
+            for path in &report.cleaned {
+                println!("cleaned {}", path.display());
+            }
+            for repair in &report.repairs {
+                println!("repaired: {repair}");
+            }
+            if let Some(r) = &report.rolled_back {
+                println!(
+                    "rolled back from {} to {}: {}",
+                    r.from,
+                    r.to.as_deref().unwrap_or("nothing"),
+                    r.reason
+                );
+            }
+            match (&report.current, report.trial_start) {
+                (Some((hash, _)), Some(n)) => println!("current {hash} (on trial, start {n})"),
+                (Some((hash, _)), None) => println!("current {hash}"),
+                (None, _) => println!("no current bundle"),
+            }
+            Ok(())
+        }
+        other => Err(Failure::Usage(format!(
+            "unknown ota command `{other}`\n{HELP}"
+        ))),
+    }
+}
+
+fn status(store: &Store) -> Result<(), Failure> {
+    let s = store.status()?;
+    let state = &s.state;
+    println!("OTA root {}", s.root.display());
+    let describe = |hash: &Option<String>| -> String {
+        match hash {
+            None => "none".into(),
+            Some(h) => match s.bundles.iter().find(|b| &b.hash == h) {
+                Some(b) => format!("{h} ({} {})", b.name, b.version),
+                None => format!("{h} (not installed)"),
+            },
+        }
+    };
+    println!("current:  {}", describe(&state.current));
+    if state.trial.is_some() {
+        println!(
+            "          on trial: start {} of {}, {} of {} healthy inferences",
+            state.trial_starts, s.max_trial_starts, state.healthy_inferences, s.trial_inferences
+        );
+    }
+    println!("previous: {}", describe(&state.previous));
+    for (name, link) in [("current", &s.current_link), ("previous", &s.previous_link)] {
+        let expected = match name {
+            "current" => &state.current,
+            _ => &state.previous,
+        };
+        let matches = match (link, expected) {
+            (Some(l), Some(h)) => l == &Path::new("bundles").join(h),
+            (None, None) => true,
+            _ => false,
+        };
+        if !matches {
+            println!(
+                "warning: link `{name}` -> {} disagrees with the state (repaired at the next start or `vlad ota recover`)",
+                link.as_ref().map_or("(none)".into(), |l| l.display().to_string())
+            );
+        }
+    }
+    if let Some(r) = &state.last_rollback {
+        println!(
+            "last rollback: {} -> {}: {}",
+            short(&r.from),
+            r.to.as_deref().map_or("nothing", short),
+            r.reason
+        );
+    }
+    println!("installed bundles:");
+    if s.bundles.is_empty() {
+        println!("  (none)");
+    }
+    for b in &s.bundles {
+        let mut roles = Vec::new();
+        if state.current.as_deref() == Some(b.hash.as_str()) {
+            roles.push("current");
+        }
+        if state.previous.as_deref() == Some(b.hash.as_str()) {
+            roles.push("previous");
+        }
+        if state.trial.as_deref() == Some(b.hash.as_str()) {
+            roles.push("trial");
+        }
+        if b.mapped {
+            roles.push("mapped");
+        }
+        println!(
+            "  {}  {:<32} {:<10} {:>12} bytes  {}",
+            short(&b.hash),
+            b.name,
+            b.version,
+            b.bytes,
+            roles.join(",")
+        );
+    }
+    for l in &s.leftovers {
+        println!("leftover: bundles/{l} (removed at the next start or `vlad ota recover`)");
+    }
+    Ok(())
+}
