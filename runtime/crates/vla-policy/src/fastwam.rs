@@ -46,6 +46,32 @@ pub fn wan_sigmas(n: usize, shift: f64) -> Vec<f64> {
     s
 }
 
+/// One Euler step of the schedule: `x += pred * f32(sigma_next - sigma)`.
+pub fn wan_update(latents: &mut [f32], pred: &[f32], sigma: f64, sigma_next: f64) {
+    let delta = (sigma_next - sigma) as f32;
+    for (x, p) in latents.iter_mut().zip(pred) {
+        *x += p * delta;
+    }
+}
+
+/// The action chunk from the final latents: de-normalize, then (with `gripper_binarize`)
+/// map the last dim to +1 / -1.
+pub fn wan_actions(
+    norm: &Normalizer,
+    latents: &[f32],
+    actions: &mut [f32],
+    dims: usize,
+    gripper_binarize: bool,
+) {
+    norm.denormalize_into(latents, actions);
+    if gripper_binarize {
+        for row in actions.chunks_exact_mut(dims) {
+            let g = &mut row[dims - 1];
+            *g = if *g >= 0.0 { 1.0 } else { -1.0 };
+        }
+    }
+}
+
 impl FastWam {
     pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
         let f = bundle
@@ -155,17 +181,20 @@ impl FastWam {
                     count: bad,
                 });
             }
-            let delta = (self.sigmas[i + 1] - self.sigmas[i]) as f32;
-            for (x, p) in self.latents.as_f32_mut().iter_mut().zip(self.pred.as_f32()) {
-                *x += p * delta;
-            }
+            wan_update(
+                self.latents.as_f32_mut(),
+                self.pred.as_f32(),
+                self.sigmas[i],
+                self.sigmas[i + 1],
+            );
         }
-        for (j, (a, &x)) in actions.iter_mut().zip(self.latents.as_f32()).enumerate() {
-            *a = self.action_norm.denormalize(x, j % dims);
-            if f.gripper_binarize && j % dims == dims - 1 {
-                *a = if *a >= 0.0 { 1.0 } else { -1.0 };
-            }
-        }
+        wan_actions(
+            &self.action_norm,
+            self.latents.as_f32(),
+            actions,
+            dims,
+            f.gripper_binarize,
+        );
         self.timings.total = start.elapsed();
         Ok(())
     }

@@ -23,14 +23,16 @@ mod prompt;
 
 pub use bundle::{Bundle, LoadedGraph, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
 pub use error::PolicyError;
-pub use exec::Timings;
-pub use fastwam::{wan_sigmas, FastWam};
+pub use exec::{count_non_finite, Timings};
+pub use fastwam::{wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
 pub use manifest::{Manifest, PolicyKind};
-pub use molmoact2::MolmoAct2;
+pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2};
 pub use noise::{fill_gaussian, SplitMix64};
+pub use norm::{state_token_id, Normalizer};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile};
 pub use preprocess::Preprocessor;
+pub use prompt::{attention_bias, Instruction};
 
 use vla_qnn::Backend;
 

@@ -45,6 +45,14 @@ impl Normalizer {
         }
     }
 
+    /// De-normalizes a row-major chunk `[rows, dims]` into `out` (same length).
+    pub fn denormalize_into(&self, x: &[f32], out: &mut [f32]) {
+        let dims = self.passthrough.len();
+        for (j, (a, &v)) in out.iter_mut().zip(x).enumerate() {
+            *a = self.denormalize(v, j % dims);
+        }
+    }
+
     /// Normalized model output -> robot units.
     pub fn denormalize(&self, x: f32, i: usize) -> f32 {
         if self.passthrough[i] {

@@ -1,8 +1,12 @@
 //! Camera frames (RGB8) -> `pixel_values`: resize, normalize, patchify in one pass.
 //!
 //! The interpolation taps depend only on the frame and crop sizes, so they are computed
-//! once at load; per inference each output value is two lerps and a normalize, written
-//! straight into the vision context's input buffer in patch order.
+//! once at load. Per inference, each source row that an output row needs is interpolated
+//! along x once into a scratch row (consecutive output rows share source rows), and each
+//! output row is then one contiguous lerp along y plus the normalize per value, written
+//! straight into the vision context's input buffer in patch order, `P` pixels at a time.
+//! The arithmetic is the contract's, operation by operation (x first, then y), so the
+//! values are bit-identical to the per-pixel formula.
 
 /// One axis of a half-pixel bilinear resize: source taps and weights per output index.
 #[derive(Clone, Debug)]
@@ -41,6 +45,10 @@ pub struct Preprocessor {
     patch: usize,
     ys: AxisTaps,
     xs: AxisTaps,
+    /// Source rows interpolated along x (`crop * 3` values each) and which source row of
+    /// which camera each holds.
+    rows: [Vec<f32>; 2],
+    row_ids: [Option<(usize, usize)>; 2],
 }
 
 impl Preprocessor {
@@ -53,6 +61,34 @@ impl Preprocessor {
             patch,
             ys: AxisTaps::new(height, crop),
             xs: AxisTaps::new(width, crop),
+            rows: [vec![0.0; crop * 3], vec![0.0; crop * 3]],
+            row_ids: [None; 2],
+        }
+    }
+
+    /// Makes the scratch rows hold source rows `i0` (top) and `i1` (bottom) of camera
+    /// `cam`, interpolated along x. Moving down the image, the old bottom row is usually
+    /// the new top one: it is swapped in rather than recomputed.
+    fn prepare_rows(&mut self, cam: usize, i0: usize, i1: usize, img: &[u8]) {
+        let (top, bottom) = (Some((cam, i0)), Some((cam, i1)));
+        if self.row_ids[0] != top && self.row_ids[1] == top {
+            self.rows.swap(0, 1);
+            self.row_ids.swap(0, 1);
+        }
+        for (slot, want, src) in [(0, top, i0), (1, bottom, i1)] {
+            if self.row_ids[slot] == want {
+                continue;
+            }
+            let line = &img[src * self.width * 3..(src + 1) * self.width * 3];
+            let xs = &self.xs;
+            for (x, out) in self.rows[slot].chunks_exact_mut(3).enumerate() {
+                let (c0, c1, fx) = (xs.i0[x] * 3, xs.i1[x] * 3, xs.frac[x]);
+                let (a, b) = (&line[c0..c0 + 3], &line[c1..c1 + 3]);
+                for c in 0..3 {
+                    out[c] = a[c] as f32 * (1.0 - fx) + b[c] as f32 * fx;
+                }
+            }
+            self.row_ids[slot] = want;
         }
     }
 
@@ -68,33 +104,30 @@ impl Preprocessor {
 
     /// `frames` must be `frames_len()` bytes and `out` `output_len()` values (checked by
     /// the caller, which reports the geometry error).
-    pub fn run(&self, frames: &[u8], out: &mut [f32]) {
+    pub fn run(&mut self, frames: &[u8], out: &mut [f32]) {
         let (h, w, crop, p) = (self.height, self.width, self.crop, self.patch);
         let grid = crop / p;
-        let patch_len = p * p * 3;
+        let (patch_len, seg) = (p * p * 3, p * 3);
+        // Frames change every call: never trust rows cached from the previous one.
+        self.row_ids = [None; 2];
         for cam in 0..self.cameras {
             let img = &frames[cam * h * w * 3..(cam + 1) * h * w * 3];
             let dst = &mut out[cam * crop * crop * 3..(cam + 1) * crop * crop * 3];
             for y in 0..crop {
-                let (r0, r1, fy) = (
-                    self.ys.i0[y] * w * 3,
-                    self.ys.i1[y] * w * 3,
-                    self.ys.frac[y],
-                );
+                let (i0, i1, fy) = (self.ys.i0[y], self.ys.i1[y], self.ys.frac[y]);
+                self.prepare_rows(cam, i0, i1, img);
+                let (top, bottom) = (&self.rows[0], &self.rows[1]);
                 let (py, dy) = (y / p, y % p);
-                for x in 0..crop {
-                    let (c0, c1, fx) = (self.xs.i0[x] * 3, self.xs.i1[x] * 3, self.xs.frac[x]);
-                    let (px, dx) = (x / p, x % p);
-                    let base = (py * grid + px) * patch_len + (dy * p + dx) * 3;
-                    for c in 0..3 {
-                        let v00 = img[r0 + c0 + c] as f32;
-                        let v01 = img[r0 + c1 + c] as f32;
-                        let v10 = img[r1 + c0 + c] as f32;
-                        let v11 = img[r1 + c1 + c] as f32;
-                        let top = v00 * (1.0 - fx) + v01 * fx;
-                        let bottom = v10 * (1.0 - fx) + v11 * fx;
-                        let v = top * (1.0 - fy) + bottom * fy;
-                        dst[base + c] = v / 255.0 * 2.0 - 1.0;
+                for px in 0..grid {
+                    let at = (py * grid + px) * patch_len + dy * seg;
+                    let src = px * seg..(px + 1) * seg;
+                    for ((d, t), b) in dst[at..at + seg]
+                        .iter_mut()
+                        .zip(&top[src.clone()])
+                        .zip(&bottom[src])
+                    {
+                        let v = t * (1.0 - fy) + b * fy;
+                        *d = v / 255.0 * 2.0 - 1.0;
                     }
                 }
             }
@@ -118,7 +151,7 @@ mod tests {
                 frame[(y * s + x) * 3 + 2] = 255;
             }
         }
-        let pre = Preprocessor::new(1, s, s, s, p);
+        let mut pre = Preprocessor::new(1, s, s, s, p);
         let mut out = vec![0f32; pre.output_len()];
         pre.run(&frame, &mut out);
         let at = |y: usize, x: usize, c: usize| {
@@ -129,6 +162,54 @@ mod tests {
         assert_eq!(at(27, 27, 2), 1.0);
     }
 
+    /// The contract's formula, one output value at a time.
+    fn per_pixel(pre: &Preprocessor, frames: &[u8]) -> Vec<f32> {
+        let (h, w, crop, p) = (pre.height, pre.width, pre.crop, pre.patch);
+        let grid = crop / p;
+        let mut out = vec![0f32; pre.output_len()];
+        for cam in 0..pre.cameras {
+            let img = &frames[cam * h * w * 3..];
+            for y in 0..crop {
+                let (r0, r1, fy) = (pre.ys.i0[y] * w * 3, pre.ys.i1[y] * w * 3, pre.ys.frac[y]);
+                for x in 0..crop {
+                    let (c0, c1, fx) = (pre.xs.i0[x] * 3, pre.xs.i1[x] * 3, pre.xs.frac[x]);
+                    let at = cam * crop * crop * 3
+                        + ((y / p) * grid + x / p) * p * p * 3
+                        + ((y % p) * p + x % p) * 3;
+                    for c in 0..3 {
+                        let v = |i: usize| img[i + c] as f32;
+                        let top = v(r0 + c0) * (1.0 - fx) + v(r0 + c1) * fx;
+                        let bottom = v(r1 + c0) * (1.0 - fx) + v(r1 + c1) * fx;
+                        out[at + c] = (top * (1.0 - fy) + bottom * fy) / 255.0 * 2.0 - 1.0;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn row_cached_resize_is_bit_identical_to_the_per_pixel_formula() {
+        // Up- and down-scaling, two cameras, reused across calls with new frames.
+        for (h, w, crop, p) in [(48, 64, 56, 14), (256, 256, 378, 14), (30, 20, 14, 7)] {
+            let mut pre = Preprocessor::new(2, h, w, crop, p);
+            for seed in [1u32, 2] {
+                let frames: Vec<u8> = (0..pre.frames_len() as u32)
+                    .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+                    .collect();
+                let mut out = vec![0f32; pre.output_len()];
+                pre.run(&frames, &mut out);
+                let want = per_pixel(&pre, &frames);
+                assert!(
+                    out.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{h}x{w} -> {crop}, seed {seed}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn downscale_by_two_averages_pixel_pairs() {
         // 2x4 -> 2x2 along x: half-pixel centres at 0.5 and 2.5 average neighbours.
@@ -137,7 +218,7 @@ mod tests {
             .flat_map(|v| [*v, *v, *v])
             .collect::<Vec<_>>()
             .repeat(2);
-        let pre = Preprocessor::new(1, 2, 4, 2, 1);
+        let mut pre = Preprocessor::new(1, 2, 4, 2, 1);
         let mut out = vec![0f32; pre.output_len()];
         pre.run(&frame, &mut out);
         let back = |v: f32| (v + 1.0) / 2.0 * 255.0;

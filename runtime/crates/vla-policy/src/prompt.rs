@@ -63,6 +63,41 @@ pub fn attention_bias(valid: &[u8], image_positions: &[usize], blocked: f32) -> 
     bias
 }
 
+impl Instruction {
+    /// Writes the whole scaffold into `hidden` (`[S, D]`): done once when the instruction
+    /// changes, since the text rows never change between observations.
+    pub fn write_scaffold(&self, hidden: &mut [f32]) {
+        hidden.copy_from_slice(&self.scaffold);
+    }
+
+    /// Writes the rows that depend on the observation into a `hidden` that already holds
+    /// this instruction's scaffold: image rows become `scaffold + image_embeds` (added in
+    /// one pass, so each row is read and written once), then state rows are replaced by
+    /// the rows of their token ids. `d` is the hidden width.
+    pub fn embed_observation(
+        &self,
+        hidden: &mut [f32],
+        image_embeds: &[f32],
+        state_token_rows: &[f32],
+        state_ids: &[usize],
+        d: usize,
+    ) {
+        for (j, &pos) in self.image_positions.iter().enumerate() {
+            let row = pos * d..(pos + 1) * d;
+            for ((h, s), e) in hidden[row.clone()]
+                .iter_mut()
+                .zip(&self.scaffold[row])
+                .zip(&image_embeds[j * d..(j + 1) * d])
+            {
+                *h = s + e;
+            }
+        }
+        for (&pos, &id) in self.state_positions.iter().zip(state_ids) {
+            hidden[pos * d..(pos + 1) * d].copy_from_slice(&state_token_rows[id * d..(id + 1) * d]);
+        }
+    }
+}
+
 impl PromptTables {
     pub fn load(path: &Path, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
         let file = path.display().to_string();
@@ -148,6 +183,26 @@ impl PromptTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn observation_rows_are_added_or_replaced_and_text_rows_kept() {
+        // S = 4, D = 2: [text, img, state, img]
+        let instr = Instruction {
+            scaffold: vec![1.0, 2.0, 10.0, 20.0, 5.0, 6.0, 30.0, 40.0],
+            attention_bias: vec![0.0; 16],
+            encoder_mask: vec![1.0; 4],
+            image_positions: vec![1, 3],
+            state_positions: vec![2],
+        };
+        let rows = [0.0, 0.0, 7.0, 8.0];
+        let mut hidden = vec![0.0; 8];
+        instr.write_scaffold(&mut hidden);
+        instr.embed_observation(&mut hidden, &[0.5, 0.25, 1.0, 2.0], &rows, &[1], 2);
+        assert_eq!(hidden, [1.0, 2.0, 10.5, 20.25, 7.0, 8.0, 31.0, 42.0]);
+        // A second observation starts again from the scaffold, not from the last sum.
+        instr.embed_observation(&mut hidden, &[1.0, 1.0, 0.0, 0.0], &rows, &[0], 2);
+        assert_eq!(hidden, [1.0, 2.0, 11.0, 21.0, 0.0, 0.0, 30.0, 40.0]);
+    }
 
     #[test]
     fn bias_is_causal_with_bidirectional_images_and_masks_padding() {
