@@ -562,6 +562,18 @@ impl Store {
         let mut repairs = Vec::new();
         let state = self.load_state(&mut repairs)?;
         self.apply_links(&state)?;
+        if state.current.is_none() {
+            if let Some(target) = durable::read_link(&self.current_link())? {
+                // Replacing a link the store does not manage would lose the only way back.
+                return Err(OtaError::State {
+                    path: self.current_link(),
+                    reason: format!(
+                        "points at {}, outside the store: provision that bundle with `vlad ota install` and `activate`, or remove the link",
+                        target.display()
+                    ),
+                });
+            }
+        }
         let dir = self.bundle_dir(&hash);
         if state.current.as_deref() == Some(hash.as_str()) {
             return Ok(Activated {
@@ -783,7 +795,12 @@ impl Store {
             cleaned: self.clean_leftovers()?,
             ..StartReport::default()
         };
+        let rebuilt = !matches!(self.read_state(), Ok(Some(_)));
         let mut state = self.load_state(&mut report.repairs)?;
+        if rebuilt && state.current.is_some() {
+            // Adopts links provisioned without a state (a factory image) as committed.
+            self.write_state(&state)?;
+        }
         if state
             .previous
             .as_deref()

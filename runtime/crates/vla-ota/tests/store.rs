@@ -55,7 +55,6 @@ fn every_rejected_install_leaves_the_store_untouched() {
     let (store, a) = with_committed(&root, &tmp.join("src"));
     let before = snapshot(&root);
 
-    let rel = "ctx/action_step_socid77_archv73.bin";
     type Damage = fn(&Path);
     let cases: Vec<(&str, Spec, Damage, &str)> = vec![
         (
@@ -164,7 +163,6 @@ fn every_rejected_install_leaves_the_store_untouched() {
         assert_eq!(snapshot(&root), before, "{what}: the store changed");
         println!("{what}: {text}");
     }
-    let _ = rel;
 
     // A full disk (free space probe reporting 10 KiB): refused before anything is written.
     let mut full = vla_ota::Store::new(settings(&root));
@@ -479,4 +477,43 @@ fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
     let mut gate = vla_ota::SignalDaemon::new(&store, "vlad");
     store.activate(&b, &mut gate).unwrap();
     assert!(gate.outcome.unwrap().contains("next start"));
+}
+
+#[test]
+fn links_without_a_state_file_are_adopted_and_foreign_links_protected() {
+    let tmp = TempDir::new("store-adopt");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    // A factory image ships bundles/<hash> and the `current` link, but no state.
+    std::fs::remove_file(root.join(vla_ota::STATE_FILE)).unwrap();
+    let report = store.on_start().unwrap();
+    assert_eq!(report.current.map(|c| c.0), Some(a.clone()));
+    assert!(
+        report.repairs.iter().any(|r| r.contains("rebuilt")),
+        "{:?}",
+        report.repairs
+    );
+    let state = store.status().unwrap().state;
+    assert_eq!(
+        (state.current.as_deref(), state.trial.as_deref()),
+        (Some(a.as_str()), None)
+    );
+    // Written back: the next start has nothing to repair.
+    assert!(store.on_start().unwrap().repairs.is_empty());
+
+    // A `current` link pointing outside the store is never replaced or removed.
+    let other_root = tmp.join("other");
+    let other = vla_ota::Store::new(settings(&other_root));
+    let b = other
+        .install(&Spec::new("b").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap()
+        .hash;
+    std::os::unix::fs::symlink("/usr/share/vla/factory", other_root.join("current")).unwrap();
+    assert!(other.on_start().unwrap().current.is_none());
+    let e = other.activate(&b, &mut pass).unwrap_err();
+    assert!(e.to_string().contains("outside the store"), "{e}");
+    assert_eq!(
+        std::fs::read_link(other_root.join("current")).unwrap(),
+        std::path::PathBuf::from("/usr/share/vla/factory")
+    );
 }
