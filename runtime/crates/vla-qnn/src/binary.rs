@@ -391,6 +391,33 @@ impl ContextBinary {
         Ok(Self { path, map, info })
     }
 
+    /// As [`ContextBinary::open`], but reads the file into anonymous memory instead of
+    /// mapping it (what a runtime that "loads the file" does): for comparing load time
+    /// and resident memory against the mapping.
+    pub fn read(lib: &QnnLibrary, path: impl AsRef<Path>) -> Result<Self, QnnError> {
+        let path = path.as_ref().to_owned();
+        let err = |reason: String| QnnError::Binary {
+            path: path.clone(),
+            reason,
+        };
+        let mut file = std::fs::File::open(&path).map_err(|e| err(e.to_string()))?;
+        let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(err("not a regular file".into()));
+        }
+        if meta.len() == 0 {
+            return Err(err("empty file".into()));
+        }
+        let mut heap = memmap2::MmapMut::map_anon(meta.len() as usize)
+            .map_err(|e| err(format!("anonymous map: {e}")))?;
+        std::io::Read::read_exact(&mut file, &mut heap).map_err(|e| err(e.to_string()))?;
+        let map = heap
+            .make_read_only()
+            .map_err(|e| err(format!("mprotect: {e}")))?;
+        let info = read_binary_info(lib, &map, &path)?;
+        Ok(Self { path, map, info })
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -1,0 +1,528 @@
+//! Host work per inference at the seeds' full dimensions, on synthetic tensors, with no
+//! graph execution: every step between the contexts, through the same `vla-policy`
+//! functions the pipelines call, timed step by step, next to the memory-bandwidth floor
+//! (bytes the step reads and writes / memcpy rate measured in the same run).
+//!
+//! The NPU writes its outputs by DMA, so the CPU meets them cold: a 64 MiB buffer (twice
+//! the L3 here) is streamed through before each timed step, untimed.
+
+use crate::stats::summary;
+use serde_json::{json, Value};
+use std::hint::black_box;
+use std::time::Instant;
+use vla_policy::manifest::{NormMode, Normalization, StepOutput};
+use vla_policy::{
+    attention_bias, count_non_finite, fill_gaussian, initial_trajectory, integrate_step,
+    state_token_ids, wan_actions, wan_sigmas, wan_update, Instruction, Normalizer, Preprocessor,
+};
+
+/// MolmoAct2 at one variant's real sizes (the seed model cards).
+#[derive(Clone, Copy, Debug)]
+pub struct MolmoDims {
+    pub name: &'static str,
+    pub cameras: usize,
+    pub frame: usize,
+    pub crop: usize,
+    pub patch: usize,
+    pub image_tokens: usize,
+    pub seq: usize,
+    pub hidden: usize,
+    pub splits: usize,
+    pub layers_per_split: usize,
+    pub kv_width: usize,
+    /// Layers and width of k_ctx / v_ctx. The cards do not give them; the action expert
+    /// has 36 DiT blocks of width 768 (operator-fused card), taken as `[36,1,S,768]`.
+    pub ctx_layers: usize,
+    pub ctx_width: usize,
+    pub horizon: usize,
+    pub action_width: usize,
+    pub action_dims: usize,
+    pub flow_steps: usize,
+    pub state_dims: usize,
+}
+
+/// The original LIBERO checkpoint: 2 x 196 image tokens, prompt of 488.
+pub const ORIGINAL: MolmoDims = MolmoDims {
+    name: "molmoact2-original",
+    cameras: 2,
+    frame: 256,
+    crop: 378,
+    patch: 14,
+    image_tokens: 392,
+    seq: 488,
+    hidden: 2560,
+    splits: 4,
+    layers_per_split: 9,
+    kv_width: 1024,
+    ctx_layers: 36,
+    ctx_width: 768,
+    horizon: 10,
+    action_width: 32,
+    action_dims: 7,
+    flow_steps: 10,
+    state_dims: 8,
+};
+
+/// LP-VTP-SD: 2 x 16 image tokens from the grid sampler, prompt of 130, 2 flow steps.
+pub const LP_VTP_SD: MolmoDims = MolmoDims {
+    name: "molmoact2-lp-vtp-sd",
+    image_tokens: 32,
+    seq: 130,
+    flow_steps: 2,
+    ..ORIGINAL
+};
+
+/// Fast-WAM's action expert: only the latents change per step; the video KV cache
+/// (`2 x [30,1,98,3072]`) and text context (`[1,129,4096]`) are bound once.
+#[derive(Clone, Copy, Debug)]
+pub struct FastWamDims {
+    pub name: &'static str,
+    pub horizon: usize,
+    pub action_dims: usize,
+    pub flow_steps: usize,
+    pub shift: f64,
+    pub constant_input_bytes: u64,
+}
+
+pub const FASTWAM: FastWamDims = FastWamDims {
+    name: "fastwam",
+    horizon: 32,
+    action_dims: 7,
+    flow_steps: 10,
+    shift: 5.0,
+    constant_input_bytes: (2 * 30 * 98 * 3072 + 129 * 4096 + 129) * 4,
+};
+
+const F32: u64 = 4;
+const EVICT_BYTES: usize = 64 << 20;
+
+/// Deterministic values in [-1, 1) (xorshift), finite like real activations.
+fn synthetic(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Streams through a buffer larger than the last-level cache so the next step starts cold.
+struct Evictor(Vec<u64>);
+
+impl Evictor {
+    fn new() -> Self {
+        Self(vec![1; EVICT_BYTES / 8])
+    }
+    fn run(&mut self) {
+        for (i, w) in self.0.iter_mut().enumerate() {
+            *w = w.wrapping_add(i as u64);
+        }
+        black_box(&self.0);
+    }
+}
+
+/// memcpy of 64 MiB (twice the L3 here), sampled through the run: the machine is shared,
+/// so the floor uses the best rate seen, the most demanding one.
+pub struct Memcpy {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+    /// Bytes moved per second of each sample (a copy of n bytes reads n and writes n).
+    pub rates: Vec<f64>,
+}
+
+impl Memcpy {
+    pub fn new() -> Self {
+        let n = 64 << 20;
+        let src = vec![1u8; n];
+        let mut dst = vec![0u8; n];
+        dst.copy_from_slice(&src);
+        Self {
+            src,
+            dst,
+            rates: Vec::with_capacity(1024),
+        }
+    }
+
+    pub fn sample(&mut self, reps: usize) {
+        for _ in 0..reps {
+            let t = Instant::now();
+            self.dst.copy_from_slice(black_box(&self.src));
+            black_box(&self.dst);
+            self.rates
+                .push((2 * self.src.len()) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+
+    pub fn best(&self) -> f64 {
+        self.rates.iter().copied().fold(0.0, f64::max)
+    }
+
+    pub fn median(&self) -> f64 {
+        let mut r = self.rates.clone();
+        crate::stats::quantile(&mut r, 0.5)
+    }
+}
+
+/// One timed host step: its traffic per inference and its samples (ms).
+struct Step {
+    name: &'static str,
+    what: &'static str,
+    bytes: u64,
+    samples: Vec<f64>,
+}
+
+impl Step {
+    fn new(name: &'static str, what: &'static str, bytes: u64) -> Self {
+        Self {
+            name,
+            what,
+            bytes,
+            samples: Vec::new(),
+        }
+    }
+
+    fn json(&mut self) -> Value {
+        let (p50, p99, max) = summary(&mut self.samples);
+        json!({
+            "step": self.name,
+            "what": self.what,
+            "bytes": self.bytes,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": max,
+        })
+    }
+}
+
+/// Milliseconds `f` takes on cold caches.
+fn cold(evict: &mut Evictor, f: impl FnOnce()) -> f64 {
+    evict.run();
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn time(step: &mut Step, evict: &mut Evictor, f: impl FnOnce()) {
+    let ms = cold(evict, f);
+    step.samples.push(ms);
+}
+
+fn quantile_norm(dims: usize, low: f32, high: f32) -> Normalization {
+    Normalization {
+        mode: NormMode::Quantile,
+        low: Some(vec![low; dims]),
+        high: Some(vec![high; dims]),
+        mean: None,
+        std: None,
+        passthrough: None,
+    }
+}
+
+fn counting<T>(allocs: &dyn Fn() -> u64, f: impl FnOnce() -> T) -> (T, u64) {
+    let before = allocs();
+    let out = f();
+    (out, allocs() - before)
+}
+
+/// Host work of one MolmoAct2 inference, `iterations` times after one warm-up.
+pub fn molmoact2(
+    d: &MolmoDims,
+    iterations: usize,
+    mem: &mut Memcpy,
+    allocs: &dyn Fn() -> u64,
+) -> Value {
+    let (s, h) = (d.seq, d.hidden);
+    let grid = d.crop / d.patch;
+    let mut pre = Preprocessor::new(d.cameras, d.frame, d.frame, d.crop, d.patch);
+    let frames: Vec<u8> = synthetic(pre.frames_len() / 4 + 1, 1)
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .take(pre.frames_len())
+        .collect();
+    let mut pixel_values = vec![0f32; pre.output_len()];
+    let image_embeds = synthetic(d.image_tokens * h, 2);
+    // Image rows first (two cameras back to back after a short preamble), state rows
+    // near the end, as in the real prompt layout.
+    let image_positions: Vec<usize> = (4..4 + d.image_tokens).collect();
+    let state_positions: Vec<usize> = (s - 40..s - 40 + d.state_dims).collect();
+    let valid = vec![1u8; s];
+    let instr = Instruction {
+        scaffold: synthetic(s * h, 3),
+        attention_bias: attention_bias(&valid, &image_positions, f32::MIN),
+        encoder_mask: vec![1.0; s],
+        image_positions,
+        state_positions,
+    };
+    let state_rows = synthetic(256 * h, 4);
+    let state = synthetic(d.state_dims, 5);
+    let mut state_ids = vec![0usize; d.state_dims];
+    let mut prompt_hidden = vec![0f32; s * h];
+    let hidden_out = [synthetic(s * h, 6), synthetic(s * h, 7)];
+    let ctx_len = d.ctx_layers * s * d.ctx_width;
+    let (k_ctx, v_ctx) = (synthetic(ctx_len, 8), synthetic(ctx_len, 9));
+    let traj_len = d.horizon * d.action_width;
+    let mut trajectory = vec![0f32; traj_len];
+    let step_out = synthetic(traj_len, 10);
+    let mut chunk = vec![0f32; d.horizon * d.action_dims];
+    let mut actions = vec![0f32; d.horizon * d.action_dims];
+    let state_norm = Normalizer::new(&quantile_norm(d.state_dims, -2.0, 2.0), d.state_dims);
+    let action_norm = Normalizer::new(&quantile_norm(d.action_dims, -1.0, 1.0), d.action_dims);
+    let mut evict = Evictor::new();
+
+    let kv_bytes = (d.splits * d.layers_per_split * s * d.kv_width) as u64 * F32 * 2;
+    let pv_bytes = pixel_values.len() as u64 * F32;
+    let embed_bytes = image_embeds.len() as u64 * F32;
+    let hidden_bytes = (s * h) as u64 * F32;
+    let row_bytes = h as u64 * F32;
+    let traj_bytes = traj_len as u64 * F32;
+    let mut steps = [
+        Step::new(
+            "preprocess",
+            "frames -> resize, normalize, patchify -> pixel_values",
+            pre.frames_len() as u64 + pv_bytes,
+        ),
+        Step::new(
+            "vision guard",
+            "non-finite scan of image_embeds",
+            embed_bytes,
+        ),
+        Step::new(
+            "prompt rows",
+            "image rows = scaffold + embeds, state rows replaced",
+            embed_bytes * 3 + d.state_dims as u64 * row_bytes * 2,
+        ),
+        Step::new(
+            "chain guards",
+            "non-finite scan of each split's hidden_out",
+            d.splits as u64 * hidden_bytes,
+        ),
+        Step::new(
+            "KV assembly",
+            "none: each split writes its keys/values in place in action_context's inputs",
+            0,
+        ),
+        Step::new(
+            "action_context guard",
+            "non-finite scan of k_ctx and v_ctx",
+            2 * ctx_len as u64 * F32,
+        ),
+        Step::new(
+            "flow loop",
+            "noise, per step: guard + Euler update with pad mask",
+            traj_bytes * (1 + 3 * d.flow_steps as u64),
+        ),
+        Step::new(
+            "de-normalize",
+            "chunk -> robot units",
+            chunk.len() as u64 * F32 * 2,
+        ),
+    ];
+    steps
+        .iter_mut()
+        .for_each(|s| s.samples.reserve(iterations + 1));
+    let n = d.flow_steps;
+    let dt = (1.0f64 / n as f64) as f32;
+    let mut totals = Vec::with_capacity(iterations);
+    let mut allocations = 0u64;
+    for iteration in 0..=iterations {
+        let warm = iteration > 0;
+        let ((), count) = counting(allocs, || {
+            time(&mut steps[0], &mut evict, || {
+                pre.run(&frames, &mut pixel_values)
+            });
+            time(&mut steps[1], &mut evict, || {
+                black_box(count_non_finite(&image_embeds));
+            });
+            time(&mut steps[2], &mut evict, || {
+                state_token_ids(&state_norm, &state, &mut state_ids);
+                instr.embed_observation(
+                    &mut prompt_hidden,
+                    &image_embeds,
+                    &state_rows,
+                    &state_ids,
+                    h,
+                );
+            });
+            // Each split's output is fresh from the NPU: every scan starts cold.
+            let chain: f64 = (0..d.splits)
+                .map(|i| {
+                    cold(&mut evict, || {
+                        black_box(count_non_finite(&hidden_out[i % 2]));
+                    })
+                })
+                .sum();
+            steps[3].samples.push(chain);
+            steps[4].samples.push(0.0);
+            time(&mut steps[5], &mut evict, || {
+                black_box(count_non_finite(&k_ctx) + count_non_finite(&v_ctx));
+            });
+            time(&mut steps[6], &mut evict, || {
+                initial_trajectory(7, &mut trajectory, d.action_width, d.action_dims);
+                for _ in 0..n {
+                    black_box(count_non_finite(&step_out));
+                    integrate_step(
+                        &mut trajectory,
+                        &step_out,
+                        StepOutput::Velocity,
+                        dt,
+                        d.action_width,
+                        d.action_dims,
+                    );
+                }
+                for (r, row) in chunk.chunks_exact_mut(d.action_dims).enumerate() {
+                    row.copy_from_slice(&trajectory[r * d.action_width..][..d.action_dims]);
+                }
+            });
+            time(&mut steps[7], &mut evict, || {
+                action_norm.denormalize_into(&chunk, &mut actions);
+                black_box(&actions);
+            });
+        });
+        mem.sample(1);
+        if warm {
+            allocations += count;
+            totals.push(
+                steps
+                    .iter()
+                    .map(|s| *s.samples.last().unwrap_or(&0.0))
+                    .sum::<f64>(),
+            );
+        } else {
+            steps.iter_mut().for_each(|s| s.samples.clear());
+        }
+    }
+    // Once per instruction (not per inference): scaffold into the prompt buffer and the bias.
+    let t = Instant::now();
+    instr.write_scaffold(&mut prompt_hidden);
+    let bias = attention_bias(&valid, &instr.image_positions, f32::MIN);
+    let once_ms = t.elapsed().as_secs_f64() * 1e3;
+    black_box((&prompt_hidden, bias));
+
+    let total_bytes: u64 = steps.iter().map(|s| s.bytes).sum();
+    let (p50, p99, _) = summary(&mut totals);
+    json!({
+        "variant": d.name,
+        "dims": {
+            "frames": [d.cameras, d.frame, d.frame, 3],
+            "pixel_values": [1, d.cameras, grid * grid, d.patch * d.patch * 3],
+            "seq": s, "hidden": h, "image_tokens": d.image_tokens,
+            "kv": [d.splits * d.layers_per_split, 1, s, d.kv_width],
+            "k_ctx": [d.ctx_layers, 1, s, d.ctx_width],
+            "flow_steps": n,
+        },
+        "iterations": iterations,
+        "steps": steps.iter_mut().map(Step::json).collect::<Vec<_>>(),
+        "total_p50_ms": p50,
+        "total_p99_ms": p99,
+        "bytes_per_inference": total_bytes,
+        "kv_bytes_not_copied": kv_bytes,
+        "once_per_instruction_ms": once_ms,
+        "allocations_per_inference": allocations as f64 / iterations as f64,
+    })
+}
+
+/// Host work of one Fast-WAM inference (the world-model inputs stay bound: 0 bytes).
+pub fn fastwam(
+    f: &FastWamDims,
+    iterations: usize,
+    mem: &mut Memcpy,
+    allocs: &dyn Fn() -> u64,
+) -> Value {
+    let n = f.horizon * f.action_dims;
+    let sigmas = wan_sigmas(f.flow_steps, f.shift);
+    let mut latents = vec![0f32; n];
+    let pred = synthetic(n, 11);
+    let mut actions = vec![0f32; n];
+    let mut timestep = [0f32];
+    let norm = Normalizer::new(&quantile_norm(f.action_dims, -1.0, 1.0), f.action_dims);
+    let mut evict = Evictor::new();
+    let bytes = n as u64 * F32 * (1 + 3 * f.flow_steps as u64 + 2);
+    let mut step = Step::new(
+        "flow loop + de-normalize",
+        "noise, per step: timestep, guard, Euler update; actions",
+        bytes,
+    );
+    step.samples.reserve(iterations + 1);
+    let mut allocations = 0u64;
+    for iteration in 0..=iterations {
+        let ((), count) = counting(allocs, || {
+            time(&mut step, &mut evict, || {
+                fill_gaussian(7, &mut latents);
+                for i in 0..f.flow_steps {
+                    timestep[0] = (sigmas[i] * 1000.0) as f32;
+                    black_box(count_non_finite(&pred));
+                    wan_update(&mut latents, &pred, sigmas[i], sigmas[i + 1]);
+                }
+                wan_actions(&norm, &latents, &mut actions, f.action_dims, true);
+                black_box((&actions, &timestep));
+            });
+        });
+        mem.sample(1);
+        if iteration == 0 {
+            step.samples.clear();
+        } else {
+            allocations += count;
+        }
+    }
+    let mut totals = step.samples.clone();
+    let (p50, p99, _) = summary(&mut totals);
+    json!({
+        "variant": f.name,
+        "dims": {
+            "latents": [1, f.horizon, f.action_dims],
+            "flow_steps": f.flow_steps,
+            "constant_inputs_bytes": f.constant_input_bytes,
+        },
+        "iterations": iterations,
+        "steps": [
+            step.json(),
+            {"step": "world-model inputs", "what": "none: video KV cache and context bound once at load",
+             "bytes": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0},
+        ],
+        "total_p50_ms": p50,
+        "total_p99_ms": p99,
+        "bytes_per_inference": bytes,
+        "allocations_per_inference": allocations as f64 / iterations as f64,
+    })
+}
+
+/// Adds the floor (bytes / best memcpy rate of the run) to every step and variant.
+pub fn add_floors(variants: &mut [Value], bytes_per_s: f64) {
+    let floor = |v: &Value| v["bytes"].as_f64().unwrap_or(0.0) / bytes_per_s * 1e3;
+    for v in variants {
+        if let Some(steps) = v["steps"].as_array_mut() {
+            for s in steps {
+                s["floor_ms"] = json!(floor(s));
+            }
+        }
+        v["floor_ms"] = json!(v["bytes_per_inference"].as_f64().unwrap_or(0.0) / bytes_per_s * 1e3);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_sizes_match_the_model_cards() {
+        assert_eq!(ORIGINAL.crop / ORIGINAL.patch, 27, "729 patches per crop");
+        assert_eq!(ORIGINAL.patch * ORIGINAL.patch * 3, 588);
+        let kv = ORIGINAL.splits * ORIGINAL.layers_per_split * ORIGINAL.seq * ORIGINAL.kv_width * 4;
+        assert_eq!(kv, 71_958_528, "[36,1,488,1024] f32");
+        assert_eq!(
+            (LP_VTP_SD.seq, LP_VTP_SD.image_tokens, LP_VTP_SD.flow_steps),
+            (130, 32, 2)
+        );
+        assert_eq!(FASTWAM.constant_input_bytes, 72_253_440 + 2_113_536 + 516);
+    }
+
+    #[test]
+    fn synthetic_values_are_finite_and_bounded() {
+        let v = synthetic(10_000, 3);
+        assert!(v.iter().all(|x| x.is_finite() && (-1.0..1.0).contains(x)));
+        assert_ne!(v[0], v[1]);
+    }
+}

@@ -1,0 +1,452 @@
+//! `vlad bench-bundle --bundle DIR`: what a whole bundle costs on this machine.
+//!
+//! - Inference: end-to-end latency p50/p99 over `--iterations` after warm-up, the sum of
+//!   pure `graphExecute` time, the host overhead (total minus execute) in microseconds
+//!   and percent, and p50/p99 per component, all from the pipeline's own timings.
+//! - Load: every context loaded in a fresh child process (so nothing else is resident),
+//!   once mapped and once read into anonymous memory: load time and the RSS/PSS it adds
+//!   (`/proc/self/smaps_rollup`), next to the total size of the binaries.
+//!
+//! Prints figures only; nothing here asserts a timing.
+
+use crate::cli::{self, Common};
+use crate::{qnn_setup, Failure};
+use lexopt::prelude::*;
+use serde_json::{json, Value};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use vla_policy::{Bundle, ObservationFile, Policy};
+use vla_qnn::{Context, ContextBinary};
+
+const HELP: &str = "\
+usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE] [--lib-dir DIR]
+Latency p50/p99, execute sum, host overhead (us and %) and per-component times over the
+bundle's golden observation; load time and RSS/PSS of every context, mapped and read into
+memory, each in a fresh process.";
+
+/// How the context binaries are brought into memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadMode {
+    Mmap,
+    Heap,
+}
+
+impl LoadMode {
+    fn name(self) -> &'static str {
+        match self {
+            LoadMode::Mmap => "mmap",
+            LoadMode::Heap => "heap",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, Failure> {
+        match s {
+            "mmap" => Ok(LoadMode::Mmap),
+            "heap" => Ok(LoadMode::Heap),
+            other => Err(Failure::Usage(format!(
+                "--load-probe: `{other}` is not mmap or heap"
+            ))),
+        }
+    }
+}
+
+/// Memory figures of this process from `/proc/self/smaps_rollup`, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    pub rss: u64,
+    pub pss: u64,
+    pub pss_anon: u64,
+    pub pss_file: u64,
+}
+
+impl Memory {
+    /// Parses the text of `smaps_rollup` (`Key:  N kB` lines); absent keys stay 0.
+    pub fn parse(text: &str) -> Self {
+        let mut m = Memory::default();
+        for line in text.lines() {
+            let mut parts = line.split_whitespace();
+            let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let Ok(kb) = value.parse::<u64>() else {
+                continue;
+            };
+            let slot = match key {
+                "Rss:" => &mut m.rss,
+                "Pss:" => &mut m.pss,
+                "Pss_Anon:" => &mut m.pss_anon,
+                "Pss_File:" => &mut m.pss_file,
+                _ => continue,
+            };
+            *slot = kb * 1024;
+        }
+        m
+    }
+
+    pub fn read() -> Result<Self, Failure> {
+        let path = "/proc/self/smaps_rollup";
+        std::fs::read_to_string(path)
+            .map(|t| Memory::parse(&t))
+            .map_err(|e| Failure::Error(format!("cannot read {path}: {e}")))
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// Nearest-rank `q`-quantile of samples (sorted in place).
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
+}
+
+struct Options {
+    common: Common,
+    dir: PathBuf,
+    iterations: usize,
+    warmup: usize,
+    json: Option<PathBuf>,
+    probe: Option<LoadMode>,
+}
+
+fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
+    let mut common = Common::default();
+    let (mut dir, mut json, mut probe) = (None, None, None);
+    let (mut iterations, mut warmup) = (50usize, 3usize);
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name) if Common::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                common.take(&name, &mut p)?;
+            }
+            Long("bundle") => dir = Some(cli::value(&mut p)?.into()),
+            Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
+            Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
+            Long("json") => json = Some(cli::value(&mut p)?.into()),
+            Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
+            Short('h') | Long("help") => {
+                println!("{HELP}");
+                return Ok(None);
+            }
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let dir = dir.ok_or_else(|| Failure::Usage("bench-bundle needs --bundle DIR".into()))?;
+    if iterations == 0 {
+        return Err(Failure::Usage("--iterations must be at least 1".into()));
+    }
+    Ok(Some(Options {
+        common,
+        dir,
+        iterations,
+        warmup,
+        json,
+        probe,
+    }))
+}
+
+/// The subcommand `vlad bench-bundle`.
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some(o) = parse(args)? else {
+        return Ok(());
+    };
+    o.common.init_logging();
+    let bundle = Bundle::open(&o.dir)?;
+    if let Some(mode) = o.probe {
+        let probe = load_probe(&o.common, &bundle, mode)?;
+        println!("{probe}");
+        return Ok(());
+    }
+    let mut load = serde_json::Map::new();
+    for mode in [LoadMode::Mmap, LoadMode::Heap] {
+        load.insert(mode.name().into(), spawn_probe(&o, mode)?);
+    }
+    let report = bench(&o, &bundle, Value::Object(load))?;
+    print!("{}", render(&report));
+    if let Some(path) = &o.json {
+        let text = serde_json::to_string_pretty(&report).expect("JSON of plain values");
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// Total bytes of the bundle's context binaries.
+fn binaries_bytes(bundle: &Bundle) -> Result<u64, Failure> {
+    let mut total = 0;
+    for name in bundle.manifest.required_components() {
+        let path = bundle.path(&bundle.manifest.components[&name].binary);
+        total += std::fs::metadata(&path)
+            .map_err(|e| Failure::Error(format!("{}: {e}", path.display())))?
+            .len();
+    }
+    Ok(total)
+}
+
+/// Loads every context with `mode` and reports time and memory (run in a fresh child).
+fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value, Failure> {
+    let (lib, backend) = qnn_setup::load_backend(common)?;
+    let before = Memory::read()?;
+    let t = Instant::now();
+    let mut resident = Vec::new();
+    for name in bundle.manifest.required_components() {
+        let c = &bundle.manifest.components[&name];
+        let path = bundle.path(&c.binary);
+        let binary = match mode {
+            LoadMode::Mmap => ContextBinary::open(&lib, &path)?,
+            LoadMode::Heap => ContextBinary::read(&lib, &path)?,
+        };
+        let context = Context::create(&backend, binary)?;
+        let graph = context.graph(c.graph.as_deref())?;
+        resident.push((context, graph));
+    }
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let after = Memory::read()?;
+    let delta = |a: u64, b: u64| a as i64 - b as i64;
+    Ok(json!({
+        "mode": mode.name(),
+        "contexts": resident.len(),
+        "load_ms": load_ms,
+        "rss_before": before.rss, "pss_before": before.pss,
+        "rss_after": after.rss, "pss_after": after.pss,
+        "rss_delta": delta(after.rss, before.rss),
+        "pss_delta": delta(after.pss, before.pss),
+        "anon_delta": delta(after.pss_anon, before.pss_anon),
+        "file_delta": delta(after.pss_file, before.pss_file),
+    }))
+}
+
+fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::Error(format!("cannot find this executable: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("bench-bundle")
+        .arg("--bundle")
+        .arg(&o.dir)
+        .args(["--load-probe", mode.name()]);
+    if let Some(d) = &o.common.lib_dir {
+        cmd.arg("--lib-dir").arg(d);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| Failure::Error(format!("load probe ({}): {e}", mode.name())))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The emulator prints its own lines on stdout; the probe's report is the JSON one.
+    let line = stdout.lines().rev().find(|l| l.starts_with('{'));
+    match (out.status.success(), line) {
+        (true, Some(l)) => serde_json::from_str(l)
+            .map_err(|e| Failure::Error(format!("load probe ({}): bad report: {e}", mode.name()))),
+        _ => Err(Failure::Error(format!(
+            "load probe ({}) failed ({}): {}",
+            mode.name(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
+    let (_, backend) = qnn_setup::load_backend(&o.common)?;
+    let t = Instant::now();
+    let mut policy = Policy::load(bundle, &backend)?;
+    let load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let memory = Memory::read()?;
+    let obs = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end))?;
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    for _ in 0..o.warmup {
+        policy.infer(&obs.observation(), &mut actions)?;
+    }
+    let names: Vec<String> = policy
+        .timings()
+        .components
+        .iter()
+        .map(|c| c.0.clone())
+        .collect();
+    let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
+    let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..o.iterations {
+        policy.infer(&obs.observation(), &mut actions)?;
+        let t = policy.timings();
+        let execute: Duration = t.components.iter().map(|c| c.1).sum();
+        for (samples, c) in per_component.iter_mut().zip(&t.components) {
+            samples.push(us(c.1));
+        }
+        totals.push(us(t.total));
+        executes.push(us(execute));
+        hosts.push(us(t.host()));
+    }
+    let mut host_share: Vec<f64> = hosts
+        .iter()
+        .zip(&executes)
+        .map(|(h, e)| 100.0 * h / e.max(1e-9))
+        .collect();
+    let components: Vec<Value> = names
+        .iter()
+        .zip(per_component.iter_mut())
+        .map(|(n, s)| json!({"component": n, "p50_us": quantile(s, 0.5), "p99_us": quantile(s, 0.99)}))
+        .collect();
+    let policy_name = format!("{:?}", bundle.manifest.policy).to_lowercase();
+    Ok(json!({
+        "bundle": bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "name": bundle.manifest.name,
+        "policy": policy_name,
+        "iterations": o.iterations,
+        "warmup": o.warmup,
+        "total_p50_us": quantile(&mut totals, 0.5),
+        "total_p99_us": quantile(&mut totals, 0.99),
+        "execute_p50_us": quantile(&mut executes, 0.5),
+        "execute_p99_us": quantile(&mut executes, 0.99),
+        "host_overhead_p50_us": quantile(&mut hosts, 0.5),
+        "host_overhead_p99_us": quantile(&mut hosts, 0.99),
+        "host_overhead_pct": quantile(&mut host_share, 0.5),
+        "components": components,
+        "policy_load_ms": load_ms,
+        "rss_after_policy_load": memory.rss,
+        "pss_after_policy_load": memory.pss,
+        "binaries_bytes": binaries_bytes(bundle)?,
+        "load": load,
+    }))
+}
+
+fn render(r: &Value) -> String {
+    let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    let mut s = format!(
+        "bundle {} ({}), {} iterations after {} warm-up\n",
+        r["bundle"].as_str().unwrap_or("?"),
+        r["policy"].as_str().unwrap_or("?"),
+        r["iterations"],
+        r["warmup"]
+    );
+    s += &format!(
+        "  end to end      p50 {:>10.1} us  p99 {:>10.1} us\n",
+        f("total_p50_us"),
+        f("total_p99_us")
+    );
+    s += &format!(
+        "  execute sum     p50 {:>10.1} us  p99 {:>10.1} us\n",
+        f("execute_p50_us"),
+        f("execute_p99_us")
+    );
+    s += &format!(
+        "  host overhead   p50 {:>10.1} us  p99 {:>10.1} us  ({:.3}% of execute)\n",
+        f("host_overhead_p50_us"),
+        f("host_overhead_p99_us"),
+        f("host_overhead_pct")
+    );
+    for c in r["components"].as_array().into_iter().flatten() {
+        s += &format!(
+            "  {:<15} p50 {:>10.1} us  p99 {:>10.1} us\n",
+            c["component"].as_str().unwrap_or("?"),
+            c["p50_us"].as_f64().unwrap_or(f64::NAN),
+            c["p99_us"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    let mib = |v: &Value| v.as_f64().unwrap_or(f64::NAN) / 1048576.0;
+    s += &format!(
+        "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB\n",
+        mib(&r["binaries_bytes"]),
+        mib(&r["rss_after_policy_load"]),
+        mib(&r["pss_after_policy_load"])
+    );
+    for (mode, l) in r["load"].as_object().into_iter().flatten() {
+        s += &format!(
+            "  load ({mode:<4}) {:>8.1} ms  RSS +{:.2} MiB  PSS +{:.2} MiB (anon +{:.2}, file +{:.2})\n",
+            l["load_ms"].as_f64().unwrap_or(f64::NAN),
+            mib(&l["rss_delta"]),
+            mib(&l["pss_delta"]),
+            mib(&l["anon_delta"]),
+            mib(&l["file_delta"])
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn smaps_rollup_figures_are_read_in_bytes() {
+        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\n\
+                    Rss:                1200 kB\n\
+                    Pss:                 900 kB\n\
+                    Pss_Dirty:           100 kB\n\
+                    Pss_Anon:            700 kB\n\
+                    Pss_File:            200 kB\n\
+                    Shared_Clean:        300 kB\n";
+        let m = Memory::parse(text);
+        assert_eq!(
+            m,
+            Memory {
+                rss: 1200 * 1024,
+                pss: 900 * 1024,
+                pss_anon: 700 * 1024,
+                pss_file: 200 * 1024
+            }
+        );
+        assert_eq!(Memory::parse("garbage\nRss: x kB\n"), Memory::default());
+    }
+
+    #[test]
+    fn this_process_has_resident_memory() {
+        let m = Memory::read().unwrap_or_default();
+        if std::path::Path::new("/proc/self/smaps_rollup").exists() {
+            assert!(m.rss > 0 && m.pss > 0 && m.pss <= m.rss);
+        }
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let mut v: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(quantile(&mut v, 0.5), 100.0);
+        assert_eq!(quantile(&mut v, 0.99), 198.0);
+        assert_eq!(quantile(&mut [], 0.5), 0.0);
+    }
+
+    #[test]
+    fn load_modes_parse_and_name_themselves() {
+        assert_eq!(LoadMode::parse("mmap").ok(), Some(LoadMode::Mmap));
+        assert_eq!(
+            LoadMode::parse("heap").map(LoadMode::name).ok(),
+            Some("heap")
+        );
+        assert!(matches!(LoadMode::parse("disk"), Err(Failure::Usage(_))));
+    }
+
+    #[test]
+    fn heap_read_and_mapping_see_the_same_binary() {
+        let Some(dir) = std::env::var_os("VLA_QNN_LIB_DIR") else {
+            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+            return;
+        };
+        let common = Common {
+            lib_dir: Some(PathBuf::from(dir)),
+            log_level: None,
+        };
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../golden/bundles/fastwam/ctx/action_step_socid77_archv73.bin");
+        let (lib, backend) = qnn_setup::load_backend(&common).expect("QNN backend");
+        let mapped = ContextBinary::open(&lib, &bin).expect("map");
+        let read = ContextBinary::read(&lib, &bin).expect("read");
+        assert_eq!(mapped.bytes(), read.bytes());
+        assert_eq!(
+            mapped.info().graphs.len(),
+            read.info().graphs.len(),
+            "same metadata"
+        );
+        let context = Context::create(&backend, read).expect("context from heap copy");
+        let mut graph = context.graph(None).expect("graph");
+        let mut io = graph.allocate_io();
+        graph.execute_io(&mut io).expect("execute from heap copy");
+        assert!(ContextBinary::read(&lib, bin.with_extension("missing")).is_err());
+    }
+}
