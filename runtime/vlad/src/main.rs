@@ -6,11 +6,17 @@
 //! each subcommand lives in its own module.
 
 mod bench;
+mod bench_bundle;
 mod bundle_cmd;
+mod bundle_ota_cmd;
 mod cli;
+mod daemon;
 mod inspect;
+mod notify;
+mod ota_cmd;
 mod parity;
 mod qnn_setup;
+mod simulate;
 
 use std::process::ExitCode;
 
@@ -18,11 +24,16 @@ const USAGE: &str = "\
 usage: vlad <command> [options]
 
 commands:
+  run --config FILE                 the daemon: control loop over the rings (SIGHUP reloads)
+  simulate --config FILE            robot stand-in: writes observations, reads actions, reports
   inspect <ctx.bin>                 SoC model, blob version, QNN build, graphs and tensors
   parity <ctx.bin> <io.npz>         run one context on the npz inputs, compare its outputs
   parity --bundle DIR               every context and the end-to-end golden of a bundle
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
+  ota status|install|activate|commit|rollback|gc
+                                    over-the-air bundle store (signed, atomic, rollback)
+  bundle pack|sign|verify|keygen    make and check signed bundles
 
 common options:
   --lib-dir DIR     QNN library directory (default: $VLA_QNN_LIB_DIR, else /usr/lib)
@@ -57,7 +68,12 @@ fn main() -> ExitCode {
         "inspect" => inspect::run(rest),
         "parity" => parity::run(rest),
         "bench-context" => bench::run(rest),
+        "bench-bundle" => bench_bundle::run(rest),
         "run-once" => bundle_cmd::run_once(rest),
+        "run" => daemon::run(rest),
+        "simulate" => simulate::run(rest),
+        "ota" => ota_cmd::run(rest),
+        "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

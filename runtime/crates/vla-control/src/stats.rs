@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Microsecond buckets up to 100 ms, then one overflow bucket; the exact maximum is kept.
+/// Log-linear buckets: 1 us resolution below 10 ms, then 10 us, 100 us, 1 ms and 10 ms
+/// resolution per decade up to 100 s, one overflow bucket above; the exact maximum is kept.
+/// Fixed size, so recording never allocates.
 #[derive(Clone, Debug)]
 pub struct Histogram {
     buckets: Vec<u64>,
@@ -12,7 +14,39 @@ pub struct Histogram {
     max_ns: u64,
 }
 
-const BUCKETS: usize = 100_000;
+const FIRST_TIER: u64 = 10_000;
+const TIER: u64 = 9_000;
+const TIERS: u64 = 4;
+const BUCKETS: usize = (FIRST_TIER + TIERS * TIER) as usize;
+
+/// Bucket of a duration in microseconds, `None` above 100 s.
+fn bucket(us: u64) -> Option<usize> {
+    if us < FIRST_TIER {
+        return Some(us as usize);
+    }
+    let (mut lo, mut res) = (FIRST_TIER, 1u64);
+    for tier in 0..TIERS {
+        res *= 10;
+        let hi = lo * 10;
+        if us < hi {
+            return Some((FIRST_TIER + tier * TIER + (us - lo) / res) as usize);
+        }
+        lo = hi;
+    }
+    None
+}
+
+/// Upper edge of bucket `b` in microseconds.
+fn upper_edge_us(b: usize) -> u64 {
+    let b = b as u64;
+    if b < FIRST_TIER {
+        return b + 1;
+    }
+    let tier = (b - FIRST_TIER) / TIER;
+    let res = 10u64.pow(tier as u32 + 1);
+    let lo = FIRST_TIER * 10u64.pow(tier as u32);
+    lo + ((b - FIRST_TIER) % TIER + 1) * res
+}
 
 impl Default for Histogram {
     fn default() -> Self {
@@ -27,9 +61,8 @@ impl Default for Histogram {
 
 impl Histogram {
     pub fn record(&mut self, ns: u64) {
-        let us = (ns / 1000) as usize;
-        match self.buckets.get_mut(us) {
-            Some(b) => *b += 1,
+        match bucket(ns / 1000) {
+            Some(b) => self.buckets[b] += 1,
             None => self.overflow += 1,
         }
         self.count += 1;
@@ -44,17 +77,17 @@ impl Histogram {
         self.max_ns
     }
 
-    /// The `q`-quantile in nanoseconds (upper edge of its microsecond bucket).
+    /// The `q`-quantile in nanoseconds (upper edge of its bucket, at most the maximum).
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.count == 0 {
             return 0;
         }
         let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
         let mut seen = 0;
-        for (us, n) in self.buckets.iter().enumerate() {
+        for (b, n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                return ((us as u64 + 1) * 1000).min(self.max_ns);
+                return (upper_edge_us(b) * 1000).min(self.max_ns);
             }
         }
         self.max_ns
@@ -109,8 +142,31 @@ mod tests {
         assert_eq!(h.count(), 100);
         assert_eq!(h.quantile_ns(0.5), 50_000);
         assert_eq!(h.quantile_ns(0.99), 99_000);
-        h.record(5_000_000_000);
-        assert_eq!(h.max_ns(), 5_000_000_000);
-        assert_eq!(h.quantile_ns(1.0), 5_000_000_000);
+        h.record(500_000_000_000);
+        assert_eq!(h.max_ns(), 500_000_000_000);
+        assert_eq!(h.quantile_ns(1.0), 500_000_000_000);
+    }
+
+    #[test]
+    fn seconds_keep_three_significant_digits() {
+        let mut h = Histogram::default();
+        for ms in [1200u64, 3700, 4930, 4931, 45_000] {
+            h.record(ms * 1_000_000);
+        }
+        assert_eq!(h.quantile_ns(0.5), 4_931_000_000);
+        assert_eq!(h.quantile_ns(0.2), 1_201_000_000);
+        assert_eq!(h.quantile_ns(0.8), 4_932_000_000.min(h.quantile_ns(0.8)));
+        assert_eq!(h.quantile_ns(1.0), 45_000_000_000);
+        for us in [
+            0u64, 9_999, 10_000, 99_999, 100_000, 999_999, 1_000_000, 99_999_999,
+        ] {
+            let b = bucket(us).unwrap();
+            assert!(
+                upper_edge_us(b) > us,
+                "{us} -> bucket {b} edge {}",
+                upper_edge_us(b)
+            );
+        }
+        assert_eq!(bucket(100_000_000), None);
     }
 }

@@ -1,0 +1,502 @@
+//! `vlad run`: the daemon. Wires config, QNN, the policy, the rings, the control loop and
+//! systemd together; owns nothing else.
+//!
+//! Start-up order: config -> real-time set-up -> QNN -> bundle -> every context resident
+//! -> the bundle's parity gate (which also warms every context) -> rings and loop ->
+//! `READY=1`. SIGHUP reloads the bundle (the publisher holds meanwhile; a bundle that
+//! fails to load or to pass its gate is replaced by the previous one); SIGTERM stops
+//! after a final `hold`.
+
+use crate::cli::{self, Common};
+use crate::notify::{watchdog_interval, Notifier};
+use crate::Failure;
+use lexopt::prelude::*;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings};
+use vla_ota::{OtaSettings, Store};
+use vla_policy::{Bundle, Policy};
+use vla_qnn::Backend;
+
+const HELP: &str = "usage: vlad run --config FILE [--bundle DIR] [--duration SECONDS] [--lib-dir DIR] [--log-level LVL]
+Runs the control loop until SIGTERM (or for --duration). SIGHUP reloads the bundle.";
+
+/// The ring geometry a policy needs.
+pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
+    vla_ring::Geometry {
+        cameras: g.cameras as u32,
+        height: g.height as u32,
+        width: g.width as u32,
+        channels: 3,
+        state_dims: g.state_dims as u32,
+        action_dims: g.action_dims as u32,
+        chunk_len: g.chunk_len as u32,
+    }
+}
+
+/// Loads a bundle and gates it: every context against its golden and the end-to-end
+/// golden (which also warms up every context).
+pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy), String> {
+    let bundle = Bundle::open(dir).map_err(|e| e.to_string())?;
+    let mut policy = Policy::load(&bundle, backend).map_err(|e| e.to_string())?;
+    let report = bundle.parity(&mut policy).map_err(|e| e.to_string())?;
+    if let Some(why) = report.failure_summary() {
+        return Err(format!(
+            "bundle {} failed its parity gate: {why}",
+            dir.display()
+        ));
+    }
+    log::info!(
+        "bundle {} ({} {}) gated: end-to-end cosine {:.6}",
+        dir.display(),
+        bundle.manifest.name,
+        bundle.manifest.version,
+        report.end_to_end.comparison.cosine
+    );
+    Ok((bundle, policy))
+}
+
+/// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
+struct OtaLink {
+    store: Arc<Store>,
+    running_hash: String,
+    /// Healthy inferences still count towards committing the bundle on trial.
+    on_trial: bool,
+}
+
+/// The policy as the control loop's engine.
+pub struct PolicyEngine {
+    backend: Backend,
+    ota: Option<OtaLink>,
+    /// The configured path (often the OTA `current` symlink), re-resolved on reload.
+    configured: PathBuf,
+    /// The directory that passed its gate last.
+    good: PathBuf,
+    policy: Option<Policy>,
+    geometry: vla_ring::Geometry,
+}
+
+impl PolicyEngine {
+    fn try_load(&mut self, dir: &Path) -> Result<(), String> {
+        let (_, policy) = load_gated(&self.backend, dir)?;
+        let g = ring_geometry(&policy.geometry());
+        if g != self.geometry {
+            return Err(format!(
+                "bundle {} needs ring geometry {g:?}, the rings are {:?}",
+                dir.display(),
+                self.geometry
+            ));
+        }
+        self.policy = Some(policy);
+        self.good = dir.to_owned();
+        Ok(())
+    }
+}
+
+impl Engine for PolicyEngine {
+    fn infer(&mut self, obs: &vla_ring::Observation, actions: &mut [f32]) -> Result<(), String> {
+        let policy = self
+            .policy
+            .as_mut()
+            .ok_or("no policy loaded (the last reload failed)")?;
+        let g = self.geometry;
+        let o = vla_policy::Observation {
+            cameras: g.cameras as usize,
+            height: g.height as usize,
+            width: g.width as usize,
+            frames: &obs.frames,
+            state: &obs.state,
+            instruction_id: obs.instruction_id,
+            seed: obs.seed,
+        };
+        policy.infer(&o, actions).map_err(|e| e.to_string())?;
+        if let Some(ota) = self.ota.as_mut().filter(|o| o.on_trial) {
+            match ota.store.record_healthy(&ota.running_hash, 1) {
+                Ok(vla_ota::Health::Committed(hash)) => {
+                    log::info!("bundle {hash} passed its trial and is committed");
+                    ota.on_trial = false;
+                }
+                Ok(vla_ota::Health::NotOnTrial) => ota.on_trial = false,
+                Ok(vla_ota::Health::OnTrial { .. }) => {}
+                Err(e) => log::warn!("cannot record the trial's progress: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    fn reload(&mut self) -> Result<String, String> {
+        if let Some(store) = self.ota.as_ref().map(|o| o.store.clone()) {
+            return self.reload_from_store(&store);
+        }
+        let target = std::fs::canonicalize(&self.configured)
+            .map_err(|e| format!("bundle {}: {e}", self.configured.display()))?;
+        let previous = self.good.clone();
+        // The NPU cannot hold two sets of contexts: free the old ones first.
+        self.policy = None;
+        match self.try_load(&target) {
+            Ok(()) => Ok(format!("bundle {}", target.display())),
+            Err(why) => {
+                log::error!(
+                    "new bundle rejected: {why}; reloading {}",
+                    previous.display()
+                );
+                match self.try_load(&previous) {
+                    Ok(()) => Err(format!("{why} (running {} again)", previous.display())),
+                    Err(again) => Err(format!("{why}; the previous bundle failed too: {again}")),
+                }
+            }
+        }
+    }
+}
+
+impl PolicyEngine {
+    /// SIGHUP under OTA: load what `current` names now; a bundle that fails to load or
+    /// to pass its gate is rolled back by the store (which reloads the previous one here).
+    fn reload_from_store(&mut self, store: &Arc<Store>) -> Result<String, String> {
+        let (hash, dir) = store
+            .current()
+            .map_err(|e| e.to_string())?
+            .ok_or("the OTA store has no current bundle")?;
+        self.policy = None;
+        match self.try_load(&dir) {
+            Ok(()) => {
+                if let Some(o) = self.ota.as_mut() {
+                    o.running_hash = hash.clone();
+                    o.on_trial = true;
+                }
+                Ok(format!("bundle {hash}"))
+            }
+            Err(why) => {
+                log::error!("bundle {hash} rejected: {why}");
+                let rolled = store.fail_trial(&why, &mut |d: &Path| self.try_load(d));
+                let running = store.current().ok().flatten();
+                if let (Some(o), Some((h, _))) = (self.ota.as_mut(), &running) {
+                    o.running_hash = h.clone();
+                    o.on_trial = false;
+                }
+                if self.policy.is_none() {
+                    // Not on trial (no rollback target) or the rollback failed: load what
+                    // ran before, whatever the store says.
+                    let good = self.good.clone();
+                    self.try_load(&good).map_err(|again| {
+                        format!("{why}; the previous bundle failed too: {again}")
+                    })?;
+                }
+                match rolled {
+                    Ok(Some(r)) => Err(format!("{why} (rolled back: {r:?})")),
+                    Ok(None) => Err(format!("{why} (running {} again)", self.good.display())),
+                    Err(e) => Err(format!("{why}; rollback: {e}")),
+                }
+            }
+        }
+    }
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+pub fn print_report(r: &LoopReport, period: Duration) {
+    let secs = r.duration.as_secs_f64().max(1e-9);
+    println!("control loop report ({:.1} s):", secs);
+    println!(
+        "  rate            {:.2} Hz published (target {:.2} Hz), {} ticks, {} missed",
+        r.ticks as f64 / secs,
+        1.0 / period.as_secs_f64(),
+        r.ticks,
+        r.missed_ticks
+    );
+    println!(
+        "  publish jitter  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+        ms(r.jitter.quantile_ns(0.5)),
+        ms(r.jitter.quantile_ns(0.99)),
+        ms(r.jitter.max_ns())
+    );
+    println!(
+        "  inference       {} runs, {} failed, p50 {:.1} ms  p99 {:.1} ms  ({} stale observations skipped)",
+        r.inferences,
+        r.inference_failures,
+        ms(r.inference.quantile_ns(0.5)),
+        ms(r.inference.quantile_ns(0.99)),
+        r.stale_observations
+    );
+    println!(
+        "  freshness       observation->publish p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms ({} steps skipped on landing)",
+        ms(r.freshness.quantile_ns(0.5)),
+        ms(r.freshness.quantile_ns(0.99)),
+        ms(r.freshness.max_ns()),
+        r.skipped_steps
+    );
+    println!(
+        "  published       {} ok, {} hold, {} fault",
+        r.published_ok, r.published_hold, r.published_fault
+    );
+}
+
+fn status_line(h: &Health, last: &mut (Instant, u64)) -> String {
+    let ticks = Health::get(&h.ticks);
+    let dt = last.0.elapsed().as_secs_f64().max(1e-9);
+    let rate = (ticks - last.1) as f64 / dt;
+    *last = (Instant::now(), ticks);
+    format!(
+        "rate {rate:.1} Hz, inference {:.0} ms, freshness {:.0} ms, ok {}, hold {}, fault {}, missed {}",
+        ms(Health::get(&h.last_inference_ns)),
+        ms(Health::get(&h.last_freshness_ns)),
+        Health::get(&h.published_ok),
+        Health::get(&h.published_hold),
+        Health::get(&h.published_fault),
+        Health::get(&h.missed_ticks)
+    )
+}
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let mut common = Common::default();
+    let (mut config_path, mut bundle_override, mut duration): (
+        Option<PathBuf>,
+        Option<PathBuf>,
+        Option<f64>,
+    ) = (None, None, None);
+    let mut p = cli::parser(args);
+    while let Some(arg) = p.next().map_err(cli::usage)? {
+        match arg {
+            Long(name) if Common::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                common.take(&name, &mut p)?;
+            }
+            Long("config") => config_path = Some(cli::value(&mut p)?.into()),
+            Long("bundle") => bundle_override = Some(cli::value(&mut p)?.into()),
+            Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
+            Short('h') | Long("help") => {
+                println!("{HELP}");
+                return Ok(());
+            }
+            other => return Err(cli::unexpected(other)),
+        }
+    }
+    let config_path =
+        config_path.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
+    let mut config =
+        vla_config::Config::load(&config_path).map_err(|e| Failure::Error(e.to_string()))?;
+    config
+        .apply_env_overrides()
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    if common.log_level.is_none() {
+        common.log_level = Some(format!(
+            "{},qnn={}",
+            config.log.level.as_str(),
+            config.qnn.log_level.as_str()
+        ));
+    }
+    common.init_logging();
+    if common.lib_dir.is_none() {
+        common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
+    }
+    let notifier = if config.systemd.notify {
+        Notifier::from_env()
+    } else {
+        None
+    };
+    let notify = |m: &str| {
+        if let Some(n) = &notifier {
+            n.send(m)
+        }
+    };
+
+    let term = Arc::new(AtomicBool::new(false));
+    let hup = Arc::new(AtomicBool::new(false));
+    for (sig, flag) in [
+        (signal_hook::consts::SIGTERM, &term),
+        (signal_hook::consts::SIGINT, &term),
+        (signal_hook::consts::SIGHUP, &hup),
+    ] {
+        signal_hook::flag::register(sig, flag.clone())
+            .map_err(|e| Failure::Error(format!("signal handler: {e}")))?;
+    }
+
+    let rt = &config.realtime;
+    if rt.mlockall {
+        vla_control::lock_memory();
+    }
+    let overridden = bundle_override.is_some();
+    let bundle_dir = bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
+    notify("STATUS=loading contexts");
+    let opts = vla_qnn::LoadOptions {
+        backend_lib: config.qnn.backend_lib.as_str().to_owned(),
+        system_lib: config.qnn.system_lib.as_str().to_owned(),
+        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common))
+    };
+    let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
+    let backend = Backend::new(lib)?;
+    // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
+    // leftovers of an interrupted update, and a crash loop on a bundle on trial.
+    let ota_root = PathBuf::from(config.ota.root.as_str());
+    let store = (!overridden && bundle_dir == ota_root.join("current")).then(|| {
+        Arc::new(Store::new(OtaSettings::from_config(
+            &config.ota,
+            crate::ota_cmd::device_target(),
+        )))
+    });
+    let t = Instant::now();
+    let (resolved, policy, ota) = match &store {
+        None => {
+            let resolved = std::fs::canonicalize(&bundle_dir)
+                .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
+            let (_, policy) = load_gated(&backend, &resolved).map_err(Failure::Error)?;
+            (resolved, policy, None)
+        }
+        Some(store) => {
+            let start = store
+                .on_start()
+                .map_err(|e| Failure::Error(e.to_string()))?;
+            if let Some(r) = &start.rolled_back {
+                log::warn!("OTA: rolled back before loading: {r:?}");
+            }
+            let (hash, dir) = start.current.clone().ok_or_else(|| {
+                Failure::Error(format!("no bundle is installed in {}", ota_root.display()))
+            })?;
+            let _ = std::fs::write(
+                ota_root.join("vlad.pid"),
+                format!("{}\n", std::process::id()),
+            );
+            match load_gated(&backend, &dir) {
+                Ok((_, policy)) => (
+                    dir,
+                    policy,
+                    Some(OtaLink {
+                        store: store.clone(),
+                        running_hash: hash,
+                        on_trial: start.trial_start.is_some(),
+                    }),
+                ),
+                Err(why) if start.trial_start.is_some() => {
+                    log::error!("bundle {hash} on trial failed at start: {why}");
+                    let mut loaded: Option<(PathBuf, Policy)> = None;
+                    store
+                        .fail_trial(&why, &mut |d: &Path| {
+                            let (_, p) = load_gated(&backend, d)?;
+                            loaded = Some((d.to_owned(), p));
+                            Ok(())
+                        })
+                        .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
+                    let (dir, policy) = loaded.ok_or_else(|| {
+                        Failure::Error(format!("{why}; no previous bundle to roll back to"))
+                    })?;
+                    let hash = store
+                        .current()
+                        .ok()
+                        .flatten()
+                        .map(|c| c.0)
+                        .unwrap_or_default();
+                    (
+                        dir,
+                        policy,
+                        Some(OtaLink {
+                            store: store.clone(),
+                            running_hash: hash,
+                            on_trial: false,
+                        }),
+                    )
+                }
+                Err(why) => return Err(Failure::Error(why)),
+            }
+        }
+    };
+    log::info!(
+        "contexts resident and gated in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let geometry = ring_geometry(&policy.geometry());
+
+    let c = &config.control;
+    let settings = LoopSettings {
+        geometry,
+        observation_path: PathBuf::from(config.rings.observation_path.as_str()),
+        action_path: PathBuf::from(config.rings.action_path.as_str()),
+        action_slots: config.rings.action_slots,
+        period: c.publish_period(),
+        max_observation_age: c.max_observation_age(),
+        max_chunk_age: c.max_chunk_age(),
+        hold_after_chunk_end: c.hold_after_chunk_end(),
+        action_valid: c.action_valid(),
+        writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
+        publisher_priority: rt.publisher_priority,
+        publisher_cpus: rt
+            .publisher_cpu
+            .map(|c| vec![c as usize])
+            .unwrap_or_default(),
+        inference_priority: rt.inference_priority,
+        inference_cpus: rt.inference_cpus.iter().map(|&c| c as usize).collect(),
+        fault_after_failures: 3,
+    };
+    let engine = PolicyEngine {
+        backend,
+        ota,
+        configured: bundle_dir.clone(),
+        good: resolved,
+        policy: Some(policy),
+        geometry,
+    };
+    let period = settings.period;
+    let lp = ControlLoop::start(settings, Box::new(engine))?;
+    notify("READY=1\nSTATUS=running");
+    log::info!(
+        "running: publishing at {:.1} Hz to {}",
+        1.0 / period.as_secs_f64(),
+        config.rings.action_path.as_str()
+    );
+
+    let watchdog = if config.systemd.watchdog {
+        watchdog_interval()
+    } else {
+        None
+    };
+    let started = Instant::now();
+    let (mut last_watchdog, mut last_status) = (Instant::now(), Instant::now());
+    let mut rate_base = (Instant::now(), 0u64);
+    let period_ns = period.as_nanos() as u64;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        if term.load(Ordering::Relaxed)
+            || duration.is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+        {
+            break;
+        }
+        if hup.swap(false, Ordering::Relaxed) {
+            log::info!("SIGHUP: reloading bundle {}", bundle_dir.display());
+            notify("STATUS=reloading bundle");
+            lp.request_reload();
+        }
+        let h = lp.health();
+        if let Some(every) = watchdog {
+            let now = vla_ring::monotonic_ns();
+            let ticking =
+                now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
+            // An inference may take seconds on a slow backend; a wedged one for 30 s is not health.
+            let inferring = now.saturating_sub(Health::get(&h.inference_alive_ns)) < 30_000_000_000;
+            if ticking && inferring && !lp.is_broken() && last_watchdog.elapsed() >= every {
+                notify("WATCHDOG=1");
+                last_watchdog = Instant::now();
+            }
+        }
+        if last_status.elapsed() >= Duration::from_secs(1) {
+            let line = status_line(h, &mut rate_base);
+            notify(&format!("STATUS={line}"));
+            log::debug!("{line}");
+            last_status = Instant::now();
+        }
+        if lp.is_broken() {
+            log::error!("a control loop thread ended unexpectedly; stopping");
+            break;
+        }
+    }
+    notify("STOPPING=1");
+    let report = lp.stop();
+    if store.is_some() {
+        let _ = std::fs::remove_file(ota_root.join("vlad.pid"));
+    }
+    print_report(&report, period);
+    Ok(())
+}

@@ -1,0 +1,262 @@
+//! `vlad run` with `vlad simulate` as the robot, on the real QNN emulator: systemd
+//! notifications, SIGHUP reload, SIGTERM stop with a final hold, and a robot whose ring
+//! does not fit the bundle.
+
+use std::io::Read;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vla_ring::{Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
+
+fn qnn_dir() -> Option<String> {
+    match std::env::var("VLA_QNN_LIB_DIR") {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ => {
+            assert!(
+                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
+                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
+            );
+            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+            None
+        }
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+/// A config for `bundle` with rings and files private to this test.
+fn write_config(dir: &Path, tag: &str, bundle: &str, hz: f64) -> PathBuf {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+    v["bundle"]["path"] = repo()
+        .join("golden/bundles")
+        .join(bundle)
+        .to_str()
+        .unwrap()
+        .into();
+    v["rings"]["observation_path"] =
+        format!("/dev/shm/vlad-test-{}-{tag}-obs", std::process::id()).into();
+    v["rings"]["action_path"] =
+        format!("/dev/shm/vlad-test-{}-{tag}-act", std::process::id()).into();
+    v["control"]["publish_hz"] = hz.into();
+    v["control"]["max_chunk_age_ms"] = 60000.into();
+    v["control"]["max_observation_age_ms"] = 5000.into();
+    v["control"]["action_valid_ms"] = 1000.into();
+    v["control"]["writer_heartbeat_timeout_ms"] = 2000.into();
+    v["systemd"]["notify"] = true.into();
+    v["systemd"]["watchdog"] = true.into();
+    v["log"]["level"] = "info".into();
+    let p = dir.join(format!("{tag}.json"));
+    std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    p
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vlad-daemon-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn spawn(args: &[&str], notify: Option<&Path>) -> Child {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(sock) = notify {
+        c.env("NOTIFY_SOCKET", sock).env("WATCHDOG_USEC", "400000");
+    }
+    c.spawn().expect("spawn vlad")
+}
+
+fn finish(mut child: Child) -> (String, String) {
+    let (mut out, mut err) = (String::new(), String::new());
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    child.wait().unwrap();
+    (out, err)
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+#[test]
+fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
+    let Some(_) = qnn_dir() else { return };
+    let dir = scratch("main");
+    let config = write_config(&dir, "main", "fastwam", 10.0);
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let daemon = spawn(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--duration",
+            "120",
+        ],
+        Some(&sock_path),
+    );
+    // systemd drains its socket all the time; so does this thread.
+    let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    {
+        let messages = messages.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok(n) = sock.recv(&mut buf) {
+                messages
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        });
+    }
+    let wait_for = |what: &str, limit: Duration| {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if messages.lock().unwrap().iter().any(|m| m.contains(what)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    };
+    assert!(
+        wait_for("READY=1", Duration::from_secs(120)),
+        "no READY=1: {:?}",
+        messages.lock().unwrap()
+    );
+
+    let sim = spawn(
+        &[
+            "simulate",
+            "--config",
+            config.to_str().unwrap(),
+            "--duration",
+            "12",
+        ],
+        None,
+    );
+    assert!(
+        wait_for("WATCHDOG=1", Duration::from_secs(10)),
+        "no WATCHDOG=1: {:?}",
+        messages.lock().unwrap()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    signal(&daemon, nix::sys::signal::Signal::SIGHUP);
+    let (sim_out, sim_err) = finish(sim);
+    assert!(sim_out.contains("simulator report"), "{sim_out}{sim_err}");
+    let received: u64 = sim_out
+        .lines()
+        .find(|l| l.trim_start().starts_with("actions"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(received > 10, "{sim_out}");
+    assert!(sim_out.contains("all-zero actions applied: 0"), "{sim_out}");
+
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let (out, err) = finish(daemon);
+    assert!(
+        wait_for("STOPPING=1", Duration::from_secs(5)),
+        "{:?}",
+        messages.lock().unwrap()
+    );
+    assert!(messages
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|m| m.starts_with("STATUS=")));
+    assert!(
+        err.contains("SIGHUP: reloading") && err.contains("reloaded: bundle"),
+        "{err}"
+    );
+    for needle in [
+        "control loop report",
+        "rate",
+        "publish jitter  p50",
+        "inference",
+        "freshness",
+    ] {
+        assert!(out.contains(needle), "missing {needle}: {out}");
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let act = PathBuf::from(v["rings"]["action_path"].as_str().unwrap());
+    let g = Geometry {
+        cameras: 0,
+        height: 0,
+        width: 0,
+        channels: 3,
+        state_dims: 0,
+        action_dims: 7,
+        chunk_len: 32,
+    };
+    let r = RingReader::<Action>::open(&act, g).unwrap();
+    let mut last = Action::for_geometry(&g);
+    r.read_latest(&mut last).unwrap();
+    assert_eq!(
+        last.status,
+        ActionStatus::Hold,
+        "SIGTERM leaves the robot holding"
+    );
+    let _ = std::fs::remove_file(&act);
+    let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_robot_ring_of_the_wrong_geometry_is_refused_and_only_hold_is_published() {
+    let Some(_) = qnn_dir() else { return };
+    let dir = scratch("geom");
+    let config = write_config(&dir, "geom", "fastwam", 20.0);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    let obs_path = PathBuf::from(v["rings"]["observation_path"].as_str().unwrap());
+    let act_path = PathBuf::from(v["rings"]["action_path"].as_str().unwrap());
+    // Firmware configured for 6 action dims; the bundle needs 7.
+    let wrong = Geometry {
+        cameras: 0,
+        height: 0,
+        width: 0,
+        channels: 3,
+        state_dims: 0,
+        action_dims: 6,
+        chunk_len: 32,
+    };
+    let mut w = RingWriter::<Observation>::create(&obs_path, wrong, 8).unwrap();
+    w.publish(&Observation::for_geometry(&wrong).unwrap())
+        .unwrap();
+    let daemon = spawn(
+        &[
+            "run",
+            "--config",
+            config.to_str().unwrap(),
+            "--duration",
+            "8",
+        ],
+        None,
+    );
+    let (out, err) = finish(daemon);
+    assert!(
+        err.contains("observation ring refused") && err.contains("action_dims"),
+        "{err}"
+    );
+    assert!(out.contains(" 0 ok,"), "{out}");
+    let _ = std::fs::remove_file(&obs_path);
+    let _ = std::fs::remove_file(&act_path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
