@@ -134,6 +134,10 @@ pub enum OpenError {
         expected: u64,
         found: u64,
     },
+    /// `published` or a slot's seqlock word holds a seq that leaves no next seq up to
+    /// [`MAX_SEQ`](crate::seqlock::MAX_SEQ): the segment is corrupt and a writer cannot
+    /// continue it.
+    SeqOutOfRange { path: PathBuf, found: u64 },
 }
 
 impl OpenError {
@@ -188,6 +192,12 @@ impl fmt::Display for OpenError {
                 f,
                 "{}: field {field}: expected {expected}, found {found}",
                 path.display()
+            ),
+            OpenError::SeqOutOfRange { path, found } => write!(
+                f,
+                "{}: corrupt ring: holds seq {found}, leaving no seq to continue with (the largest is {})",
+                path.display(),
+                crate::seqlock::MAX_SEQ
             ),
         }
     }

@@ -18,7 +18,7 @@ use crate::layout::{
     ActionSlotFixed, Geometry, ObservationSlotFixed, RingHeader, RingKind, RingLayout,
     ABI_LOWEST_COMPATIBLE, ABI_MAJOR, ABI_VERSION, HEADER_SIZE, STATE_INITIALIZING, STATE_READY,
 };
-use crate::seqlock::{LatestMiss, PayloadReader, PayloadWriter, RingCore, SlotMiss};
+use crate::seqlock::{LatestMiss, PayloadReader, PayloadWriter, RingCore, SlotMiss, MAX_SEQ};
 use crate::shm::SharedMapping;
 
 /// How many times a read retries while the writer is inside the slot. A slot write is a
@@ -366,6 +366,27 @@ fn check_header(
     Ok(layout)
 }
 
+/// A writer continues after the newest seq the segment holds; a segment where no seq can
+/// follow (corrupt: seqlock words would overflow) is replaced instead.
+fn check_seqs(mapping: &SharedMapping, layout: &RingLayout, path: &Path) -> Result<(), OpenError> {
+    let Some(words) = mapping.slot_words(layout.total_size) else {
+        return Err(OpenError::Truncated {
+            path: path.to_path_buf(),
+            expected: layout.total_size as u64,
+            found: mapping.len() as u64,
+        });
+    };
+    let newest =
+        RingCore::new(&mapping.header().published, words, layout.slot_words()).newest_seq();
+    if newest >= MAX_SEQ {
+        return Err(OpenError::SeqOutOfRange {
+            path: path.to_path_buf(),
+            found: newest,
+        });
+    }
+    Ok(())
+}
+
 /// Writes every static header field for `layout` (the same values on every start).
 fn write_static_header(h: &RingHeader, layout: &RingLayout) {
     h.abi_major.store(ABI_MAJOR, Ordering::Relaxed);
@@ -518,6 +539,7 @@ impl<T: SlotItem> RingWriter<T> {
                 file_len,
                 true,
             )
+            .and_then(|layout| check_seqs(&mapping, &layout, path))
             .map(|_| mapping)
         } else {
             Err(OpenError::Truncated {

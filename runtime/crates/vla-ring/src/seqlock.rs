@@ -169,8 +169,17 @@ pub struct Slot<'a> {
     words: &'a [AtomicU64],
 }
 
+/// Largest sequence number: a slot's seqlock word holds `2*seq`, which must fit in a u64.
+/// A writer publishing a billion times a second gets there after 292 years, so a larger
+/// seq in `published` or a slot word only comes from a corrupt or foreign segment.
+pub const MAX_SEQ: u64 = u64::MAX / 2;
+
 /// What a seqlock word says about `seq`.
 fn classify(lock_word: u64, seq: u64) -> Result<(), SlotMiss> {
+    // Seq 0 is never written and no seq above MAX_SEQ can be: the words below would wrap.
+    if seq == 0 || seq > MAX_SEQ {
+        return Err(SlotMiss::NotYetWritten);
+    }
     let complete = 2 * seq;
     if lock_word == complete {
         Ok(())
@@ -297,16 +306,22 @@ impl<'a> RingCore<'a> {
         self.published.store(seq, Ordering::Release);
     }
 
-    /// The seq a writer taking over this ring must continue with: past every seq that any
-    /// slot ever held or started to hold, so slot words keep growing and a seq a reader
-    /// already saw is never reused for different data.
-    pub fn next_seq_after_restart(&self) -> u64 {
+    /// The newest seq that `published` or any slot names, complete or not. Above
+    /// [`MAX_SEQ`] only in a corrupt segment, which a writer must not continue.
+    pub fn newest_seq(&self) -> u64 {
         let newest_in_slots = (0..self.slot_count)
             .map(|i| self.slots[i as usize * self.slot_words].load(Ordering::Acquire))
             .map(|word| word.div_ceil(2))
             .max()
             .unwrap_or(0);
-        newest_in_slots.max(self.published()) + 1
+        newest_in_slots.max(self.published())
+    }
+
+    /// The seq a writer taking over this ring must continue with: past every seq that any
+    /// slot ever held or started to hold, so slot words keep growing and a seq a reader
+    /// already saw is never reused for different data (saturating: see [`Self::newest_seq`]).
+    pub fn next_seq_after_restart(&self) -> u64 {
+        self.newest_seq().saturating_add(1)
     }
 
     pub fn read_seq<R>(
@@ -422,5 +437,36 @@ mod tests {
             Err(SlotMiss::Overwritten { by: 5 })
         );
         assert_eq!(ring.next_seq_after_restart(), 6);
+    }
+
+    #[test]
+    fn seqs_no_seqlock_word_can_hold_are_never_written() {
+        for word in [0, 1, 2, u64::MAX - 1, u64::MAX] {
+            assert_eq!(classify(word, 0), Err(SlotMiss::NotYetWritten));
+            assert_eq!(classify(word, MAX_SEQ + 1), Err(SlotMiss::NotYetWritten));
+            assert_eq!(classify(word, u64::MAX), Err(SlotMiss::NotYetWritten));
+        }
+        assert_eq!(classify(u64::MAX - 1, MAX_SEQ), Ok(()));
+
+        // A corrupt `published` is reported, not read; the restart seq saturates.
+        let w = words(2 * 2);
+        let published = AtomicU64::new(u64::MAX);
+        let ring = RingCore::new(&published, &w, 2);
+        assert!(matches!(
+            ring.read_latest(4, |_| ()),
+            Err(LatestMiss::Inconsistent {
+                published: u64::MAX,
+                ..
+            })
+        ));
+        assert_eq!(
+            ring.read_seq(u64::MAX, 4, |_| ()),
+            Err(SlotMiss::NotYetWritten)
+        );
+        assert_eq!(ring.next_seq_after_restart(), u64::MAX);
+        w[0].store(u64::MAX, Ordering::Relaxed);
+        published.store(0, Ordering::Relaxed);
+        assert_eq!(ring.newest_seq(), MAX_SEQ + 1);
+        assert_eq!(ring.next_seq_after_restart(), MAX_SEQ + 2);
     }
 }
