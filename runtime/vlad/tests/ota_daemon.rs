@@ -1,0 +1,251 @@
+//! Over-the-air updates through the real daemon: a signed bundle installed and activated
+//! from the command line is reloaded by the running `vlad run` on SIGHUP and gated; a
+//! bundle whose golden parity fails is rolled back to the previous one while the daemon
+//! keeps running. Uses the real QNN emulator and fixture bundles.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use vla_npz::{write_npz, Array, Npz};
+
+fn qnn() -> bool {
+    let ok = std::env::var_os("VLA_QNN_LIB_DIR").is_some_and(|d| !d.is_empty());
+    if !ok {
+        assert!(
+            std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
+            "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
+        );
+        eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+    }
+    ok
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn vlad(args: &[&str]) -> Output {
+    let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(args)
+        .output()
+        .unwrap();
+    o
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = vlad(args);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
+    out + &err
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The 64-hex content hash `vlad ota install` printed.
+fn installed_hash(out: &str) -> String {
+    out.split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .unwrap_or_else(|| panic!("no hash in: {out}"))
+        .to_owned()
+}
+
+fn current_target(root: &Path) -> PathBuf {
+    std::fs::read_link(root.join("current")).unwrap()
+}
+
+#[test]
+fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
+    if !qnn() {
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("vlad-ota-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let keygen = ok(&["bundle", "keygen", key.to_str().unwrap()]);
+    let public = keygen
+        .split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .unwrap()
+        .to_owned();
+
+    // Config: OTA mode (bundle.path = <root>/current), the fleet key trusted.
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    v["ota"]["trial_inferences"] = 1.into();
+    v["rings"]["observation_path"] = format!("/dev/shm/vlad-ota-{}-obs", std::process::id()).into();
+    v["rings"]["action_path"] = format!("/dev/shm/vlad-ota-{}-act", std::process::id()).into();
+    v["control"]["publish_hz"] = 10.into();
+    v["log"]["level"] = "info".into();
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+
+    // Bundle A (the fixture) and B (same contexts, new version): both signed.
+    let sign = |name: &str, edit: &dyn Fn(&Path)| {
+        let dir = tmp.join(name);
+        copy_dir(&repo().join("golden/bundles/fastwam"), &dir);
+        edit(&dir);
+        ok(&["bundle", "pack", dir.to_str().unwrap()]);
+        ok(&[
+            "bundle",
+            "sign",
+            dir.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ]);
+        installed_hash(&ok(&[
+            "ota",
+            "install",
+            dir.to_str().unwrap(),
+            "--config",
+            cfg,
+        ]))
+    };
+    let set_version = |dir: &Path, version: &str| {
+        let p = dir.join("bundle.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        m["version"] = version.into();
+        std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    };
+    let a = sign("bundle-a", &|d| set_version(d, "1.0.0"));
+    ok(&["ota", "activate", &a, "--config", cfg]);
+    assert!(current_target(&root).ends_with(&a));
+
+    let mut daemon: Child = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["run", "--config", cfg, "--duration", "300"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid_file = root.join("vlad.pid");
+    let end = Instant::now() + Duration::from_secs(120);
+    while !pid_file.exists() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(pid_file.exists(), "daemon wrote no pid file");
+    // Let it load and gate A; a simulated robot gives it inferences (commits A's trial).
+    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["simulate", "--config", cfg, "--duration", "6"])
+        .output()
+        .unwrap();
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+
+    // B: good. Activate from the CLI: the daemon gets SIGHUP, reloads and gates it.
+    let b = sign("bundle-b", &|d| set_version(d, "1.1.0"));
+    let out = ok(&["ota", "activate", &b, "--config", cfg]);
+    assert!(current_target(&root).ends_with(&b), "{out}");
+    // B runs a few inferences for the robot: its trial (1 inference here) commits it, so B
+    // is the known-good bundle a later failure returns to.
+    std::thread::sleep(Duration::from_secs(3));
+    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["simulate", "--config", cfg, "--duration", "5"])
+        .output()
+        .unwrap();
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+
+    // C: signed and intact, but its end-to-end golden disagrees with what the contexts
+    // compute: the daemon's parity gate must refuse it and the store roll back to B.
+    let c = sign("bundle-c", &|d| {
+        set_version(d, "1.2.0");
+        let p = d.join("golden/end_to_end.npz");
+        let npz = Npz::open(&p).unwrap();
+        let arrays: Vec<Array> = npz
+            .names()
+            .map(|n| {
+                let a = npz.array(n).unwrap();
+                if n == "actions" {
+                    let v: Vec<f32> = a.to_f32().unwrap().iter().map(|x| -x - 0.5).collect();
+                    Array::from_f32(n, a.shape(), &v).unwrap()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        write_npz(&p, &arrays.iter().collect::<Vec<_>>()).unwrap();
+    });
+    vlad(&["ota", "activate", &c, "--config", cfg]);
+    let end = Instant::now() + Duration::from_secs(120);
+    while !current_target(&root).ends_with(&b) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let rolled_back = current_target(&root).ends_with(&b);
+    std::thread::sleep(Duration::from_secs(3));
+    let running = daemon.try_wait().unwrap().is_none();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut err = String::new();
+    daemon
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    daemon.wait().unwrap();
+    let log: String = err
+        .lines()
+        .filter(|l| !l.contains(" qnn]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        rolled_back,
+        "the failing bundle was not rolled back; daemon log:\n{log}"
+    );
+    assert!(
+        running,
+        "the daemon keeps running after a rejected update:\n{log}"
+    );
+    assert!(
+        err.contains(&format!("reloaded: bundle {b}")),
+        "B was reloaded: {log}"
+    );
+    assert!(
+        err.contains(&format!("bundle {b} passed its trial")),
+        "B was committed: {log}"
+    );
+    assert!(
+        err.contains(&format!("bundle {c} rejected")) && err.contains("parity gate"),
+        "C was refused by its gate: {log}"
+    );
+    let status = ok(&["ota", "status", "--config", cfg]);
+    assert!(status.contains(&b), "{status}");
+    for p in [
+        v["rings"]["observation_path"].as_str().unwrap(),
+        v["rings"]["action_path"].as_str().unwrap(),
+    ] {
+        let _ = std::fs::remove_file(p);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
