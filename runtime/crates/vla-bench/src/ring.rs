@@ -66,12 +66,25 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RingBenchError 
     move |source| RingBenchError::Io { what, source }
 }
 
-/// Pins the calling thread to `cpu` when the machine has it (a hint; ignored otherwise).
-pub fn pin(cpu: usize) {
+/// Pins the calling thread to `cpu` when the machine has it (a hint; ignored otherwise),
+/// and with `VLA_BENCH_FIFO=<priority>` in the environment makes it SCHED_FIFO, as the
+/// runtime's real-time threads are. Returns whether SCHED_FIFO took effect.
+pub fn pin(cpu: usize) -> bool {
     let mut set = CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = sched_setaffinity(Pid::from_raw(0), &set);
     }
+    let Some(priority) = std::env::var("VLA_BENCH_FIFO")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    else {
+        return false;
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: plain syscall on the calling thread (pid 0) with a valid, initialized param.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
 }
 
 fn busy_wait_until(deadline_ns: u64) {
@@ -80,10 +93,11 @@ fn busy_wait_until(deadline_ns: u64) {
     }
 }
 
-fn latency_json(samples: &mut [f64], sent: usize) -> Value {
+fn latency_json(samples: &mut [f64], sent: usize, fifo: bool) -> Value {
     let received = samples.len();
     let (p50, p99, max) = summary(samples);
-    json!({"sent": sent, "received": received, "p50_us": p50 / 1e3, "p99_us": p99 / 1e3, "max_us": max / 1e3})
+    json!({"sent": sent, "received": received, "p50_us": p50 / 1e3, "p99_us": p99 / 1e3,
+           "max_us": max / 1e3, "reader_sched_fifo": fifo})
 }
 
 fn wait_ready(
@@ -145,7 +159,7 @@ pub fn ring(exe: &Path, messages: usize, gap_us: u64) -> Result<Value, RingBench
         .spawn()
         .map_err(io(format!("spawn {}", exe.display())))?;
     let out = wait_ready(&mut child, "ring")?;
-    pin(0);
+    let _ = pin(0);
     let mut action = Action::for_geometry(&GEOMETRY);
     action.status = ActionStatus::Ok;
     let mut next = monotonic_ns();
@@ -170,7 +184,7 @@ pub fn ring(exe: &Path, messages: usize, gap_us: u64) -> Result<Value, RingBench
 
 /// Reader side of the ring measurement (the child process).
 pub fn ring_reader(path: &Path, messages: usize) -> Result<(), RingBenchError> {
-    pin(1);
+    let fifo = pin(1);
     let reader = ActionReader::open(path, GEOMETRY).map_err(|e| RingBenchError::Ring {
         what: format!("open {}", path.display()),
         reason: e.to_string(),
@@ -207,7 +221,7 @@ pub fn ring_reader(path: &Path, messages: usize) -> Result<(), RingBenchError> {
         }
         samples.push(now.saturating_sub(action.made_time_ns) as f64);
     }
-    println!("{}", latency_json(&mut samples, messages));
+    println!("{}", latency_json(&mut samples, messages, fifo));
     Ok(())
 }
 
@@ -225,7 +239,7 @@ pub fn pipe(exe: &Path, messages: usize, gap_us: u64) -> Result<Value, RingBench
         reason: "no stdin".into(),
     })?;
     let out = wait_ready(&mut child, "pipe")?;
-    pin(0);
+    let _ = pin(0);
     let mut next = monotonic_ns();
     for _ in 0..messages {
         next += gap_us * 1000;
@@ -243,7 +257,7 @@ pub fn pipe(exe: &Path, messages: usize, gap_us: u64) -> Result<Value, RingBench
 
 /// Reader side of the pipe measurement: blocking 8-byte reads from stdin.
 pub fn pipe_reader(messages: usize) -> Result<(), RingBenchError> {
-    pin(1);
+    let fifo = pin(1);
     let mut samples = Vec::with_capacity(messages);
     println!("ready");
     std::io::stdout().flush().map_err(io("stdout"))?;
@@ -258,6 +272,6 @@ pub fn pipe_reader(messages: usize) -> Result<(), RingBenchError> {
         }
         samples.push(now.saturating_sub(stamp) as f64);
     }
-    println!("{}", latency_json(&mut samples, messages));
+    println!("{}", latency_json(&mut samples, messages, fifo));
     Ok(())
 }

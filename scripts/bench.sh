@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# The benchmark command: one run, one table (build/bench/latest.md, printed) and its
+# JSON (build/bench/latest.json, plus one file per part). Figures only, never a gate.
+#
+#   scripts/bench.sh                     # everything (~5-8 min on the 2-core dev VM)
+#   BENCH_LOOP_SECONDS=10 scripts/bench.sh   # shorter loop-jitter window
+#   BENCH_UPDATE_DOC=1 scripts/bench.sh      # also refresh the table in docs/benchmarks.md
+#
+# Parts (numbered as in docs/benchmarks.md):
+#   1  host glue per inference at the seeds' full dims: vla-bench host vs
+#      scripts/reference.py (bench_numpy.py host), memcpy floor of this run
+#   2  every fixture bundle on the HTP emulator: vlad bench-bundle vs ONNX Runtime's
+#      QNN EP on the same binaries with numpy glue (bench_numpy.py ort)
+#   3  context load mmap vs read into memory, RSS/PSS (inside vlad bench-bundle)
+#   4  publish jitter at 10/20/50 Hz next to cyclictest (rt-tests) on this machine
+#   5  action ring vs pipe, write-to-visible across two processes (vla-bench ring)
+#   6  release binary sizes; allocations per inference (host glue) and per tick (loop)
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+out=build/bench
+host_iterations=${BENCH_HOST_ITERATIONS:-10}
+bundle_iterations=${BENCH_BUNDLE_ITERATIONS:-5}
+ring_messages=${BENCH_RING_MESSAGES:-20000}
+loop_seconds=${BENCH_LOOP_SECONDS:-60}
+rt_tests_version=2.4-1
+started=$(date +%s)
+step() { printf '\n=== %s (%ds)\n' "$*" "$(($(date +%s) - started))" >&2; }
+# The HTP emulator prints "# LIBNATIVE" lines on stdout.
+quiet() { "$@" | grep -v '# LIBNATIVE' || true; }
+
+step "set-up: venv, rt-tests $rt_tests_version"
+[[ -x .venv/bin/python ]] || scripts/setup.sh >&2
+if ! dpkg-query -W -f='${Version}' rt-tests 2>/dev/null | grep -qx "$rt_tests_version"; then
+    sudo_cmd=()
+    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "rt-tests=$rt_tests_version" >/dev/null
+fi
+export VLA_QNN_LIB_DIR="${VLA_QNN_LIB_DIR:-$(scripts/qnn_lib_dir.sh)}"
+py=.venv/bin/python
+
+step "release build (vlad, vla-bench)"
+cargo build --release -p vlad -p vla-bench >&2
+target_dir=$(cargo metadata --format-version 1 --no-deps | "$py" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+vlad="$target_dir/release/vlad"
+bench="$target_dir/release/vla-bench"
+rm -rf "$out"
+mkdir -p "$out"
+
+settings=$(env | grep -E '^BENCH_[A-Z_]+=' | sort | tr '\n' ' ' || true)
+"$py" - "$out/meta.json" "$vlad" "$bench" "$settings" <<'PY'
+import json, os, platform, subprocess, sys, time
+path, vlad, bench, settings = sys.argv[1:5]
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+json.dump({
+    "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    "machine": f"{model}, {os.cpu_count()} CPUs, {platform.machine()}, Linux {platform.release()}",
+    "command": (settings + "scripts/bench.sh").strip(),
+    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "binaries": {os.path.basename(p): os.path.getsize(p) for p in (vlad, bench)},
+}, open(path, "w"), indent=2)
+PY
+
+step "1. host glue at full dims: ours"
+"$bench" host --iterations "$host_iterations" --json "$out/host-rust.json" >/dev/null
+step "1. host glue at full dims: numpy (scripts/reference.py)"
+"$py" scripts/bench_numpy.py host --iterations "$host_iterations" --json "$out/host-numpy.json" >/dev/null
+
+# Ours and ONNX Runtime back to back per bundle: the emulator's speed drifts with the
+# machine's load, so each ratio compares neighbours in time.
+for b in golden/bundles/*/; do
+    name=$(basename "$b")
+    step "2-3. $name on the HTP emulator: vlad bench-bundle"
+    quiet "$vlad" bench-bundle --bundle "$b" --iterations "$bundle_iterations" --warmup 1 \
+        --json "$out/bundle-$name.json" >&2
+    step "2. $name through ONNX Runtime's QNN EP + numpy glue"
+    quiet "$py" scripts/bench_numpy.py ort --bundle "$b" --vlad "$vlad" --lib-dir "$VLA_QNN_LIB_DIR" \
+        --iterations "$bundle_iterations" --build "$out/ort" --json "$out/ort-$name.json" >/dev/null
+done
+
+step "5. action ring vs pipe across two processes"
+VLA_BENCH_FIFO=50 "$bench" ring --messages "$ring_messages" --gap-us 50 --json "$out/ring.json" >/dev/null
+
+step "4. loop jitter: cyclictest at 10/20/50 Hz for ${loop_seconds}s (nothing else runs)"
+for hz in 10 20 50; do
+    cyclictest -q -m -p 80 -t 1 -i $((1000000 / hz)) -D "${loop_seconds}s" -h 50000 \
+        >"$out/cyclictest-$hz.txt" 2>&1 &
+done
+wait
+# HOOK (control loop, item 4 and allocations per tick): when `vlad bench-loop` exists it
+# is run here with the same rates and window and must write
+#   {"rows": [{"hz": 10, "source": "vla-control", "samples": N, "p50_us": .., "p99_us": ..,
+#              "max_us": .., "misses": .., "allocations_per_tick": ..}, ...]}
+# to the file given by --json; its rows are merged next to cyclictest's.
+loop_json="$out/loop-vlad.json"
+if "$vlad" --help 2>/dev/null | grep -q 'bench-loop'; then
+    step "4. loop jitter: vlad bench-loop at 10/20/50 Hz for ${loop_seconds}s"
+    quiet "$vlad" bench-loop --rates 10,20,50 --seconds "$loop_seconds" --json "$loop_json" >&2
+fi
+"$py" - "$out" "$loop_seconds" <<'PY'
+import json, re, sys
+from pathlib import Path
+out, seconds = Path(sys.argv[1]), int(sys.argv[2])
+rows = []
+for hz in (10, 20, 50):
+    text = (out / f"cyclictest-{hz}.txt").read_text()
+    hist = [(int(a), int(b)) for a, b in re.findall(r"(?m)^(\d+)\s+(\d+)\s*$", text)]
+    total = sum(c for _, c in hist)
+    def q(p):
+        acc = 0
+        for us, c in hist:
+            acc += c
+            if acc >= p * total:
+                return float(us)
+        return None
+    mx = re.search(r"# Max Latencies:\s*(\d+)", text)
+    rows.append({"hz": hz, "source": "cyclictest", "samples": total, "p50_us": q(0.5) if total else None,
+                 "p99_us": q(0.99) if total else None, "max_us": float(mx.group(1)) if mx else None,
+                 "misses": "-"})
+note = (f"cyclictest (rt-tests, SCHED_FIFO 80, mlockall, 1 us histogram buckets) over {seconds} s per rate, "
+        "the three rates side by side.")
+theirs = out / "loop-vlad.json"
+if theirs.is_file():
+    rows += json.loads(theirs.read_text()).get("rows", [])
+else:
+    note += (" The control loop's own figures need `vlad bench-loop` (vla-control), not in this build: "
+             "publish jitter and allocations per tick are not measured in this run.")
+json.dump({"seconds": seconds, "rows": rows, "note": note}, open(out / "loop.json", "w"), indent=2)
+PY
+
+step "table"
+"$py" scripts/bench_numpy.py render --dir "$out" ${BENCH_UPDATE_DOC:+--doc docs/benchmarks.md}
+echo "wrote $out/latest.md and $out/latest.json ($(($(date +%s) - started)) s)" >&2
