@@ -1,0 +1,187 @@
+# Target side of scripts/bringup/run.sh, fed to the target's `sh -s` over SSH (never
+# installed there). POSIX sh only: the board image may have busybox ash rather than bash.
+# Every step prints `key=value` lines for run.sh to read; free text goes to stderr.
+#
+#   probe BASE QNN_DIR DSP_DIRS HASH...   facts about the target, cache misses, QAIRT check
+#   link BASE WS (HASH MODE PATH)...      move uploads into the cache, verify, link into WS
+#   run WS QNN_DIR ADSP_PATH ITERATIONS   parity and benchmark, results in WS/results
+#   cleanup WS                            remove the workspace and prove it is gone
+#
+# BASE empty means $HOME/.cache/vla-bringup. The cache BASE/blobs/<sha256> holds every
+# deployed file once; workspaces are BASE/run.* so that hard links into the cache work.
+set -u
+
+say() { printf '%s=%s\n' "$1" "$2"; }
+
+resolve_base() {
+    if [ -n "$1" ]; then printf '%s' "$1"; else printf '%s' "$HOME/.cache/vla-bringup"; fi
+}
+
+# ELF e_machine of a file as the uname -m spelling (empty when unknown or unreadable).
+elf_arch() {
+    magic=$(od -An -c -N4 "$1" 2>/dev/null | tr -d ' ')
+    [ "$magic" = '177ELF' ] || return 0
+    machine=$(od -An -tu2 -j18 -N2 "$1" 2>/dev/null | tr -d ' ')
+    case "$machine" in
+        62) printf x86_64 ;;
+        183) printf aarch64 ;;
+        *) printf 'elf-machine-%s' "$machine" ;;
+    esac
+}
+
+probe() {
+    base=$(resolve_base "$1")
+    qnn_dir=$2
+    dsp_dirs=$3
+    shift 3
+    say arch "$(uname -m)"
+    say kernel "$(uname -r)"
+    say hostname "$(uname -n)"
+    if [ -r /etc/os-release ]; then
+        say os "$(. /etc/os-release && printf '%s' "${PRETTY_NAME:-$NAME}")"
+    fi
+    [ -r /sys/devices/soc0/soc_id ] && say soc_id "$(cat /sys/devices/soc0/soc_id)"
+    [ -r /sys/devices/soc0/machine ] && say soc_machine "$(cat /sys/devices/soc0/machine)"
+    say mem_total_kib "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)"
+    for tool in sha256sum tar df od; do
+        command -v "$tool" >/dev/null 2>&1 || say missing_tool "$tool"
+    done
+    if ! mkdir -p "$base/blobs" 2>/dev/null; then
+        say error "cannot create $base/blobs on the target"
+        return 0
+    fi
+    say base "$(cd "$base" && pwd -P)"
+    say free_kib "$(df -Pk "$base" | awk 'NR == 2 {print $4}')"
+    for h in "$@"; do
+        [ -f "$base/blobs/$h" ] || say missing "$h"
+    done
+    # An empty QNN_DIR means the libraries come from the upload and are checked locally.
+    if [ -n "$qnn_dir" ]; then
+        if [ ! -d "$qnn_dir" ]; then
+            say qnn_dir_missing "$qnn_dir"
+        else
+            for lib in libQnnHtp.so libQnnSystem.so; do
+                [ -f "$qnn_dir/$lib" ] || say qnn_lib_missing "$lib"
+            done
+            [ -f "$qnn_dir/libQnnHtp.so" ] && say qnn_arch "$(elf_arch "$qnn_dir/libQnnHtp.so")"
+            if [ "$(uname -m)" = aarch64 ] && [ ! -f "$qnn_dir/libQnnHtpV73Stub.so" ]; then
+                say qnn_lib_missing libQnnHtpV73Stub.so
+            fi
+        fi
+    fi
+    # The NPU side: the v73 skel must be in one of the ADSP_LIBRARY_PATH directories. The
+    # x86_64 emulator has no DSP, so there is nothing to find there.
+    if [ "$(uname -m)" = aarch64 ]; then
+        found=
+        old_ifs=$IFS
+        IFS=';'
+        for d in $dsp_dirs; do
+            [ -n "$d" ] && [ -f "$d/libQnnHtpV73Skel.so" ] && { found=$d; break; }
+        done
+        IFS=$old_ifs
+        if [ -n "$found" ]; then say skel_dir "$found"; else say skel_missing "$dsp_dirs"; fi
+    fi
+}
+
+link() {
+    base=$1
+    ws=$2
+    shift 2
+    mkdir -p "$ws/results" "$ws/incoming" || { say error "cannot create $ws"; return 0; }
+    while [ $# -ge 3 ]; do
+        h=$1
+        mode=$2
+        path=$3
+        shift 3
+        blob="$base/blobs/$h"
+        if [ ! -f "$blob" ]; then
+            if [ ! -f "$ws/incoming/$h" ]; then
+                say error "$path: blob $h neither cached nor uploaded"
+                return 0
+            fi
+            src="$ws/incoming/$h"
+        else
+            src=$blob
+        fi
+        # Every use re-checks the content: a cache entry damaged since the last run must
+        # not produce a parity verdict.
+        got=$(sha256sum "$src" | cut -d' ' -f1)
+        if [ "$got" != "$h" ]; then
+            rm -f "$src"
+            say error "$path: content on the target has sha256 $got, expected $h (removed it; run again to upload it afresh)"
+            return 0
+        fi
+        if [ "$src" != "$blob" ]; then
+            chmod 0555 "$src" && mv -f "$src" "$blob" || {
+                say error "cannot move $path into $base/blobs"
+                return 0
+            }
+        fi
+        mkdir -p "$ws/$(dirname "$path")"
+        if ! ln "$blob" "$ws/$path" 2>/dev/null && ! ln -s "$blob" "$ws/$path"; then
+            say error "cannot link $path into $ws"
+            return 0
+        fi
+        [ "$mode" = x ] && [ ! -x "$ws/$path" ] && chmod 0555 "$blob"
+    done
+    rmdir "$ws/incoming" 2>/dev/null
+    say linked ok
+}
+
+run() {
+    ws=$1
+    qnn_dir=$2
+    adsp_path=$3
+    iterations=$4
+    cd "$ws" || { say error "workspace $ws is gone"; return 0; }
+    export VLA_QNN_LIB_DIR="$qnn_dir"
+    export LD_LIBRARY_PATH="$qnn_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export ADSP_LIBRARY_PATH="$adsp_path"
+    {
+        say arch "$(uname -m)"
+        say kernel "$(uname -r)"
+        say hostname "$(uname -n)"
+        [ -r /etc/os-release ] && say os "$(. /etc/os-release && printf '%s' "${PRETTY_NAME:-$NAME}")"
+        [ -r /sys/devices/soc0/soc_id ] && say soc_id "$(cat /sys/devices/soc0/soc_id)"
+        say mem_total_kib "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)"
+        say vlad_version "$(./vlad --version 2>&1)"
+        say qnn_lib_dir "$qnn_dir"
+        say adsp_library_path "$adsp_path"
+        say started_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    } > results/target.env
+
+    ./vlad parity --bundle bundle --json results/parity.json > results/parity.log 2>&1
+    parity_exit=$?
+    say parity_exit "$parity_exit"
+
+    # An older vlad answers an unknown command with exit 2.
+    if ./vlad bench-bundle --help >/dev/null 2>&1; then
+        ./vlad bench-bundle --bundle bundle --iterations "$iterations" \
+            --json results/bench.json > results/bench.log 2>&1
+        bench_exit=$?
+        say bench_exit "$bench_exit"
+    else
+        say bench_exit unavailable
+        echo "this vlad has no bench-bundle command" > results/bench.log
+    fi
+    { say parity_exit "$parity_exit"; say bench_exit "${bench_exit:-unavailable}"; \
+      say iterations "$iterations"; say finished_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } \
+        >> results/target.env
+}
+
+cleanup() {
+    ws=$1
+    case "$ws" in
+        */run.*) ;;
+        *) say error "refusing to remove $ws: not a bring-up workspace"; return 0 ;;
+    esac
+    rm -rf "$ws"
+    if [ -e "$ws" ]; then say error "$ws still exists after rm -rf"; else say removed "$ws"; fi
+}
+
+step=$1
+shift
+case "$step" in
+    probe | link | run | cleanup) "$step" "$@" ;;
+    *) say error "unknown step $step" ;;
+esac

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# End-to-end test of scripts/bringup/run.sh through a real SSH round trip: starts Debian's
+# sshd on a free loopback port (127.0.0.1 only, its own host key and config in a temp
+# dir), and plays the board with the x86_64 vlad and the HTP emulator's QNN libraries
+# standing in for QAIRT. Checks deploy, parity, collect, report with plots and clean-up,
+# the content-hash cache, password login, and the clear errors (unreachable host, wrong
+# architecture, missing QAIRT libraries, full disk, wrong password).
+#
+# usage: scripts/bringup/tests/loopback.sh [--keep REPORT_DIR]
+#   --keep DIR   copy the main run's report (report.md, PNGs, raw/) to DIR
+# Needs root (sshd, a throwaway login user, a small tmpfs for the full-disk case).
+# Installs openssh-server and sshpass from Debian if missing. Ends with "N passed, N failed".
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
+cd "$repo_root"
+keep=""
+if [[ ${1:-} == --keep ]]; then
+    keep=${2:?--keep needs a directory}
+fi
+[[ $(id -u) -eq 0 ]] || { echo "loopback: needs root (sshd, useradd, mount)" >&2; exit 1; }
+
+# --- tools ------------------------------------------------------------------------------
+# Debian bookworm's versions; a point release that replaced one falls back to the archive's
+# current build of the same package (said on stderr) rather than failing on a vanished pin.
+pinned=(openssh-server=1:9.2p1-2+deb12u10 openssh-client=1:9.2p1-2+deb12u10 sshpass=1.09-1+b1)
+need_install=()
+command -v sshd >/dev/null || [[ -x /usr/sbin/sshd ]] || need_install+=(openssh-server openssh-client)
+command -v sshpass >/dev/null || need_install+=(sshpass)
+if ((${#need_install[@]})); then
+    echo "loopback: installing ${need_install[*]} from Debian"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    specs=()
+    for spec in "${pinned[@]}"; do
+        pkg=${spec%%=*}
+        [[ " ${need_install[*]} " == *" $pkg "* ]] || continue
+        if apt-cache madison "$pkg" | awk '{print $3}' | grep -qxF "${spec#*=}"; then
+            specs+=("$spec")
+        else
+            echo "loopback: ${spec} is no longer in the archive; installing Debian's current $pkg" >&2
+            specs+=("$pkg")
+        fi
+    done
+    apt-get install -y -qq --no-install-recommends "${specs[@]}" >/dev/null
+fi
+sshd_bin="$(command -v sshd || echo /usr/sbin/sshd)"
+
+# --- binaries and libraries -------------------------------------------------------------
+target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
+for t in x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu; do
+    cargo build --release --locked -q -p vlad --target "$t"
+done
+vlad_x86="$target_dir/x86_64-unknown-linux-gnu/release/vlad"
+vlad_arm="$target_dir/aarch64-unknown-linux-gnu/release/vlad"
+qnn_dir="$(scripts/qnn_lib_dir.sh)"
+python="$repo_root/.venv/bin/python"
+"$python" -c 'import matplotlib' 2>/dev/null || scripts/setup_python.sh >/dev/null
+
+# --- sshd on loopback ---------------------------------------------------------------------
+tmp="$(mktemp -d /tmp/vla-bringup-test.XXXXXX)"
+chmod 755 "$tmp"
+sshd_pid=""
+test_user=vla-bringup-test
+created_user=0
+small_disk=""
+cleanup() {
+    local rc=$?
+    if [[ -n $sshd_pid ]]; then
+        kill "$sshd_pid" 2>/dev/null || true
+        wait "$sshd_pid" 2>/dev/null || true
+    fi
+    [[ -z $small_disk ]] || umount "$small_disk" 2>/dev/null || true
+    ((created_user == 0)) || userdel -r "$test_user" >/dev/null 2>&1 || true
+    rm -rf "$tmp"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+free_port() {
+    "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+port="$(free_port)"
+ssh-keygen -q -t ed25519 -N '' -C loopback-host -f "$tmp/host_key"
+ssh-keygen -q -t ed25519 -N '' -C loopback-user -f "$tmp/user_key"
+cp "$tmp/user_key.pub" "$tmp/authorized_keys"
+cat >"$tmp/sshd_config" <<EOF
+Port $port
+ListenAddress 127.0.0.1
+HostKey $tmp/host_key
+PidFile $tmp/sshd.pid
+AuthorizedKeysFile $tmp/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication yes
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PrintMotd no
+AcceptEnv none
+LogLevel VERBOSE
+EOF
+# A login user with a password for the sshpass path; its home is deleted at the end.
+if ! id "$test_user" >/dev/null 2>&1; then
+    useradd -m -s /bin/sh "$test_user"
+    created_user=1
+fi
+password="$("$python" -c 'import secrets; print(secrets.token_hex(16))')"
+echo "$test_user:$password" | chpasswd
+printf '%s\n' "$password" >"$tmp/password"
+printf 'not-the-password\n' >"$tmp/wrong_password"
+chmod 600 "$tmp/password" "$tmp/wrong_password"
+
+mkdir -p /run/sshd
+"$sshd_bin" -D -e -f "$tmp/sshd_config" 2>"$tmp/sshd.log" &
+sshd_pid=$!
+for _ in $(seq 100); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+    kill -0 "$sshd_pid" 2>/dev/null || { cat "$tmp/sshd.log" >&2; echo "loopback: sshd died" >&2; exit 1; }
+    sleep 0.1
+done
+echo "loopback: sshd (pid $sshd_pid) on 127.0.0.1:$port"
+
+# --- checks -------------------------------------------------------------------------------
+passed=0 failed=0
+ok() { echo "ok   $*"; passed=$((passed + 1)); }
+bad() { echo "FAIL $*"; failed=$((failed + 1)); }
+check() { # check NAME COMMAND...
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name"; fi
+}
+# Runs run.sh, keeping its exit code and stderr for the checks.
+bringup() {
+    local log=$1
+    shift
+    rc=0
+    scripts/bringup/run.sh --port "$port" --known-hosts "$tmp/known_hosts" "$@" >"$log.out" 2>"$log.err" || rc=$?
+}
+expect_error() { # expect_error NAME TEXT  (after bringup): exit 1 and TEXT on stderr
+    local name=$1 text=$2
+    if [[ $rc -eq 1 ]] && grep -qF -- "$text" "$tmp/$name.err"; then
+        ok "$name: $(grep -F -- "$text" "$tmp/$name.err" | head -n 1)"
+    else
+        bad "$name: exit $rc, wanted exit 1 with '$text'; stderr:"
+        sed 's/^/     /' "$tmp/$name.err"
+    fi
+}
+no_workspace_left() { # no run.* directory under the remote base
+    ! compgen -G "$1/run.*" >/dev/null
+}
+json_true() { "$python" -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d[sys.argv[2]] is True else 1)' "$@"; }
+
+root_base="$tmp/remote-root"
+key_args=(--target root@127.0.0.1 --identity "$tmp/user_key" --remote-dir "$root_base")
+
+# 1. The main path: key login, QAIRT dir already on the "board", a 7-context bundle.
+report="$tmp/report-keystone"
+bringup "$tmp/main" "${key_args[@]}" --vlad "$vlad_x86" \
+    --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 5 \
+    --out "$report"
+if ((rc == 0)); then ok "main run exits 0"; else bad "main run exit $rc"; sed 's/^/     /' "$tmp/main.err"; fi
+check "report.md written" test -s "$report/report.md"
+check "report says parity passed" grep -q '^\*\*Parity: PASS\*\*' "$report/report.md"
+check "parity.json came back and passed" json_true "$report/raw/parity.json" passed
+for png in actions.png parity.png; do
+    check "$png is a PNG linked from report.md" \
+        bash -c '[[ $(head -c 8 "$1" | od -An -tx1 | tr -d " ") == 89504e470d0a1a0a ]] && grep -q "($2)" "$3"' \
+        _ "$report/$png" "$png" "$report/report.md"
+done
+if "$vlad_x86" bench-bundle --help >/dev/null 2>&1; then
+    check "bench.json came back" test -s "$report/raw/bench.json"
+    check "latency table and plot are in the report" \
+        bash -c 'grep -q "^| \*\*end to end\*\* | [0-9]" "$1" && grep -q "(latency.png)" "$1"' _ "$report/report.md"
+    check "load times and memory are in the report" \
+        bash -c 'grep -q "^| mapped (mmap) | 7 |" "$1" && grep -q "^| RSS after the policy is loaded |" "$1"' _ "$report/report.md"
+else
+    # A vlad built before bench-bundle existed: the report must say what is missing.
+    check "missing bench-bundle is explained in the report" grep -q 'No benchmark' "$report/report.md"
+fi
+check "logs came back" test -s "$report/raw/parity.log"
+check "remote workspace removed" no_workspace_left "$root_base"
+check "large files kept in the target's cache" test "$(find "$root_base/blobs" -type f | wc -l)" -ge 8
+[[ -z $keep ]] || { rm -rf "$keep"; mkdir -p "$keep"; cp -r "$report"/. "$keep"/; }
+
+# 2. Same bundle again: everything comes from the cache, nothing is uploaded.
+bringup "$tmp/again" "${key_args[@]}" --vlad "$vlad_x86" \
+    --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 2 \
+    --out "$tmp/report-again"
+check "second run exits 0" test "$rc" -eq 0
+check "second run uploads nothing (content-hash cache)" grep -q 'deploying: 0 files to upload' "$tmp/again.err"
+
+# 3. Password login (sshpass) as a plain user, QAIRT libraries uploaded from this machine,
+#    default cache dir in the user's home.
+qnn_local="$tmp/qnn-local"
+mkdir -p "$qnn_local"
+for f in "$qnn_dir"/libQnnHtp.so "$qnn_dir"/libQnnSystem.so "$qnn_dir"/libHtpPrepare.so \
+    "$qnn_dir"/../onnxruntime_qnn.libs/*.so*; do
+    ln -s "$(realpath "$f")" "$qnn_local/$(basename "$f")"
+done
+user_home="$(getent passwd "$test_user" | cut -d: -f6)"
+bringup "$tmp/password" --target "$test_user@127.0.0.1" --password-file "$tmp/password" \
+    --vlad "$vlad_x86" --bundle golden/bundles/fastwam --qnn-local-dir "$qnn_local" \
+    --iterations 2 --out "$tmp/report-fastwam"
+if ((rc == 0)); then ok "password login with uploaded QAIRT libraries exits 0"; else
+    bad "password run exit $rc"; sed 's/^/     /' "$tmp/password.err"; fi
+check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastwam/report.md"
+check "default cache is ~/.cache/vla-bringup of the login user" test -d "$user_home/.cache/vla-bringup/blobs"
+check "plain user's workspace removed" no_workspace_left "$user_home/.cache/vla-bringup"
+
+# 4. The clear errors. Each must leave no workspace behind.
+unused_port="$(free_port)"
+rc=0
+scripts/bringup/run.sh --target root@127.0.0.1 --port "$unused_port" --identity "$tmp/user_key" \
+    --known-hosts "$tmp/known_hosts" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
+    --out "$tmp/r" >"$tmp/unreachable.out" 2>"$tmp/unreachable.err" || rc=$?
+expect_error unreachable "cannot reach root@127.0.0.1 on port $unused_port"
+
+bringup "$tmp/wrong-arch" "${key_args[@]}" --vlad "$vlad_arm" --bundle golden/bundles/fastwam \
+    --qnn-lib-dir "$qnn_dir" --out "$tmp/r"
+expect_error wrong-arch "wrong architecture: --vlad $vlad_arm is a aarch64 binary but root@127.0.0.1 is x86_64"
+
+bringup "$tmp/no-qairt" "${key_args[@]}" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
+    --qnn-lib-dir "$tmp/no-such-qairt" --out "$tmp/r"
+expect_error no-qairt "QAIRT libraries missing: $tmp/no-such-qairt does not exist"
+
+mkdir -p "$tmp/empty-qairt"
+bringup "$tmp/empty-qairt" "${key_args[@]}" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
+    --qnn-lib-dir "$tmp/empty-qairt" --out "$tmp/r"
+expect_error empty-qairt "has no libQnnHtp.so libQnnSystem.so"
+
+# Full disk: a 1 MiB tmpfs as the target's cache dir when mount works here, else the
+# --remote-min-free threshold raised past the free space (the same check, told apart below).
+mkdir -p "$tmp/small-disk"
+if mount -t tmpfs -o size=1m tmpfs "$tmp/small-disk" 2>/dev/null; then
+    small_disk="$tmp/small-disk"
+    echo "loopback: full disk simulated with a 1 MiB tmpfs"
+    bringup "$tmp/full-disk" --target root@127.0.0.1 --identity "$tmp/user_key" \
+        --remote-dir "$small_disk" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
+        --qnn-lib-dir "$qnn_dir" --out "$tmp/r"
+else
+    echo "loopback: mount is not permitted here; full disk simulated with --remote-min-free"
+    bringup "$tmp/full-disk" "${key_args[@]}" --remote-min-free 1000000000 \
+        --vlad "$vlad_x86" --bundle golden/bundles/fastwam --qnn-lib-dir "$qnn_dir" --out "$tmp/r"
+fi
+expect_error full-disk "the target's disk is too full"
+if [[ -n $small_disk ]]; then
+    check "nothing written to the full disk" test -z "$(find "$small_disk" -type f)"
+fi
+
+bringup "$tmp/wrong-password" --target "$test_user@127.0.0.1" --password-file "$tmp/wrong_password" \
+    --vlad "$vlad_x86" --bundle golden/bundles/fastwam --qnn-lib-dir "$qnn_dir" --out "$tmp/r"
+expect_error wrong-password "authentication failed for $test_user@127.0.0.1: the password in $tmp/wrong_password was refused"
+
+check "no workspace left after the failures" no_workspace_left "$root_base"
+check "no report written by the failures" test ! -e "$tmp/r/report.md"
+
+# 5. Stop sshd and make sure it is gone.
+kill "$sshd_pid"
+wait "$sshd_pid" 2>/dev/null || true
+check "sshd stopped" bash -c "! kill -0 $sshd_pid 2>/dev/null"
+sshd_pid=""
+
+echo "bringup loopback: $passed passed, $failed failed"
+((failed == 0))

@@ -1,0 +1,210 @@
+"""scripts/bringup/report.py: the bring-up report from what a target sent back.
+
+The SSH round trip itself is tested by scripts/bringup/tests/loopback.sh; here the report is
+built from result files written by hand, so every branch (benchmark present, missing,
+broken; parity passed, failed, absent) is covered without a target.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FASTWAM = REPO / "golden" / "bundles" / "fastwam"
+
+_spec = importlib.util.spec_from_file_location("bringup_report", REPO / "scripts/bringup/report.py")
+report = importlib.util.module_from_spec(_spec)
+sys.modules["bringup_report"] = report  # dataclasses look their module up there
+_spec.loader.exec_module(report)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def parity_doc(passed=True, steps=32, dims=7):
+    golden = [((i * 37) % 11 - 5) / 10 for i in range(steps * dims)]
+    ours = [v + (0.0 if passed else (0.5 if i % 3 else -0.5)) for i, v in enumerate(golden)]
+    return {
+        "bundle": "fastwam-libero-tiny",
+        "version": "0.1.0",
+        "policy": "fastwam",
+        "load_ms": 6.5,
+        "context_gate": 0.9999,
+        "end_to_end_gate": 0.999,
+        "contexts": [{
+            "component": "action_step",
+            "execute_ms": 118.1,
+            "passed": passed,
+            "outputs": [{"name": "pred_noise", "shape": [1, 32, 7],
+                         "cosine": 0.99999 if passed else 0.98, "max_abs_diff": 0.01,
+                         "within_tolerance": 0.8, "passed": passed}],
+        }],
+        "end_to_end": {"cosine": 0.9999998 if passed else 0.7, "max_abs_diff": 1e-3,
+                       "keystone": None, "passed": passed,
+                       "actions": ours, "expected": golden},
+        "passed": passed,
+    }
+
+
+def bench_doc(samples=True):
+    doc = {
+        "bundle": "fastwam", "name": "fastwam-libero-tiny", "policy": "fastwam",
+        "iterations": 20, "warmup": 3,
+        "total_p50_us": 1500.0, "total_p99_us": 2500.0,
+        "execute_p50_us": 1400.0, "execute_p99_us": 2400.0,
+        "host_overhead_p50_us": 100.0, "host_overhead_p99_us": 120.0,
+        "host_overhead_pct": 7.1,
+        "components": [{"component": "action_step", "p50_us": 1400.0, "p99_us": 2400.0}],
+        "policy_load_ms": 12.5,
+        "rss_after_policy_load": 64 * 1024 * 1024, "pss_after_policy_load": 42 * 1024 * 1024,
+        "binaries_bytes": 204800,
+        "load": {
+            "mmap": {"mode": "mmap", "contexts": 1, "load_ms": 9.5, "rss_delta": 2 * 1048576,
+                     "pss_delta": 1048576, "anon_delta": 524288, "file_delta": 524288},
+            "heap": {"mode": "heap", "contexts": 1, "load_ms": 7.25, "rss_delta": 3 * 1048576,
+                     "pss_delta": 2 * 1048576, "anon_delta": 2 * 1048576, "file_delta": 0},
+        },
+        "npu_clock_mhz": 1000,
+    }
+    if samples:
+        doc["components"][0]["samples_us"] = [1400.0 + 50 * (i % 5) for i in range(20)]
+        doc["total_samples_us"] = [1500.0 + 50 * (i % 5) for i in range(20)]
+    return doc
+
+
+def write_results(tmp_path, parity=None, bench=None, env=None):
+    raw = tmp_path / "out" / "raw"
+    raw.mkdir(parents=True)
+    facts = {"arch": "aarch64", "hostname": "iq9075", "soc_id": "77", "parity_exit": "0",
+             "bench_exit": "0", "vlad_version": "vlad 0.1.0", "uploaded_files": "3",
+             "uploaded_bytes": "2097152", "cached_files": "9", "workspace_removed": "yes"}
+    facts.update(env or {})
+    (raw / "target.env").write_text("".join(f"{k}={v}\n" for k, v in facts.items()))
+    if parity is not None:
+        (raw / "parity.json").write_text(parity if isinstance(parity, str) else json.dumps(parity))
+    if bench is not None:
+        (raw / "bench.json").write_text(bench if isinstance(bench, str) else json.dumps(bench))
+    (raw / "parity.log").write_text("parity output\n")
+    return raw, tmp_path / "out"
+
+
+def build(raw, out, bundle=FASTWAM):
+    path = report.build_report(raw, bundle, "root@board", out)
+    return path.read_text()
+
+
+def is_png(path):
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_full_report_has_every_section_and_histograms(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc())
+    md = build(raw, out)
+    assert md.startswith("# Bring-up report: fastwam-libero-tiny 0.1.0 on root@board")
+    assert "**Parity: PASS** — contexts executed on the Hexagon v73 NPU." in md
+    assert "| action_step | pred_noise | 1x32x7 | 0.99999000 |" in md
+    assert "| **end to end** | action chunk | 224 values |" in md
+    # microseconds from bench-bundle shown in milliseconds
+    assert "| action_step | 1.400 | 2.400 |" in md
+    assert "| **host overhead** | 0.100 | 0.120 |" in md
+    assert "| **end to end** | 1.500 | 2.500 |" in md
+    assert "7.10% of the context execute time" in md
+    assert "| mapped (mmap) | 1 | 9.5 | 2.00 | 1.00 | 0.50 | 0.50 |" in md
+    assert "| read into memory | 1 | 7.2 |" in md or "| read into memory | 1 | 7.3 |" in md
+    assert "whole policy loaded in **12.5 ms**" in md
+    assert "| RSS after the policy is loaded | 64.0 |" in md
+    assert "| deployed | 3 files uploaded (2.0 MiB), 9 reused" in md
+    assert "![latency histogram per component](latency.png)" in md
+    # a figure the report does not know is shown, not dropped
+    assert '"npu_clock_mhz": 1000' in md
+    for png in ("actions.png", "parity.png", "latency.png"):
+        assert is_png(out / png), png
+        assert f"]({png})" in md
+    assert "[`parity.log`](raw/parity.log)" in md
+
+
+def test_without_samples_the_latency_plot_shows_percentiles(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc(samples=False))
+    md = build(raw, out)
+    assert "no per-iteration samples" in md
+    assert "![latency p50/p99 per component](latency.png)" in md
+    assert is_png(out / "latency.png")
+
+
+def test_vlad_without_bench_bundle_degrades_with_a_note(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), None, {"bench_exit": "unavailable"})
+    md = build(raw, out)
+    assert "**No benchmark:** the deployed vlad has no `bench-bundle` command" in md
+    assert "| action_step | 118.10 |" in md  # single execution from the parity run
+    assert "No memory figures" in md
+    assert "6.5 ms in the parity run" in md
+    assert not (out / "latency.png").exists()
+    assert is_png(out / "actions.png")
+
+
+def test_failed_benchmark_points_at_its_log(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), None, {"bench_exit": "1"})
+    md = build(raw, out)
+    assert "vlad bench-bundle wrote no bench.json (exit 1); see bench.log" in md
+
+
+def test_broken_bench_json_is_named_not_fatal(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), '{"total_p50_us": ')
+    md = build(raw, out)
+    assert f"{raw / 'bench.json'}: not valid JSON" in md
+    assert "**Parity: PASS**" in md
+
+
+def test_failed_parity_is_visible(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(passed=False), bench_doc(),
+                             {"parity_exit": "3"})
+    md = build(raw, out)
+    assert "**Parity: FAIL**" in md
+    assert "| action_step | pred_noise | 1x32x7 | 0.98000000 |" in md and "| FAIL |" in md
+    assert "| **FAIL** |" in md
+    assert is_png(out / "parity.png") and is_png(out / "actions.png")
+
+
+def test_missing_parity_json_says_so(tmp_path):
+    raw, out = write_results(tmp_path, None, None, {"parity_exit": "1", "bench_exit": "1"})
+    md = build(raw, out)
+    assert "**Parity: NO RESULT**" in md
+    assert "vlad parity wrote no parity.json (exit 1); see parity.log" in md
+    assert not (out / "actions.png").exists()
+
+
+def test_emulator_run_is_labelled_as_such(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc(), {"arch": "x86_64"})
+    md = build(raw, out)
+    assert "x86_64 HTP emulator" in md and "not an NPU" in md
+
+
+def test_action_geometry_comes_from_the_bundle():
+    assert report.action_geometry(FASTWAM, 224) == (32, 7)
+    # a chunk that does not fit the bundle's dims falls back rather than mis-plotting
+    assert report.action_geometry(FASTWAM, 10) == (10, 1)
+    assert report.action_geometry(None, 70) == (10, 7)
+
+
+def test_stale_plots_of_an_earlier_report_are_removed(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc())
+    build(raw, out)
+    (raw / "bench.json").unlink()
+    md = build(raw, out)
+    assert "latency.png" not in md
+    assert not (out / "latency.png").exists()
+
+
+def test_cli_names_a_missing_results_dir(tmp_path, capsys):
+    rc = report.main(["--results", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert rc == 1
+    assert f"{tmp_path / 'nope'}: no such results directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("doc", ['[1, 2]', '"text"'])
+def test_bench_json_that_is_not_an_object_is_named(tmp_path, doc):
+    raw, out = write_results(tmp_path, parity_doc(), doc)
+    md = build(raw, out)
+    assert "bench.json: top level is" in md and "expected an object" in md
