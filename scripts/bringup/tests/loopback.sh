@@ -180,7 +180,11 @@ fi
 check "logs came back" test -s "$report/raw/parity.log"
 check "remote workspace removed" no_workspace_left "$root_base"
 check "large files kept in the target's cache" test "$(find "$root_base/blobs" -type f | wc -l)" -ge 8
-[[ -z $keep ]] || { rm -rf "$keep"; mkdir -p "$keep"; cp -r "$report"/. "$keep"/; }
+if [[ -n $keep ]]; then
+    mkdir -p "$keep"
+    rm -rf "$keep/raw" "$keep/report.md" "$keep"/*.png
+    cp -r "$report"/. "$keep"/
+fi
 
 # 2. Same bundle again: everything comes from the cache, nothing is uploaded.
 bringup "$tmp/again" "${key_args[@]}" --vlad "$vlad_x86" \
