@@ -59,16 +59,42 @@ pub enum PolicyError {
     },
 }
 
+/// Text taken from a bundle file (a field name, a path, a parser message quoting them),
+/// with control characters escaped so that it cannot break the one-line message.
+struct FromFile<'a>(&'a str);
+
+impl core::fmt::Display for FromFile<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                core::fmt::Write::write_char(f, c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl core::fmt::Display for PolicyError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            PolicyError::MissingFile { bundle, what, path, reason } => {
-                write!(f, "bundle {}: {what} {}: {reason}", bundle.display(), path.display())
+            PolicyError::MissingFile { bundle, what, path, reason } => write!(
+                f,
+                "bundle {}: {what} {}: {reason}",
+                bundle.display(),
+                FromFile(&path.to_string_lossy())
+            ),
+            PolicyError::ManifestSyntax { path, reason } => {
+                write!(f, "{}: {}", path.display(), FromFile(reason))
             }
-            PolicyError::ManifestSyntax { path, reason } => write!(f, "{}: {reason}", path.display()),
-            PolicyError::ManifestInvalid { path, invalid } => {
-                write!(f, "{}: `{}` {}", path.display(), invalid.field, invalid.reason)
-            }
+            PolicyError::ManifestInvalid { path, invalid } => write!(
+                f,
+                "{}: `{}` {}",
+                path.display(),
+                FromFile(&invalid.field),
+                FromFile(&invalid.reason)
+            ),
             PolicyError::Target { bundle, field, expected, found } => write!(
                 f,
                 "bundle {}: built for {field} {found}, this device needs {expected}",

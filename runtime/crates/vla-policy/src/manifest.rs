@@ -184,6 +184,25 @@ fn positive(field: &str, v: usize) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Most LLM splits (one context binary each) a MolmoAct2 bundle may have.
+pub const MAX_LLM_SPLITS: usize = 64;
+
+/// The pipelines size f32 buffers by products of manifest dims: each product must be
+/// addressable, so that no size overflows or wraps before the contexts are checked.
+fn addressable(field: &str, factors: &[usize]) -> Result<(), Invalid> {
+    let bytes = factors
+        .iter()
+        .try_fold(4usize, |acc, &factor| acc.checked_mul(factor))
+        .filter(|&bytes| bytes <= isize::MAX as usize);
+    if bytes.is_none() {
+        return Err(invalid(
+            field,
+            format!("with {factors:?} makes a tensor too large to address"),
+        ));
+    }
+    Ok(())
+}
+
 impl Normalization {
     fn validate(&self, field: &str, dims: usize) -> Result<(), Invalid> {
         let need = |key: &str, v: &Option<Vec<f32>>| -> Result<(), Invalid> {
@@ -309,6 +328,38 @@ impl Manifest {
                 ] {
                     positive(f, v)?;
                 }
+                if m.llm_splits > MAX_LLM_SPLITS {
+                    return Err(invalid(
+                        "molmoact2.llm_splits",
+                        format!("{} is above the limit of {MAX_LLM_SPLITS}", m.llm_splits),
+                    ));
+                }
+                let k_max = 64;
+                for (field, factors) in [
+                    (
+                        "molmoact2.layers_per_split",
+                        &[m.llm_splits, m.layers_per_split, m.seq_len, m.kv_width][..],
+                    ),
+                    (
+                        "molmoact2.crop_size",
+                        &[m.cameras, m.crop_size, m.crop_size, 3],
+                    ),
+                    (
+                        "molmoact2.frame_width",
+                        &[m.cameras, m.frame_height, m.frame_width, 3],
+                    ),
+                    (
+                        "molmoact2.hidden",
+                        &[m.seq_len.max(m.image_tokens), m.hidden],
+                    ),
+                    ("molmoact2.seq_len", &[m.seq_len, m.seq_len]),
+                    (
+                        "molmoact2.action_width",
+                        &[k_max, m.action_horizon, m.action_width],
+                    ),
+                ] {
+                    addressable(field, factors)?;
+                }
                 if m.crop_size % m.patch_size != 0 {
                     return Err(invalid(
                         "molmoact2.crop_size",
@@ -383,6 +434,7 @@ impl Manifest {
                 positive("fastwam.action_horizon", f.action_horizon)?;
                 positive("fastwam.action_dims", f.action_dims)?;
                 positive("fastwam.flow_steps", f.flow_steps)?;
+                addressable("fastwam.action_dims", &[f.action_horizon, f.action_dims])?;
                 if !(f.shift.is_finite() && f.shift > 0.0) {
                     return Err(invalid(
                         "fastwam.shift",
@@ -402,15 +454,28 @@ impl Manifest {
             }
         }
         for (name, c) in &self.components {
-            for (key, path) in [("binary", &c.binary), ("golden", &c.golden)] {
-                if path.is_empty() || path.starts_with('/') || path.split('/').any(|p| p == "..") {
-                    return Err(invalid(
-                        format!("components.{name}.{key}"),
-                        format!("`{path}` must be a relative path inside the bundle"),
-                    ));
-                }
-            }
+            inside_bundle(|| format!("components.{name}.binary"), &c.binary)?;
+            inside_bundle(|| format!("components.{name}.golden"), &c.golden)?;
+        }
+        inside_bundle(|| "end_to_end".into(), &self.end_to_end)?;
+        if let Some(m) = &self.molmoact2 {
+            inside_bundle(|| "molmoact2.prompt".into(), &m.prompt)?;
+        }
+        if let Some(f) = &self.fastwam {
+            inside_bundle(|| "fastwam.world_model".into(), &f.world_model)?;
         }
         Ok(())
     }
+}
+
+/// Every file a manifest names is opened relative to the bundle directory and must stay
+/// inside it.
+fn inside_bundle(field: impl FnOnce() -> String, path: &str) -> Result<(), Invalid> {
+    if path.is_empty() || path.starts_with('/') || path.split('/').any(|p| p == "..") {
+        return Err(invalid(
+            field(),
+            format!("`{path}` must be a relative path inside the bundle"),
+        ));
+    }
+    Ok(())
 }
