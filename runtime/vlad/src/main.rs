@@ -31,6 +31,7 @@ commands:
   parity --bundle DIR               every context and the end-to-end golden of a bundle
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
+  bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
   ota status|install|activate|commit|rollback|gc
                                     over-the-air bundle store (signed, atomic, rollback)
   bundle pack|sign|verify|keygen    make and check signed bundles
