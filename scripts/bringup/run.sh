@@ -90,7 +90,7 @@ check_secret_file() {
     case "$real/" in
         "$repo_root"/*) die "$what $file is inside the repository ($repo_root); keep credentials outside it" ;;
     esac
-    if [[ $(stat -c %a "$real") =~ [1-7]$ ]]; then
+    if (((8#$(stat -c %a "$real") & 8#077) != 0)); then
         note "warning: $what $file is readable by other users (chmod 600 it)"
     fi
 }

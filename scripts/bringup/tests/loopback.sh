@@ -60,8 +60,8 @@ python="$repo_root/.venv/bin/python"
 tmp="$(mktemp -d /tmp/vla-bringup-test.XXXXXX)"
 chmod 755 "$tmp"
 sshd_pid=""
+# Dedicated to this test: removed at the end even if an interrupted run left it behind.
 test_user=vla-bringup-test
-created_user=0
 small_disk=""
 cleanup() {
     local rc=$?
@@ -70,7 +70,7 @@ cleanup() {
         wait "$sshd_pid" 2>/dev/null || true
     fi
     [[ -z $small_disk ]] || umount "$small_disk" 2>/dev/null || true
-    ((created_user == 0)) || userdel -r "$test_user" >/dev/null 2>&1 || true
+    userdel -r "$test_user" >/dev/null 2>&1 || true
     rm -rf "$tmp"
     exit "$rc"
 }
@@ -100,10 +100,8 @@ AcceptEnv none
 LogLevel VERBOSE
 EOF
 # A login user with a password for the sshpass path; its home is deleted at the end.
-if ! id "$test_user" >/dev/null 2>&1; then
-    useradd -m -s /bin/sh "$test_user"
-    created_user=1
-fi
+userdel -r "$test_user" >/dev/null 2>&1 || true
+useradd -m -s /bin/sh "$test_user"
 password="$("$python" -c 'import secrets; print(secrets.token_hex(16))')"
 echo "$test_user:$password" | chpasswd
 printf '%s\n' "$password" >"$tmp/password"
@@ -188,12 +186,31 @@ fi
 
 # 2. Same bundle again: everything comes from the cache, nothing is uploaded.
 bringup "$tmp/again" "${key_args[@]}" --vlad "$vlad_x86" \
-    --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 2 \
+    --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 1 \
     --out "$tmp/report-again"
 check "second run exits 0" test "$rc" -eq 0
 check "second run uploads nothing (content-hash cache)" grep -q 'deploying: 0 files to upload' "$tmp/again.err"
 
-# 3. Password login (sshpass) as a plain user, QAIRT libraries uploaded from this machine,
+# 3. A bundle whose end-to-end golden is wrong: the gate fails (exit 3), the report is
+#    still written and says FAIL, and the workspace still goes.
+bad_bundle="$tmp/fastwam-bad-golden"
+cp -r golden/bundles/fastwam "$bad_bundle"
+"$python" - "$bad_bundle/golden/end_to_end.npz" <<'PY'
+import sys
+import numpy as np
+z = dict(np.load(sys.argv[1]))
+z["actions"] = -z["actions"]
+np.savez(sys.argv[1], **z)
+PY
+bringup "$tmp/gate" "${key_args[@]}" --vlad "$vlad_x86" --bundle "$bad_bundle" \
+    --qnn-lib-dir "$qnn_dir" --iterations 1 --out "$tmp/report-gate"
+check "failed parity gate exits 3" test "$rc" -eq 3
+check "failed parity gate is named on stderr" grep -q 'parity gate FAILED on root@127.0.0.1' "$tmp/gate.err"
+check "failed report says FAIL" grep -q '^\*\*Parity: FAIL\*\*' "$tmp/report-gate/report.md"
+check "failed report still has its plots" test -s "$tmp/report-gate/actions.png"
+check "workspace removed after a failed gate" no_workspace_left "$root_base"
+
+# 4. Password login (sshpass) as a plain user, QAIRT libraries uploaded from this machine,
 #    default cache dir in the user's home.
 qnn_local="$tmp/qnn-local"
 mkdir -p "$qnn_local"
@@ -211,7 +228,7 @@ check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastw
 check "default cache is ~/.cache/vla-bringup of the login user" test -d "$user_home/.cache/vla-bringup/blobs"
 check "plain user's workspace removed" no_workspace_left "$user_home/.cache/vla-bringup"
 
-# 4. The clear errors. Each must leave no workspace behind.
+# 5. The clear errors. Each must leave no workspace behind.
 unused_port="$(free_port)"
 rc=0
 scripts/bringup/run.sh --target root@127.0.0.1 --port "$unused_port" --identity "$tmp/user_key" \
@@ -258,7 +275,7 @@ expect_error wrong-password "authentication failed for $test_user@127.0.0.1: the
 check "no workspace left after the failures" no_workspace_left "$root_base"
 check "no report written by the failures" test ! -e "$tmp/r/report.md"
 
-# 5. Stop sshd and make sure it is gone.
+# 6. Stop sshd and make sure it is gone.
 kill "$sshd_pid"
 wait "$sshd_pid" 2>/dev/null || true
 check "sshd stopped" bash -c "! kill -0 $sshd_pid 2>/dev/null"
