@@ -90,15 +90,38 @@ fn shape_text(shape: &[usize]) -> String {
     format!("[{}]", dims.join(", "))
 }
 
-fn entry_prefix(f: &mut fmt::Formatter<'_>, file: &str, entry: &Option<String>) -> fmt::Result {
+fn entry_prefix(f: &mut impl fmt::Write, file: &str, entry: &Option<String>) -> fmt::Result {
     match entry {
         Some(entry) => write!(f, "{file}: entry `{entry}`: "),
         None => write!(f, "{file}: "),
     }
 }
 
+/// Passes text through with control characters escaped: names, entries and header text
+/// come from the file, and a `\n` in an entry name must not break the one-line message.
+struct OneLine<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for OneLine<'_, '_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            if c.is_control() {
+                write!(self.0, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(self.0, c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for NpzError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_message(&mut OneLine(f))
+    }
+}
+
+impl NpzError {
+    fn write_message(&self, f: &mut impl fmt::Write) -> fmt::Result {
         match self {
             NpzError::Io {
                 file,
