@@ -35,5 +35,8 @@ env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN \
 step "release binary: size and NEEDED"
 scripts/check_release.sh
 
+step "board bring-up kit over a real SSH round trip (loopback sshd, emulator as the NPU)"
+scripts/bringup/tests/loopback.sh
+
 step "meta-vla layer and systemd units"
 scripts/check_layer.sh
