@@ -3,10 +3,12 @@
 # CI (the checkouts are not in the repository); run by hand before changing the layer:
 #
 #   scripts/bitbake_parse.sh <openembedded-core checkout> <bitbake checkout> [build dir]
+#   META_QCOM=<meta-qcom checkout> scripts/bitbake_parse.sh ...   (MACHINE iq-9075-evk)
 #
-# Use the wrynose branch of openembedded-core with bitbake 2.18. The build directory
-# (default /tmp/vla-bitbake-build) gets a local.conf with MACHINE = "qemuarm64" (an
-# aarch64 machine from oe-core, standing in for iq-9075-evk), INIT_MANAGER = "systemd",
+# Use the wrynose branches of openembedded-core and meta-qcom with bitbake 2.18. The build
+# directory (default /tmp/vla-bitbake-build) gets a local.conf with MACHINE = "qemuarm64"
+# (an aarch64 machine from oe-core, standing in for the board) or, with META_QCOM,
+# MACHINE = "iq-9075-evk" and QAIRT from meta-qcom's qairt-sdk; INIT_MANAGER = "systemd",
 # BB_NO_NETWORK = "1" and no uninative, a scratch packed policy bundle and a scratch QAIRT
 # SDK tree holding only file names and the version header. It runs:
 #   1. bitbake -p and bitbake-layers show-recipes with no VLA settings (skip reasons),
@@ -107,13 +109,36 @@ set -u
 # Sanity checks refuse to run as root (CI machines and containers are root); the parse
 # itself does not care.
 touch conf/sanity.conf
+layers="$oe_core/meta $layer"
+machine="qemuarm64"
+if [[ -n "${META_QCOM:-}" ]]; then
+    meta_qcom="$(readlink -f "$META_QCOM")"
+    # meta-qcom (wrynose) depends on the collection lts-linux-firmware-mixin (newer
+    # linux-firmware); parsing needs only the collection name, so a stub layer stands in.
+    mixin="$build/stub-lts-linux-firmware-mixin"
+    mkdir -p "$mixin/conf"
+    cat > "$mixin/conf/layer.conf" <<CONF
+BBPATH .= ":\${LAYERDIR}"
+BBFILE_COLLECTIONS += "lts-linux-firmware-mixin"
+BBFILE_PATTERN_lts-linux-firmware-mixin = "^\${LAYERDIR}/"
+BBFILE_PRIORITY_lts-linux-firmware-mixin = "6"
+BBFILE_PATTERN_IGNORE_EMPTY_lts-linux-firmware-mixin = "1"
+LAYERSERIES_COMPAT_lts-linux-firmware-mixin = "wrynose"
+CONF
+    layers="$layers $meta_qcom $mixin"
+    machine="iq-9075-evk"
+fi
 cat > conf/bblayers.conf <<CONF
 BBPATH = "\${TOPDIR}"
 BBFILES ?= ""
-BBLAYERS ?= "$oe_core/meta $layer"
+BBLAYERS ?= "$layers"
 CONF
 cat > conf/local.conf <<CONF
-MACHINE = "qemuarm64"
+MACHINE = "$machine"
+# The devupstream kernel variants follow a branch head (AUTOREV), which needs the network
+# at parse time: pin them to any revision, they are never built here.
+SRCREV:pn-linux-qcom-next-upstream = "0000000000000000000000000000000000000000"
+SRCREV:pn-linux-qcom-6.18.y-upstream = "0000000000000000000000000000000000000000"
 DISTRO ?= "nodistro"
 INIT_MANAGER = "systemd"
 BB_NO_NETWORK = "1"
@@ -144,14 +169,17 @@ printf '\n$ bitbake-layers show-recipes | grep -A1 vla\n'
 vla_recipes
 
 echo
-echo "== 2. VLA_POLICY, VLA_BUNDLE_DIR, VLA_BUNDLE_QAIRT_VERSION, QAIRT_SDK_DIR set"
+echo "== 2. VLA_POLICY, VLA_BUNDLE_DIR, VLA_BUNDLE_QAIRT_VERSION (and QAIRT_SDK_DIR) set"
 cat > conf/vla.conf <<CONF
 VLA_POLICY = "molmoact2-libero-original-tiny"
 VLA_BUNDLE_DIR = "$scratch/bundles"
 VLA_BUNDLE_QAIRT_VERSION = "2.47.0.250627"
-QAIRT_SDK_DIR = "$sdk"
 VLA_OTA_TRUSTED_KEYS = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
 CONF
+# Without meta-qcom the local SDK provides QAIRT; with it, meta-qcom's qairt-sdk does.
+if [[ -z "${META_QCOM:-}" ]]; then
+    echo "QAIRT_SDK_DIR = \"$sdk\"" >> conf/vla.conf
+fi
 run bitbake -p
 printf '\n$ bitbake-layers show-recipes | grep -A1 vla\n'
 vla_recipes
