@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds and runs every fuzz target of fuzz/ (cargo-fuzz, libFuzzer, AddressSanitizer) for
+# the given time each, one target at a time, single job, under `nice`; prints executions/s
+# and total executions per target and exits non-zero if any target found a crash (the
+# input is then in fuzz/artifacts/<target>/). Not part of CI: too long. Found inputs
+# become regression tests (see fuzz/README.md).
+#
+#   scripts/fuzz.sh [seconds-per-target] [target...]     (default: 60 s, every target)
+#
+# Toolchain: the machine's stable Rust with RUSTC_BOOTSTRAP=1, which cargo-fuzz accepts in
+# place of nightly for -Zsanitizer=address (no nightly toolchain can be installed here).
+# The working corpora (fuzz/corpus/<target>/) are kept between runs and seeded from the
+# repository's real files each run.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+seconds="${1:-60}"
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: seconds must be a positive integer, got '$seconds'" >&2; exit 2; }
+shift || true
+all_targets=(config bundle_manifest npz ring qnn_binary)
+targets=("$@")
+((${#targets[@]})) || targets=("${all_targets[@]}")
+for t in "${targets[@]}"; do
+    [[ " ${all_targets[*]} " == *" $t "* ]] || { echo "fuzz: unknown target $t (have: ${all_targets[*]})" >&2; exit 2; }
+done
+
+cargo_fuzz_version=0.13.2
+tools="$repo_root/build/tools"
+if ! "$tools/bin/cargo-fuzz" --version 2>/dev/null | grep -qx "cargo-fuzz $cargo_fuzz_version"; then
+    echo "fuzz: installing cargo-fuzz $cargo_fuzz_version into build/tools"
+    nice cargo install --quiet --locked cargo-fuzz --version "=$cargo_fuzz_version" --root "$tools"
+fi
+export PATH="$tools/bin:$PATH"
+export RUSTC_BOOTSTRAP=1
+export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$repo_root/target/fuzz}"
+export CARGO_TERM_COLOR=never
+
+needs_qnn=0
+for t in "${targets[@]}"; do [[ $t == qnn_binary ]] && needs_qnn=1; done
+if ((needs_qnn)) && [[ -z "${VLA_QNN_LIB_DIR:-}" ]]; then
+    [[ -x .venv/bin/python ]] || scripts/setup.sh
+    VLA_QNN_LIB_DIR="$(scripts/qnn_lib_dir.sh)"
+    export VLA_QNN_LIB_DIR
+fi
+
+logs="$CARGO_TARGET_DIR/logs"
+mkdir -p "$logs"
+echo "fuzz: building ${targets[*]}"
+for t in "${targets[@]}"; do
+    nice cargo fuzz build --fuzz-dir fuzz "$t" >"$logs/build.log" 2>&1 || {
+        cat "$logs/build.log" >&2
+        exit 1
+    }
+done
+
+# Copies each seed file into the corpus under its content hash (as libFuzzer names its
+# own finds), so reseeding every run adds nothing twice.
+seed() {
+    local corpus="fuzz/corpus/$1" f
+    shift
+    mkdir -p "$corpus"
+    for f in "$@"; do
+        [[ -f "$f" ]] && cp "$f" "$corpus/$(sha1sum "$f" | cut -c1-40)"
+    done
+    return 0
+}
+
+# The largest input each target mutates up to: every seed fits, small enough to stay fast.
+declare -A max_len=(
+    [config]=17000 [bundle_manifest]=16384 [npz]=65536 [ring]=8192 [qnn_binary]=131072
+)
+mapfile -t small_npz < <(find golden runtime/crates/vla-npz/tests/data \( -name '*.npz' -o -name '*.npy' \) -size -64k | sort)
+for t in "${targets[@]}"; do
+    case "$t" in
+        config) seed config config/*.json ;;
+        bundle_manifest) seed bundle_manifest golden/bundles/*/bundle.json ;;
+        npz) seed npz "${small_npz[@]}" ;;
+        ring)
+            seeds_dir="$(mktemp -d /dev/shm/vla-fuzz-seeds.XXXXXX)"
+            nice cargo run --quiet --manifest-path fuzz/Cargo.toml --example ring_seeds -- "$seeds_dir"
+            seed ring "$seeds_dir"/*
+            rm -rf "$seeds_dir"
+            ;;
+        qnn_binary) seed qnn_binary golden/contexts/*.bin golden/bundles/*/ctx/*.bin ;;
+    esac
+done
+
+dict_for() {
+    case "$1" in
+        config | bundle_manifest) echo "-dict=fuzz/dicts/json.dict" ;;
+    esac
+}
+
+failed=()
+printf '\n%-16s %10s %14s %8s %8s  %s\n' target "exec/s" executions seconds corpus result
+for t in "${targets[@]}"; do
+    log="$logs/$t.log"
+    status=0
+    # shellcheck disable=SC2046
+    nice -n 10 cargo fuzz run --fuzz-dir fuzz --jobs 1 "$t" "fuzz/corpus/$t" -- \
+        -max_total_time="$seconds" -max_len="${max_len[$t]}" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 -close_fd_mask=1 $(dict_for "$t") >"$log" 2>&1 || status=$?
+    execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
+    rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)"
+    ran="$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)"
+    corpus="$(find "fuzz/corpus/$t" -type f | wc -l)"
+    if ((status == 0)); then
+        result=ok
+    else
+        result="CRASH (exit $status; log $log; input in fuzz/artifacts/$t/)"
+        failed+=("$t")
+    fi
+    printf '%-16s %10s %14s %8s %8s  %s\n' "$t" "${rate:--}" "${execs:--}" "${ran:--}" "$corpus" "$result"
+done
+
+if ((${#failed[@]})); then
+    echo "fuzz: crashes in: ${failed[*]}" >&2
+    exit 1
+fi
