@@ -291,7 +291,11 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let components: Vec<Value> = names
         .iter()
         .zip(per_component.iter_mut())
-        .map(|(n, s)| json!({"component": n, "p50_us": quantile(s, 0.5), "p99_us": quantile(s, 0.99)}))
+        .map(|(n, s)| {
+            let (p50, p99) = (quantile(s, 0.5), quantile(s, 0.99));
+            // Per-iteration samples (sorted) for the bring-up report's histograms.
+            json!({"component": n, "p50_us": p50, "p99_us": p99, "samples_us": s})
+        })
         .collect();
     let policy_name = format!("{:?}", bundle.manifest.policy).to_lowercase();
     Ok(json!({
@@ -307,6 +311,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         "host_overhead_p50_us": quantile(&mut hosts, 0.5),
         "host_overhead_p99_us": quantile(&mut hosts, 0.99),
         "host_overhead_pct": quantile(&mut host_share, 0.5),
+        "total_samples_us": totals,
+        "execute_samples_us": executes,
+        "host_overhead_samples_us": hosts,
         "components": components,
         "policy_load_ms": load_ms,
         "rss_after_policy_load": memory.rss,
