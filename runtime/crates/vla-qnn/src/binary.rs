@@ -349,6 +349,27 @@ pub(crate) fn read_binary_info(
     }
 }
 
+impl QnnLibrary {
+    /// Reads the metadata of a context binary held in memory exactly as
+    /// [`ContextBinary::open`] does for a file, for bytes that never were a file (received
+    /// over a link, or a fuzzer's input). `origin` names the bytes in errors. Refuses
+    /// empty input as `open` refuses an empty file, before libQnnSystem sees it.
+    pub fn inspect_bytes(
+        &self,
+        bytes: &[u8],
+        origin: impl AsRef<Path>,
+    ) -> Result<BinaryInfo, QnnError> {
+        let origin = origin.as_ref();
+        if bytes.is_empty() {
+            return Err(QnnError::Binary {
+                path: origin.to_owned(),
+                reason: "empty file".into(),
+            });
+        }
+        read_binary_info(self, bytes, origin)
+    }
+}
+
 /// A context binary file, mapped read-only, with its metadata.
 pub struct ContextBinary {
     path: PathBuf,
