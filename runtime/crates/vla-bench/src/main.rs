@@ -5,56 +5,24 @@
 //!   memcpy bandwidth of this run and the floor it implies; allocations per inference.
 //! - `vla-bench ring`: write-to-visible latency of the action ring across two processes,
 //!   next to a plain pipe.
+//! - `vla-bench loop`: publish jitter, missed ticks and allocations per tick of the real
+//!   control loop (`vla-control`) at several rates, over real rings in `/dev/shm`.
 //!
 //! `scripts/bench.sh` runs these next to the numpy / ONNX Runtime side and `vlad
 //! bench-bundle`, and renders one table.
 
+mod counting;
 mod host;
+mod loop_jitter;
 mod ring;
 mod stats;
 
+use counting::allocations;
 use lexopt::prelude::*;
 use serde_json::json;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Counts every heap allocation of the process, so a benchmark can report how many one
-/// inference makes (the target is zero after warm-up).
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.load(Ordering::Relaxed)
-}
+use std::time::Duration;
 
 const USAGE: &str = "\
 usage: vla-bench <command> [options]
@@ -63,11 +31,17 @@ commands:
   host [--iterations N] [--json FILE]    host glue per inference at full dims, memcpy floor
   ring [--messages N] [--gap-us US] [--json FILE]
                                          action ring vs pipe, write-to-visible across processes
+  loop [--rates 10,20,50] [--seconds S] [--warmup-seconds S] [--inference-ms MS]
+       [--camera-hz HZ] [--priority P] [--json FILE]
+                                         the real control loop: publish jitter, missed ticks,
+                                         allocations per tick (defaults: 60 s per rate after
+                                         2 s warm-up, 100 ms inference, 30 Hz camera, FIFO 80)
 ";
 
 enum Command {
     Host,
     Ring,
+    Loop,
 }
 
 fn run() -> Result<(), String> {
@@ -80,6 +54,7 @@ fn run() -> Result<(), String> {
     let command = match command.as_str() {
         "host" => Command::Host,
         "ring" => Command::Ring,
+        "loop" => Command::Loop,
         "ring-reader" | "pipe-reader" => return reader(&command, rest),
         "-h" | "--help" => {
             print!("{USAGE}");
@@ -89,6 +64,7 @@ fn run() -> Result<(), String> {
     };
     let (mut iterations, mut messages, mut gap_us) = (20usize, 20_000usize, 50u64);
     let mut json_out: Option<PathBuf> = None;
+    let mut looping = loop_jitter::LoopBenchSettings::default();
     let mut p = lexopt::Parser::from_args(rest);
     let number = |p: &mut lexopt::Parser, what: &str| -> Result<u64, String> {
         let v = p.value().map_err(|e| e.to_string())?;
@@ -101,6 +77,16 @@ fn run() -> Result<(), String> {
             Long("iterations") => iterations = number(&mut p, "--iterations")?.max(1) as usize,
             Long("messages") => messages = number(&mut p, "--messages")?.max(1) as usize,
             Long("gap-us") => gap_us = number(&mut p, "--gap-us")?,
+            Long("rates") => looping.rates_hz = rates(&mut p)?,
+            Long("seconds") => looping.seconds = seconds(&mut p, "--seconds")?,
+            Long("warmup-seconds") => looping.warmup_seconds = seconds(&mut p, "--warmup-seconds")?,
+            Long("inference-ms") => {
+                looping.inference = Duration::from_millis(number(&mut p, "--inference-ms")?)
+            }
+            Long("camera-hz") => {
+                looping.camera_hz = number(&mut p, "--camera-hz")?.clamp(1, 1000) as u32
+            }
+            Long("priority") => looping.priority = number(&mut p, "--priority")?.min(99) as u8,
             Long("json") => json_out = Some(p.value().map_err(|e| e.to_string())?.into()),
             other => return Err(other.unexpected().to_string()),
         }
@@ -129,6 +115,7 @@ fn run() -> Result<(), String> {
             let pipe = ring::pipe(&exe, messages, gap_us).map_err(|e| e.to_string())?;
             json!({"messages": messages, "gap_us": gap_us, "ring": ring, "pipe": pipe})
         }
+        Command::Loop => loop_jitter::run(&looping).map_err(|e| e.to_string())?,
     };
     let text = serde_json::to_string_pretty(&doc).expect("JSON of plain values");
     println!("{text}");
@@ -137,6 +124,38 @@ fn run() -> Result<(), String> {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// `--rates 10,20,50`: publish rates in Hz, each 1..=1000.
+fn rates(p: &mut lexopt::Parser) -> Result<Vec<u32>, String> {
+    let v = p.value().map_err(|e| e.to_string())?;
+    let text = v.to_string_lossy();
+    let parsed: Option<Vec<u32>> = text
+        .split(',')
+        .map(|r| {
+            r.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|hz| (1..=1000).contains(hz))
+        })
+        .collect();
+    parsed.filter(|r| !r.is_empty()).ok_or_else(|| {
+        format!("--rates: `{text}` is not a list of rates in Hz (1-1000), e.g. 10,20,50")
+    })
+}
+
+/// A non-negative number of seconds, fractions allowed.
+fn seconds(p: &mut lexopt::Parser, what: &str) -> Result<f64, String> {
+    let v = p.value().map_err(|e| e.to_string())?;
+    v.to_str()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0 && *s <= 86_400.0)
+        .ok_or_else(|| {
+            format!(
+                "{what}: `{}` is not a number of seconds (0-86400)",
+                v.to_string_lossy()
+            )
+        })
 }
 
 /// The child side of `ring`: `ring-reader PATH N` or `pipe-reader N`.

@@ -1,0 +1,132 @@
+//! The counting global allocator of `vla-bench`: every heap allocation of the process, and
+//! separately those made by one watched thread (by kernel thread id), so a benchmark can
+//! report allocations per inference or per control-loop tick (the target is zero after
+//! warm-up) without instrumenting the code it measures.
+//!
+//! The watched thread is named by its tid (`gettid`), not by a handle, because the thread
+//! to watch (the control loop's `vla-publisher`) is spawned inside `vla-control`, which
+//! hands out no handle: the benchmark finds its tid in `/proc/self/task` (see
+//! [`crate::loop_jitter`]). `gettid` is a syscall, so it is only made while a thread is
+//! watched.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+/// Kernel tid of the watched thread; 0: none.
+static WATCHED_TID: AtomicI32 = AtomicI32::new(0);
+static WATCHED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+#[inline]
+fn count() {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    let watched = WATCHED_TID.load(Ordering::Relaxed);
+    if watched != 0 && current_tid() == watched {
+        WATCHED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Kernel thread id of the calling thread.
+pub fn current_tid() -> i32 {
+    // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
+    unsafe { libc::gettid() }
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls (with atomics and
+// a syscall, neither of which allocates).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Allocations (including reallocations) made by the whole process so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Starts counting the allocations of the thread with kernel id `tid` (0: stop watching).
+/// The count is cumulative over every thread ever watched: take differences.
+pub fn watch(tid: i32) {
+    WATCHED_TID.store(tid, Ordering::Relaxed);
+}
+
+/// Allocations made by watched threads while they were watched.
+pub fn watched_allocations() -> u64 {
+    WATCHED_ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Serializes the tests that watch a thread (there is one watched tid per process).
+#[cfg(test)]
+pub static WATCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hint::black_box;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn counts_the_watched_thread_only() {
+        let _guard = WATCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let tid = Arc::new(AtomicI32::new(0));
+        let go = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
+        let worker = {
+            let (tid, go, done) = (tid.clone(), go.clone(), done.clone());
+            std::thread::spawn(move || {
+                tid.store(current_tid(), Ordering::Release);
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                for i in 0..7u32 {
+                    black_box(Box::new(i));
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        while tid.load(Ordering::Acquire) == 0 {
+            std::hint::spin_loop();
+        }
+        let watched_tid = tid.load(Ordering::Acquire);
+        assert_ne!(watched_tid, current_tid());
+        watch(watched_tid);
+        let before = watched_allocations();
+        // This (unwatched) thread allocates while the worker waits: not counted.
+        for i in 0..50u32 {
+            black_box(vec![i; 4]);
+        }
+        assert_eq!(watched_allocations(), before);
+        go.store(true, Ordering::Release);
+        while !done.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        assert_eq!(watched_allocations() - before, 7);
+        watch(0);
+        worker.join().unwrap();
+        black_box(Box::new(1u8));
+        assert_eq!(watched_allocations() - before, 7);
+    }
+}
