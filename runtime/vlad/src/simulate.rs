@@ -1,30 +1,245 @@
-//! `vlad simulate`: a robot stand-in for development and the demo. It plays the firmware:
-//! writes observations (golden camera frames and state) into the observation ring at
-//! camera rate and reads the action ring the way a firmware would, then reports what it
-//! received: rate, status counts, how fresh the applied actions were.
+//! `vlad simulate`: a robot stand-in for development, the demo and the soak. It plays the
+//! firmware: writes observations (golden camera frames and state) into the observation
+//! ring at camera rate and reads the action ring the way a firmware would, then reports
+//! what it received: rate, status counts, how fresh the applied actions were.
+//!
+//! For the soak (`scripts/soak.sh`) it can also go silent on a schedule (`--gap-every`,
+//! `--gap-length`: no observation and no heartbeat, like a stalled camera) and keep a
+//! machine-readable report (`--json`) that it rewrites every second, so a simulator killed
+//! with SIGKILL to play a firmware restart still leaves its figures behind. The JSON adds
+//! the checks a soak needs: `ok` actions made while the robot was silent, `ok` windows
+//! longer than `action_valid_ms`, `ok` actions that arrived already expired (and why),
+//! the age of the action in force, and actions computed from a previous writer's
+//! observations.
 
 use crate::cli::{self, Common};
 use crate::Failure;
 use lexopt::prelude::*;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vla_control::Histogram;
 use vla_policy::{Bundle, ObservationFile, PolicyKind};
-use vla_ring::{monotonic_ns, Action, ActionStatus, Observation, RingReader, RingWriter};
+use vla_ring::{
+    monotonic_ns, Action, ActionStatus, Geometry, Observation, Origin, RingReader, RingWriter,
+};
 
 const HELP: &str = "usage: vlad simulate --config FILE [--bundle DIR] [--duration SECONDS] [--camera-hz HZ] [--obs FILE.npz]
+                     [--gap-every SECONDS --gap-length SECONDS] [--json FILE]
 Writes observations (default: the bundle's golden/end_to_end.npz) at --camera-hz (default 10)
-into the observation ring and reads the action ring for --duration seconds (default 20).";
+into the observation ring and reads the action ring for --duration seconds (default 20).
+--gap-every S --gap-length L  every S seconds go silent for L seconds (L < S): no observation
+                             and no heartbeat, like a stalled camera or firmware
+--json FILE                  also write the report as JSON, rewritten every second and at the end";
+
+/// Slots of the capture-time table (by observation seq); far more than any chunk can lag.
+const CAPTURE_SLOTS: usize = 4096;
+/// An `ok` action whose window (`valid_until - made`) is shorter than this cannot outlive
+/// the ring's delivery: the chunk tail's grace period clipped it.
+const SHORT_WINDOW_NS: u64 = 2_000_000;
+/// Poll interval of the firmware loop.
+const POLL: Duration = Duration::from_micros(500);
+
+/// Scheduled silent periods: the `k`-th (k >= 1) starts `k * every` after the start.
+#[derive(Clone, Copy)]
+struct Gaps {
+    every_ns: u64,
+    length_ns: u64,
+}
+
+impl Gaps {
+    fn silent_at(&self, since_start_ns: u64) -> bool {
+        self.every_ns > 0
+            && since_start_ns >= self.every_ns
+            && since_start_ns % self.every_ns < self.length_ns
+    }
+}
+
+/// What a previous writer of the observation ring left behind (a firmware restart).
+struct PreviousWriter {
+    epoch: u64,
+    last_beat_ns: u64,
+    /// `(seq, capture_time_ns)` of the slots still in the ring.
+    captures: Vec<(u64, u64)>,
+}
+
+fn previous_writer(path: &Path, geometry: Geometry) -> Option<PreviousWriter> {
+    let r = RingReader::<Observation>::open(path, geometry).ok()?;
+    let published = r.published();
+    let slots = u64::from(r.layout().slot_count);
+    let mut obs = Observation::for_geometry(&geometry).ok()?;
+    let mut captures = Vec::new();
+    for seq in published.saturating_sub(slots - 1).max(1)..=published {
+        if r.read_seq(seq, &mut obs).is_ok() {
+            captures.push((seq, obs.capture_time_ns));
+        }
+    }
+    Some(PreviousWriter {
+        epoch: r.writer_epoch(),
+        last_beat_ns: r.writer_heartbeat_ns(),
+        captures,
+    })
+}
+
+/// Why an `ok` action was already past its `valid_until` when the firmware saw it.
+#[derive(Default)]
+struct Expired {
+    /// The firmware had not polled for the whole window (the robot side stalled).
+    robot_late: u64,
+    /// The window was shorter than [`SHORT_WINDOW_NS`] (clipped by the chunk's grace end).
+    short_window: u64,
+    /// Neither: the action became visible after its own `valid_until`, so a firmware
+    /// trusting `status` alone would have applied it past its validity.
+    published_late: u64,
+}
+
+/// Everything the firmware saw: the text report's counters and the soak's checks.
+#[derive(Default)]
+struct Seen {
+    ok: u64,
+    hold: u64,
+    fault: u64,
+    applied_zero: u64,
+    first_ok: Option<u64>,
+    /// All actions: `seen - made_time`.
+    visible: Histogram,
+    /// Applied `ok` actions: observation capture to applied.
+    age: Histogram,
+    /// Applied `ok` actions: `seen - made_time`.
+    staleness: Histogram,
+    expired: Expired,
+    /// `ok` actions whose `valid_until` is not after `made_time`, or further than
+    /// `action_valid_ms` after it.
+    window_invalid: u64,
+    /// `ok` actions made later than `writer_heartbeat_timeout_ms` into a silent period
+    /// (a gap, or the firmware being dead across a restart).
+    ok_while_silent: u64,
+    /// `ok` actions applied whose observation a previous writer published.
+    inherited_ok: u64,
+    /// Age (`now - made_time`) of the `ok` action in force, sampled every poll.
+    in_force_age_max_ns: u64,
+    /// The action in force reached its full `valid_until` before a newer one arrived.
+    robot_expiries: u64,
+    /// Changes from applying an action to holding (hold/fault received, or expiry).
+    hold_episodes: u64,
+    longest_hold_ns: u64,
+    /// Since when nothing applicable was in force (after the first `ok`).
+    holding_since: Option<u64>,
+    max_action_interval_ns: u64,
+    longest_poll_gap_ns: u64,
+    gaps: u64,
+    /// From the start of a gap to the first action the firmware did not apply.
+    gap_hold_latency_max_ns: u64,
+    /// From the end of a silence (gap or restart) to the first applied `ok`.
+    resume_latency_max_ns: u64,
+    /// Applied `ok` actions, after a silence, from an observation captured before it.
+    stale_resumes: u64,
+    /// Oldest of those (capture to applied).
+    stale_resume_age_max_ns: u64,
+}
+
+/// The latest silence as the firmware lives through it.
+struct SilenceTrack {
+    from_ns: u64,
+    back_ns: Option<u64>,
+    held: bool,
+    resumed: bool,
+}
+
+/// What the JSON report needs besides [`Seen`].
+struct Identity {
+    start_ns: u64,
+    writer_epoch: u64,
+    previous_writer_epoch: Option<u64>,
+    first_own_seq: u64,
+    gaps: Gaps,
+}
+
+impl Seen {
+    fn json(&self, id: &Identity, written: u64, now: u64, finished: bool) -> serde_json::Value {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let quantiles = |h: &Histogram| {
+            serde_json::json!({
+                "count": h.count(),
+                "p50": ms(h.quantile_ns(0.5)),
+                "p99": ms(h.quantile_ns(0.99)),
+                "max": ms(h.max_ns()),
+            })
+        };
+        let longest_hold = self
+            .longest_hold_ns
+            .max(self.holding_since.map_or(0, |t| now.saturating_sub(t)));
+        serde_json::json!({
+            "pid": std::process::id(),
+            "finished": finished,
+            "seconds": now.saturating_sub(id.start_ns) as f64 / 1e9,
+            "start_ns": id.start_ns,
+            "now_ns": now,
+            "writer_epoch": id.writer_epoch,
+            "previous_writer_epoch": id.previous_writer_epoch,
+            "first_own_seq": id.first_own_seq,
+            "observations_written": written,
+            "actions_received": self.ok + self.hold + self.fault,
+            "ok_applied": self.ok,
+            "hold": self.hold,
+            "fault": self.fault,
+            "all_zero_applied": self.applied_zero,
+            "first_ok_s": self.first_ok.map(|t| t.saturating_sub(id.start_ns) as f64 / 1e9),
+            "visibility_ms": quantiles(&self.visible),
+            "capture_to_applied_ms": quantiles(&self.age),
+            "made_to_applied_ms": quantiles(&self.staleness),
+            "in_force_age_max_ms": ms(self.in_force_age_max_ns),
+            "ok_expired_on_arrival": {
+                "robot_late": self.expired.robot_late,
+                "short_window": self.expired.short_window,
+                "published_late": self.expired.published_late,
+            },
+            "ok_window_invalid": self.window_invalid,
+            "ok_while_silent": self.ok_while_silent,
+            "inherited_ok": self.inherited_ok,
+            "robot_expiries": self.robot_expiries,
+            "hold_episodes": self.hold_episodes,
+            "longest_hold_ms": ms(longest_hold),
+            "max_action_interval_ms": ms(self.max_action_interval_ns),
+            "longest_poll_gap_ms": ms(self.longest_poll_gap_ns),
+            "gaps": self.gaps,
+            "gap_hold_latency_max_ms": ms(self.gap_hold_latency_max_ns),
+            "resume_latency_max_ms": ms(self.resume_latency_max_ns),
+            "stale_resumes": self.stale_resumes,
+            "stale_resume_age_max_ms": ms(self.stale_resume_age_max_ns),
+            "gap_every_s": id.gaps.every_ns as f64 / 1e9,
+            "gap_length_s": id.gaps.length_ns as f64 / 1e9,
+        })
+    }
+}
+
+/// The `ok` action the firmware is executing.
+struct InForce {
+    made_ns: u64,
+    valid_until_ns: u64,
+    full_window: bool,
+}
+
+fn json_report(fields: &serde_json::Value, path: &Path) -> Result<(), Failure> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(fields).expect("JSON of plain values"),
+    )
+    .and_then(|()| std::fs::rename(&tmp, path))
+    .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))
+}
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
-    let (mut config_path, mut bundle_dir, mut obs_path): (
+    let (mut config_path, mut bundle_dir, mut obs_path, mut json_path): (
         Option<PathBuf>,
         Option<PathBuf>,
         Option<PathBuf>,
-    ) = (None, None, None);
+        Option<PathBuf>,
+    ) = (None, None, None, None);
     let (mut duration, mut camera_hz) = (20.0f64, 10.0f64);
+    let (mut gap_every, mut gap_length): (Option<f64>, Option<f64>) = (None, None);
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -35,8 +250,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Long("config") => config_path = Some(cli::value(&mut p)?.into()),
             Long("bundle") => bundle_dir = Some(cli::value(&mut p)?.into()),
             Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
+            Long("json") => json_path = Some(cli::value(&mut p)?.into()),
             Long("duration") => duration = cli::number(&mut p, "--duration")?,
             Long("camera-hz") => camera_hz = cli::number(&mut p, "--camera-hz")?,
+            Long("gap-every") => gap_every = Some(cli::number(&mut p, "--gap-every")?),
+            Long("gap-length") => gap_length = Some(cli::number(&mut p, "--gap-length")?),
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -53,6 +271,30 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             "--camera-hz must be in (0, 1000] and --duration positive".into(),
         ));
     }
+    let gaps = match (gap_every, gap_length) {
+        (None, None) => Gaps {
+            every_ns: 0,
+            length_ns: 0,
+        },
+        (Some(every), Some(length))
+            if every.is_finite() && length.is_finite() && length > 0.0 && length < every =>
+        {
+            Gaps {
+                every_ns: (every * 1e9) as u64,
+                length_ns: (length * 1e9) as u64,
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(Failure::Usage(
+                "--gap-length must be positive and shorter than --gap-every".into(),
+            ))
+        }
+        _ => {
+            return Err(Failure::Usage(
+                "--gap-every and --gap-length go together".into(),
+            ))
+        }
+    };
     let config_path =
         config_path.ok_or_else(|| Failure::Usage("simulate needs --config FILE".into()))?;
     common.init_logging();
@@ -105,6 +347,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
 
     let obs_ring = PathBuf::from(config.rings.observation_path.as_str());
     let act_ring = PathBuf::from(config.rings.action_path.as_str());
+    let action_valid_ns = config.control.action_valid().as_nanos() as u64;
+    let silence_limit_ns = config.control.writer_heartbeat_timeout().as_nanos() as u64;
+    // Read before taking the ring over: the take-over overwrites the heartbeat.
+    let previous = previous_writer(&obs_ring, geometry);
     let mut writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)
         .map_err(|e| Failure::Error(e.to_string()))?;
     println!(
@@ -116,32 +362,103 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let start = monotonic_ns();
     let end = start + (duration * 1e9) as u64;
     let mut next_obs = start;
-    let mut captures = vec![0u64; 4096];
+    // `(seq, capture_time_ns)`: seqs continue across writer restarts, so an action from a
+    // previous writer's observation is aged by the capture time that writer left.
+    let mut captures = vec![(0u64, 0u64); CAPTURE_SLOTS];
+    let first_own_seq = writer.next_seq();
+    // Silent periods `[last beat, back]` the daemon must hold through: a dead previous
+    // writer (until this take-over), then every gap.
+    let mut silences: Vec<(u64, u64)> = Vec::new();
+    let inherited = matches!(writer.origin(), Origin::Reopened);
+    if let (true, Some(prev)) = (inherited, &previous) {
+        for &(seq, capture) in &prev.captures {
+            captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, capture);
+        }
+        silences.push((prev.last_beat_ns, start));
+    }
+    let id = Identity {
+        start_ns: start,
+        writer_epoch: writer.epoch(),
+        previous_writer_epoch: previous.as_ref().filter(|_| inherited).map(|p| p.epoch),
+        first_own_seq,
+        gaps,
+    };
     let mut written = 0u64;
     let mut reader: Option<RingReader<Action>> = None;
     let mut action = Action::for_geometry(&geometry);
     let mut last_seq = 0u64;
-    let (mut ok, mut hold, mut fault, mut applied_zero) = (0u64, 0u64, 0u64, 0u64);
-    let (mut visible, mut age) = (Histogram::default(), Histogram::default());
-    let mut first_ok: Option<u64> = None;
+    let mut seen_by_robot = Seen::default();
+    let s = &mut seen_by_robot;
+    let mut in_force: Option<InForce> = None;
+    let mut last_arrival: Option<u64> = None;
+    let mut last_beat = start;
+    let mut silent = false;
+    let mut prev_poll = start;
+    let mut next_json = start;
+    let mut track: Option<SilenceTrack> = silences.first().map(|&(from, back)| SilenceTrack {
+        from_ns: from,
+        back_ns: Some(back),
+        // Nobody was reading actions while the previous writer was dead.
+        held: true,
+        resumed: false,
+    });
     while monotonic_ns() < end {
         let now = monotonic_ns();
-        if now >= next_obs {
-            obs.capture_time_ns = now;
-            obs.seed = source.seed.wrapping_add(written);
-            let seq = writer
-                .publish(&obs)
-                .map_err(|e| Failure::Error(e.to_string()))?;
-            captures[(seq % 4096) as usize] = now;
-            written += 1;
-            next_obs += period;
+        if gaps.silent_at(now - start) {
+            if !silent {
+                silent = true;
+                s.gaps += 1;
+                silences.push((last_beat, u64::MAX));
+                track = Some(SilenceTrack {
+                    from_ns: last_beat,
+                    back_ns: None,
+                    held: false,
+                    resumed: false,
+                });
+            }
         } else {
-            writer.heartbeat();
+            if silent {
+                silent = false;
+                if let Some(gap) = silences.last_mut() {
+                    gap.1 = now;
+                }
+                if let Some(t) = track.as_mut() {
+                    t.back_ns = Some(now);
+                }
+                // A stalled camera does not deliver the frames it missed.
+                next_obs = next_obs.max(now);
+            }
+            if now >= next_obs {
+                obs.capture_time_ns = now;
+                obs.seed = source.seed.wrapping_add(written);
+                let seq = writer
+                    .publish(&obs)
+                    .map_err(|e| Failure::Error(e.to_string()))?;
+                captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, now);
+                written += 1;
+                next_obs += period;
+            } else {
+                writer.heartbeat();
+            }
+            last_beat = monotonic_ns();
         }
         if reader.is_none() {
             reader = RingReader::<Action>::open(&act_ring, geometry).ok();
             if let Some(r) = &reader {
                 last_seq = r.published();
+                // The actions published while no firmware was alive are still in the ring:
+                // none of them may be `ok` once the silence outlasted the heartbeat timeout.
+                if let Some(&(silent_from, _)) = silences.first().filter(|_| inherited) {
+                    let slots = u64::from(r.layout().slot_count);
+                    for seq in last_seq.saturating_sub(slots - 1).max(1)..=last_seq {
+                        if r.read_seq(seq, &mut action).is_ok()
+                            && action.status == ActionStatus::Ok
+                            && action.made_time_ns > silent_from + silence_limit_ns
+                        {
+                            s.ok_while_silent += 1;
+                        }
+                    }
+                }
             }
         }
         if let Some(r) = &reader {
@@ -151,27 +468,128 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                     continue;
                 }
                 let seen = monotonic_ns();
-                visible.record(seen.saturating_sub(action.made_time_ns));
+                s.visible.record(seen.saturating_sub(action.made_time_ns));
+                if let Some(t) = last_arrival {
+                    s.max_action_interval_ns = s.max_action_interval_ns.max(seen - t);
+                }
+                last_arrival = Some(seen);
+                let made = action.made_time_ns;
+                let window = action.valid_until_ns.saturating_sub(made);
+                if action.status == ActionStatus::Ok {
+                    if window == 0 || window > action_valid_ns {
+                        s.window_invalid += 1;
+                    }
+                    if silences
+                        .iter()
+                        .any(|&(from, back)| made > from + silence_limit_ns && made < back)
+                    {
+                        s.ok_while_silent += 1;
+                    }
+                }
                 match action.status {
                     ActionStatus::Ok if action.applicable_at(seen) => {
-                        ok += 1;
-                        first_ok.get_or_insert(seen);
+                        s.ok += 1;
+                        s.first_ok.get_or_insert(seen);
                         if action.values.iter().all(|v| *v == 0.0) {
-                            applied_zero += 1;
+                            s.applied_zero += 1;
                         }
-                        let capture = captures[(action.source_obs_seq % 4096) as usize];
-                        if capture != 0 {
-                            age.record(seen.saturating_sub(capture));
+                        let (known_seq, capture) =
+                            captures[(action.source_obs_seq % CAPTURE_SLOTS as u64) as usize];
+                        let capture =
+                            (capture != 0 && known_seq == action.source_obs_seq).then_some(capture);
+                        if let Some(c) = capture {
+                            s.age.record(seen.saturating_sub(c));
+                        }
+                        if let Some(t) = track.as_mut() {
+                            if let Some(back) = t.back_ns.filter(|&b| seen >= b) {
+                                if !t.resumed {
+                                    t.resumed = true;
+                                    s.resume_latency_max_ns =
+                                        s.resume_latency_max_ns.max(seen - back);
+                                }
+                                // Unknown capture: a seq older than the ring kept (stale too).
+                                let before = capture.is_none_or(|c| c < t.from_ns);
+                                if before {
+                                    s.stale_resumes += 1;
+                                    if let Some(c) = capture {
+                                        s.stale_resume_age_max_ns =
+                                            s.stale_resume_age_max_ns.max(seen - c);
+                                    }
+                                }
+                            }
+                        }
+                        if action.source_obs_seq < first_own_seq {
+                            s.inherited_ok += 1;
+                        }
+                        s.staleness.record(seen.saturating_sub(made));
+                        if let Some(t) = s.holding_since.take() {
+                            s.longest_hold_ns = s.longest_hold_ns.max(seen.saturating_sub(t));
+                        }
+                        in_force = Some(InForce {
+                            made_ns: made,
+                            valid_until_ns: action.valid_until_ns,
+                            full_window: window >= action_valid_ns,
+                        });
+                    }
+                    status => {
+                        match status {
+                            ActionStatus::Ok => {
+                                s.hold += 1;
+                                if seen.saturating_sub(prev_poll) >= window {
+                                    s.expired.robot_late += 1;
+                                } else if window < SHORT_WINDOW_NS {
+                                    s.expired.short_window += 1;
+                                } else {
+                                    s.expired.published_late += 1;
+                                }
+                            }
+                            ActionStatus::Hold => s.hold += 1,
+                            ActionStatus::Fault => s.fault += 1,
+                        }
+                        if in_force.take().is_some() {
+                            s.hold_episodes += 1;
+                            s.holding_since = Some(seen);
+                        }
+                        if let Some(t) = track.as_mut().filter(|t| !t.held) {
+                            t.held = true;
+                            s.gap_hold_latency_max_ns = s
+                                .gap_hold_latency_max_ns
+                                .max(seen.saturating_sub(t.from_ns));
                         }
                     }
-                    ActionStatus::Ok | ActionStatus::Hold => hold += 1,
-                    ActionStatus::Fault => fault += 1,
                 }
             }
             last_seq = published.max(last_seq);
         }
-        std::thread::sleep(Duration::from_micros(500));
+        let polled = monotonic_ns();
+        if let Some(f) = in_force.take_if(|f| polled >= f.valid_until_ns) {
+            // Nothing newer arrived in time: the firmware holds on its own.
+            if f.full_window {
+                s.robot_expiries += 1;
+            }
+            s.hold_episodes += 1;
+            s.holding_since = Some(f.valid_until_ns);
+            if let Some(t) = track.as_mut().filter(|t| !t.held) {
+                t.held = true;
+                s.gap_hold_latency_max_ns = s
+                    .gap_hold_latency_max_ns
+                    .max(f.valid_until_ns.saturating_sub(t.from_ns));
+            }
+        } else if let Some(f) = &in_force {
+            s.in_force_age_max_ns = s.in_force_age_max_ns.max(polled - f.made_ns);
+        }
+        s.longest_poll_gap_ns = s.longest_poll_gap_ns.max(polled - prev_poll);
+        prev_poll = polled;
+        if let Some(path) = json_path.as_deref().filter(|_| polled >= next_json) {
+            next_json = polled + 1_000_000_000;
+            json_report(&s.json(&id, written, polled, false), path)?;
+        }
+        std::thread::sleep(POLL);
     }
+    if let Some(path) = &json_path {
+        json_report(&s.json(&id, written, monotonic_ns(), true), path)?;
+    }
+    let (ok, hold, fault) = (s.ok, s.hold, s.fault);
     let secs = duration;
     let ms = |ns: u64| ns as f64 / 1e6;
     println!("simulator report ({secs:.1} s):");
@@ -181,7 +599,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     );
     let total = ok + hold + fault;
     println!("  actions         {total} received ({:.2} Hz): {ok} applied (ok), {hold} hold, {fault} fault", total as f64 / secs);
-    if let Some(t) = first_ok {
+    if let Some(t) = s.first_ok {
         println!(
             "  first action    {:.2} s after start",
             (t - start) as f64 / 1e9
@@ -189,16 +607,16 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     println!(
         "  ring visibility made->seen p50 {:.3} ms  p99 {:.3} ms",
-        ms(visible.quantile_ns(0.5)),
-        ms(visible.quantile_ns(0.99))
+        ms(s.visible.quantile_ns(0.5)),
+        ms(s.visible.quantile_ns(0.99))
     );
     println!(
         "  action age      observation capture->applied p50 {:.1} ms  p99 {:.1} ms  max {:.1} ms",
-        ms(age.quantile_ns(0.5)),
-        ms(age.quantile_ns(0.99)),
-        ms(age.max_ns())
+        ms(s.age.quantile_ns(0.5)),
+        ms(s.age.quantile_ns(0.99)),
+        ms(s.age.max_ns())
     );
-    println!("  all-zero actions applied: {applied_zero}");
+    println!("  all-zero actions applied: {}", s.applied_zero);
     if reader.is_none() {
         return Err(Failure::Error(format!(
             "no action ring appeared at {} (is `vlad run` up?)",
