@@ -309,6 +309,11 @@ pub(crate) fn read_binary_info(
         let mut graphs = Vec::with_capacity(num_graphs as usize);
         for g in 0..num_graphs as usize {
             let gp = graphs_ptr.add(g * gi::STRIDE);
+            // The union's layout depends on the version: read no field of an unknown one.
+            let graph_version: u32 = read_at(gp, 0);
+            if !(1..=3).contains(&graph_version) {
+                return Err(bad(format!("graph {g} info version {graph_version}")));
+            }
             let name = c_str(read_at(gp, gi::NAME))
                 .ok_or_else(|| bad(format!("graph {g} has no name")))?;
             let mut io = [Vec::new(), Vec::new()];

@@ -80,3 +80,19 @@ fn inspect_bytes_matches_open_on_every_golden_binary() {
     let err = lib.inspect_bytes(&[], "received.bin").unwrap_err();
     assert_eq!(err.to_string(), "context binary received.bin: empty file");
 }
+
+/// libQnnSystem described a graph with an info version outside 1..=3; its union was read
+/// as version 1 and a wild `graphName` pointer was dereferenced (SIGSEGV in our strlen).
+#[test]
+fn graph_info_of_unknown_version_is_refused_before_reading_its_fields() {
+    let Some(lib) = library() else { return };
+    let input = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz_regressions/qnn_binary/graph-info-version-unknown.bin");
+    let bytes = std::fs::read(&input).unwrap();
+    let err = lib.inspect_bytes(&bytes, "graph.bin").unwrap_err();
+    let message = one_line(&err);
+    assert!(
+        message.starts_with("context binary graph.bin: unusable metadata: graph 0 info version"),
+        "{message}"
+    );
+}
