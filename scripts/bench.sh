@@ -2,8 +2,10 @@
 # The benchmark command: one run, one table (build/bench/latest.md, printed) and its
 # JSON (build/bench/latest.json, plus one file per part). Figures only, never a gate.
 #
-#   scripts/bench.sh                     # everything (~5-8 min on the 2-core dev VM)
+#   scripts/bench.sh                     # everything (~12 min on the 2-core dev VM)
 #   BENCH_LOOP_SECONDS=10 scripts/bench.sh   # shorter loop-jitter window
+#   BENCH_PARTS="4" scripts/bench.sh         # only some parts (1, 2 (with 3), 4, 5); the
+#                                            # table then has only those sections
 #   BENCH_UPDATE_DOC=1 scripts/bench.sh      # also refresh the table in docs/benchmarks.md
 #
 # Parts (numbered as in docs/benchmarks.md):
@@ -12,7 +14,8 @@
 #   2  every fixture bundle on the HTP emulator: vlad bench-bundle vs ONNX Runtime's
 #      QNN EP on the same binaries with numpy glue (bench_numpy.py ort)
 #   3  context load mmap vs read into memory, RSS/PSS (inside vlad bench-bundle)
-#   4  publish jitter at 10/20/50 Hz next to cyclictest (rt-tests) on this machine
+#   4  publish jitter at 10/20/50 Hz of the real control loop (vla-bench loop) next to
+#      cyclictest (rt-tests), per rate back to back on this machine
 #   5  action ring vs pipe, write-to-visible across two processes (vla-bench ring)
 #   6  release binary sizes; allocations per inference (host glue) and per tick (loop)
 set -euo pipefail
@@ -24,6 +27,8 @@ host_iterations=${BENCH_HOST_ITERATIONS:-10}
 bundle_iterations=${BENCH_BUNDLE_ITERATIONS:-5}
 ring_messages=${BENCH_RING_MESSAGES:-20000}
 loop_seconds=${BENCH_LOOP_SECONDS:-60}
+parts=" ${BENCH_PARTS:-1 2 4 5} "
+part() { [[ $parts == *" $1 "* ]]; }
 rt_tests_version=2.4-1
 started=$(date +%s)
 step() { printf '\n=== %s (%ds)\n' "$*" "$(($(date +%s) - started))" >&2; }
@@ -64,14 +69,16 @@ json.dump({
 }, open(path, "w"), indent=2)
 PY
 
-step "1. host glue at full dims: ours"
-"$bench" host --iterations "$host_iterations" --json "$out/host-rust.json" >/dev/null
-step "1. host glue at full dims: numpy (scripts/reference.py)"
-"$py" scripts/bench_numpy.py host --iterations "$host_iterations" --json "$out/host-numpy.json" >/dev/null
+if part 1; then
+    step "1. host glue at full dims: ours"
+    "$bench" host --iterations "$host_iterations" --json "$out/host-rust.json" >/dev/null
+    step "1. host glue at full dims: numpy (scripts/reference.py)"
+    "$py" scripts/bench_numpy.py host --iterations "$host_iterations" --json "$out/host-numpy.json" >/dev/null
+fi
 
 # Ours and ONNX Runtime back to back per bundle: the emulator's speed drifts with the
 # machine's load, so each ratio compares neighbours in time.
-for b in golden/bundles/*/; do
+part 2 && for b in golden/bundles/*/; do
     name=$(basename "$b")
     step "2-3. $name on the HTP emulator: vlad bench-bundle"
     quiet "$vlad" bench-bundle --bundle "$b" --iterations "$bundle_iterations" --warmup 1 \
@@ -81,30 +88,29 @@ for b in golden/bundles/*/; do
         --iterations "$bundle_iterations" --build "$out/ort" --json "$out/ort-$name.json" >/dev/null
 done
 
-step "5. action ring vs pipe across two processes"
-VLA_BENCH_FIFO=50 "$bench" ring --messages "$ring_messages" --gap-us 50 --json "$out/ring.json" >/dev/null
-
-step "4. loop jitter: cyclictest at 10/20/50 Hz for ${loop_seconds}s (nothing else runs)"
-for hz in 10 20 50; do
-    cyclictest -q -m -p 80 -t 1 -i $((1000000 / hz)) -D "${loop_seconds}s" -h 50000 \
-        >"$out/cyclictest-$hz.txt" 2>&1 &
-done
-wait
-# HOOK (control loop, item 4 and allocations per tick): when `vlad bench-loop` exists it
-# is run here with the same rates and window and must write
-#   {"rows": [{"hz": 10, "source": "vla-control", "samples": N, "p50_us": .., "p99_us": ..,
-#              "max_us": .., "misses": .., "allocations_per_tick": ..}, ...]}
-# to the file given by --json; its rows are merged next to cyclictest's.
-loop_json="$out/loop-vlad.json"
-if "$vlad" --help 2>/dev/null | grep -q 'bench-loop'; then
-    step "4. loop jitter: vlad bench-loop at 10/20/50 Hz for ${loop_seconds}s"
-    quiet "$vlad" bench-loop --rates 10,20,50 --seconds "$loop_seconds" --json "$loop_json" >&2
+if part 5; then
+    step "5. action ring vs pipe across two processes"
+    VLA_BENCH_FIFO=50 "$bench" ring --messages "$ring_messages" --gap-us 50 --json "$out/ring.json" >/dev/null
 fi
-"$py" - "$out" "$loop_seconds" <<'PY'
+
+# Item 4 and allocations per tick: per rate, cyclictest alone (the floor) and then the
+# real control loop alone (`vla-bench loop`), back to back so each ratio compares
+# neighbours in time on this shared machine. Both ask for SCHED_FIFO 80, mlockall and
+# /dev/cpu_dma_latency = 0; whether the kernel granted FIFO is recorded, not assumed.
+if chrt -f 80 true 2>/dev/null; then fifo_permitted=true; else fifo_permitted=false; fi
+part 4 && for hz in 10 20 50; do
+    step "4. loop jitter at $hz Hz for ${loop_seconds}s: cyclictest"
+    cyclictest -q -m -p 80 -t 1 -i $((1000000 / hz)) -D "${loop_seconds}s" -h 50000 \
+        >"$out/cyclictest-$hz.txt" 2>&1 || true
+    step "4. loop jitter at $hz Hz for ${loop_seconds}s: vla-bench loop (vla-control)"
+    "$bench" loop --rates "$hz" --seconds "$loop_seconds" --priority 80 \
+        --json "$out/loop-vla-$hz.json" >/dev/null || echo "vla-bench loop at $hz Hz failed" >&2
+done
+part 4 && "$py" - "$out" "$loop_seconds" "$fifo_permitted" <<'PY'
 import json, re, sys
 from pathlib import Path
-out, seconds = Path(sys.argv[1]), int(sys.argv[2])
-rows = []
+out, seconds, fifo_permitted = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "true"
+rows, ours = [], []
 for hz in (10, 20, 50):
     text = (out / f"cyclictest-{hz}.txt").read_text()
     hist = [(int(a), int(b)) for a, b in re.findall(r"(?m)^(\d+)\s+(\d+)\s*$", text)]
@@ -120,14 +126,33 @@ for hz in (10, 20, 50):
     rows.append({"hz": hz, "source": "cyclictest", "samples": total, "p50_us": q(0.5) if total else None,
                  "p99_us": q(0.99) if total else None, "max_us": float(mx.group(1)) if mx else None,
                  "misses": "-"})
-note = (f"cyclictest (rt-tests, SCHED_FIFO 80, mlockall, 1 us histogram buckets) over {seconds} s per rate, "
-        "the three rates side by side.")
-theirs = out / "loop-vlad.json"
-if theirs.is_file():
-    rows += json.loads(theirs.read_text()).get("rows", [])
+    theirs = out / f"loop-vla-{hz}.json"
+    if theirs.is_file():
+        doc = json.loads(theirs.read_text())
+        ours += [dict(r, mlockall=doc.get("mlockall"), cpu_dma_latency_zero=doc.get("cpu_dma_latency_zero"),
+                      inference_ms=doc.get("inference_ms"), camera_hz=doc.get("camera_hz"))
+                 for r in doc.get("rows", [])]
+        rows.append(ours[-1])
+ct_sched = "SCHED_FIFO 80" if fifo_permitted else "SCHED_OTHER (SCHED_FIFO refused here)"
+note = (f"Per rate, cyclictest (rt-tests; {ct_sched}, mlockall, /dev/cpu_dma_latency 0, 1 us histogram buckets) "
+        f"for {seconds} s, then the real control loop (`vla-bench loop`: vla_control::ControlLoop over real "
+        "observation and action rings in /dev/shm, a camera thread at 30 Hz, a synthetic engine sleeping "
+        "the inference time) for 2 s warm-up + "
+        f"{seconds} s, back to back.")
+if ours:
+    r0 = ours[0]
+    scheds = sorted({r.get("publisher_sched", "?") for r in ours})
+    note += (f" Loop: publisher thread ran {' / '.join(scheds)} (read from /proc), mlockall "
+             f"{'on' if r0.get('mlockall') else 'refused'}, /dev/cpu_dma_latency 0 "
+             f"{'held' if r0.get('cpu_dma_latency_zero') else 'refused'}; inference {r0.get('inference_ms'):g} ms. "
+             "Loop jitter = the loop's own histogram (wake-up lateness vs the absolute deadline, upper edge of "
+             "1 us buckets; cyclictest floors to the microsecond). Allocations per tick = allocations made on "
+             "the publisher thread (found by name in /proc/self/task, counted by tid in a counting global "
+             "allocator) after warm-up / ticks; the whole process, for information: "
+             + ", ".join(f"{r['hz']} Hz {r['process_allocations']} allocations over {r['ticks_after_warmup']} "
+                         "ticks" for r in ours) + ".")
 else:
-    note += (" The control loop's own figures need `vlad bench-loop` (vla-control), not in this build: "
-             "publish jitter and allocations per tick are not measured in this run.")
+    note += " `vla-bench loop` wrote no result: publish jitter and allocations per tick are not measured in this run."
 json.dump({"seconds": seconds, "rows": rows, "note": note}, open(out / "loop.json", "w"), indent=2)
 PY
 
