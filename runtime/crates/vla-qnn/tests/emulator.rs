@@ -10,6 +10,14 @@ use vla_qnn::{
 };
 use vla_tensor::{compare, ElementType};
 
+/// Tests in this process take turns with the library: the HTP emulator has crashed when
+/// several threads created backends and contexts at once (the daemon uses one backend).
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn lib_dir() -> Option<PathBuf> {
     match std::env::var_os("VLA_QNN_LIB_DIR") {
         Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
@@ -45,6 +53,7 @@ fn load(dir: &Path) -> Arc<QnnLibrary> {
 
 #[test]
 fn reads_metadata_and_executes_with_parity() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let lib = load(&dir);
     assert_eq!(lib.core_api().major, 2);
@@ -83,6 +92,7 @@ fn reads_metadata_and_executes_with_parity() {
 
 #[test]
 fn wrong_buffer_sizes_are_rejected_before_qnn_sees_them() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
@@ -124,6 +134,7 @@ fn wrong_buffer_sizes_are_rejected_before_qnn_sees_them() {
 
 #[test]
 fn bad_binaries_get_clear_errors() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
@@ -191,6 +202,7 @@ fn bad_binaries_get_clear_errors() {
 
 #[test]
 fn wrong_graph_name_lists_the_graphs() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
@@ -208,6 +220,7 @@ fn wrong_graph_name_lists_the_graphs() {
 
 #[test]
 fn api_version_requirement_names_found_and_needed() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let mut opts = LoadOptions::htp(&dir);
     opts.min_core_api = ApiVersion::new(2, 99, 0);
@@ -253,6 +266,7 @@ fn missing_or_unloadable_libraries_are_named() {
 
 #[test]
 fn handles_outlive_their_owners_in_any_drop_order() {
+    let _turn = turn();
     let Some(dir) = lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();

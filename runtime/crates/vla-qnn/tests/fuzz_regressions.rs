@@ -10,9 +10,29 @@
 use std::path::{Path, PathBuf};
 use vla_qnn::{ContextBinary, LoadOptions, QnnError, QnnLibrary};
 
-fn library() -> Option<QnnLibrary> {
+/// Tests in this process take turns with the library (see tests/emulator.rs).
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The library, held by one test at a time.
+struct Held {
+    lib: QnnLibrary,
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = QnnLibrary;
+    fn deref(&self) -> &QnnLibrary {
+        &self.lib
+    }
+}
+
+fn library() -> Option<Held> {
+    let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(dir) if !dir.is_empty() => Some(QnnLibrary::load(&LoadOptions::htp(dir)).unwrap()),
+        Some(dir) if !dir.is_empty() => Some(Held {
+            lib: QnnLibrary::load(&LoadOptions::htp(dir)).unwrap(),
+            _turn: turn,
+        }),
         _ => {
             assert!(
                 std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
