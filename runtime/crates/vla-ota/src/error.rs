@@ -139,8 +139,31 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// Passes text through with control characters escaped: field names, paths and versions
+/// come from manifests and bundles, and a `\r` in one must not break the one-line message.
+struct OneLine<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for OneLine<'_, '_> {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        for c in text.chars() {
+            if c.is_control() {
+                write!(self.0, "{}", c.escape_default())?;
+            } else {
+                fmt::Write::write_char(self.0, c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for OtaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_message(&mut OneLine(f))
+    }
+}
+
+impl OtaError {
+    fn write_message(&self, f: &mut impl fmt::Write) -> fmt::Result {
         use OtaError::*;
         match self {
             Io {
