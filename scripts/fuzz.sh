@@ -18,7 +18,7 @@ cd "$repo_root"
 seconds="${1:-60}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: seconds must be a positive integer, got '$seconds'" >&2; exit 2; }
 shift || true
-all_targets=(config bundle_manifest npz ring qnn_binary)
+all_targets=(config bundle_manifest npz ring qnn_binary ota_manifest)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
@@ -69,6 +69,7 @@ seed() {
 # The largest input each target mutates up to: every seed fits, small enough to stay fast.
 declare -A max_len=(
     [config]=17000 [bundle_manifest]=16384 [npz]=65536 [ring]=8192 [qnn_binary]=131072
+    [ota_manifest]=16384
 )
 mapfile -t small_npz < <(find golden runtime/crates/vla-npz/tests/data \( -name '*.npz' -o -name '*.npy' \) -size -64k | sort)
 for t in "${targets[@]}"; do
@@ -83,12 +84,14 @@ for t in "${targets[@]}"; do
             rm -rf "$seeds_dir"
             ;;
         qnn_binary) seed qnn_binary golden/contexts/*.bin golden/bundles/*/ctx/*.bin ;;
+        # The target's own fixture bundle: a manifest input and a signature input.
+        ota_manifest) seed ota_manifest fuzz/seeds/ota_manifest/* ;;
     esac
 done
 
 dict_for() {
     case "$1" in
-        config | bundle_manifest) echo "-dict=fuzz/dicts/json.dict" ;;
+        config | bundle_manifest | ota_manifest) echo "-dict=fuzz/dicts/json.dict" ;;
     esac
 }
 
