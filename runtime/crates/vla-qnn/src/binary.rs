@@ -144,6 +144,8 @@ fn c_str(ptr: *const c_char) -> Option<String> {
 const MAX_GRAPHS: u32 = 1024;
 const MAX_TENSORS: u32 = 4096;
 const MAX_RANK: u32 = 16;
+/// Size of the widest element type a tensor can have (`Qnn_DataType_t` 64-bit types).
+const MAX_ELEMENT_BYTES: usize = 8;
 
 /// Copies one `Qnn_Tensor_t` (v1 or v2; the v1 prefix is common) out of library memory.
 ///
@@ -170,6 +172,17 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
     let dims: Vec<u32> = (0..v1.rank as usize)
         .map(|i| unsafe { *v1.dimensions.add(i) })
         .collect();
+    // Buffers are sized from these dims (`elements`, `byte_len`): a product that
+    // overflows would size them wrong, so such a tensor is refused here.
+    let bytes = dims
+        .iter()
+        .try_fold(MAX_ELEMENT_BYTES, |acc, &d| acc.checked_mul(d as usize))
+        .filter(|&b| b <= isize::MAX as usize);
+    if bytes.is_none() {
+        return Err(bad(format!(
+            "tensor `{name}` has dims {dims:?}, too large for any buffer"
+        )));
+    }
     let kind = match v1.tensor_type {
         ffi::TENSOR_TYPE_APP_WRITE => TensorKind::Input,
         ffi::TENSOR_TYPE_APP_READ => TensorKind::Output,

@@ -116,3 +116,16 @@ fn graph_info_of_unknown_version_is_refused_before_reading_its_fields() {
         "{message}"
     );
 }
+
+/// libQnnSystem reported tensor dims whose product overflows: `TensorInfo::elements`
+/// panicked (debug) or wrapped into a too-small buffer size (release).
+#[test]
+fn tensor_dims_whose_product_overflows_are_refused() {
+    let Some(lib) = library() else { return };
+    let input = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz_regressions/qnn_binary/tensor-dims-overflow.bin");
+    let bytes = std::fs::read(&input).unwrap();
+    let err = lib.inspect_bytes(&bytes, "dims.bin").unwrap_err();
+    let message = one_line(&err);
+    assert!(message.contains("too large for any buffer"), "{message}");
+}
