@@ -55,6 +55,9 @@ pub struct Scheduler {
     last_values: Vec<f32>,
     last_source_seq: u64,
     last_chunk_id: u64,
+    /// When the robot was last seen silent: a chunk from an observation captured before
+    /// that describes a world that may have changed meanwhile, so it is never resumed.
+    robot_lost_ns: u64,
 }
 
 impl Scheduler {
@@ -72,11 +75,18 @@ impl Scheduler {
             last_values: vec![0.0; dims],
             last_source_seq: 0,
             last_chunk_id: 0,
+            robot_lost_ns: 0,
         }
     }
 
-    /// Takes a new chunk at time `now_ns`; returns how many steps were skipped.
+    /// Takes a new chunk at time `now_ns`; returns how many steps were skipped. A chunk
+    /// whose observation predates the robot's last silence is refused (the next one,
+    /// from a fresh observation, lands instead).
     pub fn land(&mut self, chunk: &Chunk, now_ns: u64) -> u64 {
+        if self.robot_lost_ns != 0 && chunk.capture_ns <= self.robot_lost_ns {
+            self.have_chunk = false;
+            return 0;
+        }
         self.chunk.id = chunk.id;
         self.chunk.source_obs_seq = chunk.source_obs_seq;
         self.chunk.capture_ns = chunk.capture_ns;
@@ -116,6 +126,12 @@ impl Scheduler {
             self.have_chunk = false;
             hold(out, ActionStatus::Fault);
             return Decision::Fault;
+        }
+        if !robot_alive {
+            // Fail closed and forget the plan: after the robot comes back only a chunk
+            // from a new observation may drive it.
+            self.have_chunk = false;
+            self.robot_lost_ns = now_ns;
         }
         if !robot_alive
             || !self.have_chunk
@@ -268,6 +284,30 @@ mod tests {
             "the newest chunk's last real action"
         );
         assert_eq!(s.tick(1700 * MS, true, false, &mut a), Decision::Hold);
+    }
+
+    #[test]
+    fn a_silent_robot_drops_the_plan_and_old_chunks_never_resume() {
+        let (mut s, mut a) = setup();
+        s.land(&chunk(1, 1000), 1000 * MS);
+        assert_eq!(s.tick(1000 * MS, true, false, &mut a), Decision::Step(0));
+        assert_eq!(
+            s.tick(1100 * MS, false, false, &mut a),
+            Decision::Hold,
+            "robot silent"
+        );
+        // The robot is back: the old chunk does not resume.
+        assert_eq!(s.tick(1200 * MS, true, false, &mut a), Decision::Hold);
+        // A chunk from an observation captured before the silence is refused...
+        assert_eq!(s.land(&chunk(2, 1050), 1250 * MS), 0);
+        assert_eq!(s.tick(1300 * MS, true, false, &mut a), Decision::Hold);
+        // ...one from after it lands.
+        s.land(&chunk(3, 1250), 1300 * MS);
+        assert!(matches!(
+            s.tick(1300 * MS, true, false, &mut a),
+            Decision::Step(_)
+        ));
+        assert_eq!(a.source_obs_seq, 30);
     }
 
     #[test]
