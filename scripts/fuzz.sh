@@ -166,6 +166,13 @@ for t in "${targets[@]}"; do
     printf '%-16s %10s %14s %8s %8s  %s\n' "$t" "${rate:--}" "${execs:--}" "${ran:--}" "$corpus" "$result"
 done
 
+# The ring and ota_manifest targets keep their scratch files in /dev/shm/vla-fuzz-*-<pid>
+# for speed; remove those whose process has ended.
+for scratch in /dev/shm/vla-fuzz-ring-* /dev/shm/vla-fuzz-ota-* /tmp/vla-fuzz-ring-* /tmp/vla-fuzz-ota-*; do
+    [[ -d "$scratch" ]] || continue
+    kill -0 "${scratch##*-}" 2>/dev/null || rm -rf "$scratch"
+done
+
 if ((${#failed[@]})); then
     echo "fuzz: crashes in: ${failed[*]}" >&2
     exit 1
