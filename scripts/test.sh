@@ -45,3 +45,6 @@ scripts/bringup/tests/loopback.sh
 
 step "meta-vla layer and systemd units"
 scripts/check_layer.sh
+
+step "short soak: the daemon under injected faults (docs/soak.md)"
+scripts/soak.sh
