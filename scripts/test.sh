@@ -31,7 +31,10 @@ step "aarch64 build and QNN-free tests under qemu-aarch64"
 # need no QNN library (the QNN tests report that they skipped). Tests that start another
 # process from an aarch64 binary need binfmt_misc, which this machine lacks: vlad's CLI
 # tests, vla-bench's, and vla-ota's crash-injection children run on x86_64 only.
-env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN \
+# The ring stress test starts its writer child through qemu itself; QEMU_LD_PREFIX lets
+# that child find the aarch64 loader.
+env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
+    VLA_RING_TEST_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
     cargo test --locked --target aarch64-unknown-linux-gnu \
     -p vla-tensor -p vla-npz -p vla-ring -p vla-config -p vla-control -p vla-parity \
     -p vla-qnn -p vla-policy -p vla-ota \
