@@ -19,7 +19,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vla_control::Histogram;
-use vla_policy::{Bundle, ObservationFile, PolicyKind};
+use vla_policy::{Bundle, ObservationFile};
 use vla_ring::{
     monotonic_ns, Action, ActionStatus, Geometry, Observation, Origin, RingReader, RingWriter,
 };
@@ -303,32 +303,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let bundle =
         Bundle::open(bundle_dir.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str())))?;
     let m = &bundle.manifest;
-    let geometry = match m.policy {
-        PolicyKind::Molmoact2 => {
-            let s = m.molmoact2.as_ref().expect("validated");
-            vla_ring::Geometry {
-                cameras: s.cameras as u32,
-                height: s.frame_height as u32,
-                width: s.frame_width as u32,
-                channels: 3,
-                state_dims: s.state_dims as u32,
-                action_dims: s.action_dims as u32,
-                chunk_len: s.action_horizon as u32,
-            }
-        }
-        PolicyKind::Fastwam => {
-            let s = m.fastwam.as_ref().expect("validated");
-            vla_ring::Geometry {
-                cameras: 0,
-                height: 0,
-                width: 0,
-                channels: 3,
-                state_dims: 0,
-                action_dims: s.action_dims as u32,
-                chunk_len: s.action_horizon as u32,
-            }
-        }
-    };
+    let geometry = crate::daemon::ring_geometry(&m.geometry());
     let source = ObservationFile::load(&obs_path.unwrap_or_else(|| bundle.path(&m.end_to_end)))?;
     let mut obs =
         Observation::for_geometry(&geometry).map_err(|e| Failure::Error(e.to_string()))?;

@@ -62,6 +62,42 @@ pub struct Geometry {
     pub instructions: usize,
 }
 
+fn molmoact2_geometry(m: &manifest::MolmoAct2Settings) -> Geometry {
+    Geometry {
+        cameras: m.cameras,
+        height: m.frame_height,
+        width: m.frame_width,
+        state_dims: m.state_dims,
+        action_dims: m.action_dims,
+        chunk_len: m.action_horizon,
+        instructions: m.instructions.len(),
+    }
+}
+
+fn fastwam_geometry(f: &manifest::FastWamSettings) -> Geometry {
+    Geometry {
+        cameras: 0,
+        height: 0,
+        width: 0,
+        state_dims: 0,
+        action_dims: f.action_dims,
+        chunk_len: f.action_horizon,
+        instructions: 1,
+    }
+}
+
+impl Manifest {
+    /// The geometry a validated manifest's policy needs, without loading any context
+    /// (what `Policy::geometry` reports once loaded).
+    pub fn geometry(&self) -> Geometry {
+        match (&self.molmoact2, &self.fastwam) {
+            (Some(m), _) => molmoact2_geometry(m),
+            (None, Some(f)) => fastwam_geometry(f),
+            (None, None) => unreachable!("validated manifests carry their policy's settings"),
+        }
+    }
+}
+
 /// A loaded, resident policy.
 pub enum Policy {
     MolmoAct2(Box<MolmoAct2>),
@@ -79,27 +115,8 @@ impl Policy {
 
     pub fn geometry(&self) -> Geometry {
         match self {
-            Policy::MolmoAct2(p) => {
-                let m = &p.settings;
-                Geometry {
-                    cameras: m.cameras,
-                    height: m.frame_height,
-                    width: m.frame_width,
-                    state_dims: m.state_dims,
-                    action_dims: m.action_dims,
-                    chunk_len: m.action_horizon,
-                    instructions: m.instructions.len(),
-                }
-            }
-            Policy::FastWam(p) => Geometry {
-                cameras: 0,
-                height: 0,
-                width: 0,
-                state_dims: 0,
-                action_dims: p.settings.action_dims,
-                chunk_len: p.settings.action_horizon,
-                instructions: 1,
-            },
+            Policy::MolmoAct2(p) => molmoact2_geometry(&p.settings),
+            Policy::FastWam(p) => fastwam_geometry(&p.settings),
         }
     }
 
