@@ -50,6 +50,8 @@ pub enum Failure {
     Error(String),
     /// The command ran to the end and a gate failed (parity below threshold): exit 3.
     Gate(String),
+    /// A wait for an outcome owned by another process ran out: exit 4.
+    Pending(String),
 }
 
 impl<E: std::error::Error> From<E> for Failure {
@@ -98,6 +100,10 @@ fn main() -> ExitCode {
         Err(Failure::Gate(m)) => {
             eprintln!("vlad: gate failed: {m}");
             ExitCode::from(3)
+        }
+        Err(Failure::Pending(m)) => {
+            eprintln!("vlad: still pending: {m}");
+            ExitCode::from(4)
         }
     }
 }

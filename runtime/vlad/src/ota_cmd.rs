@@ -13,13 +13,22 @@ use crate::Failure;
 use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use vla_ota::{DeviceTarget, OtaError, OtaSettings, PublicKey, SignalDaemon, Store};
+use std::time::{Duration, Instant};
+use vla_ota::{
+    DeviceTarget, OtaError, OtaSettings, Placement, PublicKey, SignalDaemon, Store, Verdict,
+};
 
 const HELP: &str = "usage: vlad ota <command> [--config FILE] [--root DIR] [--trusted-key HEX]...
 commands:
   status                 state, links, installed bundles, leftovers
-  install <bundle-dir>   verify (signature, target, every file) and stage into <root>/bundles/<hash>
-  activate <hash>        make an installed bundle current, on trial; signal the daemon to reload
+  install <bundle-dir> [--link]
+                         verify (signature, target, every file) and stage into <root>/bundles/<hash>;
+                         --link hard-links files on the same filesystem instead of copying
+                         (for read-only, content-addressed sources such as a RAUC artifact)
+  activate <hash> [--wait SECS]
+                         make an installed bundle current, on trial; signal the daemon to reload;
+                         --wait: wait for the daemon's verdict (parity gate passed and a healthy
+                         inference run, or rolled back)
   commit                 mark the bundle on trial good
   rollback [--reason T]  return to the previous bundle; signal the daemon to reload
   gc                     delete bundles that are not current, previous, on trial or mapped
@@ -28,7 +37,8 @@ commands:
 --config FILE       vlad configuration with the `ota` section (default /etc/vla/vlad.json)
 --root DIR          OTA root instead of ota.root
 --trusted-key HEX   trusted Ed25519 public key instead of ota.trusted_keys (repeatable)
-Exit status: 0 done, 1 error, 2 usage, 3 the activation gate refused the bundle.";
+Exit status: 0 done, 1 error, 2 usage, 3 the activation gate refused the bundle (or the
+daemon rolled it back while --wait waited), 4 --wait ran out before the daemon's verdict.";
 
 /// The configuration file read when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/vla/vlad.json";
@@ -116,6 +126,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut command: Option<String> = None;
     let mut operand: Option<String> = None;
     let mut reason: Option<String> = None;
+    let mut link = false;
+    let mut wait: Option<Duration> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -124,6 +136,16 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 options.take(&name, &mut p)?;
             }
             Long("reason") => reason = Some(cli::string(&mut p)?),
+            Long("link") => link = true,
+            Long("wait") => {
+                let text = cli::string(&mut p)?;
+                let seconds: f64 = text
+                    .parse()
+                    .ok()
+                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+                    .ok_or_else(|| Failure::Usage(format!("--wait: `{text}` is not seconds")))?;
+                wait = Some(Duration::from_secs_f64(seconds));
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -153,6 +175,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if reason.is_some() && command != "rollback" {
         return Err(Failure::Usage("--reason is only for ota rollback".into()));
     }
+    if link && command != "install" {
+        return Err(Failure::Usage("--link is only for ota install".into()));
+    }
+    if wait.is_some() && command != "activate" {
+        return Err(Failure::Usage("--wait is only for ota activate".into()));
+    }
     let settings = options.settings()?;
     if settings.root.as_os_str().is_empty() {
         return Err(Failure::Usage(
@@ -163,7 +191,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     match command.as_str() {
         "status" => status(&store),
         "install" => {
-            let installed = store.install(Path::new(operand.as_deref().unwrap_or_default()))?;
+            let placement = if link {
+                Placement::HardLink
+            } else {
+                Placement::Copy
+            };
+            let installed =
+                store.install_with(Path::new(operand.as_deref().unwrap_or_default()), placement)?;
             if installed.already_installed {
                 println!("already installed: {}", installed.hash);
             } else {
@@ -172,6 +206,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                     installed.hash,
                     installed.dir.display()
                 );
+                if link {
+                    println!("{} file(s) hard-linked", installed.linked_files);
+                }
             }
             println!("activate it with: vlad ota activate {}", installed.hash);
             Ok(())
@@ -195,7 +232,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             if let Some(outcome) = gate.outcome {
                 println!("{outcome}");
             }
-            Ok(())
+            match wait {
+                Some(limit) => wait_for_verdict(&store, &activated.hash, limit),
+                None => Ok(()),
+            }
         }
         "commit" => {
             match store.commit()? {
@@ -269,6 +309,47 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         other => Err(Failure::Usage(format!(
             "unknown ota command `{other}`\n{HELP}"
         ))),
+    }
+}
+
+/// Polls the state until the daemon has run the bundle healthily (after its parity
+/// gate), committed it or rolled it back, or `limit` passes.
+fn wait_for_verdict(store: &Store, hash: &str, limit: Duration) -> Result<(), Failure> {
+    let start = Instant::now();
+    loop {
+        match store.verdict(hash)? {
+            Verdict::Pending if start.elapsed() < limit => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Verdict::Pending => {
+                return Err(Failure::Pending(format!(
+                    "no verdict on {hash} after {:.1} s: it is current and on trial, and the daemon has not run it yet (is vlad running and the robot sending observations?)",
+                    limit.as_secs_f64()
+                )))
+            }
+            Verdict::Running { healthy, needed } => {
+                println!(
+                    "{hash} passed the daemon's parity gate and ran {healthy} of {needed} healthy inferences of its trial"
+                );
+                return Ok(());
+            }
+            Verdict::Committed => {
+                println!("{hash} passed its trial and is committed");
+                return Ok(());
+            }
+            Verdict::RolledBack { to, reason } => {
+                return Err(Failure::Gate(format!(
+                    "the daemon rolled {hash} back to {}: {reason}",
+                    to.as_deref().unwrap_or("nothing")
+                )))
+            }
+            Verdict::Superseded { current } => {
+                return Err(Failure::Error(format!(
+                    "{hash} is no longer current ({} is): another OTA operation ran meanwhile",
+                    current.as_deref().unwrap_or("nothing")
+                )))
+            }
+        }
     }
 }
 

@@ -157,16 +157,30 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     );
 
     // B: good. Activate from the CLI: the daemon gets SIGHUP, reloads and gates it.
+    // B runs inferences for the robot meanwhile: its trial (1 inference here) commits it,
+    // so B is the known-good bundle a later failure returns to. `--wait` returns once the
+    // daemon has gated B and run it.
     let b = sign("bundle-b", &|d| set_version(d, "1.1.0"));
-    let out = ok(&["ota", "activate", &b, "--config", cfg]);
-    assert!(current_target(&root).ends_with(&b), "{out}");
-    // B runs a few inferences for the robot: its trial (1 inference here) commits it, so B
-    // is the known-good bundle a later failure returns to.
-    std::thread::sleep(Duration::from_secs(3));
-    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["simulate", "--config", cfg, "--duration", "5"])
-        .output()
+    let robot = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["simulate", "--config", cfg, "--duration", "10"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let waited = vlad(&["ota", "activate", &b, "--config", cfg, "--wait", "120"]);
+    let out = String::from_utf8_lossy(&waited.stdout).into_owned();
+    assert!(
+        waited.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    assert!(current_target(&root).ends_with(&b), "{out}");
+    assert!(
+        out.contains(&format!("{b} passed the daemon's parity gate"))
+            || out.contains(&format!("{b} passed its trial and is committed")),
+        "{out}"
+    );
+    let sim = robot.wait_with_output().unwrap();
     assert!(
         sim.status.success(),
         "{}",
@@ -193,7 +207,15 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
             .collect();
         write_npz(&p, &arrays.iter().collect::<Vec<_>>()).unwrap();
     });
-    vlad(&["ota", "activate", &c, "--config", cfg]);
+    // `--wait` sees the daemon's rollback: exit 3 with its reason.
+    let refused = vlad(&["ota", "activate", &c, "--config", cfg, "--wait", "120"]);
+    let refusal = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(3), "{refusal}");
+    assert!(
+        refusal.contains(&format!("the daemon rolled {c} back to {b}"))
+            && refusal.contains("parity"),
+        "{refusal}"
+    );
     let end = Instant::now() + Duration::from_secs(120);
     while !current_target(&root).ends_with(&b) && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(200));

@@ -36,6 +36,24 @@ pub fn fsync_dir(dir: &Path) -> Result<(), OtaError> {
         .map_err(|e| OtaError::io("fsync of directory", dir, e))
 }
 
+/// Gives `path` (not followed if a symbolic link) the owner of the directory `home` when
+/// this process is root and `home` belongs to someone else. OTA commands run as root
+/// (from a RAUC handler, say) then leave files the daemon's user can replace and delete;
+/// for everyone else this does nothing.
+pub fn adopt(path: &Path, home: &Path) -> Result<(), OtaError> {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let owner =
+        std::fs::metadata(home).map_err(|e| OtaError::io("reading the owner of", home, e))?;
+    if owner.uid() == 0 {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(path, Some(owner.uid()), Some(owner.gid()))
+        .map_err(|e| OtaError::io("changing the owner of", path, e))
+}
+
 /// The directory holding `path` (`.` for a bare name).
 pub fn parent_of(path: &Path) -> PathBuf {
     match path.parent() {
@@ -67,6 +85,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8], step: StepFn<'_>) -> Result<(), O
         .map_err(|e| OtaError::io("creating", &temp, e))?;
     file.write_all(bytes)
         .map_err(|e| OtaError::io("writing", &temp, e))?;
+    adopt(&temp, &dir)?;
     step(&format!("write {label}: before fsync"));
     fsync_file(&file, &temp)?;
     drop(file);
@@ -92,6 +111,7 @@ pub fn replace_symlink(link: &Path, target: &Path, step: StepFn<'_>) -> Result<(
     }
     std::os::unix::fs::symlink(target, &temp)
         .map_err(|e| OtaError::io("creating symbolic link", &temp, e))?;
+    adopt(&temp, &dir)?;
     step(&format!("link {label}: before rename"));
     std::fs::rename(&temp, link).map_err(|e| OtaError::io("renaming link into place", link, e))?;
     step(&format!("link {label}: before directory fsync"));

@@ -46,6 +46,20 @@ pub struct Store {
     proc_root: PathBuf,
 }
 
+/// How [`Store::install_with`] places the verified files under `bundles/<hash>/`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Copy every file: the source may be changed or removed afterwards.
+    #[default]
+    Copy,
+    /// Hard-link each file that lies on the store's filesystem and copy the rest. For
+    /// sources that are themselves read-only and content-addressed (a RAUC artifact
+    /// repository), so gigabytes of context binaries are not stored twice. Every linked
+    /// file is hashed again through its new name and fsynced, and the store verifies the
+    /// bundle at every start, so a source changed in place later is caught there.
+    HardLink,
+}
+
 /// A bundle placed under `bundles/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
@@ -53,6 +67,8 @@ pub struct Installed {
     pub dir: PathBuf,
     /// The identical bundle was already installed; nothing was written.
     pub already_installed: bool,
+    /// Files hard-linked from the source instead of copied ([`Placement::HardLink`]).
+    pub linked_files: usize,
 }
 
 /// A successful activation.
@@ -88,6 +104,23 @@ pub enum Health {
     },
     /// This call reached the threshold: the bundle is now committed.
     Committed(String),
+}
+
+/// What the daemon has made of an activated bundle so far, as the state file records it
+/// ([`Store::verdict`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Not run yet: the daemon has not reloaded, or has run no inference since.
+    Pending,
+    /// It passed the daemon's parity gate and has run `healthy` of the `needed` healthy
+    /// inferences of its trial.
+    Running { healthy: u64, needed: u64 },
+    /// Its trial is over: committed, the rollback target of the next update.
+    Committed,
+    /// It was rolled back (its gate failed, or it crash-looped).
+    RolledBack { to: Option<String>, reason: String },
+    /// Another bundle was made current since.
+    Superseded { current: Option<String> },
 }
 
 /// What [`Store::on_start`] found and did.
@@ -230,6 +263,7 @@ impl Store {
             .mode(0o644)
             .open(&path)
             .map_err(|e| OtaError::io("opening", &path, e))?;
+        durable::adopt(&path, root)?;
         let lock = Flock::lock(file, FlockArg::LockExclusive)
             .map_err(|(_, errno)| OtaError::io("locking", &path, errno.into()))?;
         Ok(LockGuard { _lock: lock })
@@ -398,11 +432,17 @@ impl Store {
     /// passes, copies it durably to `bundles/<content-hash>/`. Installing an identical
     /// bundle again is a no-op. Nothing is activated.
     pub fn install(&self, source: &Path) -> Result<Installed, OtaError> {
+        self.install_with(source, Placement::Copy)
+    }
+
+    /// [`Store::install`] with the files placed as `placement` says.
+    pub fn install_with(&self, source: &Path, placement: Placement) -> Result<Installed, OtaError> {
         let verified = self.verify(source)?;
         let _lock = self.lock()?;
         let bundles = self.bundles_dir();
         if !bundles.is_dir() {
             std::fs::create_dir_all(&bundles).map_err(|e| OtaError::io("creating", &bundles, e))?;
+            durable::adopt(&bundles, self.root())?;
             durable::fsync_dir(self.root())?;
         }
         let hash = verified.content_hash.clone();
@@ -414,6 +454,7 @@ impl Store {
                         hash,
                         dir,
                         already_installed: true,
+                        linked_files: 0,
                     })
                 }
                 outcome => {
@@ -440,11 +481,13 @@ impl Store {
             .filter(|f| f.path.contains('/'))
             .count() as u64
             + 1;
+        // Files that will be hard-linked take no data blocks.
+        let linkable = placement == Placement::HardLink && same_filesystem(source, &bundles);
         let needed = verified
             .manifest
             .files
             .iter()
-            .map(|f| round(f.size))
+            .map(|f| if linkable { 0 } else { round(f.size) })
             .sum::<u64>()
             + round(verified.manifest_bytes.len() as u64)
             + round(256)
@@ -466,11 +509,14 @@ impl Store {
         if staging.exists() {
             std::fs::remove_dir_all(&staging).map_err(|e| OtaError::io("removing", &staging, e))?;
         }
-        if let Err(e) = self.stage(&verified, &staging) {
-            // Best effort: the next start removes any staging directory left behind.
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e);
-        }
+        let linked_files = match self.stage(&verified, &staging, placement) {
+            Ok(n) => n,
+            Err(e) => {
+                // Best effort: the next start removes any staging directory left behind.
+                let _ = std::fs::remove_dir_all(&staging);
+                return Err(e);
+            }
+        };
         self.step("install: before rename of staging");
         std::fs::rename(&staging, &dir)
             .map_err(|e| OtaError::io("renaming staging to", &dir, e))?;
@@ -481,13 +527,23 @@ impl Store {
             hash,
             dir,
             already_installed: false,
+            linked_files,
         })
     }
 
-    /// Copies every listed file (hashing while copying), the manifest and the signature
-    /// into `staging`, fsyncs files and directories, and verifies the copy.
-    fn stage(&self, verified: &VerifiedBundle, staging: &Path) -> Result<(), OtaError> {
+    /// Copies (or hard-links) every listed file, hashing it through its new name, writes
+    /// the manifest and the signature into `staging`, fsyncs files and directories, and
+    /// verifies the copy. Returns how many files were linked.
+    fn stage(
+        &self,
+        verified: &VerifiedBundle,
+        staging: &Path,
+        placement: Placement,
+    ) -> Result<usize, OtaError> {
+        let mut linked = 0;
         std::fs::create_dir(staging).map_err(|e| OtaError::io("creating", staging, e))?;
+        let home = self.root();
+        durable::adopt(staging, home)?;
         self.step("stage: directory created");
         let mut directories = vec![staging.to_owned()];
         for entry in &verified.manifest.files {
@@ -498,12 +554,38 @@ impl Store {
                     .map_err(|e| OtaError::io("creating", &parent, e))?;
                 let mut d = parent.clone();
                 while d != staging && !directories.contains(&d) {
+                    durable::adopt(&d, home)?;
                     directories.push(d.clone());
                     d = durable::parent_of(&d);
                 }
             }
             let source = verified.dir.join(&entry.path);
-            let (size, digest) = copy_file(&source, &target)?;
+            let (size, digest) = match placement {
+                Placement::Copy => {
+                    let copied = copy_file(&source, &target)?;
+                    durable::adopt(&target, home)?;
+                    copied
+                }
+                Placement::HardLink => match std::fs::hard_link(&source, &target) {
+                    Ok(()) => {
+                        linked += 1;
+                        hash_file(&target)?
+                    }
+                    // Another filesystem, or a file the kernel will not let this user
+                    // link (fs.protected_hardlinks): copy it.
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(nix::libc::EXDEV) | Some(nix::libc::EPERM)
+                        ) =>
+                    {
+                        let copied = copy_file(&source, &target)?;
+                        durable::adopt(&target, home)?;
+                        copied
+                    }
+                    Err(e) => return Err(OtaError::io("hard-linking", &target, e)),
+                },
+            };
             let found = hex::encode(&digest);
             if size != entry.size || found != entry.sha256 {
                 // The source changed after it was verified.
@@ -520,10 +602,13 @@ impl Store {
         }
         let manifest = staging.join(MANIFEST_FILE);
         write_new(&manifest, &verified.manifest_bytes)?;
+        durable::adopt(&manifest, home)?;
         let signature_source = verified.dir.join(SIGNATURE_FILE);
         let signature = std::fs::read(&signature_source)
             .map_err(|e| OtaError::io("reading", &signature_source, e))?;
-        write_new(&staging.join(SIGNATURE_FILE), &signature)?;
+        let signature_copy = staging.join(SIGNATURE_FILE);
+        write_new(&signature_copy, &signature)?;
+        durable::adopt(&signature_copy, home)?;
         self.step("stage: manifest and signature fsynced");
         // Deepest first, so each directory's entries are durable before its parent's.
         directories.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
@@ -543,7 +628,7 @@ impl Store {
             });
         }
         self.step("stage: copy verified");
-        Ok(())
+        Ok(linked)
     }
 
     // ---- activation, trial, rollback -------------------------------------------------
@@ -776,6 +861,34 @@ impl Store {
         Ok(Health::OnTrial { healthy, needed })
     }
 
+    /// The daemon's verdict so far on the activated bundle `hash`. Reads the state file
+    /// only (every write of it is an atomic rename), so it may be polled while the daemon
+    /// and other OTA commands run.
+    pub fn verdict(&self, hash: &str) -> Result<Verdict, OtaError> {
+        let Some(state) = self.read_state()? else {
+            return Ok(Verdict::Pending);
+        };
+        if state.current.as_deref() == Some(hash) {
+            return Ok(match state.trial.as_deref() {
+                Some(_) if state.healthy_inferences == 0 => Verdict::Pending,
+                Some(_) => Verdict::Running {
+                    healthy: state.healthy_inferences,
+                    needed: u64::from(self.settings.trial_inferences),
+                },
+                None => Verdict::Committed,
+            });
+        }
+        Ok(match state.last_rollback {
+            Some(r) if r.from == hash => Verdict::RolledBack {
+                to: r.to,
+                reason: r.reason,
+            },
+            _ => Verdict::Superseded {
+                current: state.current,
+            },
+        })
+    }
+
     /// The current bundle's content hash and directory, read from the `current` link.
     /// The daemon loads that directory (not the link, which may move) and passes the hash
     /// to [`Store::record_healthy`].
@@ -983,13 +1096,30 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Copies `source` to the new file `target` (mode 0444), hashing what is written.
 fn copy_file(source: &Path, target: &Path) -> Result<(u64, [u8; 32]), OtaError> {
-    let mut input = durable::open_no_follow(source)?;
     let mut output = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o444)
         .open(target)
         .map_err(|e| OtaError::io("creating", target, e))?;
+    hash_through(source, |chunk| {
+        output
+            .write_all(chunk)
+            .map_err(|e| OtaError::io("writing", target, e))
+    })
+}
+
+/// Size and SHA-256 of the regular file `path` (not followed if it is a symbolic link).
+fn hash_file(path: &Path) -> Result<(u64, [u8; 32]), OtaError> {
+    hash_through(path, |_| Ok(()))
+}
+
+/// Reads `path` once, hashing every chunk and handing it to `sink`.
+fn hash_through(
+    path: &Path,
+    mut sink: impl FnMut(&[u8]) -> Result<(), OtaError>,
+) -> Result<(u64, [u8; 32]), OtaError> {
+    let mut input = durable::open_no_follow(path)?;
     let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;
@@ -998,15 +1128,22 @@ fn copy_file(source: &Path, target: &Path) -> Result<(u64, [u8; 32]), OtaError> 
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(OtaError::io("reading", source, e)),
+            Err(e) => return Err(OtaError::io("reading", path, e)),
         };
         sha2::Digest::update(&mut hasher, &buffer[..n]);
-        output
-            .write_all(&buffer[..n])
-            .map_err(|e| OtaError::io("writing", target, e))?;
+        sink(&buffer[..n])?;
         total += n as u64;
     }
     Ok((total, sha2::Digest::finalize(hasher).into()))
+}
+
+/// Both paths exist on one filesystem (hard links between them are possible).
+fn same_filesystem(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev(),
+        _ => false,
+    }
 }
 
 fn fsync_path(path: &Path) -> Result<(), OtaError> {

@@ -58,6 +58,13 @@ fn fault_child() {
             let installed = store.install(&source.unwrap()).unwrap();
             store.activate(&installed.hash, &mut pass).unwrap();
         }
+        "install-linked-activate" => {
+            let installed = store
+                .install_with(&source.unwrap(), vla_ota::Placement::HardLink)
+                .unwrap();
+            assert!(installed.linked_files > 0);
+            store.activate(&installed.hash, &mut pass).unwrap();
+        }
         "activate-gate-fails" => {
             let hash = store.verify(&source.unwrap()).unwrap().content_hash;
             let refused = store.bundle_dir(&hash);
@@ -330,6 +337,35 @@ fn crash_during_install_and_activate() {
         );
     }
     assert!(steps.len() >= 35, "{} steps", steps.len());
+}
+
+/// Installing by hard links from a RAUC artifact: the same crash points, and the
+/// artifact the files are shared with is never damaged by a crash or a recovery.
+#[test]
+fn crash_during_linked_install_and_activate() {
+    let tmp = TempDir::new("fault-link");
+    let (template, a, others) = prepare(tmp.path(), &["b"]);
+    let (b, b_src) = others[0].clone();
+    let artifact = snapshot(&b_src);
+    let fixture = Fixture {
+        template,
+        source: Some(b_src.clone()),
+        allowed_current: vec![a.clone(), b.clone()],
+        must_keep: vec![a.clone()],
+        may_vary: vec![b.clone()],
+        refused: None,
+        final_current: None,
+    };
+    let steps = crash_at_every_step("install-linked-activate", &fixture, tmp.path(), |store| {
+        assert_eq!(snapshot(&b_src), artifact, "the artifact changed");
+        let installed = store
+            .install_with(&b_src, vla_ota::Placement::HardLink)
+            .unwrap();
+        store.activate(&installed.hash, &mut pass).unwrap();
+        assert_eq!(current_hash(store.root()).as_deref(), Some(b.as_str()));
+    });
+    assert!(steps.len() >= 35, "{} steps", steps.len());
+    assert_eq!(snapshot(&b_src), artifact);
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use vla_ota::{Health, OtaError, Store};
+use vla_ota::{Health, OtaError, Placement, Store, Verdict};
 
 /// A store with bundle A installed, activated and committed; returns (store, A's hash).
 fn with_committed(root: &Path, sources: &Path) -> (Store, String) {
@@ -285,6 +285,13 @@ fn trial_commits_after_enough_healthy_inferences() {
         .hash;
     let activated = store.activate(&b, &mut pass).unwrap();
     assert_eq!(activated.previous.as_deref(), Some(a.as_str()));
+    assert_eq!(store.verdict(&b).unwrap(), Verdict::Pending);
+    assert_eq!(
+        store.verdict(&a).unwrap(),
+        Verdict::Superseded {
+            current: Some(b.clone())
+        }
+    );
     assert_eq!(
         std::fs::read_link(root.join("previous")).unwrap(),
         PathBuf::from("bundles").join(&a)
@@ -299,9 +306,17 @@ fn trial_commits_after_enough_healthy_inferences() {
         }
     );
     assert_eq!(
+        store.verdict(&b).unwrap(),
+        Verdict::Running {
+            healthy: 2,
+            needed: 3
+        }
+    );
+    assert_eq!(
         store.record_healthy(&b, 1).unwrap(),
         Health::Committed(b.clone())
     );
+    assert_eq!(store.verdict(&b).unwrap(), Verdict::Committed);
     assert_eq!(store.record_healthy(&b, 1).unwrap(), Health::NotOnTrial);
     let state = store.status().unwrap().state;
     assert_eq!(
@@ -320,6 +335,120 @@ fn trial_commits_after_enough_healthy_inferences() {
     assert_eq!(state.current.as_deref(), Some(a.as_str()));
     assert_eq!(state.previous.as_deref(), Some(b.as_str()));
     assert_eq!(current_hash(&root).as_deref(), Some(a.as_str()));
+    assert_eq!(
+        store.verdict(&b).unwrap(),
+        Verdict::RolledBack {
+            to: Some(a.clone()),
+            reason: "operator request".into()
+        }
+    );
+}
+
+#[test]
+fn linked_install_shares_the_source_files_and_outlives_the_source() {
+    use std::os::unix::fs::MetadataExt;
+    let tmp = TempDir::new("store-link");
+    let root = tmp.join("root");
+    let (store, _a) = with_committed(&root, &tmp.join("src"));
+    let source = Spec::new("b").build_signed(&tmp.join("artifact"), DEV_SECRET);
+    let files = vla_ota::verify(&source, &trusted(), &target())
+        .unwrap()
+        .manifest
+        .files;
+    let installed = store.install_with(&source, Placement::HardLink).unwrap();
+    assert_eq!(installed.linked_files, files.len());
+    for f in &files {
+        let (ours, theirs) = (
+            std::fs::metadata(installed.dir.join(&f.path)).unwrap(),
+            std::fs::metadata(source.join(&f.path)).unwrap(),
+        );
+        assert_eq!(
+            (ours.dev(), ours.ino()),
+            (theirs.dev(), theirs.ino()),
+            "{}",
+            f.path
+        );
+    }
+    // The source (a RAUC artifact replaced by the next update) goes away: the installed
+    // bundle keeps its data, verifies and activates.
+    std::fs::remove_dir_all(&source).unwrap();
+    store.verify(&installed.dir).unwrap();
+    store.activate(&installed.hash, &mut pass).unwrap();
+    assert_eq!(current_hash(&root), Some(installed.hash.clone()));
+    // Installing it again (from a copy) is a no-op.
+    let again = Spec::new("b").build_signed(&tmp.join("again"), DEV_SECRET);
+    assert!(
+        store
+            .install_with(&again, Placement::HardLink)
+            .unwrap()
+            .already_installed
+    );
+}
+
+/// Run as root (a RAUC handler), the store leaves everything it creates owned by the
+/// owner of the OTA root, so the daemon's user can later replace the state, move the
+/// links and delete old bundles. Linked files keep their owner (they are the artifact's).
+#[test]
+fn root_run_operations_leave_files_to_the_owner_of_the_root() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root to run as root and chown");
+        return;
+    }
+    let (uid, gid) = (4321, 4322);
+    let tmp = TempDir::new("store-owner");
+    let root = tmp.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::os::unix::fs::chown(&root, Some(uid), Some(gid)).unwrap();
+    let store = store(&root);
+    let copied = store
+        .install(&Spec::new("a").build_signed(&tmp.join("src"), DEV_SECRET))
+        .unwrap();
+    store.activate(&copied.hash, &mut pass).unwrap();
+    let linked = store
+        .install_with(
+            &Spec::new("b").build_signed(&tmp.join("artifact"), DEV_SECRET),
+            Placement::HardLink,
+        )
+        .unwrap();
+    assert!(linked.linked_files > 0);
+    store.activate(&linked.hash, &mut pass).unwrap();
+    let mut checked = 0;
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let shared = meta.is_file() && meta.nlink() > 1;
+            if !shared {
+                assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{}", path.display());
+                checked += 1;
+            }
+            if meta.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    // lock, state, current, previous, bundles/, two bundle dirs and their files
+    assert!(checked >= 10, "{checked}");
+}
+
+#[test]
+fn linked_install_of_a_damaged_source_is_refused_and_links_nothing() {
+    let tmp = TempDir::new("store-link-bad");
+    let root = tmp.join("root");
+    let (store, _a) = with_committed(&root, &tmp.join("src"));
+    let before = snapshot(&root);
+    let source = Spec::new("b").build_signed(&tmp.join("artifact"), DEV_SECRET);
+    let victim = source.join("bundle.json");
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes.push(b' ');
+    std::fs::write(&victim, bytes).unwrap();
+    let e = store
+        .install_with(&source, Placement::HardLink)
+        .unwrap_err();
+    assert!(e.to_string().contains("bundle.json"), "{e}");
+    assert_eq!(snapshot(&root), before);
 }
 
 #[test]
