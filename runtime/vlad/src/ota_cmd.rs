@@ -29,6 +29,9 @@ commands:
                          make an installed bundle current, on trial; signal the daemon to reload;
                          --wait: wait for the daemon's verdict (parity gate passed and a healthy
                          inference run, or rolled back)
+  verdict <hash> [--wait SECS]
+                         what the daemon made of an activated bundle: pending, running
+                         (gate passed), committed or rolled back; --wait: until not pending
   commit                 mark the bundle on trial good
   rollback [--reason T]  return to the previous bundle; signal the daemon to reload
   gc                     delete bundles that are not current, previous, on trial or mapped
@@ -164,11 +167,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         }
     }
     let command = command.ok_or_else(|| Failure::Usage(format!("ota needs a command\n{HELP}")))?;
-    let needs_operand = matches!(command.as_str(), "install" | "activate");
+    let needs_operand = matches!(command.as_str(), "install" | "activate" | "verdict");
     if needs_operand != operand.is_some() {
         return Err(Failure::Usage(match command.as_str() {
             "install" => "ota install needs <bundle-dir>".into(),
             "activate" => "ota activate needs <hash>".into(),
+            "verdict" => "ota verdict needs <hash>".into(),
             _ => format!("ota {command} takes no argument"),
         }));
     }
@@ -178,8 +182,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if link && command != "install" {
         return Err(Failure::Usage("--link is only for ota install".into()));
     }
-    if wait.is_some() && command != "activate" {
-        return Err(Failure::Usage("--wait is only for ota activate".into()));
+    if wait.is_some() && !matches!(command.as_str(), "activate" | "verdict") {
+        return Err(Failure::Usage(
+            "--wait is only for ota activate and ota verdict".into(),
+        ));
     }
     let settings = options.settings()?;
     if settings.root.as_os_str().is_empty() {
@@ -236,6 +242,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 Some(limit) => wait_for_verdict(&store, &activated.hash, limit),
                 None => Ok(()),
             }
+        }
+        "verdict" => {
+            let hash = store.resolve(operand.as_deref().unwrap_or_default())?;
+            wait_for_verdict(&store, &hash, wait.unwrap_or_default())
         }
         "commit" => {
             match store.commit()? {
