@@ -4,6 +4,7 @@
 #
 #   scripts/bitbake_parse.sh <openembedded-core checkout> <bitbake checkout> [build dir]
 #   META_QCOM=<meta-qcom checkout> scripts/bitbake_parse.sh ...   (MACHINE iq-9075-evk)
+#   META_RAUC=<meta-rauc checkout> scripts/bitbake_parse.sh ...   (dynamic-layers/rauc)
 #
 # Use the wrynose branches of openembedded-core and meta-qcom with bitbake 2.18. The build
 # directory (default /tmp/vla-bitbake-build) gets a local.conf with MACHINE = "qemuarm64"
@@ -128,6 +129,13 @@ CONF
     layers="$layers $meta_qcom $mixin"
     machine="iq-9075-evk"
 fi
+rauc_conf=""
+if [[ -n "${META_RAUC:-}" ]]; then
+    layers="$layers $(readlink -f "$META_RAUC")"
+    rauc_conf='DISTRO_FEATURES:append = " rauc vla-rauc"
+RAUC_KEY_FILE = "/nonexistent/fleet-rauc.key.pem"
+RAUC_CERT_FILE = "/nonexistent/fleet-rauc.cert.pem"'
+fi
 cat > conf/bblayers.conf <<CONF
 BBPATH = "\${TOPDIR}"
 BBFILES ?= ""
@@ -147,6 +155,7 @@ DL_DIR = "$build/downloads"
 SSTATE_DIR = "$build/sstate-cache"
 TMPDIR = "$build/tmp"
 CONF_VERSION = "2"
+$rauc_conf
 include vla.conf
 CONF
 
@@ -215,3 +224,20 @@ grep -oE '"(vla-image|packagegroup-vla|vla-bundle|vlad)\.do_[a-z_]+" -> "(vlad|v
 
 # The bundle check that runs at build time (it reads only the bundle directory).
 run bitbake vla-bundle -c verify_bundle
+
+if [[ -n "${META_RAUC:-}" ]]; then
+    echo
+    echo "== 4. meta-rauc present: the policy as a RAUC artifact (dynamic-layers/rauc)"
+    printf '\n$ bitbake -e vla-rauc | grep -E "^(RDEPENDS:vla-rauc|FILES:vla-rauc)="\n'
+    bitbake -e vla-rauc | grep -E '^(RDEPENDS:vla-rauc|FILES:vla-rauc)='
+    printf '\n$ bitbake -e rauc-conf | sed -n "/^do_install() {/,/^}/p"\n'
+    bitbake -e rauc-conf | sed -n '/^do_install() {/,/^}/p'
+    printf '\n$ bitbake -e vla-policy-update | grep -E "^(RAUC_BUNDLE_SLOTS|RAUC_BUNDLE_FORMAT|RAUC_SLOT_vla-policies/policy)"\n'
+    bitbake -e vla-policy-update | grep -E '^(RAUC_BUNDLE_SLOTS|RAUC_BUNDLE_FORMAT|RAUC_SLOT_vla-policies/policy)='
+    run bitbake -g vla-policy-update
+    printf '\n$ grep the bundle'"'"'s edge to vla-bundle in task-depends.dot\n'
+    grep -oE '"vla-policy-update\.do_[a-z_]+" -> "vla-bundle\.do_[a-z_]+"' task-depends.dot | sort -u
+    # The tar the RAUC bundle carries (reads only the bundle directory).
+    run bitbake vla-bundle -c deploy
+    tar -tvf "$build/tmp/deploy/images/$machine/vla-policy-molmoact2-libero-original-tiny.tar"
+fi

@@ -210,6 +210,17 @@ do_install() {
     bbnote "bundle ${VLA_POLICY} installed as slot $bundle_id"
 }
 
+# The bundle as one tar of its contents (the directory's entries, not the directory), for
+# meta-vla's vla-policy-update RAUC bundle. Not part of do_build: it runs only when that
+# recipe asks for it, so images without RAUC never read the context binaries again.
+inherit deploy
+do_deploy[vardeps] += "VLA_BUNDLE_SRC VLA_BUNDLE_STAMP"
+do_deploy() {
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@${SOURCE_DATE_EPOCH} \
+        --dereference -C "${VLA_BUNDLE_SRC}" -cf ${DEPLOYDIR}/vla-policy-${VLA_POLICY}.tar .
+}
+addtask deploy after do_verify_bundle
+
 # Context binaries are data for the NPU of this machine only.
 PACKAGE_ARCH = "${MACHINE_ARCH}"
 FILES:${PN} += "${localstatedir}/lib/vla"
