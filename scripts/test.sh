@@ -2,7 +2,8 @@
 # Runs every check and test of the project on this machine (what CI runs):
 #   formatting, clippy, the Rust tests on x86_64 against the real QNN HTP emulator,
 #   the Python fixture tests, the aarch64 build with its QNN-free tests under qemu,
-#   the release binary's dynamic dependencies, and the layer/unit checks.
+#   the release binary's dynamic dependencies, the layer/unit checks, fleet OTA through
+#   real RAUC in a qemu VM, and a short fault-injecting soak.
 # Builds are cached in the repo's target/ directory.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +49,9 @@ scripts/bringup/tests/loopback.sh
 
 step "meta-vla layer and systemd units"
 scripts/check_layer.sh
+
+step "fleet OTA through real RAUC: policy artifact, handlers, the daemon's verdict (qemu VM)"
+scripts/rauc/check.sh
 
 step "short soak: the daemon under injected faults (docs/soak.md)"
 scripts/soak.sh

@@ -1,0 +1,389 @@
+"""Fleet OTA through real RAUC, end to end in a VM (see scripts/rauc/check.sh).
+
+Builds, on this machine: three signed policy bundles (B good; C signed and intact but its
+golden disagrees with the contexts; D signed by a key the device does not trust) and the
+device's first bundle A; a test X.509 signer for RAUC; one RAUC bundle per policy with
+the policy as the artifact [image.vla-policies/policy] (convert=tar-extract), exactly as
+meta-vla's vla-policy-update recipe writes it; a RAUC system.conf ending with the
+fragment meta-vla's rauc-conf.bbappend appends (artifact repository and handlers); an
+initramfs. Then boots the VM, which runs
+scripts/rauc/inside.sh, and checks what it recorded:
+
+- good: RAUC exits 0 only after the daemon passed B's parity gate and ran it; B is
+  current; its context binaries are the artifact's inodes (hard links, not copies).
+- gate-fails: RAUC fails because the post-install handler reports the daemon's rollback;
+  B is current again and the state names C and the gate.
+- untrusted: RAUC fails in the pre-install handler (vlad bundle verify) before writing:
+  the artifact repository still points at B's artifact; B is still current.
+- the daemon ran throughout.
+Exits 1 with the reasons if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+from det_npz import load_npz, save_npz  # noqa: E402
+
+HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
+SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
+FIXTURE = REPO / "golden/bundles/fastwam"
+PROBE_FILE = "ctx/action_step_socid77_archv73.bin"
+# Modules RAUC needs (loop, squashfs, dm-verity) and the 9p shares; dependencies are
+# resolved from each module's own modinfo.
+WANTED_MODULES = ["virtio_pci", "9pnet_virtio", "9p", "loop", "squashfs", "dm_verity"]
+COMPATIBLE = "vla-check"
+# Tiny policies infer in about 0.5 s on the emulator: 10 Hz with a 4 s chunk age limit.
+CONTROL = {
+    "publish_hz": 10.0,
+    "max_observation_age_ms": 1000,
+    "max_chunk_age_ms": 4000,
+    "hold_after_chunk_end_ms": 200,
+    "action_valid_ms": 200,
+    "writer_heartbeat_timeout_ms": 500,
+}
+
+
+def log(msg: str) -> None:
+    print(f"rauc-check: {msg}", flush=True)
+
+
+def run(*args: str | Path, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise SystemExit(f"rauc-check: {' '.join(map(str, args))} exited {p.returncode}:\n"
+                         f"{p.stdout}{p.stderr}")
+    return p
+
+
+def hex64(text: str) -> str:
+    m = re.search(r"\b[0-9a-f]{64}\b", text)
+    if not m:
+        raise SystemExit(f"rauc-check: no 64-hex value in: {text}")
+    return m.group(0)
+
+
+# ------------------------------------------------------------------------- policy bundles
+
+def policy_bundle(vlad: Path, out: Path, name: str, version: str, key: Path,
+                  tamper: bool = False) -> Path:
+    d = out / name
+    shutil.copytree(FIXTURE, d)
+    manifest = json.loads((d / "bundle.json").read_text())
+    manifest["version"] = version
+    (d / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if tamper:
+        p = d / manifest["end_to_end"]
+        arrays = load_npz(p)
+        arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
+        save_npz(p, arrays)
+    run(vlad, "bundle", "pack", d)
+    run(vlad, "bundle", "sign", d, "--key", key)
+    return d
+
+
+def rauc_bundle(rauc: Path, out: Path, name: str, policy: Path, version: str,
+                cert: Path, key: Path) -> Path:
+    """The RAUC bundle meta-vla's vla-policy-update recipe builds (bundle.bbclass with
+    RAUC_SLOT_vla-policies/policy[type] = "file", [convert] = "tar-extract")."""
+    content = out / f"{name}-content"
+    content.mkdir()
+    # The policy directory's contents, not the directory: the artifact tree is the bundle.
+    run("tar", "--sort=name", "--owner=0", "--group=0", "--numeric-owner",
+        "-C", policy, "-cf", content / "vla-policy.tar", ".")
+    (content / "manifest.raucm").write_text(
+        "[update]\n"
+        f"compatible={COMPATIBLE}\n"
+        f"version={version}\n"
+        f"description=VLA policy {policy.name}\n\n"
+        "[bundle]\nformat=verity\n\n"
+        "[image.vla-policies/policy]\n"
+        "filename=vla-policy.tar\n"
+        "convert=tar-extract\n")
+    bundle = out / f"{name}.raucb"
+    run(rauc, "bundle", "--cert", cert, "--key", key, content, bundle)
+    shutil.rmtree(content)
+    return bundle
+
+
+# ------------------------------------------------------------------------------ the VM
+
+def modinfo(path: Path) -> dict[str, str]:
+    data = path.read_bytes()
+    info = {}
+    for key in (b"name", b"depends"):
+        m = re.search(rb"(?:^|\x00)" + key + rb"=([^\x00]*)\x00", data)
+        if m:
+            info[key.decode()] = m.group(1).decode()
+    return info
+
+
+def module_order(modules_root: Path) -> list[Path]:
+    by_name: dict[str, Path] = {}
+    for ko in modules_root.rglob("*.ko"):
+        by_name[ko.stem.replace("-", "_")] = ko
+    order: list[Path] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        name = name.replace("-", "_")
+        if name in seen:
+            return
+        seen.add(name)
+        path = by_name.get(name)
+        if path is None:
+            return  # built into the kernel
+        for dep in filter(None, modinfo(path).get("depends", "").split(",")):
+            visit(dep)
+        order.append(path)
+
+    for m in WANTED_MODULES:
+        if m.replace("-", "_") not in by_name:
+            raise SystemExit(f"rauc-check: kernel module {m} not found under {modules_root}")
+        visit(m)
+    return order
+
+
+def initramfs(kernel_dir: Path, work: Path, out: Path) -> Path:
+    root = out / "initramfs"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "bin").mkdir(parents=True)
+    (root / "modules").mkdir()
+    shutil.copy("/bin/busybox", root / "bin/busybox")
+    shutil.copy(REPO / "scripts/rauc/vm-init.sh", root / "init")
+    os.chmod(root / "init", 0o755)
+    modules_root = next((kernel_dir / "root/lib/modules").iterdir())
+    names = []
+    for ko in module_order(modules_root):
+        shutil.copy(ko, root / "modules" / ko.name)
+        names.append(ko.name)
+    (root / "modules/order").write_text("\n".join(names) + "\n")
+    (root / "work-path").write_text(str(work) + "\n")
+    files = subprocess.run(["find", ".", "-print0"], cwd=root, capture_output=True, check=True).stdout
+    cpio = subprocess.run(["cpio", "--null", "-o", "-H", "newc", "--quiet"], cwd=root,
+                          input=files, capture_output=True, check=True).stdout
+    image = out / "initramfs.cpio.gz"
+    image.write_bytes(gzip.compress(cpio, 1))
+    log(f"initramfs: busybox and {len(names)} modules ({', '.join(n[:-3] for n in names)})")
+    return image
+
+
+def boot(kernel_dir: Path, image: Path, work: Path, out: Path, timeout: float) -> float:
+    # Software emulation (TCG), always: nested KVM on these shared machines hangs before
+    # the kernel prints a line. QEMU 7.2's TCG has AVX2, which the HTP emulator uses.
+    cmd = [
+        "qemu-system-x86_64", "-machine", "q35", "-m", "6144", "-smp", "2",
+        "-accel", "tcg", "-cpu", "max",
+        "-kernel", str(kernel_dir / "vmlinuz"), "-initrd", str(image),
+        "-append", "console=ttyS0 panic=-1 loglevel=6",
+        "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
+        # The host's / spans several file systems (proc, sys, tmpfs...) whose inode numbers
+        # collide: without remapping, the guest mistakes /proc for /sys.
+        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+        "-virtfs", f"local,path={work},mount_tag=work,security_model=none",
+    ]
+    log("booting the VM (qemu TCG)")
+    start = time.monotonic()
+    with open(out / "console.log", "w") as console:
+        try:
+            subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"rauc-check: the VM did not finish within {timeout:.0f} s; "
+                             f"see {out / 'console.log'}")
+    return time.monotonic() - start
+
+
+# --------------------------------------------------------------------------- the checks
+
+def judge(results: Path, hashes: dict[str, str]) -> list[str]:
+    problems: list[str] = []
+
+    def read(name: str) -> str:
+        p = results / name
+        return p.read_text() if p.exists() else ""
+
+    def expect(cond: bool, what: str, evidence: str = "") -> None:
+        if not cond:
+            problems.append(what + (f"\n    {evidence.strip()[:2000]}" if evidence else ""))
+
+    if not read("finished"):
+        return ["the scenario did not finish; see console.log"]
+    a, b, c, d = (hashes[k] for k in ("a", "good", "gate-fails", "untrusted"))
+    expect(read("a-verdict.rc").strip() == "0", "bundle A never ran in the daemon", read("a-verdict.out"))
+
+    out = read("good.out")
+    expect(read("good.rc").strip() == "0", "RAUC failed to install the good bundle", out)
+    expect(f"{b} passed" in out, "the handler did not report the daemon's verdict on B", out)
+    expect(read("good.current").strip().endswith(b), "B is not current after its install",
+           read("good.status"))
+    inodes = read("good.inodes").split("\n")
+    same = len(inodes) >= 2 and inodes[0].split()[:1] == inodes[1].split()[:1] and inodes[0][:1].isdigit()
+    expect(same, "B's context binary is not a hard link of the RAUC artifact", read("good.inodes"))
+
+    out = read("gate-fails.out")
+    expect(read("gate-fails.rc").strip() not in ("", "0"), "RAUC reported the gate-failing bundle as installed", out)
+    expect(f"rolled {c} back to {b}" in out and "parity" in out,
+           "the handler did not report the daemon's rollback of C with the gate's reason", out)
+    expect(read("gate-fails.current").strip().endswith(b), "B is not current after C's rollback",
+           read("gate-fails.status"))
+    expect(c[:12] in read("gate-fails.status") and "last rollback" in read("gate-fails.status"),
+           "vlad ota status does not name C's rollback", read("gate-fails.status"))
+
+    out = read("untrusted.out")
+    expect(read("untrusted.rc").strip() not in ("", "0"), "RAUC installed a policy signed by an untrusted key", out)
+    expect("pre-install" in out.lower() or "policy refused" in out, "the refusal did not come from the pre-install handler", out)
+    expect("trusted" in out, "the refusal does not say the signer is not trusted", out)
+    expect(read("untrusted.artifact") == read("gate-fails.artifact"),
+           "the artifact repository changed although the pre-install handler refused",
+           read("gate-fails.artifact") + " -> " + read("untrusted.artifact"))
+    expect(read("untrusted.current").strip().endswith(b), "B is no longer current after the refused install",
+           read("untrusted.status"))
+    expect(d not in read("untrusted.status"), "the untrusted bundle reached the store", read("untrusted.status"))
+
+    for name in ("good", "gate-fails", "untrusted"):
+        expect(read(f"{name}.daemon").strip() == "running", f"the daemon was not running after `{name}`",
+               read("daemon.log")[-2000:])
+    expect(read("daemon.rc").strip() == "0", "the daemon did not stop cleanly", read("daemon.log")[-2000:])
+    del a
+    return problems
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vlad", type=Path, required=True)
+    ap.add_argument("--rauc", type=Path, required=True)
+    ap.add_argument("--kernel-dir", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--timeout", type=float, default=2400.0, help="seconds the VM may run")
+    a = ap.parse_args()
+    vlad, rauc, kernel_dir = a.vlad.resolve(), a.rauc.resolve(), a.kernel_dir.resolve()
+    out = a.out.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    work = out / "work"
+    work.mkdir(parents=True)
+
+    # Keys: the fleet's Ed25519 policy key (trusted by vlad), another one (not trusted),
+    # and an X.509 signer for RAUC bundles (the RAUC keyring).
+    fleet_key, other_key = work / "fleet.key", work / "other.key"
+    public = hex64(run(vlad, "bundle", "keygen", fleet_key).stdout)
+    run(vlad, "bundle", "keygen", other_key)
+    cert, cert_key = work / "rauc-cert.pem", work / "rauc-key.pem"
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-keyout", cert_key, "-out", cert, "-days", "30", "-subj", "/CN=vla-check RAUC signer",
+        "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "keyUsage=digitalSignature")
+
+    # Device paths inside the VM: one tmpfs (/run) holds the OTA root and the artifact
+    # repository, so hard links between them are possible, as on the device's data partition.
+    ota_root = Path("/run/vla-check/ota")
+    rauc_repo = ota_root / "rauc"
+    cfg = json.loads((REPO / "config/dev.json").read_text())
+    cfg["qnn"]["lib_dir"] = os.environ["VLA_QNN_LIB_DIR"]
+    cfg["bundle"]["path"] = str(ota_root / "current")
+    cfg["rings"]["observation_path"] = "/dev/shm/vla-check-obs"
+    cfg["rings"]["action_path"] = "/dev/shm/vla-check-act"
+    cfg["control"] = dict(CONTROL)
+    cfg["ota"].update(root=str(ota_root), trusted_keys=[public], trial_inferences=1, max_trial_starts=3)
+    cfg["systemd"] = {"notify": False, "watchdog": False}
+    cfg["log"]["level"] = "info"
+    config = work / "vlad.json"
+    config.write_text(json.dumps(cfg, indent=2) + "\n")
+
+    log("building the policy bundles and the RAUC bundles")
+    policies = work / "policies"
+    policies.mkdir()
+    bundles = {
+        "a": policy_bundle(vlad, policies, "bundle-a", "1.0.0", fleet_key),
+        "good": policy_bundle(vlad, policies, "good", "1.1.0", fleet_key),
+        "gate-fails": policy_bundle(vlad, policies, "gate-fails", "1.2.0", fleet_key, tamper=True),
+        "untrusted": policy_bundle(vlad, policies, "untrusted", "1.3.0", other_key),
+    }
+    shutil.move(str(bundles["a"]), work / "bundle-a")
+    hashes = {"a": run("sha256sum", work / "bundle-a/ota-manifest.json").stdout.split()[0]}
+    for name in ("good", "gate-fails", "untrusted"):
+        policy = bundles[name]
+        hashes[name] = run("sha256sum", policy / "ota-manifest.json").stdout.split()[0]
+        version = json.loads((policy / "bundle.json").read_text())["version"]
+        rauc_bundle(rauc, work, name, policy, version, cert, cert_key)
+    info = run(rauc, "info", "--keyring", cert, work / "good.raucb").stdout
+    if "vla-policies" not in info or "policy" not in info:
+        raise SystemExit(f"rauc-check: rauc info does not list the artifact:\n{info}")
+    shutil.rmtree(policies)
+
+    # The product's own part of system.conf, then meta-vla's fragment as the layer's
+    # rauc-conf.bbappend appends it, with this check's paths.
+    fragment = SYSTEM_CONF_FRAGMENT.read_text()
+    for device_path, here in (("/var/lib/vla/rauc", str(rauc_repo)), ("/usr/libexec/vla", str(work))):
+        if device_path not in fragment:
+            raise SystemExit(f"rauc-check: {SYSTEM_CONF_FRAGMENT} no longer names {device_path}")
+        fragment = fragment.replace(device_path, here)
+    (work / "system.conf").write_text(
+        "[system]\n"
+        f"compatible={COMPATIBLE}\n"
+        "bootloader=noop\n"
+        "data-directory=/run/vla-check/rauc-data\n\n"
+        f"[keyring]\npath={cert}\n\n"
+        "[slot.rootfs.0]\ndevice=/dev/null\ntype=raw\nbootname=A\n"
+        + fragment)
+    shutil.copy(HANDLER, work / "vla-rauc-handler")
+    for phase in ("pre-install", "post-install"):
+        os.symlink("vla-rauc-handler", work / f"rauc-{phase}")
+    shutil.copy(REPO / "scripts/rauc/inside.sh", work / "inside.sh")
+    (work / "env.sh").write_text("\n".join([
+        f"VLAD={vlad}",
+        f"RAUC={rauc}",
+        f"VLAD_CONFIG={config}",
+        f"VLA_QNN_LIB_DIR={os.environ['VLA_QNN_LIB_DIR']}",
+        "VLA_RAUC_WAIT=900",
+        f"OTA_ROOT={ota_root}",
+        f"RAUC_REPO={rauc_repo}",
+        "RAUC_DATA=/run/vla-check/rauc-data",
+        "RAUC_MOUNT=/run/vla-check/mnt",
+        f"PROBE_FILE={PROBE_FILE}",
+    ]) + "\n")
+
+    image = initramfs(kernel_dir, work, out)
+    seconds = boot(kernel_dir, image, work, out, a.timeout)
+    results = work / "results"
+    log(f"VM ran {seconds:.1f} s")
+    summary = {"vm_seconds": round(seconds, 1), "hashes": hashes}
+    for name in ("good", "gate-fails", "untrusted"):
+        t = (results / f"{name}.time")
+        if t.exists():
+            start, end = map(float, t.read_text().split())
+            summary[f"{name}_install_seconds"] = round(end - start, 2)
+            summary[f"{name}_rauc_exit"] = int((results / f"{name}.rc").read_text())
+    problems = judge(results, hashes)
+    summary["problems"] = problems
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    for name in ("good", "gate-fails", "untrusted"):
+        p = results / f"{name}.out"
+        if p.exists():
+            print(f"--- rauc install {name}.raucb (exit {summary.get(name + '_rauc_exit')}, "
+                  f"{summary.get(name + '_install_seconds')} s)")
+            for line in p.read_text().splitlines():
+                if "vla-rauc" in line or "vlad" in line or "handler" in line.lower() or "Installing" in line:
+                    print("    " + line[:220])
+    if problems:
+        for p in problems:
+            log("FAILED: " + p)
+        log(f"logs: {out}")
+        return 1
+    log(f"passed: good installed and gated, gate failure rolled back and reported, untrusted "
+        f"refused before RAUC wrote anything (summary: {out / 'summary.json'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
