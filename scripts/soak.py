@@ -545,11 +545,15 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
                 ev.ok = ev.ok and daemon.count("reload failed") == failed
                 ev.detail = "reloaded" if ev.ok else "reload did not complete or failed"
             elif kind == "restart":
+                restarts_logged = daemon.count("robot firmware restarted")
                 sim.kill9()
                 time.sleep(restart_down)
                 sim = new_sim()
                 ev.ok = wait_for(lambda: (sim.snapshot() or {}).get("first_ok_s") is not None, 60, daemon)
                 ev.detail = "new writer got ok actions" if ev.ok else "no ok action after the restart"
+                if ev.ok and not wait_for(lambda: daemon.count("robot firmware restarted") > restarts_logged,
+                                          10, daemon):
+                    ev.ok, ev.detail = False, "the daemon did not log the new writer epoch"
             elif kind == "ota-bad":
                 before = current_hash(root)
                 n = daemon.count(f"bundle {bad_c} rejected")

@@ -497,10 +497,39 @@ fn watch_thread(
 ) {
     block_signals();
     let mut reader: Option<RingReader<Observation>> = None;
+    // What the journal last heard about the robot, so each change is logged once. This
+    // thread is not on the hot path: it sleeps between looks and may log.
+    let mut epoch = 0u64;
+    let mut robot_alive: Option<bool> = None;
     while !stop.load(Ordering::Acquire) {
         match &reader {
             Some(r) => {
-                heartbeat.store(r.writer_heartbeat_ns(), Ordering::Relaxed);
+                let beat = r.writer_heartbeat_ns();
+                heartbeat.store(beat, Ordering::Relaxed);
+                let writer = r.writer_epoch();
+                if writer != epoch {
+                    if epoch != 0 {
+                        log::warn!(
+                            "robot firmware restarted: observation ring writer epoch {epoch} -> {writer} (writer pid {})",
+                            r.writer_pid()
+                        );
+                    }
+                    epoch = writer;
+                }
+                let age = r.heartbeat_age();
+                let alive = beat != 0 && age <= s.writer_heartbeat_timeout;
+                match (robot_alive, alive) {
+                    (Some(true), false) => log::warn!(
+                        "robot heartbeat lost: no observation or heartbeat for {} ms (limit {} ms); publishing hold",
+                        age.as_millis(),
+                        s.writer_heartbeat_timeout.as_millis()
+                    ),
+                    (Some(false), true) => {
+                        log::info!("robot alive: observations or heartbeat arriving (writer epoch {writer})")
+                    }
+                    _ => {}
+                }
+                robot_alive = Some(alive);
                 if matches!(r.is_replaced(), Ok(true)) {
                     reader = None;
                 }
