@@ -36,7 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from det_npz import load_npz, save_npz  # noqa: E402
+import ota_fixtures  # noqa: E402
 
 # Control timing per fixture. Fast-WAM infers in about 0.5 s on the emulator: at 10 Hz its
 # 32-step chunk spans 3.2 s. The MolmoAct2 fixtures take about 3.7 s: the demo's 2 Hz gives
@@ -69,17 +69,17 @@ class SoakError(Exception):
 
 
 def vlad_cmd(vlad: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(vlad), *args], capture_output=True, text=True)
-    if check and p.returncode != 0:
-        raise SoakError(f"vlad {' '.join(args)} exited {p.returncode}: {p.stdout}{p.stderr}".strip())
-    return p
+    try:
+        return ota_fixtures.vlad_cmd(vlad, *args, check=check)
+    except ota_fixtures.FixtureError as e:
+        raise SoakError(str(e)) from None
 
 
 def hex64(text: str) -> str:
-    m = re.search(r"\b[0-9a-f]{64}\b", text)
-    if not m:
-        raise SoakError(f"no 64-hex value in: {text}")
-    return m.group(0)
+    try:
+        return ota_fixtures.hex64(text)
+    except ota_fixtures.FixtureError as e:
+        raise SoakError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- set-up
@@ -105,20 +105,11 @@ def make_config(base: dict, out: Path, root: Path, public: str, control: dict, t
 
 def signed_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
                   key: Path, config: Path, tamper: bool) -> str:
-    d = out / name
-    shutil.copytree(fixture, d)
-    manifest = json.loads((d / "bundle.json").read_text())
-    manifest["version"] = version
-    (d / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if tamper:
-        # Signed and intact, but the end-to-end golden disagrees with what the contexts
-        # compute: only the daemon's parity gate can refuse it.
-        p = d / manifest["end_to_end"]
-        arrays = load_npz(p)
-        arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
-        save_npz(p, arrays)
-    vlad_cmd(vlad, "bundle", "pack", str(d))
-    vlad_cmd(vlad, "bundle", "sign", str(d), "--key", str(key))
+    """Makes, signs and installs a bundle; returns its content hash."""
+    try:
+        d = ota_fixtures.signed_policy_bundle(vlad, fixture, out, name, version, key, tamper)
+    except ota_fixtures.FixtureError as e:
+        raise SoakError(str(e)) from None
     return hex64(vlad_cmd(vlad, "ota", "install", str(d), "--config", str(config)).stdout)
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-from det_npz import load_npz, save_npz  # noqa: E402
+from ota_fixtures import FixtureError, hex64, signed_policy_bundle  # noqa: E402
 
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
 SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
@@ -67,31 +67,7 @@ def run(*args: str | Path, **kw) -> subprocess.CompletedProcess:
     return p
 
 
-def hex64(text: str) -> str:
-    m = re.search(r"\b[0-9a-f]{64}\b", text)
-    if not m:
-        raise SystemExit(f"rauc-check: no 64-hex value in: {text}")
-    return m.group(0)
-
-
 # ------------------------------------------------------------------------- policy bundles
-
-def policy_bundle(vlad: Path, out: Path, name: str, version: str, key: Path,
-                  tamper: bool = False) -> Path:
-    d = out / name
-    shutil.copytree(FIXTURE, d)
-    manifest = json.loads((d / "bundle.json").read_text())
-    manifest["version"] = version
-    (d / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if tamper:
-        p = d / manifest["end_to_end"]
-        arrays = load_npz(p)
-        arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
-        save_npz(p, arrays)
-    run(vlad, "bundle", "pack", d)
-    run(vlad, "bundle", "sign", d, "--key", key)
-    return d
-
 
 def rauc_bundle(rauc: Path, out: Path, name: str, policy: Path, version: str,
                 cert: Path, key: Path) -> Path:
@@ -303,12 +279,17 @@ def main() -> int:
     log("building the policy bundles and the RAUC bundles")
     policies = work / "policies"
     policies.mkdir()
-    bundles = {
-        "a": policy_bundle(vlad, policies, "bundle-a", "1.0.0", fleet_key),
-        "good": policy_bundle(vlad, policies, "good", "1.1.0", fleet_key),
-        "gate-fails": policy_bundle(vlad, policies, "gate-fails", "1.2.0", fleet_key, tamper=True),
-        "untrusted": policy_bundle(vlad, policies, "untrusted", "1.3.0", other_key),
-    }
+    try:
+        bundles = {
+            "a": signed_policy_bundle(vlad, FIXTURE, policies, "bundle-a", "1.0.0", fleet_key),
+            "good": signed_policy_bundle(vlad, FIXTURE, policies, "good", "1.1.0", fleet_key),
+            # Signed and intact, but its golden disagrees: only the daemon's gate refuses it.
+            "gate-fails": signed_policy_bundle(vlad, FIXTURE, policies, "gate-fails", "1.2.0",
+                                               fleet_key, tamper=True),
+            "untrusted": signed_policy_bundle(vlad, FIXTURE, policies, "untrusted", "1.3.0", other_key),
+        }
+    except FixtureError as e:
+        raise SystemExit(f"rauc-check: {e}")
     shutil.move(str(bundles["a"]), work / "bundle-a")
     hashes = {"a": run("sha256sum", work / "bundle-a/ota-manifest.json").stdout.split()[0]}
     for name in ("good", "gate-fails", "untrusted"):

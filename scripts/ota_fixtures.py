@@ -1,0 +1,52 @@
+"""Signed policy bundles for the scripts that exercise over-the-air updates (the soak, the
+RAUC check): a fixture bundle copied under a new version, packed and signed with vlad, and
+optionally given an end-to-end golden its contexts disagree with, so that the bundle is
+signed and intact and only the daemon's parity gate can refuse it."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from det_npz import load_npz, save_npz
+
+
+class FixtureError(Exception):
+    """A vlad command that makes a fixture failed (the message has its output)."""
+
+
+def vlad_cmd(vlad: Path, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(vlad), *map(str, args)], capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise FixtureError(f"vlad {' '.join(map(str, args))} exited {p.returncode}: "
+                           f"{p.stdout}{p.stderr}".strip())
+    return p
+
+
+def hex64(text: str) -> str:
+    """The first 64-hex-digit word (a content hash or a public key) in vlad's output."""
+    m = re.search(r"\b[0-9a-f]{64}\b", text)
+    if not m:
+        raise FixtureError(f"no 64-hex value in: {text}")
+    return m.group(0)
+
+
+def signed_policy_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
+                         key: Path, tamper: bool = False) -> Path:
+    """`fixture` copied to `out/name` as `version`, packed and signed with `key`."""
+    d = out / name
+    shutil.copytree(fixture, d)
+    manifest = json.loads((d / "bundle.json").read_text())
+    manifest["version"] = version
+    (d / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if tamper:
+        p = d / manifest["end_to_end"]
+        arrays = load_npz(p)
+        arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
+        save_npz(p, arrays)
+    vlad_cmd(vlad, "bundle", "pack", d)
+    vlad_cmd(vlad, "bundle", "sign", d, "--key", key)
+    return d
