@@ -2,15 +2,36 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary};
 
-pub fn backend() -> Option<Backend> {
+/// The HTP emulator crashes (SIGSEGV) when several backends are created, used and freed at
+/// once in one process, as parallel tests do: the tests of a binary take turns.
+static TURN: Mutex<()> = Mutex::new(());
+
+/// A QNN backend held for one test; the turn is released after the backend is freed.
+pub struct Qnn {
+    pub backend: Backend,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for Qnn {
+    type Target = Backend;
+    fn deref(&self) -> &Backend {
+        &self.backend
+    }
+}
+
+pub fn backend() -> Option<Qnn> {
     match std::env::var_os("VLA_QNN_LIB_DIR") {
         Some(d) if !d.is_empty() => {
+            let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let lib =
                 Arc::new(QnnLibrary::load(&LoadOptions::htp(PathBuf::from(d))).expect("load QNN"));
-            Some(Backend::new(lib).expect("QNN backend"))
+            Some(Qnn {
+                backend: Backend::new(lib).expect("QNN backend"),
+                _turn: turn,
+            })
         }
         _ => {
             assert!(
