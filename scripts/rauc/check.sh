@@ -64,7 +64,12 @@ fi
 # Debian's current bookworm kernel (the archive keeps only the current ABI's package).
 kernel_dir=build/rauc-check/kernel
 if [[ ! -f $kernel_dir/vmlinuz ]]; then
-    package=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')
+    kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+    package=$(kernel_package)
+    if [[ -z $package ]]; then
+        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        package=$(kernel_package)
+    fi
     [[ -n $package ]] || { echo "rauc-check: no linux-image package found by apt" >&2; exit 1; }
     echo "rauc-check: fetching kernel package $package"
     rm -rf "$kernel_dir" && mkdir -p "$kernel_dir/deb"
