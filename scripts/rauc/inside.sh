@@ -11,6 +11,9 @@ work=$1
 results=$work/results
 mkdir -p "$results" "$OTA_ROOT" "$RAUC_REPO" "$RAUC_DATA" "$RAUC_MOUNT"
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The VM's /tmp is the host's, read-only: temporary files go to the VM's own /run.
+export TMPDIR=/run/vla-check/tmp
+mkdir -p "$TMPDIR"
 export HOME=/root VLA_QNN_LIB_DIR VLAD VLAD_CONFIG VLA_RAUC_WAIT
 cd "$work"
 

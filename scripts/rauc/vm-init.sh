@@ -2,7 +2,7 @@
 # /init of the RAUC check VM (scripts/rauc/check.py packs it with busybox and the kernel
 # modules RAUC needs): load the modules, mount the host's root file system (read-only)
 # and the check's work directory (read-write) over 9p, give them fresh proc, sys, dev,
-# shm, run and tmp, run the scenario chrooted there, power off.
+# shm and run, run the scenario chrooted there, power off.
 /bin/busybox mkdir -p /bin /proc /sys /dev /host
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
@@ -14,14 +14,16 @@ done
 work=$(cat /work-path)
 opts=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o "$opts,ro,cache=loose" hostroot /host || { echo "vm-init: no host root"; poweroff -f; }
-mount -t 9p -o "$opts" work "/host$work" || { echo "vm-init: no work share"; poweroff -f; }
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t devtmpfs dev /host/dev
 mkdir -p /host/dev/shm
 mount -t tmpfs shm /host/dev/shm
 mount -t tmpfs run /host/run
-mount -t tmpfs tmp /host/tmp
+# /tmp stays the host's (read-only): the checkout, and so vlad and RAUC, may live there.
+# The work share goes last, so that no mount above can hide it.
+mkdir -p "/host$work"
+mount -t 9p -o "$opts" work "/host$work" || { echo "vm-init: no work share"; poweroff -f; }
 echo "vm-init: kernel $(uname -r), $(grep -c processor /proc/cpuinfo) cpu(s); running the scenario"
 chroot /host /bin/sh "$work/inside.sh" "$work"
 echo "vm-init: scenario exited $?"
