@@ -22,7 +22,6 @@
 //!   `-m` does both.
 
 use crate::counting;
-use nix::time::{clock_nanosleep, ClockId, ClockNanosleepFlags};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
-use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings};
+use vla_control::{sleep_until, ControlLoop, Engine, Health, LoopReport, LoopSettings};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 
 /// The name `vla-control` gives its publisher thread.
@@ -159,18 +158,6 @@ impl Engine for SleepingEngine {
     fn reload(&mut self) -> Result<String, String> {
         Ok("synthetic engine (sleeps, fills the chunk)".into())
     }
-}
-
-fn sleep_until(deadline_ns: u64) {
-    let ts = nix::sys::time::TimeSpec::new(
-        (deadline_ns / 1_000_000_000) as i64,
-        (deadline_ns % 1_000_000_000) as i64,
-    );
-    while let Err(nix::errno::Errno::EINTR) = clock_nanosleep(
-        ClockId::CLOCK_MONOTONIC,
-        ClockNanosleepFlags::TIMER_ABSTIME,
-        &ts,
-    ) {}
 }
 
 /// The robot's side: publishes a new observation every camera period until stopped,

@@ -133,7 +133,9 @@ fn block_signals() {
     let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
 }
 
-fn sleep_until(deadline_ns: u64) {
+/// Sleeps until the absolute CLOCK_MONOTONIC time `deadline_ns` (restarting after
+/// signals): absolute deadlines do not accumulate drift tick after tick.
+pub fn sleep_until(deadline_ns: u64) {
     let ts = nix::sys::time::TimeSpec::new(
         (deadline_ns / 1_000_000_000) as i64,
         (deadline_ns % 1_000_000_000) as i64,
