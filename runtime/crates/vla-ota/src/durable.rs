@@ -36,22 +36,32 @@ pub fn fsync_dir(dir: &Path) -> Result<(), OtaError> {
         .map_err(|e| OtaError::io("fsync of directory", dir, e))
 }
 
-/// Gives `path` (not followed if a symbolic link) the owner of the directory `home` when
-/// this process is root and `home` belongs to someone else. OTA commands run as root
-/// (from a RAUC handler, say) then leave files the daemon's user can replace and delete;
-/// for everyone else this does nothing.
-pub fn adopt(path: &Path, home: &Path) -> Result<(), OtaError> {
+/// The owner (uid, gid) that files created under `home` should be given: `home`'s owner
+/// when this process is root and `home` belongs to someone else, else `None`. OTA
+/// commands run as root (from a RAUC handler, say) then leave files the daemon's user can
+/// replace and delete; for everyone else nothing changes.
+pub fn owner_for(home: &Path) -> Result<Option<(u32, u32)>, OtaError> {
     use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
-        return Ok(());
+        return Ok(None);
     }
-    let owner =
+    let meta =
         std::fs::metadata(home).map_err(|e| OtaError::io("reading the owner of", home, e))?;
-    if owner.uid() == 0 {
-        return Ok(());
+    Ok((meta.uid() != 0).then(|| (meta.uid(), meta.gid())))
+}
+
+/// Gives `path` (not followed if a symbolic link) the owner [`owner_for`] chose.
+pub fn give(path: &Path, owner: Option<(u32, u32)>) -> Result<(), OtaError> {
+    match owner {
+        Some((uid, gid)) => std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+            .map_err(|e| OtaError::io("changing the owner of", path, e)),
+        None => Ok(()),
     }
-    std::os::unix::fs::lchown(path, Some(owner.uid()), Some(owner.gid()))
-        .map_err(|e| OtaError::io("changing the owner of", path, e))
+}
+
+/// [`give`] `path` the owner [`owner_for`] chooses for `home`.
+pub fn adopt(path: &Path, home: &Path) -> Result<(), OtaError> {
+    give(path, owner_for(home)?)
 }
 
 /// The directory holding `path` (`.` for a bare name).

@@ -542,8 +542,9 @@ impl Store {
     ) -> Result<usize, OtaError> {
         let mut linked = 0;
         std::fs::create_dir(staging).map_err(|e| OtaError::io("creating", staging, e))?;
-        let home = self.root();
-        durable::adopt(staging, home)?;
+        // Looked up once: every file and directory staged gets the same owner.
+        let owner = durable::owner_for(self.root())?;
+        durable::give(staging, owner)?;
         self.step("stage: directory created");
         let mut directories = vec![staging.to_owned()];
         for entry in &verified.manifest.files {
@@ -554,7 +555,7 @@ impl Store {
                     .map_err(|e| OtaError::io("creating", &parent, e))?;
                 let mut d = parent.clone();
                 while d != staging && !directories.contains(&d) {
-                    durable::adopt(&d, home)?;
+                    durable::give(&d, owner)?;
                     directories.push(d.clone());
                     d = durable::parent_of(&d);
                 }
@@ -563,7 +564,7 @@ impl Store {
             let (size, digest) = match placement {
                 Placement::Copy => {
                     let copied = copy_file(&source, &target)?;
-                    durable::adopt(&target, home)?;
+                    durable::give(&target, owner)?;
                     copied
                 }
                 Placement::HardLink => match std::fs::hard_link(&source, &target) {
@@ -580,7 +581,7 @@ impl Store {
                         ) =>
                     {
                         let copied = copy_file(&source, &target)?;
-                        durable::adopt(&target, home)?;
+                        durable::give(&target, owner)?;
                         copied
                     }
                     Err(e) => return Err(OtaError::io("hard-linking", &target, e)),
@@ -602,13 +603,13 @@ impl Store {
         }
         let manifest = staging.join(MANIFEST_FILE);
         write_new(&manifest, &verified.manifest_bytes)?;
-        durable::adopt(&manifest, home)?;
+        durable::give(&manifest, owner)?;
         let signature_source = verified.dir.join(SIGNATURE_FILE);
         let signature = std::fs::read(&signature_source)
             .map_err(|e| OtaError::io("reading", &signature_source, e))?;
         let signature_copy = staging.join(SIGNATURE_FILE);
         write_new(&signature_copy, &signature)?;
-        durable::adopt(&signature_copy, home)?;
+        durable::give(&signature_copy, owner)?;
         self.step("stage: manifest and signature fsynced");
         // Deepest first, so each directory's entries are durable before its parent's.
         directories.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
