@@ -1,7 +1,8 @@
-"""Signed policy bundles for the scripts that exercise over-the-air updates (the soak, the
-RAUC check): a fixture bundle copied under a new version, packed and signed with vlad, and
-optionally given an end-to-end golden its contexts disagree with, so that the bundle is
-signed and intact and only the daemon's parity gate can refuse it."""
+"""Fixtures for the scripts that exercise the daemon with updates (the soak, the RAUC
+check): the Fast-WAM control timing on the emulator, and signed policy bundles (a fixture
+bundle copied under a new version, packed and signed with vlad, and optionally given an
+end-to-end golden its contexts disagree with, so that the bundle is signed and intact and
+only the daemon's parity gate can refuse it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ import subprocess
 from pathlib import Path
 
 from det_npz import load_npz, save_npz
+
+
+# Control timing for the Fast-WAM fixture on the emulator, where it infers in about 0.5 s:
+# at 10 Hz its 32-step chunk spans 3.2 s.
+FASTWAM_CONTROL = {
+    "publish_hz": 10.0,
+    "max_observation_age_ms": 1000,
+    "max_chunk_age_ms": 4000,
+    "hold_after_chunk_end_ms": 200,
+    "action_valid_ms": 200,
+    "writer_heartbeat_timeout_ms": 500,
+}
 
 
 class FixtureError(Exception):

@@ -38,17 +38,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import ota_fixtures  # noqa: E402
 
-# Control timing per fixture. Fast-WAM infers in about 0.5 s on the emulator: at 10 Hz its
-# 32-step chunk spans 3.2 s. The MolmoAct2 fixtures take about 3.7 s: the demo's 2 Hz gives
-# a 10-step chunk of 5 s (config/demo-emulator.json).
-FASTWAM_CONTROL = {
-    "publish_hz": 10.0,
-    "max_observation_age_ms": 1000,
-    "max_chunk_age_ms": 4000,
-    "hold_after_chunk_end_ms": 200,
-    "action_valid_ms": 200,
-    "writer_heartbeat_timeout_ms": 500,
-}
+# Control timing per fixture: Fast-WAM's from ota_fixtures; the MolmoAct2 fixtures take
+# about 3.7 s per inference, the demo's 2 Hz gives a 10-step chunk of 5 s
+# (config/demo-emulator.json).
+FASTWAM_CONTROL = ota_fixtures.FASTWAM_CONTROL
 
 # RSS may grow by at most this much after warm-up (see docs/soak.md for the reasoning).
 RSS_BOUND_KIB = 1024

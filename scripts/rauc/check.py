@@ -34,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-from ota_fixtures import FixtureError, hex64, signed_policy_bundle  # noqa: E402
+from ota_fixtures import FASTWAM_CONTROL, FixtureError, hex64, signed_policy_bundle  # noqa: E402
 
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
 SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
@@ -44,15 +44,6 @@ PROBE_FILE = "ctx/action_step_socid77_archv73.bin"
 # resolved from each module's own modinfo.
 WANTED_MODULES = ["virtio_pci", "9pnet_virtio", "9p", "loop", "squashfs", "dm_verity"]
 COMPATIBLE = "vla-check"
-# Tiny policies infer in about 0.5 s on the emulator: 10 Hz with a 4 s chunk age limit.
-CONTROL = {
-    "publish_hz": 10.0,
-    "max_observation_age_ms": 1000,
-    "max_chunk_age_ms": 4000,
-    "hold_after_chunk_end_ms": 200,
-    "action_valid_ms": 200,
-    "writer_heartbeat_timeout_ms": 500,
-}
 
 
 def log(msg: str) -> None:
@@ -269,7 +260,7 @@ def main() -> int:
     cfg["bundle"]["path"] = str(ota_root / "current")
     cfg["rings"]["observation_path"] = "/dev/shm/vla-check-obs"
     cfg["rings"]["action_path"] = "/dev/shm/vla-check-act"
-    cfg["control"] = dict(CONTROL)
+    cfg["control"] = dict(FASTWAM_CONTROL)
     cfg["ota"].update(root=str(ota_root), trusted_keys=[public], trial_inferences=1, max_trial_starts=3)
     cfg["systemd"] = {"notify": False, "watchdog": False}
     cfg["log"]["level"] = "info"
