@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from build_prompt_tables import rope_positions
+
 OPSET = 20
 IR_VERSION = 10
 
@@ -126,6 +128,8 @@ class MolmoDims:
     kv_width: int = 32
     mlp: int = 128
     seq_len: int = 96
+    # Rows of left padding the export's RoPE positions assume (bundle `rope_left_pad`).
+    rope_left_pad: int = 3
     splits: int = 4
     layers_per_split: int = 2
     context_width: int = 32
@@ -228,11 +232,12 @@ def build_vision(dims: MolmoDims, rng, fused: bool = False) -> onnx.ModelProto:
     return b.model()
 
 
-def rope_tables(seq_len, width, heads):
+def rope_tables(positions, width, heads):
+    """RoPE baked for `positions` (one per row), as the real split exports bake theirs."""
     hd = width // heads
     half = hd // 2
     inv = 1.0 / (100.0 ** (np.arange(half) / half))
-    ang = np.arange(seq_len)[:, None] * inv[None, :]
+    ang = np.asarray(positions)[:, None] * inv[None, :]
     cos = np.concatenate([np.cos(ang), np.cos(ang)], axis=1)
     sin = np.concatenate([np.sin(ang), np.sin(ang)], axis=1)
     cos = np.tile(cos, (1, heads))[None].astype(np.float32)
@@ -253,7 +258,7 @@ def build_llm_split(dims: MolmoDims, rng) -> onnx.ModelProto:
     x = b.input("hidden_states", [1, s, d])
     bias = b.input("attention_bias", [1, 1, s, s])
     mask = b.op("Exp", [bias])
-    cos, sin, rot = rope_tables(s, kvw, heads)
+    cos, sin, rot = rope_tables(rope_positions(s, dims.rope_left_pad), kvw, heads)
     cos_c, sin_c, rot_c = b.const(cos, "cos"), b.const(sin, "sin"), b.const(rot, "rot")
     keys, values = [], []
     for _ in range(dims.layers_per_split):

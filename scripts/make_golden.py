@@ -37,13 +37,18 @@ CONTEXT_COSINE = 0.9999
 END_TO_END_COSINE = 0.999
 BLOCKED = float(np.finfo(np.float32).min)  # -3.4028235e38, as the real exports use
 
+# Messy on purpose (a "task:" prefix, quotes, several sentences, case, spacing); each
+# renders to the same number of tokens, since the contexts bake one padding's positions.
 INSTRUCTIONS = [
-    "Put the bowl on the plate.",
+    'Task: "Put the black bowl on the plate."',
     "open the   top drawer of the cabinet",
-    "Put the Alphabet Soup in the basket!",
+    "Pick up the Soup. Drop it!",
 ]
-SPECIAL_TOKENS = ["<pad>", "<bos>", "<unk>", bpt.IMAGE_TOKEN, "<|im_start|>", "<|im_end|>",
-                  bpt.STATE_START, bpt.STATE_END, "<action_output>"]
+# Molmo2's special tokens by name and role: <|endoftext|> pads, <|im_end|> is EOS and BOS.
+SPECIAL_TOKENS = ["<|endoftext|>", "<unk>", "<|im_start|>", "<|im_end|>", bpt.IMAGE_PROMPT,
+                  *bpt.IMAGE_TOKENS, bpt.SETUP_START, bpt.SETUP_END, bpt.CONTROL_START,
+                  bpt.CONTROL_END, bpt.STATE_START, bpt.STATE_END, bpt.ACTION_OUTPUT]
+ACTION_MODE = "both"  # masks the EOS/BOS rows for the action expert: the less trivial mask
 STATE_DIMS = 8
 FRAME_H, FRAME_W = 48, 64
 STATE_NORM = {
@@ -109,7 +114,7 @@ def fixture_tokenizer(dims: fg.MolmoDims):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     specials = SPECIAL_TOKENS + [f"<state_{k}>" for k in range(bpt.STATE_LEVELS)]
-    texts = [bpt.render_prompt(t, dims.cameras, 1, 1) for t in INSTRUCTIONS]
+    texts = [bpt.render_prompt(t, dims.cameras, (1, 1), 1) for t in INSTRUCTIONS]
     words = set()
     for text in texts:
         for special in specials:
@@ -197,6 +202,7 @@ def molmo_manifest(name: str, cfg: dict, dims: fg.MolmoDims) -> dict:
             "patch_size": dims.patch,
             "image_tokens": dims.image_tokens,
             "seq_len": dims.seq_len,
+            "rope_left_pad": dims.rope_left_pad,
             "hidden": dims.hidden,
             "llm_splits": dims.splits,
             "layers_per_split": dims.layers_per_split,
@@ -323,10 +329,20 @@ def keystone_margins_ok(candidates: np.ndarray, keystone: dict) -> bool:
     return ref.keystone_select(candidates, keystone) != medoid
 
 
+def image_grid(tokens_per_camera: int) -> tuple:
+    """Pooled token grid per camera: square when it can be, else one row."""
+    side = int(round(tokens_per_camera ** 0.5))
+    return (side, side) if side * side == tokens_per_camera else (1, tokens_per_camera)
+
+
 def make_molmo(name: str, cfg: dict, tok, wte, table: list) -> bool:
     dims = cfg["dims"]
-    tables = bpt.build_tables(tok, wte, INSTRUCTIONS, dims.cameras, dims.tokens_per_camera, STATE_DIMS)
-    dims = replace(dims, seq_len=tables["scaffold"].shape[1])
+    grid = image_grid(dims.tokens_per_camera)
+    length = len(bpt.encode_prompt(tok, bpt.render_prompt(INSTRUCTIONS[0], dims.cameras, grid, STATE_DIMS),
+                                   tok.token_to_id("<|im_end|>")))
+    dims = replace(dims, seq_len=length + dims.rope_left_pad)
+    tables = bpt.build_tables(tok, wte, INSTRUCTIONS, dims.cameras, grid, STATE_DIMS, dims.seq_len,
+                              dims.rope_left_pad, ACTION_MODE)
     cfg = dict(cfg, dims=dims)
     bundle_dir = REPO / "golden" / "bundles" / name
     (bundle_dir / "prompt").mkdir(parents=True, exist_ok=True)

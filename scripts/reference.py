@@ -61,17 +61,24 @@ def gaussian_noise(seed: int, shape) -> np.ndarray:
 
 
 def _axis_taps(n_in: int, n_out: int):
+    """PyTorch's bilinear taps: src = scale * (dst + 0.5) - 0.5 rounded once (its CPU
+    kernels fuse it into an FMA; exact in f64 here, then one rounding), floored at 0."""
     scale = np.float32(n_in) / np.float32(n_out)
-    src = (np.arange(n_out, dtype=np.float32) + np.float32(0.5)) * scale - np.float32(0.5)
-    src = np.clip(src, np.float32(0.0), np.float32(n_in - 1))
-    i0 = np.floor(src).astype(np.int64)
+    dst = np.arange(n_out, dtype=np.float32) + np.float32(0.5)
+    src = (dst.astype(np.float64) * np.float64(scale) - 0.5).astype(np.float32)
+    if n_in == n_out:
+        src = np.arange(n_out, dtype=np.float32)
+    src = np.maximum(src, np.float32(0.0))
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
     i1 = np.minimum(i0 + 1, n_in - 1)
-    frac = (src - i0.astype(np.float32)).astype(np.float32)
+    frac = np.clip(src - i0.astype(np.float32), np.float32(0), np.float32(1)).astype(np.float32)
     return i0, i1, frac
 
 
 def resize_bilinear(frame: np.ndarray, size: int) -> np.ndarray:
-    """RGB8 [H, W, 3] -> f32 [size, size, 3], half-pixel centres, clamped, no antialiasing."""
+    """RGB8 [H, W, 3] -> [size, size, 3], half-pixel centres, clamped, no antialiasing,
+    rounded back to uint8 (half to even) as torchvision's Resize does on a uint8 image;
+    returned as f32 values 0..255."""
     img = frame.astype(np.float32)
     y0, y1, fy = _axis_taps(img.shape[0], size)
     x0, x1, fx = _axis_taps(img.shape[1], size)
@@ -79,7 +86,8 @@ def resize_bilinear(frame: np.ndarray, size: int) -> np.ndarray:
     fy = fy[:, None, None]
     top = img[y0][:, x0] * (np.float32(1) - fx) + img[y0][:, x1] * fx
     bottom = img[y1][:, x0] * (np.float32(1) - fx) + img[y1][:, x1] * fx
-    return (top * (np.float32(1) - fy) + bottom * fy).astype(np.float32)
+    out = (top * (np.float32(1) - fy) + bottom * fy).astype(np.float32)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8).astype(np.float32)
 
 
 def pixel_values_from_frames(frames: np.ndarray, crop: int, patch: int) -> np.ndarray:
@@ -105,29 +113,46 @@ def _norm_arrays(norm: dict, n: int):
     return get("low"), get("high"), get("mean"), get("std"), passthrough
 
 
+RANGE_FLOOR = np.float32(1e-6)  # upstream _FeatureNormalizer's eps
+
+
+def _clips(mode: str) -> bool:
+    return mode in ("quantile", "min_max")
+
+
 def normalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    """The checkpoint's _FeatureNormalizer.normalize: floored ranges, clipped for
+    quantile/min_max, pass-through dims untouched, constant dims 0."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
     mode = norm["mode"]
     if mode in ("quantile", "min_max"):
-        y = (x - low) / (high - low) * np.float32(2) - np.float32(1)
+        y = np.float32(2) * (x - low) / np.maximum(high - low, RANGE_FLOOR) - np.float32(1)
     elif mode == "mean_std":
-        y = (x - mean) / std
+        y = (x - mean) / np.maximum(std, RANGE_FLOOR)
     elif mode == "identity":
         y = x.copy()
     else:
         raise ValueError(f"normalization mode {mode!r}")
-    return np.where(passthrough, x, y).astype(np.float32)
+    if _clips(mode):
+        y = np.clip(y, np.float32(-1), np.float32(1))
+    y = np.where(passthrough, x, y)
+    constant = np.asarray(norm.get("constant", [False] * x.shape[-1]), bool)
+    if mode == "min_max":
+        constant = constant | (low == high)
+    return np.where(constant, np.float32(0), y).astype(np.float32)
 
 
 def denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    """_FeatureNormalizer.unnormalize: quantile/min_max clip every dim first (the
+    pass-through gripper comes out clipped too); mean_std does not clip."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
     mode = norm["mode"]
-    if mode == "quantile":
-        y = (np.clip(x, -1, 1) + np.float32(1)) * (high - low) / np.float32(2) + low
-    elif mode == "min_max":
-        y = (x + np.float32(1)) / np.float32(2) * (high - low) + low
+    if _clips(mode):
+        x = np.clip(x, np.float32(-1), np.float32(1))
+    if mode in ("quantile", "min_max"):
+        y = (x + np.float32(1)) * (high - low) / np.float32(2) + low
     elif mode == "mean_std":
         y = x * std + mean
     elif mode == "identity":
@@ -155,10 +180,24 @@ def embed_prompt(tables: dict, instruction_id: int, image_embeds: np.ndarray, st
     return h[None]
 
 
-def attention_bias(valid: np.ndarray, image_positions: np.ndarray, blocked: float) -> np.ndarray:
+def image_block(tables: dict, instruction_id: int) -> np.ndarray:
+    """Rows of the bidirectional image block: every image special token (the processor's
+    token_type_ids); tables without `image_block` mark the patch rows only."""
+    if "image_block" in tables:
+        return tables["image_block"][instruction_id].astype(bool)
+    block = np.zeros(tables["valid"].shape[1], bool)
+    block[tables["image_positions"][instruction_id]] = True
+    return block
+
+
+def encoder_mask(tables: dict, instruction_id: int) -> np.ndarray:
+    """The action expert's encoder mask: carried per instruction, else `valid`."""
+    key = "encoder_mask" if "encoder_mask" in tables else "valid"
+    return tables[key][instruction_id][None].astype(np.float32)
+
+
+def attention_bias(valid: np.ndarray, is_image: np.ndarray, blocked: float) -> np.ndarray:
     s = valid.shape[0]
-    is_image = np.zeros(s, bool)
-    is_image[image_positions] = True
     q = np.arange(s)[:, None]
     k = np.arange(s)[None, :]
     allowed = valid.astype(bool)[None, :] & ((k <= q) | (is_image[:, None] & is_image[None, :]))
@@ -176,7 +215,7 @@ def _distance(a: np.ndarray, b: np.ndarray, kind: str) -> float:
     if kind == "l1":
         return float(np.abs(a - b).sum())
     if kind == "cosine":
-        return float(1.0 - (a @ b) / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+        return float(1.0 - (a / (np.linalg.norm(a) + 1e-8)) @ (b / (np.linalg.norm(b) + 1e-8)))
     raise ValueError(f"keystone distance {kind!r}")
 
 
@@ -190,8 +229,9 @@ def keystone_select(candidates: np.ndarray, keystone: dict) -> int:
     medoid = int(np.argmin(dist.sum(axis=1)))
     if keystone["selector"] == "medoid":
         return medoid
-    pairwise = dist[np.triu_indices(k, 1)]
-    spread = np.linalg.norm(pts.mean(axis=0) - pts[medoid]) / (np.median(pairwise) + 1e-8)
+    pairwise = np.sort(dist[np.triu_indices(k, 1)])
+    median = pairwise[(len(pairwise) - 1) // 2]  # torch.median: the lower middle value
+    spread = np.linalg.norm(pts.mean(axis=0) - pts[medoid]) / (median + 1e-8)
     if spread <= keystone.get("spread_threshold", 0.3):
         return medoid
     assign = two_means(pts)
@@ -200,18 +240,24 @@ def keystone_select(candidates: np.ndarray, keystone: dict) -> int:
 
 
 def two_means(pts: np.ndarray, iterations: int = 10) -> np.ndarray:
-    centroids = pts[:2].copy()
-    assign = None
-    for _ in range(iterations):
+    """KeyStone's k-means with 2 clusters: stop when the centroids are allclose, then
+    assign once more against the centroids kept."""
+
+    def nearest(centroids):
         d = ((pts[:, None, :] - centroids[None]) ** 2).sum(axis=2)
-        new = np.where(d[:, 1] < d[:, 0], 1, 0)
-        if assign is not None and np.array_equal(new, assign):
-            break
-        assign = new
+        return np.where(d[:, 1] < d[:, 0], 1, 0)
+
+    centroids = pts[:2].copy()
+    for _ in range(iterations):
+        assign = nearest(centroids)
+        new = centroids.copy()
         for c in range(2):
             if (assign == c).any():
-                centroids[c] = pts[assign == c].mean(axis=0)
-    return assign
+                new[c] = pts[assign == c].mean(axis=0)
+        if np.allclose(centroids, new, rtol=1e-5, atol=1e-6):
+            break
+        centroids = new
+    return nearest(centroids)
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,7 +316,7 @@ def run_molmoact2(manifest: dict, tables: dict, run, frames, state, instruction_
     pixel_values = pixel_values_from_frames(frames, m["crop_size"], m["patch_size"])
     image_embeds = run("vision", {"pixel_values": pixel_values})["image_embeds"]
     hidden = embed_prompt(tables, instruction_id, image_embeds, state, m["state_norm"]).astype(np.float32)
-    bias = attention_bias(tables["valid"][instruction_id], tables["image_positions"][instruction_id],
+    bias = attention_bias(tables["valid"][instruction_id], image_block(tables, instruction_id),
                           m["attention_blocked_value"])
     h, keys, values = hidden, [], []
     for i in range(m["llm_splits"]):
@@ -286,7 +332,7 @@ def run_molmoact2(manifest: dict, tables: dict, run, frames, state, instruction_
     base = {
         "k_ctx": ctx["k_ctx"],
         "v_ctx": ctx["v_ctx"],
-        "encoder_attention_mask": tables["valid"][instruction_id][None].astype(np.float32),
+        "encoder_attention_mask": encoder_mask(tables, instruction_id),
         "action_dim_is_pad": is_pad,
     }
     shape = (1, m["action_horizon"], width)

@@ -37,40 +37,50 @@ def ids_of(tables, wte, n):
     return np.array([int(np.flatnonzero((rows == r).all(axis=1))[0]) for r in tables["scaffold"][n]])
 
 
+# The fixture bundles' rendering: 2 cameras of 2x2 pooled tokens, 8 state dims, S = 99
+# after 3 rows of left padding (the fixture contexts' baked RoPE positions).
+GRID, S, PAD = (2, 2), 99, 3
+
+
+def build(tok, wte, instructions, seq_len=S, pad=PAD, mode="both", grid=GRID):
+    return bpt.build_tables(tok, wte, instructions, 2, grid, 8, seq_len, pad, mode)
+
+
 def test_task_normalization():
     assert bpt.normalize_task("  Put the BOWL\t on \n the plate!.. ") == "put the bowl on the plate"
     assert bpt.normalize_task("open the drawer") == "open the drawer"
-    assert bpt.normalize_task("stack it; then stop?!") == "stack it; then stop"
+    assert bpt.normalize_task('Task: "Stack it. Then stop?!"') == "stack it; then stop"
 
 
 def test_normalized_variants_give_identical_rows(tok, wte):
-    a = bpt.build_tables(tok, wte, ["Put the bowl on the plate."], 2, 4, 8, seq_len=88)
-    b = bpt.build_tables(tok, wte, ["put   the BOWL on the plate"], 2, 4, 8, seq_len=88)
+    a = build(tok, wte, ['Task: "Put the black bowl on the plate."'])
+    b = build(tok, wte, ["put   the BLACK bowl on the plate"])
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_image_positions(tok, wte, instructions):
-    tables = bpt.build_tables(tok, wte, instructions, 2, 4, 8)
-    image_id = tok.token_to_id("<|image|>")
+def test_image_rows_and_block(tok, wte, instructions):
+    tables = build(tok, wte, instructions)
+    patch, start, end, col = (tok.token_to_id(t) for t in ("<im_patch>", "<im_start>", "<im_end>", "<im_col>"))
     for n in range(len(instructions)):
-        ids = ids_of(tables, wte, n)
+        ids = tables["token_ids"][n]
         pos = tables["image_positions"][n]
-        assert len(pos) == 8
-        assert np.all(ids[pos] == image_id)
-        assert np.count_nonzero(ids == image_id) == 8
-        # camera-major order, each camera's block contiguous, each after "Image k"
+        assert len(pos) == 8 and np.all(ids[pos] == patch)
+        assert np.count_nonzero(ids == patch) == 8
+        # camera-major; each camera <im_start> (patch patch <im_col>) x 2 <im_end>, after "Image k"
         for cam in range(2):
-            block = pos[cam * 4:(cam + 1) * 4]
-            np.testing.assert_array_equal(block, np.arange(block[0], block[0] + 4))
-            assert ids[block[0] - 2] == tok.token_to_id("Image")
-            assert ids[block[0] - 1] == tok.token_to_id(str(cam + 1))
+            first = pos[cam * 4]
+            assert ids[first - 1] == start and ids[first - 3] == tok.token_to_id("Image")
+            assert ids[first - 2] == tok.token_to_id(str(cam + 1))
+            assert list(ids[first:first + 7]) == [patch, patch, col, patch, patch, col, end]
+        block = tables["image_block"][n].astype(bool)
+        assert np.array_equal(block, np.isin(ids, [patch, start, end, col]))
 
 
 def test_state_positions(tok, wte, instructions):
-    tables = bpt.build_tables(tok, wte, instructions, 2, 4, 8)
+    tables = build(tok, wte, instructions)
     for n in range(len(instructions)):
-        ids = ids_of(tables, wte, n)
+        ids = tables["token_ids"][n]
         pos = tables["state_positions"][n]
         np.testing.assert_array_equal(pos, np.arange(pos[0], pos[0] + 8))
         assert ids[pos[0] - 1] == tok.token_to_id("<state_start>")
@@ -78,42 +88,40 @@ def test_state_positions(tok, wte, instructions):
         assert np.all(ids[pos] == tok.token_to_id("<state_0>"))
 
 
-def test_left_padding_and_bos(tok, wte, instructions):
-    tables = bpt.build_tables(tok, wte, instructions, 2, 4, 8)
-    s = tables["scaffold"].shape[1]
-    assert s % 8 == 0
-    pad, bos = tok.token_to_id("<pad>"), tok.token_to_id("<bos>")
+def test_left_padding_bos_and_encoder_mask(tok, wte, instructions):
+    tables = build(tok, wte, instructions)
+    pad, eos = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     for n in range(len(instructions)):
-        valid = tables["valid"][n]
-        first = int(np.argmax(valid))
-        assert np.all(valid[:first] == 0) and np.all(valid[first:] == 1)
-        ids = ids_of(tables, wte, n)
-        assert np.all(ids[:first] == pad)
-        assert ids[first] == bos
+        valid, ids = tables["valid"][n], tables["token_ids"][n]
+        assert np.all(valid[:PAD] == 0) and np.all(valid[PAD:] == 1)
+        assert np.all(ids[:PAD] == pad)
+        assert ids[PAD] == eos, "BOS is the EOS token"
         assert ids[-1] == tok.token_to_id("<action_output>")
-    assert tables["valid"].sum(axis=1).max() > s - 8
+        both = tables["encoder_mask"][n]
+        assert both[PAD] == 0 and np.count_nonzero(valid.astype(bool) & (both == 0)) == 2, \
+            "action_mode both masks BOS and the <|im_end|> closing the user turn"
+    cont = build(tok, wte, instructions, mode="continuous")
+    np.testing.assert_array_equal(cont["encoder_mask"], cont["valid"])
 
 
-def test_fixed_seq_len_adds_left_padding(tok, wte, instructions):
-    auto = bpt.build_tables(tok, wte, instructions, 2, 4, 8)
-    s = auto["scaffold"].shape[1]
-    wide = bpt.build_tables(tok, wte, instructions, 2, 4, 8, seq_len=s + 16)
-    np.testing.assert_array_equal(wide["scaffold"][:, 16:], auto["scaffold"])
-    np.testing.assert_array_equal(wide["image_positions"], auto["image_positions"] + 16)
-    np.testing.assert_array_equal(wide["state_positions"], auto["state_positions"] + 16)
-    with pytest.raises(bpt.PromptError, match="exceed seq_len"):
-        bpt.build_tables(tok, wte, instructions, 2, 4, 8, seq_len=s - 8)
+def test_other_lengths_are_refused_with_the_reason(tok, wte, instructions):
+    with pytest.raises(bpt.PromptError, match=r"instruction 0 .* renders to 96 tokens, but the contexts bake RoPE "
+                                              r"positions for 97 tokens after 2 rows of left padding"):
+        build(tok, wte, instructions, pad=2)
+    with pytest.raises(bpt.PromptError, match="renders to 95 tokens"):
+        build(tok, wte, ["put the bowl on the plate"])
+
+
+def test_rope_positions_follow_the_export_padding():
+    np.testing.assert_array_equal(bpt.rope_positions(6, 2), [0, 0, 0, 1, 2, 3])
+    np.testing.assert_array_equal(bpt.rope_positions(4, 0), [0, 1, 2, 3])
 
 
 def test_f16_rows_equal_wte_rows(tok, wte, instructions):
-    tables = bpt.build_tables(tok, wte, instructions, 2, 4, 8)
+    tables = build(tok, wte, instructions)
     assert tables["scaffold"].dtype == np.float16 and tables["state_token_rows"].dtype == np.float16
-    for n, text in enumerate(instructions):
-        prompt = bpt.render_prompt(text, 2, 4, 8)
-        ids = [tok.token_to_id("<bos>")] + tok.encode(prompt, add_special_tokens=False).ids
-        s = tables["scaffold"].shape[1]
-        padded = [tok.token_to_id("<pad>")] * (s - len(ids)) + ids
-        np.testing.assert_array_equal(tables["scaffold"][n], wte[padded].astype(np.float16))
+    for n in range(len(instructions)):
+        np.testing.assert_array_equal(tables["scaffold"][n], wte[tables["token_ids"][n]].astype(np.float16))
     for k in range(256):
         np.testing.assert_array_equal(tables["state_token_rows"][k], wte[tok.token_to_id(f"<state_{k}>")].astype(np.float16))
 
@@ -122,18 +130,20 @@ def test_missing_special_token_is_named(wte):
     from tokenizers import Tokenizer as T, models
 
     bare = T(models.WordLevel({"<unk>": 0, "hello": 1}, unk_token="<unk>"))
-    with pytest.raises(bpt.PromptError, match=r"<\|image\|>"):
-        bpt.build_tables(bare, wte, ["hello"], 2, 4, 8)
+    with pytest.raises(bpt.PromptError, match=r"<im_patch>"):
+        build(bare, wte, ["hello"])
 
 
-@pytest.mark.parametrize("bundle, per_camera", [("molmoact2-original", 4), ("molmoact2-lp-vtp-sd", 2)])
-def test_cli_reproduces_bundle_tables(tmp_path, bundle, per_camera):
+@pytest.mark.parametrize("bundle, grid", [("molmoact2-original", "2x2"), ("molmoact2-lp-vtp-sd", "1x2")])
+def test_cli_reproduces_bundle_tables(tmp_path, bundle, grid):
+    manifest = json.loads((REPO / "golden" / "bundles" / bundle / "bundle.json").read_text())["molmoact2"]
     out = tmp_path / "prompt_tables.npz"
     subprocess.run([sys.executable, str(REPO / "scripts" / "build_prompt_tables.py"),
                     "--tokenizer", str(TOK_DIR / "tokenizer.json"), "--wte", str(TOK_DIR / "wte.npy"),
-                    "--instructions", str(TOK_DIR / "instructions.json"),
-                    "--tokens-per-camera", str(per_camera), "--state-dims", "8", "--out", str(out)],
-                   check=True, capture_output=True)
+                    "--instructions", str(TOK_DIR / "instructions.json"), "--grid", grid,
+                    "--state-dims", "8", "--seq-len", str(manifest["seq_len"]),
+                    "--rope-left-pad", str(manifest["rope_left_pad"]), "--action-mode", "both",
+                    "--out", str(out)], check=True, capture_output=True)
     golden = REPO / "golden" / "bundles" / bundle / "prompt" / "prompt_tables.npz"
     assert out.read_bytes() == golden.read_bytes()
     assert load_npz(out)["scaffold"].shape[0] == 3

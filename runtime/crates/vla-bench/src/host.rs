@@ -218,6 +218,7 @@ fn quantile_norm(dims: usize, low: f32, high: f32) -> Normalization {
         mean: None,
         std: None,
         passthrough: None,
+        constant: None,
     }
 }
 
@@ -249,9 +250,13 @@ pub fn molmoact2(
     let image_positions: Vec<usize> = (4..4 + d.image_tokens).collect();
     let state_positions: Vec<usize> = (s - 40..s - 40 + d.state_dims).collect();
     let valid = vec![1u8; s];
+    // The image block: the patch rows plus each camera's <im_start>/<im_end> around them.
+    let image_block: Vec<bool> = (0..s)
+        .map(|r| (3..5 + d.image_tokens).contains(&r))
+        .collect();
     let instr = Instruction {
         scaffold: synthetic(s * h, 3),
-        attention_bias: attention_bias(&valid, &image_positions, f32::MIN),
+        attention_bias: attention_bias(&valid, &image_block, f32::MIN),
         encoder_mask: vec![1.0; s],
         image_positions,
         state_positions,
@@ -397,7 +402,7 @@ pub fn molmoact2(
     // Once per instruction (not per inference): scaffold into the prompt buffer and the bias.
     let t = Instant::now();
     instr.write_scaffold(&mut prompt_hidden);
-    let bias = attention_bias(&valid, &instr.image_positions, f32::MIN);
+    let bias = attention_bias(&valid, &image_block, f32::MIN);
     let once_ms = t.elapsed().as_secs_f64() * 1e3;
     black_box((&prompt_hidden, bias));
 

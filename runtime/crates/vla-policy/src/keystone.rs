@@ -1,8 +1,11 @@
 //! KeyStone: geometric best-of-K selection over candidate action chunks.
 //!
-//! All distances in f64 on preallocated scratch, exactly as `docs/bundle-format.md` step 7:
-//! plain medoid, or the guarded medoid that falls back to the medoid of the larger
-//! 2-means cluster when the candidates spread out.
+//! All distances in f64 on preallocated scratch, as `docs/bundle-format.md` step 7 and
+//! the public KeyStone code (`selection.py`, `_cluster_medoid_guarded_aggregation` and
+//! `_kmeans_assignments`) do it: plain medoid, or the guarded medoid that falls back to
+//! the medoid of the larger 2-means cluster when the candidates spread out. The median
+//! of the pairwise distances is `torch.median`'s, the lower middle value; 2-means stops
+//! when the centroids stop moving (`torch.allclose`) and then assigns once more.
 
 use crate::manifest::{Distance, KeyStone, Selector};
 
@@ -15,8 +18,8 @@ pub struct KeyStoneSelector {
     dist: Vec<f64>,
     pairwise: Vec<f64>,
     centroids: Vec<f64>,
+    moved: Vec<f64>,
     assign: Vec<u8>,
-    previous: Vec<u8>,
     mean: Vec<f64>,
 }
 
@@ -30,10 +33,11 @@ fn distance(a: &[f64], b: &[f64], kind: Distance) -> f64 {
             .sqrt(),
         Distance::L1 => a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum(),
         Distance::Cosine => {
+            // Upstream normalises each vector by `norm + 1e-8` before the dot product.
             let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
             let na = a.iter().map(|x| x * x).sum::<f64>().sqrt();
             let nb = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-            1.0 - dot / (na * nb + 1e-12)
+            1.0 - dot / ((na + 1e-8) * (nb + 1e-8))
         }
     }
 }
@@ -53,8 +57,8 @@ impl KeyStoneSelector {
             dist: vec![0.0; k * k],
             pairwise: vec![0.0; k * k.saturating_sub(1) / 2],
             centroids: vec![0.0; 2 * dims],
+            moved: vec![0.0; 2 * dims],
             assign: vec![0; k],
-            previous: vec![0; k],
             mean: vec![0.0; dims],
         }
     }
@@ -91,7 +95,7 @@ impl KeyStoneSelector {
             }
         }
         let medoid = self.medoid_of(0..k);
-        if self.settings.selector == Selector::Medoid || k < 3 {
+        if self.settings.selector == Selector::Medoid || k == 1 {
             return medoid;
         }
         // spread = ||mean - medoid|| / (median pairwise distance + 1e-8)
@@ -117,11 +121,8 @@ impl KeyStoneSelector {
             }
         }
         self.pairwise.sort_unstable_by(|a, b| a.total_cmp(b));
-        let median = if n % 2 == 1 {
-            self.pairwise[n / 2]
-        } else {
-            (self.pairwise[n / 2 - 1] + self.pairwise[n / 2]) / 2.0
-        };
+        // torch.median: the lower of the two middle values when n is even.
+        let median = self.pairwise[(n - 1) / 2];
         let spread = spread_num / (median + 1e-8);
         if spread <= self.settings.spread_threshold {
             return medoid;
@@ -133,34 +134,40 @@ impl KeyStoneSelector {
         self.medoid_of((0..k).filter(move |i| assign[*i] == cluster))
     }
 
+    /// Each point to the nearer centroid (cluster 0 on equal distance, as argmin).
+    fn assign_points(&mut self) {
+        let dims = self.dims;
+        for (i, p) in self.points.chunks_exact(dims).enumerate() {
+            let d0: f64 = p
+                .iter()
+                .zip(&self.centroids[..dims])
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum();
+            let d1: f64 = p
+                .iter()
+                .zip(&self.centroids[dims..])
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum();
+            self.assign[i] = u8::from(d1 < d0);
+        }
+    }
+
+    /// Upstream `_kmeans_assignments` with two clusters: centroids start at points 0 and
+    /// 1; at most 10 rounds of assign + mean (an empty cluster keeps its centroid),
+    /// stopping once the new centroids are `allclose` (atol 1e-6, rtol 1e-5) to the old;
+    /// then one last assignment against the centroids kept.
     fn two_means(&mut self) {
         let (k, dims) = (self.k, self.dims);
         self.centroids[..2 * dims].copy_from_slice(&self.points[..2 * dims]);
-        for iteration in 0..10 {
-            for i in 0..k {
-                let p = &self.points[i * dims..(i + 1) * dims];
-                let d0: f64 = p
-                    .iter()
-                    .zip(&self.centroids[..dims])
-                    .map(|(a, b)| (a - b) * (a - b))
-                    .sum();
-                let d1: f64 = p
-                    .iter()
-                    .zip(&self.centroids[dims..])
-                    .map(|(a, b)| (a - b) * (a - b))
-                    .sum();
-                self.assign[i] = u8::from(d1 < d0);
-            }
-            if iteration > 0 && self.assign == self.previous {
-                break;
-            }
-            self.previous.copy_from_slice(&self.assign);
+        for _ in 0..10 {
+            self.assign_points();
+            self.moved.copy_from_slice(&self.centroids);
             for c in 0..2u8 {
                 let members = self.assign.iter().filter(|a| **a == c).count();
                 if members == 0 {
                     continue;
                 }
-                let centroid = &mut self.centroids[c as usize * dims..(c as usize + 1) * dims];
+                let centroid = &mut self.moved[c as usize * dims..(c as usize + 1) * dims];
                 centroid.iter_mut().for_each(|x| *x = 0.0);
                 for i in (0..k).filter(|i| self.assign[*i] == c) {
                     for (acc, p) in centroid
@@ -172,7 +179,17 @@ impl KeyStoneSelector {
                 }
                 centroid.iter_mut().for_each(|x| *x /= members as f64);
             }
+            let settled = self
+                .centroids
+                .iter()
+                .zip(&self.moved)
+                .all(|(old, new)| (old - new).abs() <= 1e-6 + 1e-5 * new.abs());
+            if settled {
+                break;
+            }
+            self.centroids.copy_from_slice(&self.moved);
         }
+        self.assign_points();
     }
 }
 
@@ -209,5 +226,20 @@ mod tests {
         assert!([0, 2, 4].contains(&g), "guarded chose {g}");
         assert_eq!(g, 0, "0.0 is the medoid of {{0.0, 0.2, -0.1}}");
         assert_eq!(p, 2, "the plain medoid of all five is 0.2");
+    }
+
+    #[test]
+    fn median_of_an_even_count_is_the_lower_middle_value() {
+        // K = 5 -> 10 pairwise distances. Points 0, 1, 2, 3.5, 5.5 on a line: sorted
+        // distances 1, 1, 1.5, 2, [2, 2.5], 3.5, 3.5, 4.5, 5.5. Medoid 2.0 (row sums 12,
+        // 9, 8, 9.5, 15.5), mean 2.4, gap 0.4. Lower median 2 -> spread 0.2 > 0.19:
+        // 2-means runs and settles on {0, 1, 2} vs {3.5, 5.5}, whose medoid is 1.0.
+        // The average of the middle pair (2.25) would give 0.178 and the global medoid.
+        let c: Vec<f32> = [0.0, 1.0, 2.0, 3.5, 5.5].to_vec();
+        let mut s = settings(Selector::GuardedMedoid);
+        s.spread_threshold = 0.19;
+        let mut sel = KeyStoneSelector::new(&s, 1, 1);
+        let g = sel.select(&c, 1);
+        assert_eq!(g, 1, "medoid of the larger cluster {{0, 1, 2}}");
     }
 }

@@ -118,6 +118,10 @@ pub struct Normalization {
     pub std: Option<Vec<f32>>,
     #[serde(default)]
     pub passthrough: Option<Vec<bool>>,
+    /// Dims whose dataset min equals its max: normalized to 0 (upstream's `zero_mask`;
+    /// in min_max mode also every dim with `low == high`).
+    #[serde(default)]
+    pub constant: Option<Vec<bool>>,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -130,6 +134,12 @@ pub struct MolmoAct2Settings {
     pub patch_size: usize,
     pub image_tokens: usize,
     pub seq_len: usize,
+    /// Rows of left padding the exported LLM contexts' baked RoPE positions assume
+    /// (row r has position `max(r - rope_left_pad, 0)`, upstream's
+    /// `clamp(cumsum(mask) - 1, 0)` for that padding). When set, every instruction must
+    /// be padded by exactly this many rows; `null` leaves the padding unchecked.
+    #[serde(default)]
+    pub rope_left_pad: Option<usize>,
     pub hidden: usize,
     pub llm_splits: usize,
     pub layers_per_split: usize,
@@ -230,10 +240,11 @@ impl Normalization {
                 let passthrough = self.passthrough.as_deref();
                 for i in 0..dims {
                     let passes = passthrough.is_some_and(|p| p.get(i) == Some(&true));
-                    if !passes && hi[i] <= lo[i] {
+                    // Equal is a constant dim (the range is floored); below is a mistake.
+                    if !passes && hi[i] < lo[i] {
                         return Err(invalid(
                             format!("{field}.high[{i}]"),
-                            format!("{} is not above low {}", hi[i], lo[i]),
+                            format!("{} is below low {}", hi[i], lo[i]),
                         ));
                     }
                 }
@@ -241,18 +252,23 @@ impl Normalization {
             NormMode::MeanStd => {
                 need("mean", &self.mean)?;
                 need("std", &self.std)?;
-                if let Some(i) = self.std.as_ref().unwrap().iter().position(|s| *s == 0.0) {
-                    return Err(invalid(format!("{field}.std[{i}]"), "is zero"));
+                if let Some(i) = self.std.as_ref().unwrap().iter().position(|s| *s < 0.0) {
+                    return Err(invalid(format!("{field}.std[{i}]"), "is negative"));
                 }
             }
             NormMode::Identity => {}
         }
-        if let Some(p) = &self.passthrough {
-            if p.len() != dims {
-                return Err(invalid(
-                    format!("{field}.passthrough"),
-                    format!("has {} values, expected {dims}", p.len()),
-                ));
+        for (key, mask) in [
+            ("passthrough", &self.passthrough),
+            ("constant", &self.constant),
+        ] {
+            if let Some(p) = mask {
+                if p.len() != dims {
+                    return Err(invalid(
+                        format!("{field}.{key}"),
+                        format!("has {} values, expected {dims}", p.len()),
+                    ));
+                }
             }
         }
         Ok(())
@@ -383,6 +399,12 @@ impl Manifest {
                 }
                 if m.instructions.is_empty() {
                     return Err(invalid("molmoact2.instructions", "lists no instruction"));
+                }
+                if m.rope_left_pad.is_some_and(|p| p >= m.seq_len) {
+                    return Err(invalid(
+                        "molmoact2.rope_left_pad",
+                        format!("must be below seq_len {}", m.seq_len),
+                    ));
                 }
                 if !m.attention_blocked_value.is_finite() || m.attention_blocked_value >= 0.0 {
                     return Err(invalid(

@@ -1,9 +1,16 @@
 //! State normalization and action de-normalization with per-dimension pass-through.
 //!
-//! Arithmetic follows the reference in f32, operation by operation, so the same inputs
-//! give the same bits as the golden's numpy path.
+//! The formulas are the checkpoint's own (`_FeatureNormalizer` in the HF remote code
+//! that LeRobot's MolmoAct2 policy vendors), in f32, operation by operation, with its edge
+//! cases: ranges and `std` floored at [`RANGE_FLOOR`]; quantile and min_max values clipped
+//! to [-1, 1] both ways (on the way out every dim, the pass-through gripper too, is clipped
+//! before de-normalizing); dims whose dataset min equals its max normalize to 0; mean_std
+//! is never clipped. Checked bit for bit against golden/upstream/.
 
 use crate::manifest::{NormMode, Normalization};
+
+/// Upstream's `eps`: the least range (`high - low`) or `std` a normalization divides by.
+pub const RANGE_FLOOR: f32 = 1e-6;
 
 /// Statistics resolved into dense per-dimension arrays once at load.
 #[derive(Clone, Debug)]
@@ -11,7 +18,10 @@ pub struct Normalizer {
     mode: NormMode,
     a: Vec<f32>,
     b: Vec<f32>,
+    /// The divisor of `normalize`: `max(high - low, RANGE_FLOOR)` or `max(std, RANGE_FLOOR)`.
+    denom: Vec<f32>,
     passthrough: Vec<bool>,
+    constant: Vec<bool>,
 }
 
 impl Normalizer {
@@ -23,52 +33,90 @@ impl Normalizer {
             NormMode::MeanStd => (pick(&n.mean), pick(&n.std)),
             NormMode::Identity => (vec![0.0; dims], vec![1.0; dims]),
         };
+        let denom = a
+            .iter()
+            .zip(&b)
+            .map(|(&a, &b)| match n.mode {
+                NormMode::Quantile | NormMode::MinMax => (b - a).max(RANGE_FLOOR),
+                NormMode::MeanStd => b.max(RANGE_FLOOR),
+                NormMode::Identity => 1.0,
+            })
+            .collect();
+        let mut constant = n.constant.clone().unwrap_or_else(|| vec![false; dims]);
+        if n.mode == NormMode::MinMax {
+            // min_max's zero mask is `min == max` of the very stats it uses.
+            for (c, (lo, hi)) in constant.iter_mut().zip(a.iter().zip(&b)) {
+                *c |= lo == hi;
+            }
+        }
         let passthrough = n.passthrough.clone().unwrap_or_else(|| vec![false; dims]);
         Self {
             mode: n.mode,
             a,
             b,
+            denom,
             passthrough,
+            constant,
         }
     }
 
-    /// Raw state -> normalized (the inverse of [`Normalizer::denormalize`]).
+    fn clips(&self) -> bool {
+        matches!(self.mode, NormMode::Quantile | NormMode::MinMax)
+    }
+
+    /// Raw state -> normalized (the inverse of [`Normalizer::denormalize`]). A constant
+    /// dim is 0 in the clipping modes, as upstream's `zero_mask` (which mean_std lacks).
     pub fn normalize(&self, x: f32, i: usize) -> f32 {
+        if self.constant[i] && self.clips() {
+            return 0.0;
+        }
         if self.passthrough[i] {
             return x;
         }
-        let (a, b) = (self.a[i], self.b[i]);
-        match self.mode {
-            NormMode::Quantile | NormMode::MinMax => (x - a) / (b - a) * 2.0 - 1.0,
-            NormMode::MeanStd => (x - a) / b,
+        let (a, denom) = (self.a[i], self.denom[i]);
+        let y = match self.mode {
+            NormMode::Quantile | NormMode::MinMax => 2.0 * (x - a) / denom - 1.0,
+            NormMode::MeanStd => (x - a) / denom,
             NormMode::Identity => x,
+        };
+        if self.clips() {
+            y.clamp(-1.0, 1.0)
+        } else {
+            y
         }
+    }
+
+    /// Number of dimensions.
+    pub fn dims(&self) -> usize {
+        self.passthrough.len()
     }
 
     /// De-normalizes a row-major chunk `[rows, dims]` into `out` (same length).
     pub fn denormalize_into(&self, x: &[f32], out: &mut [f32]) {
-        let dims = self.passthrough.len();
+        let dims = self.dims();
         for (j, (a, &v)) in out.iter_mut().zip(x).enumerate() {
             *a = self.denormalize(v, j % dims);
         }
     }
 
-    /// Normalized model output -> robot units.
+    /// Normalized model output -> robot units. Quantile and min_max clip first, every
+    /// dim: a pass-through dim comes out clipped too.
     pub fn denormalize(&self, x: f32, i: usize) -> f32 {
+        let x = if self.clips() { x.clamp(-1.0, 1.0) } else { x };
         if self.passthrough[i] {
             return x;
         }
         let (a, b) = (self.a[i], self.b[i]);
         match self.mode {
-            NormMode::Quantile => (x.clamp(-1.0, 1.0) + 1.0) * (b - a) / 2.0 + a,
-            NormMode::MinMax => (x + 1.0) / 2.0 * (b - a) + a,
+            NormMode::Quantile | NormMode::MinMax => (x + 1.0) * (b - a) / 2.0 + a,
             NormMode::MeanStd => x * b + a,
             NormMode::Identity => x,
         }
     }
 }
 
-/// The state-token id of one normalized state value: `rint((clip(s) + 1) / 2 * 255)`.
+/// The state-token id of one normalized state value: `rint((clip(s) + 1) / 2 * 255)`
+/// (upstream `_build_discrete_state_string`; the clip also covers pass-through dims).
 pub fn state_token_id(normalized: f32) -> usize {
     let s = normalized.clamp(-1.0, 1.0);
     let id = ((s + 1.0) / 2.0 * 255.0).round_ties_even();
@@ -88,6 +136,7 @@ mod tests {
             mean: Some(vec![1.0, 0.0]),
             std: Some(vec![2.0, 1.0]),
             passthrough: Some(vec![false, true]),
+            constant: None,
         }
     }
 
@@ -104,12 +153,60 @@ mod tests {
                 let y = n.denormalize(n.normalize(x, 0), 0);
                 assert!((x - y).abs() < 1e-6, "{mode:?}: {x} -> {y}");
             }
-            assert_eq!(n.denormalize(0.3, 1), 0.3);
             assert_eq!(n.normalize(7.0, 1), 7.0);
         }
         let q = Normalizer::new(&norm(NormMode::Quantile), 2);
         assert_eq!(q.denormalize(5.0, 0), 2.0, "quantile clips to [-1, 1]");
-        assert_eq!(q.denormalize(-1.0, 0), -2.0);
+        assert_eq!(
+            q.denormalize(3.0, 1),
+            1.0,
+            "the pass-through gripper is clipped too"
+        );
+        assert_eq!(
+            q.normalize(9.0, 0),
+            1.0,
+            "and normalized states are clipped"
+        );
+        let ms = Normalizer::new(&norm(NormMode::MeanStd), 2);
+        assert_eq!(ms.denormalize(3.0, 0), 7.0, "mean_std never clips");
+        assert_eq!(ms.denormalize(3.0, 1), 3.0);
+    }
+
+    #[test]
+    fn tiny_ranges_are_floored_and_constant_dims_are_zero() {
+        let n = Normalizer::new(
+            &Normalization {
+                mode: NormMode::Quantile,
+                low: Some(vec![0.5, 0.5]),
+                high: Some(vec![0.5, 0.5 + 1e-7]),
+                mean: None,
+                std: None,
+                passthrough: None,
+                constant: Some(vec![true, false]),
+            },
+            2,
+        );
+        assert_eq!(n.normalize(0.8, 0), 0.0, "a constant dim normalizes to 0");
+        assert_eq!(n.normalize(0.5, 1), -1.0);
+        // 2 * 3e-7 / 1e-6 - 1 = -0.4: divided by the floor, not by the 1e-7 range.
+        assert!((n.normalize(0.5 + 3e-7, 1) + 0.4).abs() < 1e-2);
+        let ms = Normalizer::new(
+            &Normalization {
+                mode: NormMode::MeanStd,
+                low: None,
+                high: None,
+                mean: Some(vec![1.0]),
+                std: Some(vec![0.0]),
+                passthrough: None,
+                constant: None,
+            },
+            1,
+        );
+        assert_eq!(
+            ms.normalize(1.5, 0),
+            0.5 / RANGE_FLOOR,
+            "std 0 divides by the floor"
+        );
     }
 
     #[test]

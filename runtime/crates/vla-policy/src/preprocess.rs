@@ -6,7 +6,18 @@
 //! output row is then one contiguous lerp along y plus the normalize per value, written
 //! straight into the vision context's input buffer in patch order, `P` pixels at a time.
 //! The arithmetic is the contract's, operation by operation (x first, then y), so the
-//! values are bit-identical to the per-pixel formula.
+//! values are bit-identical to the per-pixel formula. Against PyTorch itself (whose AVX
+//! kernels sum the four taps in another order) about one value in 10^5 lands at an
+//! exact .5 tie on the other side: one uint8 level (tests/upstream.rs bounds it). As upstream (torchvision `Resize`
+//! on the uint8 frame, `antialias=False`), the interpolated value is rounded back to a
+//! uint8 (half to even) before it is scaled: the vision tower was trained on those.
+
+/// An interpolated value -> the resized uint8 pixel -> `x / 255 * 2 - 1` (SigLIP's
+/// mean = std = 0.5), in upstream's order of f32 operations.
+#[inline]
+fn to_unit(v: f32) -> f32 {
+    v.round_ties_even().clamp(0.0, 255.0) / 255.0 * 2.0 - 1.0
+}
 
 /// One axis of a half-pixel bilinear resize: source taps and weights per output index.
 #[derive(Clone, Debug)]
@@ -17,6 +28,9 @@ struct AxisTaps {
 }
 
 impl AxisTaps {
+    /// PyTorch's `upsample_bilinear2d` taps (`align_corners=False`): the source index
+    /// `scale * (dst + 0.5) - 0.5` with one rounding, as its FMA-compiled CPU kernels
+    /// compute it (`mul_add`), floored at 0; the right tap stays on the last pixel there.
     fn new(n_in: usize, n_out: usize) -> Self {
         let scale = n_in as f32 / n_out as f32;
         let mut t = AxisTaps {
@@ -25,11 +39,15 @@ impl AxisTaps {
             frac: vec![0.0; n_out],
         };
         for o in 0..n_out {
-            let src = ((o as f32 + 0.5) * scale - 0.5).clamp(0.0, (n_in - 1) as f32);
-            let i0 = src.floor() as usize;
+            let src = if n_in == n_out {
+                o as f32
+            } else {
+                (o as f32 + 0.5).mul_add(scale, -0.5).max(0.0)
+            };
+            let i0 = (src.floor() as usize).min(n_in - 1);
             t.i0[o] = i0;
             t.i1[o] = (i0 + 1).min(n_in - 1);
-            t.frac[o] = src - i0 as f32;
+            t.frac[o] = (src - i0 as f32).clamp(0.0, 1.0);
         }
         t
     }
@@ -126,8 +144,7 @@ impl Preprocessor {
                         .zip(&top[src.clone()])
                         .zip(&bottom[src])
                     {
-                        let v = t * (1.0 - fy) + b * fy;
-                        *d = v / 255.0 * 2.0 - 1.0;
+                        *d = to_unit(t * (1.0 - fy) + b * fy);
                     }
                 }
             }
@@ -180,7 +197,7 @@ mod tests {
                         let v = |i: usize| img[i + c] as f32;
                         let top = v(r0 + c0) * (1.0 - fx) + v(r0 + c1) * fx;
                         let bottom = v(r1 + c0) * (1.0 - fx) + v(r1 + c1) * fx;
-                        out[at + c] = (top * (1.0 - fy) + bottom * fy) / 255.0 * 2.0 - 1.0;
+                        out[at + c] = to_unit(top * (1.0 - fy) + bottom * fy);
                     }
                 }
             }
@@ -224,5 +241,16 @@ mod tests {
         let back = |v: f32| (v + 1.0) / 2.0 * 255.0;
         assert!((back(out[0]) - 50.0).abs() < 1e-3);
         assert!((back(out[3]) - 225.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn resized_values_are_rounded_to_uint8_half_to_even() {
+        // 1x4 -> 1x2: (1 + 2) / 2 = 1.5 -> 2 and (4 + 5) / 2 = 4.5 -> 4 (ties to even).
+        let frame: Vec<u8> = [1u8, 2, 4, 5].iter().flat_map(|v| [*v, *v, *v]).collect();
+        let mut pre = Preprocessor::new(1, 1, 4, 2, 1);
+        let mut out = vec![0f32; pre.output_len()];
+        pre.run(&frame, &mut out);
+        assert_eq!(out[0], 2.0 / 255.0 * 2.0 - 1.0);
+        assert_eq!(out[3], 4.0 / 255.0 * 2.0 - 1.0);
     }
 }

@@ -4,6 +4,14 @@
 //! The device has no tokenizer. The bundle carries the embedded prompt of every supported
 //! instruction; the f32 scaffold, the attention bias and the encoder mask of each are
 //! computed here once at load, so per inference only the image and state rows change.
+//!
+//! The bidirectional image block is every image special token (`image_block`, upstream's
+//! `token_type_ids`), not only the patch rows that receive embeddings; the action
+//! expert's encoder mask is carried per instruction (`encoder_mask`, which masks the EOS
+//! rows for checkpoints trained with `action_mode = "both"`). Tables without those arrays
+//! fall back to the patch rows and to `valid`. When the manifest states the export's
+//! `rope_left_pad`, an instruction padded otherwise is refused: its baked RoPE positions
+//! would be shifted.
 
 use crate::error::PolicyError;
 use crate::manifest::MolmoAct2Settings;
@@ -29,6 +37,35 @@ pub struct PromptTables {
     pub state_token_rows: Vec<f32>,
 }
 
+/// An optional u8 `[n, s]` array as rows of 0/1, checked.
+fn optional_mask(
+    npz: &Npz,
+    name: &str,
+    n: usize,
+    s: usize,
+) -> Result<Option<Vec<u8>>, PolicyError> {
+    if !npz.contains(name) {
+        return Ok(None);
+    }
+    let mask = npz
+        .expect(name, DType::U8, &[n, s])
+        .map_err(PolicyError::Npz)?
+        .to_u8()
+        .map_err(PolicyError::Npz)?;
+    if let Some(i) = mask.iter().position(|&v| v > 1) {
+        return Err(PolicyError::Prompt {
+            file: npz.label().into(),
+            reason: format!(
+                "{name}: value {} at instruction {}, row {} is not 0 or 1",
+                mask[i],
+                i / s,
+                i % s
+            ),
+        });
+    }
+    Ok(Some(mask))
+}
+
 fn positions(raw: &[i32], what: &str, file: &str, seq: usize) -> Result<Vec<usize>, PolicyError> {
     raw.iter()
         .map(|&p| {
@@ -45,13 +82,9 @@ fn positions(raw: &[i32], what: &str, file: &str, seq: usize) -> Result<Vec<usiz
 }
 
 /// The bias of one instruction: a key is visible to a query when it is a real token and
-/// either causal (key <= query) or both are image tokens.
-pub fn attention_bias(valid: &[u8], image_positions: &[usize], blocked: f32) -> Vec<f32> {
+/// either causal (key <= query) or both are in the image block.
+pub fn attention_bias(valid: &[u8], is_image: &[bool], blocked: f32) -> Vec<f32> {
     let s = valid.len();
-    let mut is_image = vec![false; s];
-    for &p in image_positions {
-        is_image[p] = true;
-    }
     let mut bias = vec![blocked; s * s];
     for q in 0..s {
         for k in 0..s {
@@ -129,9 +162,26 @@ impl PromptTables {
             .map_err(PolicyError::Npz)?
             .to_f16()
             .map_err(PolicyError::Npz)?;
+        let image_block = optional_mask(&npz, "image_block", n, s)?;
+        let encoder_mask = optional_mask(&npz, "encoder_mask", n, s)?;
         let mut instructions = Vec::with_capacity(n);
         for i in 0..n {
             let v = &valid[i * s..(i + 1) * s];
+            if let Some(pad) = m.rope_left_pad {
+                let real = v.iter().filter(|&&x| x != 0).count();
+                if v[..pad].iter().any(|&x| x != 0) || v[pad..].contains(&0) {
+                    return Err(PolicyError::Prompt {
+                        file,
+                        reason: format!(
+                            "instruction {i} has {real} tokens after {} rows of padding, but \
+                             the contexts bake RoPE positions for {} tokens after {pad} rows \
+                             (molmoact2.rope_left_pad): it would run with shifted positions",
+                            v.iter().take_while(|&&x| x == 0).count(),
+                            s - pad
+                        ),
+                    });
+                }
+            }
             let image_positions = positions(
                 &image[i * m.image_tokens..(i + 1) * m.image_tokens],
                 "image",
@@ -164,9 +214,35 @@ impl PromptTables {
                     reason: format!("instruction {i}: scaffold holds a non-finite value"),
                 });
             }
+            let is_image: Vec<bool> = match &image_block {
+                Some(block) => block[i * s..(i + 1) * s].iter().map(|&x| x != 0).collect(),
+                None => {
+                    let mut rows = vec![false; s];
+                    image_positions.iter().for_each(|&p| rows[p] = true);
+                    rows
+                }
+            };
+            if let Some(p) = image_positions.iter().find(|&&p| !is_image[p]) {
+                return Err(PolicyError::Prompt {
+                    file,
+                    reason: format!(
+                        "instruction {i}: image row {p} is outside the image_block it attends in"
+                    ),
+                });
+            }
+            let encoder = match &encoder_mask {
+                Some(mask) => &mask[i * s..(i + 1) * s],
+                None => v,
+            };
+            if let Some(p) = (0..s).find(|&p| encoder[p] != 0 && v[p] == 0) {
+                return Err(PolicyError::Prompt {
+                    file,
+                    reason: format!("instruction {i}: encoder_mask admits padding row {p}"),
+                });
+            }
             instructions.push(Instruction {
-                attention_bias: attention_bias(v, &image_positions, m.attention_blocked_value),
-                encoder_mask: v.iter().map(|&x| if x != 0 { 1.0 } else { 0.0 }).collect(),
+                attention_bias: attention_bias(v, &is_image, m.attention_blocked_value),
+                encoder_mask: encoder.iter().map(|&x| f32::from(x)).collect(),
                 scaffold,
                 image_positions,
                 state_positions,
@@ -208,7 +284,7 @@ mod tests {
     fn bias_is_causal_with_bidirectional_images_and_masks_padding() {
         // [pad, text, img, img, text]
         let valid = [0u8, 1, 1, 1, 1];
-        let b = attention_bias(&valid, &[2, 3], -1.0);
+        let b = attention_bias(&valid, &[false, false, true, true, false], -1.0);
         let allowed = |q: usize, k: usize| b[q * 5 + k] == 0.0;
         assert!(!allowed(4, 0), "padding is never visible");
         assert!(allowed(4, 1) && allowed(4, 4));
@@ -216,5 +292,30 @@ mod tests {
         assert!(allowed(2, 3), "image tokens see each other both ways");
         assert!(allowed(3, 2));
         assert!(!allowed(0, 0), "a pad query sees nothing real");
+    }
+
+    #[test]
+    fn the_image_block_spans_every_image_special_token() {
+        // The fixture's prompt: "Image 1" <im_start> <im_patch> <im_patch> <im_col> ...
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../golden/bundles/molmoact2-original");
+        let manifest: crate::manifest::Manifest =
+            serde_json::from_slice(&std::fs::read(root.join("bundle.json")).unwrap()).unwrap();
+        let m = manifest.molmoact2.unwrap();
+        let tables = PromptTables::load(&root.join(&m.prompt), &m).unwrap();
+        let npz = Npz::open(root.join(&m.prompt)).unwrap();
+        let block = npz.array("image_block").unwrap().to_u8().unwrap();
+        let s = m.seq_len;
+        let instr = &tables.instructions[0];
+        let first = instr.image_positions[0];
+        let (start, col) = (first - 1, first + 2);
+        assert!(block[start] == 1 && block[col] == 1 && !instr.image_positions.contains(&start));
+        let allowed = |q: usize, k: usize| instr.attention_bias[q * s + k] == 0.0;
+        assert!(
+            allowed(start, first),
+            "<im_start> sees the patches after it"
+        );
+        assert!(allowed(start, col), "and the <im_col> after them");
+        assert!(!allowed(start - 1, first), "text before the image does not");
     }
 }

@@ -264,3 +264,30 @@ fn non_finite_world_model_inputs_are_refused_at_load() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_instruction_padded_unlike_the_export_is_refused() {
+    // The fixture contexts bake RoPE positions for 3 rows of left padding; claiming 2 makes
+    // every instruction's padding disagree with the export.
+    let dir = common::copy_fixture("molmoact2-original", "rope-pad");
+    common::edit_manifest(&dir, |v| v["molmoact2"]["rope_left_pad"] = 99.into());
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("molmoact2.rope_left_pad") && msg.contains("below seq_len 99"),
+        "{msg}"
+    );
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    common::edit_manifest(&dir, |v| v["molmoact2"]["rope_left_pad"] = 2.into());
+    let bundle = Bundle::open(&dir).unwrap();
+    let msg = Policy::load(&bundle, &backend)
+        .err()
+        .expect("shifted positions")
+        .to_string();
+    assert!(
+        msg.contains("instruction 0 has 96 tokens after 3 rows of padding")
+            && msg.contains("for 97 tokens after 2 rows (molmoact2.rope_left_pad)"),
+        "{msg}"
+    );
+}
