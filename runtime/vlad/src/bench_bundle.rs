@@ -21,8 +21,10 @@ use vla_policy::{Bundle, ObservationFile, Policy};
 use vla_qnn::{Context, ContextBinary};
 
 const HELP: &str = "\
-usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE] [--lib-dir DIR]
-Latency p50/p99, execute sum, host overhead (us and %) and per-component times over the
+usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE]
+                         [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]
+The HTP performance vote of the run (default burst, the daemon's default); latency
+p50/p99, execute sum, host overhead (us and %) and per-component times over the
 bundle's golden observation; load time and RSS/PSS of every context, mapped and read into
 memory, each in a fresh process.";
 
@@ -113,12 +115,14 @@ struct Options {
     warmup: usize,
     json: Option<PathBuf>,
     probe: Option<LoadMode>,
+    performance: vla_qnn::PerformanceMode,
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     let mut common = Common::default();
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
+    let mut performance = vla_qnn::PerformanceMode::Burst;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -131,6 +135,9 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
             Long("json") => json = Some(cli::value(&mut p)?.into()),
             Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
+            Long("performance") => {
+                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(None);
@@ -149,6 +156,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         warmup,
         json,
         probe,
+        performance,
     }))
 }
 
@@ -254,6 +262,7 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
 
 fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
+    let votes = qnn_setup::start_votes(&backend, o.performance, crate::bench::IDLE_RELEASE);
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -262,6 +271,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let g = policy.geometry();
     let mut actions = vec![0f32; g.chunk_len * g.action_dims];
     for _ in 0..o.warmup {
+        let _vote = votes.as_ref().map(|v| v.inference());
         policy.infer(&obs.observation(), &mut actions)?;
     }
     let names: Vec<String> = policy
@@ -273,7 +283,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
     let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.iterations {
+        let vote = votes.as_ref().map(|v| v.inference());
         policy.infer(&obs.observation(), &mut actions)?;
+        drop(vote);
         let t = policy.timings();
         let execute: Duration = t.components.iter().map(|c| c.1).sum();
         for (samples, c) in per_component.iter_mut().zip(&t.components) {
@@ -298,7 +310,12 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         })
         .collect();
     let policy_name = format!("{:?}", bundle.manifest.policy).to_lowercase();
+    let vote_stats = votes.as_ref().map(|g| g.stats());
     Ok(json!({
+        "performance": o.performance.as_str(),
+        "performance_vote": crate::bench::vote_summary(o.performance, votes.as_ref()),
+        "performance_votes_accepted": vote_stats.map(|s| s.votes),
+        "performance_votes_refused": vote_stats.map(|s| s.refused),
         "bundle": bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()),
         "name": bundle.manifest.name,
         "policy": policy_name,
@@ -331,6 +348,10 @@ fn render(r: &Value) -> String {
         r["policy"].as_str().unwrap_or("?"),
         r["iterations"],
         r["warmup"]
+    );
+    s += &format!(
+        "  performance     {}\n",
+        r["performance_vote"].as_str().unwrap_or("?")
     );
     s += &format!(
         "  end to end      p50 {:>10.1} us  p99 {:>10.1} us\n",
