@@ -4,12 +4,14 @@
 //!   pure `graphExecute` time, the host overhead (total minus execute) in microseconds
 //!   and percent, and p50/p99 per component, all from the pipeline's own timings.
 //! - Load: every context loaded in a fresh child process (so nothing else is resident),
-//!   once mapped and once read into anonymous memory: load time and the RSS/PSS it adds
-//!   (`/proc/self/smaps_rollup`), next to the total size of the binaries.
+//!   mapped, mapped under the daemon's mlockall, and read into anonymous memory: load
+//!   time, the RSS/PSS it adds (`/proc/self/smaps_rollup`), VmLck and locked-resident
+//!   after, and how many binaries are still mapped, next to the total size of the binaries.
 //!
 //! Prints figures only; nothing here asserts a timing.
 
 use crate::cli::{self, Common};
+use crate::memory::{self, Memory};
 use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use serde_json::{json, Value};
@@ -32,6 +34,8 @@ memory, each in a fresh process.";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadMode {
     Mmap,
+    /// Mapped, in a process under the daemon's `mlockall` (MCL_ONFAULT).
+    MmapLocked,
     Heap,
 }
 
@@ -39,6 +43,7 @@ impl LoadMode {
     fn name(self) -> &'static str {
         match self {
             LoadMode::Mmap => "mmap",
+            LoadMode::MmapLocked => "mmap+mlockall",
             LoadMode::Heap => "heap",
         }
     }
@@ -46,52 +51,12 @@ impl LoadMode {
     fn parse(s: &str) -> Result<Self, Failure> {
         match s {
             "mmap" => Ok(LoadMode::Mmap),
+            "mmap+mlockall" => Ok(LoadMode::MmapLocked),
             "heap" => Ok(LoadMode::Heap),
             other => Err(Failure::Usage(format!(
-                "--load-probe: `{other}` is not mmap or heap"
+                "--load-probe: `{other}` is not mmap, mmap+mlockall or heap"
             ))),
         }
-    }
-}
-
-/// Memory figures of this process from `/proc/self/smaps_rollup`, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Memory {
-    pub rss: u64,
-    pub pss: u64,
-    pub pss_anon: u64,
-    pub pss_file: u64,
-}
-
-impl Memory {
-    /// Parses the text of `smaps_rollup` (`Key:  N kB` lines); absent keys stay 0.
-    pub fn parse(text: &str) -> Self {
-        let mut m = Memory::default();
-        for line in text.lines() {
-            let mut parts = line.split_whitespace();
-            let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let Ok(kb) = value.parse::<u64>() else {
-                continue;
-            };
-            let slot = match key {
-                "Rss:" => &mut m.rss,
-                "Pss:" => &mut m.pss,
-                "Pss_Anon:" => &mut m.pss_anon,
-                "Pss_File:" => &mut m.pss_file,
-                _ => continue,
-            };
-            *slot = kb * 1024;
-        }
-        m
-    }
-
-    pub fn read() -> Result<Self, Failure> {
-        let path = "/proc/self/smaps_rollup";
-        std::fs::read_to_string(path)
-            .map(|t| Memory::parse(&t))
-            .map_err(|e| Failure::Error(format!("cannot read {path}: {e}")))
     }
 }
 
@@ -173,7 +138,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         return Ok(());
     }
     let mut load = serde_json::Map::new();
-    for mode in [LoadMode::Mmap, LoadMode::Heap] {
+    for mode in [LoadMode::Mmap, LoadMode::MmapLocked, LoadMode::Heap] {
         load.insert(mode.name().into(), spawn_probe(&o, mode)?);
     }
     let report = bench(&o, &bundle, Value::Object(load))?;
@@ -200,17 +165,20 @@ fn binaries_bytes(bundle: &Bundle) -> Result<u64, Failure> {
 
 /// Loads every context with `mode` and reports time and memory (run in a fresh child).
 fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value, Failure> {
+    let locked = mode == LoadMode::MmapLocked && memory::lock_on_fault();
     let (lib, backend) = qnn_setup::load_backend(common)?;
     let before = Memory::read()?;
     let t = Instant::now();
     let mut resident = Vec::new();
+    let mut paths = Vec::new();
     for name in bundle.manifest.required_components() {
         let c = &bundle.manifest.components[&name];
         let path = bundle.path(&c.binary);
         let binary = match mode {
-            LoadMode::Mmap => ContextBinary::open(&lib, &path)?,
+            LoadMode::Mmap | LoadMode::MmapLocked => ContextBinary::open(&lib, &path)?,
             LoadMode::Heap => ContextBinary::read(&lib, &path)?,
         };
+        paths.push(path);
         let context = Context::create(&backend, binary)?;
         let graph = context.graph(c.graph.as_deref())?;
         resident.push((context, graph));
@@ -220,7 +188,11 @@ fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value,
     let delta = |a: u64, b: u64| a as i64 - b as i64;
     Ok(json!({
         "mode": mode.name(),
+        "mlockall": locked,
         "contexts": resident.len(),
+        "binaries_still_mapped": memory::mapped_count(&paths),
+        "locked_after": after.locked,
+        "locked_resident_after": after.locked_resident,
         "load_ms": load_ms,
         "rss_before": before.rss, "pss_before": before.pss,
         "rss_after": after.rss, "pss_after": after.pss,
@@ -386,12 +358,17 @@ fn render(r: &Value) -> String {
     );
     for (mode, l) in r["load"].as_object().into_iter().flatten() {
         s += &format!(
-            "  load ({mode:<4}) {:>8.1} ms  RSS +{:.2} MiB  PSS +{:.2} MiB (anon +{:.2}, file +{:.2})\n",
+            "  load ({mode:<13}) {:>8.1} ms  RSS +{:.2} MiB  PSS +{:.2} MiB (anon +{:.2}, file +{:.2})  after: RSS {:.1} MiB, PSS {:.1} MiB, VmLck {:.1} MiB (resident {:.1}); binaries still mapped {}\n",
             l["load_ms"].as_f64().unwrap_or(f64::NAN),
             mib(&l["rss_delta"]),
             mib(&l["pss_delta"]),
             mib(&l["anon_delta"]),
-            mib(&l["file_delta"])
+            mib(&l["file_delta"]),
+            mib(&l["rss_after"]),
+            mib(&l["pss_after"]),
+            mib(&l["locked_after"]),
+            mib(&l["locked_resident_after"]),
+            l["binaries_still_mapped"]
         );
     }
     s
@@ -401,36 +378,6 @@ fn render(r: &Value) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
-
-    #[test]
-    fn smaps_rollup_figures_are_read_in_bytes() {
-        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\n\
-                    Rss:                1200 kB\n\
-                    Pss:                 900 kB\n\
-                    Pss_Dirty:           100 kB\n\
-                    Pss_Anon:            700 kB\n\
-                    Pss_File:            200 kB\n\
-                    Shared_Clean:        300 kB\n";
-        let m = Memory::parse(text);
-        assert_eq!(
-            m,
-            Memory {
-                rss: 1200 * 1024,
-                pss: 900 * 1024,
-                pss_anon: 700 * 1024,
-                pss_file: 200 * 1024
-            }
-        );
-        assert_eq!(Memory::parse("garbage\nRss: x kB\n"), Memory::default());
-    }
-
-    #[test]
-    fn this_process_has_resident_memory() {
-        let m = Memory::read().unwrap_or_default();
-        if std::path::Path::new("/proc/self/smaps_rollup").exists() {
-            assert!(m.rss > 0 && m.pss > 0 && m.pss <= m.rss);
-        }
-    }
 
     #[test]
     fn quantiles_are_nearest_rank() {

@@ -2,7 +2,10 @@
 //!
 //! The file is memory-mapped (never copied into the heap) and described through
 //! libQnnSystem's binary info. Everything the library returns is copied into owned Rust
-//! types before the system context that owns it is freed.
+//! types before the system context that owns it is freed. The mapping is never locked in
+//! RAM (a process under `mlockall` would otherwise pin gigabytes of page cache) and is
+//! dropped once a context exists: contexts are created without QNN's persistent-binary
+//! option, so the backend keeps its own copy of what it needs.
 
 use crate::error::QnnError;
 use crate::ffi::{self, binary_info as bi, data_type as dt, graph_info as gi, read_at, Handle};
@@ -391,7 +394,9 @@ impl QnnLibrary {
 /// A context binary file, mapped read-only, with its metadata.
 pub struct ContextBinary {
     path: PathBuf,
-    map: memmap2::Mmap,
+    /// `None` once a context was created from it.
+    map: Option<memmap2::Mmap>,
+    size: usize,
     info: BinaryInfo,
 }
 
@@ -399,7 +404,8 @@ impl core::fmt::Debug for ContextBinary {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("ContextBinary")
             .field("path", &self.path)
-            .field("size", &self.map.len())
+            .field("size", &self.size)
+            .field("mapped", &self.map.is_some())
             .finish()
     }
 }
@@ -426,8 +432,11 @@ impl ContextBinary {
         // change under us. A truncation by another process would fault, which OTA rules out.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }
             .map_err(|e| err(format!("mmap: {e}")))?;
+        // Under mlockall(MCL_FUTURE | MCL_ONFAULT) the new mapping would lock every page
+        // QNN reads; the binary is page cache the kernel may drop, never pinned memory.
+        map.unlock().map_err(|e| err(format!("munlock: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self { path, map, info })
+        Ok(Self::new(path, map, info))
     }
 
     /// As [`ContextBinary::open`], but reads the file into anonymous memory instead of
@@ -454,7 +463,21 @@ impl ContextBinary {
             .make_read_only()
             .map_err(|e| err(format!("mprotect: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self { path, map, info })
+        Ok(Self::new(path, map, info))
+    }
+
+    fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo) -> Self {
+        Self {
+            path,
+            size: map.len(),
+            map: Some(map),
+            info,
+        }
+    }
+
+    /// Unmaps the bytes (the context made from them no longer needs them).
+    pub(crate) fn release_bytes(&mut self) {
+        self.map = None;
     }
 
     pub fn path(&self) -> &Path {
@@ -463,10 +486,15 @@ impl ContextBinary {
     pub fn info(&self) -> &BinaryInfo {
         &self.info
     }
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
+    /// The binary's bytes; `None` once a context was created from them (unmapped).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.map.as_deref()
     }
+    pub fn is_mapped(&self) -> bool {
+        self.map.is_some()
+    }
+    /// Size of the file in bytes (also after unmapping).
     pub fn size(&self) -> usize {
-        self.map.len()
+        self.size
     }
 }

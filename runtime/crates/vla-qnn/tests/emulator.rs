@@ -73,6 +73,15 @@ fn reads_metadata_and_executes_with_parity() {
         .unwrap()
         .graph(None)
         .unwrap();
+    // The binary is unmapped once its context exists; the parity below runs without it.
+    assert!(graph.context_binary().bytes().is_none());
+    assert_eq!(graph.context_binary().size(), 159744);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let canonical = std::fs::canonicalize(vision_bin()).unwrap();
+    assert!(
+        !maps.contains(canonical.to_str().unwrap()),
+        "binary still mapped:\n{maps}"
+    );
     let npz = vla_npz::Npz::open(bundle().join("golden/vision_io.npz")).unwrap();
     let mut io = graph.allocate_io();
     let px = npz.array("pixel_values").unwrap().to_f32().unwrap();
