@@ -213,6 +213,8 @@ pub struct GraphInfo {
     pub name: String,
     pub inputs: Vec<TensorInfo>,
     pub outputs: Vec<TensorInfo>,
+    /// HTP spill-fill buffer the graph needs (graph info v2/v3 blob info, v1), if reported.
+    pub spill_fill_bytes: Option<u64>,
 }
 
 /// What libQnnSystem reports about a context binary.
@@ -228,6 +230,17 @@ pub struct BinaryInfo {
     /// SoC model the binary was compiled for (binary info v3 only; 77 = QCS9075/QCS9100).
     pub soc_model: Option<u32>,
     pub graphs: Vec<GraphInfo>,
+}
+
+impl BinaryInfo {
+    /// The largest spill-fill buffer any graph of the binary reports (0 when none does).
+    pub fn spill_fill_bytes(&self) -> u64 {
+        self.graphs
+            .iter()
+            .filter_map(|g| g.spill_fill_bytes)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Owns a `QnnSystemContext_Handle_t` and frees it on every path.
@@ -351,10 +364,23 @@ pub(crate) fn read_binary_info(
                 }
             }
             let [inputs, outputs] = io;
+            let spill_fill_bytes = if graph_version >= 2 {
+                let size: u32 = read_at(gp, gi::BLOB_INFO_SIZE);
+                let blob: *const u8 = read_at(gp, gi::BLOB_INFO);
+                // QnnHtpSystemContext_GraphBlobInfo_t: u32 version @0, spillFillBufferSize
+                // first in both v1 and v2 @8; read only when the reported size covers it.
+                (!blob.is_null()
+                    && size as usize >= gi::BLOB_INFO_SPILL_FILL + 8
+                    && matches!(read_at::<u32>(blob, 0), 1 | 2))
+                .then(|| read_at::<u64>(blob, gi::BLOB_INFO_SPILL_FILL))
+            } else {
+                None
+            };
             graphs.push(GraphInfo {
                 name,
                 inputs,
                 outputs,
+                spill_fill_bytes,
             });
         }
         Ok(BinaryInfo {

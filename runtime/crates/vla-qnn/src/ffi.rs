@@ -144,26 +144,6 @@ pub struct PowerConfig {
     pub payload: [u32; 16],
 }
 
-/// `QnnContext_Config_t`: u32 option @0, pointer member of the union @8.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ContextConfig {
-    pub option: u32,
-    pub ptr: *const c_void,
-}
-pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
-
-/// `QnnHtpContext_CustomConfig_t` (24 bytes) with option 2, REGISTER_MULTI_CONTEXTS:
-/// `{ Qnn_ContextHandle_t firstGroupHandle; u64 maxSpillFillBuffer }` @8.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct HtpContextCustomConfig {
-    pub option: u32,
-    pub first_group_handle: Handle,
-    pub max_spill_fill_buffer: u64,
-}
-pub const HTP_CONTEXT_OPTION_REGISTER_MULTI_CONTEXTS: u32 = 2;
-
 /// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
 pub mod binary_info {
     pub const VERSION: usize = 0;
@@ -190,9 +170,11 @@ pub mod graph_info {
     pub const INPUTS: usize = 24;
     pub const NUM_OUTPUTS: usize = 32;
     pub const OUTPUTS: usize = 40;
-    /// v2/v3: `void* graphBlobInfo` (HTP: `QnnHtpSystemContext_GraphBlobInfo_t`, u32
-    /// version @0, v1 `u64 spillFillBufferSize` @8).
-    pub const BLOB_INFO: usize = 48;
+    /// v3 (seen in QAIRT 2.51 on the emulator): u32 @48 and a NULL pointer @56 (updateable
+    /// tensors), `u32 graphBlobInfoSize` @64, `void* graphBlobInfo` @72 (HTP:
+    /// `QnnHtpSystemContext_GraphBlobInfo_t`, u32 version @0, `u64 spillFillBufferSize` @8).
+    pub const BLOB_INFO_SIZE: usize = 64;
+    pub const BLOB_INFO: usize = 72;
     pub const BLOB_INFO_SPILL_FILL: usize = 8;
 }
 
@@ -288,11 +270,6 @@ const _: () = {
     assert!(core::mem::size_of::<PowerConfig>() == 68);
     assert!(core::mem::align_of::<PowerConfig>() == 4);
     assert!(core::mem::offset_of!(PowerConfig, payload) == 4);
-    assert!(core::mem::size_of::<ContextConfig>() == 16);
-    assert!(core::mem::offset_of!(ContextConfig, ptr) == 8);
-    assert!(core::mem::size_of::<HtpContextCustomConfig>() == 24);
-    assert!(core::mem::offset_of!(HtpContextCustomConfig, first_group_handle) == 8);
-    assert!(core::mem::offset_of!(HtpContextCustomConfig, max_spill_fill_buffer) == 16);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.

@@ -68,6 +68,9 @@ fn reads_metadata_and_executes_with_parity() {
     assert_eq!(g.inputs[0].dims, vec![1, 2, 16, 588]);
     assert_eq!(g.outputs[0].name, "image_embeds");
     assert_eq!(g.outputs[0].element, Some(ElementType::F32));
+    // The fixtures' graphs report their HTP spill-fill need, and it is none.
+    assert_eq!(g.spill_fill_bytes, Some(0));
+    assert_eq!(info.spill_fill_bytes(), 0);
 
     let mut graph = Context::create(&backend, binary)
         .unwrap()
