@@ -11,10 +11,35 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use vla_qnn::{Context, ContextBinary};
 
-const HELP: &str = "usage: vlad bench-context <ctx.bin> [--inputs io.npz] [--graph NAME] [--warmup 3] [--iterations 50] [--lib-dir DIR]";
+const HELP: &str = "usage: vlad bench-context <ctx.bin> [--inputs io.npz] [--graph NAME] [--warmup 3] [--iterations 50] [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]";
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// Idle time before the benchmarks' vote is released (the config's default).
+pub const IDLE_RELEASE: Duration =
+    Duration::from_millis(vla_config::QnnConfig::DEFAULT_IDLE_RELEASE_MS as u64);
+
+/// `burst (id 1: 51 votes, 0 releases, 0 refused)`, or why there were none.
+pub fn vote_summary(
+    mode: vla_qnn::PerformanceMode,
+    votes: Option<&vla_qnn::PerfGovernor>,
+) -> String {
+    match votes {
+        Some(g) => {
+            let s = g.stats();
+            format!(
+                "{mode} (power config id {}: {} votes accepted, {} idle releases, {} refused)",
+                g.power_config_id(),
+                s.votes,
+                s.releases,
+                s.refused
+            )
+        }
+        None if mode == vla_qnn::PerformanceMode::Off => "off (no vote)".into(),
+        None => format!("{mode} refused by the backend (see the log): no vote"),
+    }
 }
 
 /// The `q`-quantile (nearest rank) of sorted samples.
@@ -32,6 +57,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut inputs: Option<PathBuf> = None;
     let mut graph_name: Option<String> = None;
     let (mut warmup, mut iterations) = (3usize, 50usize);
+    let mut performance = vla_qnn::PerformanceMode::Burst;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -43,6 +69,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Long("graph") => graph_name = Some(cli::string(&mut p)?),
             Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
             Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
+            Long("performance") => {
+                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -62,6 +91,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let t0 = Instant::now();
     let (lib, backend) = qnn_setup::load_backend(&common)?;
     let t_lib = t0.elapsed();
+    let votes = qnn_setup::start_votes(&backend, performance, IDLE_RELEASE);
     let t1 = Instant::now();
     let binary = ContextBinary::open(&lib, &ctx)?;
     let size = binary.size();
@@ -78,17 +108,23 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut first = Vec::new();
     for _ in 0..warmup {
         let t = Instant::now();
+        let _vote = votes.as_ref().map(|v| v.inference());
         graph.execute_io(&mut io)?;
         first.push(t.elapsed());
     }
     let mut steady = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
+        let _vote = votes.as_ref().map(|v| v.inference());
         graph.execute_io(&mut io)?;
         steady.push(t.elapsed());
     }
     steady.sort();
     println!("context {} ({} bytes)", ctx.display(), size);
+    println!(
+        "  performance vote               {}",
+        vote_summary(performance, votes.as_ref())
+    );
     println!("  load QNN libraries + backend   {:>9.2} ms", ms(t_lib));
     println!("  map binary + read metadata     {:>9.2} ms", ms(t_open));
     println!("  create context + graph         {:>9.2} ms", ms(t_create));

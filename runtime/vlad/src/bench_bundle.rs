@@ -4,12 +4,14 @@
 //!   pure `graphExecute` time, the host overhead (total minus execute) in microseconds
 //!   and percent, and p50/p99 per component, all from the pipeline's own timings.
 //! - Load: every context loaded in a fresh child process (so nothing else is resident),
-//!   once mapped and once read into anonymous memory: load time and the RSS/PSS it adds
-//!   (`/proc/self/smaps_rollup`), next to the total size of the binaries.
+//!   mapped, mapped under the daemon's mlockall, and read into anonymous memory: load
+//!   time, the RSS/PSS it adds (`/proc/self/smaps_rollup`), VmLck and locked-resident
+//!   after, and how many binaries are still mapped, next to the total size of the binaries.
 //!
 //! Prints figures only; nothing here asserts a timing.
 
 use crate::cli::{self, Common};
+use crate::memory::{self, Memory};
 use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use serde_json::{json, Value};
@@ -21,8 +23,10 @@ use vla_policy::{Bundle, ObservationFile, Policy};
 use vla_qnn::{Context, ContextBinary};
 
 const HELP: &str = "\
-usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE] [--lib-dir DIR]
-Latency p50/p99, execute sum, host overhead (us and %) and per-component times over the
+usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE]
+                         [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]
+The HTP performance vote of the run (default burst, the daemon's default); latency
+p50/p99, execute sum, host overhead (us and %) and per-component times over the
 bundle's golden observation; load time and RSS/PSS of every context, mapped and read into
 memory, each in a fresh process.";
 
@@ -30,6 +34,8 @@ memory, each in a fresh process.";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadMode {
     Mmap,
+    /// Mapped, in a process under the daemon's `mlockall` (MCL_ONFAULT).
+    MmapLocked,
     Heap,
 }
 
@@ -37,6 +43,7 @@ impl LoadMode {
     fn name(self) -> &'static str {
         match self {
             LoadMode::Mmap => "mmap",
+            LoadMode::MmapLocked => "mmap+mlockall",
             LoadMode::Heap => "heap",
         }
     }
@@ -44,52 +51,12 @@ impl LoadMode {
     fn parse(s: &str) -> Result<Self, Failure> {
         match s {
             "mmap" => Ok(LoadMode::Mmap),
+            "mmap+mlockall" => Ok(LoadMode::MmapLocked),
             "heap" => Ok(LoadMode::Heap),
             other => Err(Failure::Usage(format!(
-                "--load-probe: `{other}` is not mmap or heap"
+                "--load-probe: `{other}` is not mmap, mmap+mlockall or heap"
             ))),
         }
-    }
-}
-
-/// Memory figures of this process from `/proc/self/smaps_rollup`, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Memory {
-    pub rss: u64,
-    pub pss: u64,
-    pub pss_anon: u64,
-    pub pss_file: u64,
-}
-
-impl Memory {
-    /// Parses the text of `smaps_rollup` (`Key:  N kB` lines); absent keys stay 0.
-    pub fn parse(text: &str) -> Self {
-        let mut m = Memory::default();
-        for line in text.lines() {
-            let mut parts = line.split_whitespace();
-            let (Some(key), Some(value)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let Ok(kb) = value.parse::<u64>() else {
-                continue;
-            };
-            let slot = match key {
-                "Rss:" => &mut m.rss,
-                "Pss:" => &mut m.pss,
-                "Pss_Anon:" => &mut m.pss_anon,
-                "Pss_File:" => &mut m.pss_file,
-                _ => continue,
-            };
-            *slot = kb * 1024;
-        }
-        m
-    }
-
-    pub fn read() -> Result<Self, Failure> {
-        let path = "/proc/self/smaps_rollup";
-        std::fs::read_to_string(path)
-            .map(|t| Memory::parse(&t))
-            .map_err(|e| Failure::Error(format!("cannot read {path}: {e}")))
     }
 }
 
@@ -113,12 +80,14 @@ struct Options {
     warmup: usize,
     json: Option<PathBuf>,
     probe: Option<LoadMode>,
+    performance: vla_qnn::PerformanceMode,
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     let mut common = Common::default();
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
+    let mut performance = vla_qnn::PerformanceMode::Burst;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -131,6 +100,9 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
             Long("json") => json = Some(cli::value(&mut p)?.into()),
             Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
+            Long("performance") => {
+                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(None);
@@ -149,6 +121,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         warmup,
         json,
         probe,
+        performance,
     }))
 }
 
@@ -165,7 +138,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         return Ok(());
     }
     let mut load = serde_json::Map::new();
-    for mode in [LoadMode::Mmap, LoadMode::Heap] {
+    for mode in [LoadMode::Mmap, LoadMode::MmapLocked, LoadMode::Heap] {
         load.insert(mode.name().into(), spawn_probe(&o, mode)?);
     }
     let report = bench(&o, &bundle, Value::Object(load))?;
@@ -192,17 +165,20 @@ fn binaries_bytes(bundle: &Bundle) -> Result<u64, Failure> {
 
 /// Loads every context with `mode` and reports time and memory (run in a fresh child).
 fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value, Failure> {
+    let locked = mode == LoadMode::MmapLocked && memory::lock_on_fault();
     let (lib, backend) = qnn_setup::load_backend(common)?;
     let before = Memory::read()?;
     let t = Instant::now();
     let mut resident = Vec::new();
+    let mut paths = Vec::new();
     for name in bundle.manifest.required_components() {
         let c = &bundle.manifest.components[&name];
         let path = bundle.path(&c.binary);
         let binary = match mode {
-            LoadMode::Mmap => ContextBinary::open(&lib, &path)?,
+            LoadMode::Mmap | LoadMode::MmapLocked => ContextBinary::open(&lib, &path)?,
             LoadMode::Heap => ContextBinary::read(&lib, &path)?,
         };
+        paths.push(path);
         let context = Context::create(&backend, binary)?;
         let graph = context.graph(c.graph.as_deref())?;
         resident.push((context, graph));
@@ -212,7 +188,11 @@ fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value,
     let delta = |a: u64, b: u64| a as i64 - b as i64;
     Ok(json!({
         "mode": mode.name(),
+        "mlockall": locked,
         "contexts": resident.len(),
+        "binaries_still_mapped": memory::mapped_count(&paths),
+        "locked_after": after.locked,
+        "locked_resident_after": after.locked_resident,
         "load_ms": load_ms,
         "rss_before": before.rss, "pss_before": before.pss,
         "rss_after": after.rss, "pss_after": after.pss,
@@ -254,6 +234,7 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
 
 fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
+    let votes = qnn_setup::start_votes(&backend, o.performance, crate::bench::IDLE_RELEASE);
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -262,6 +243,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let g = policy.geometry();
     let mut actions = vec![0f32; g.chunk_len * g.action_dims];
     for _ in 0..o.warmup {
+        let _vote = votes.as_ref().map(|v| v.inference());
         policy.infer(&obs.observation(), &mut actions)?;
     }
     let names: Vec<String> = policy
@@ -273,7 +255,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
     let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.iterations {
+        let vote = votes.as_ref().map(|v| v.inference());
         policy.infer(&obs.observation(), &mut actions)?;
+        drop(vote);
         let t = policy.timings();
         let execute: Duration = t.components.iter().map(|c| c.1).sum();
         for (samples, c) in per_component.iter_mut().zip(&t.components) {
@@ -298,7 +282,12 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         })
         .collect();
     let policy_name = format!("{:?}", bundle.manifest.policy).to_lowercase();
+    let vote_stats = votes.as_ref().map(|g| g.stats());
     Ok(json!({
+        "performance": o.performance.as_str(),
+        "performance_vote": crate::bench::vote_summary(o.performance, votes.as_ref()),
+        "performance_votes_accepted": vote_stats.map(|s| s.votes),
+        "performance_votes_refused": vote_stats.map(|s| s.refused),
         "bundle": bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()),
         "name": bundle.manifest.name,
         "policy": policy_name,
@@ -333,6 +322,10 @@ fn render(r: &Value) -> String {
         r["warmup"]
     );
     s += &format!(
+        "  performance     {}\n",
+        r["performance_vote"].as_str().unwrap_or("?")
+    );
+    s += &format!(
         "  end to end      p50 {:>10.1} us  p99 {:>10.1} us\n",
         f("total_p50_us"),
         f("total_p99_us")
@@ -365,12 +358,17 @@ fn render(r: &Value) -> String {
     );
     for (mode, l) in r["load"].as_object().into_iter().flatten() {
         s += &format!(
-            "  load ({mode:<4}) {:>8.1} ms  RSS +{:.2} MiB  PSS +{:.2} MiB (anon +{:.2}, file +{:.2})\n",
+            "  load ({mode:<13}) {:>8.1} ms  RSS +{:.2} MiB  PSS +{:.2} MiB (anon +{:.2}, file +{:.2})  after: RSS {:.1} MiB, PSS {:.1} MiB, VmLck {:.1} MiB (resident {:.1}); binaries still mapped {}\n",
             l["load_ms"].as_f64().unwrap_or(f64::NAN),
             mib(&l["rss_delta"]),
             mib(&l["pss_delta"]),
             mib(&l["anon_delta"]),
-            mib(&l["file_delta"])
+            mib(&l["file_delta"]),
+            mib(&l["rss_after"]),
+            mib(&l["pss_after"]),
+            mib(&l["locked_after"]),
+            mib(&l["locked_resident_after"]),
+            l["binaries_still_mapped"]
         );
     }
     s
@@ -380,36 +378,6 @@ fn render(r: &Value) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
-
-    #[test]
-    fn smaps_rollup_figures_are_read_in_bytes() {
-        let text = "55d0-7ffd ---p 00000000 00:00 0 [rollup]\n\
-                    Rss:                1200 kB\n\
-                    Pss:                 900 kB\n\
-                    Pss_Dirty:           100 kB\n\
-                    Pss_Anon:            700 kB\n\
-                    Pss_File:            200 kB\n\
-                    Shared_Clean:        300 kB\n";
-        let m = Memory::parse(text);
-        assert_eq!(
-            m,
-            Memory {
-                rss: 1200 * 1024,
-                pss: 900 * 1024,
-                pss_anon: 700 * 1024,
-                pss_file: 200 * 1024
-            }
-        );
-        assert_eq!(Memory::parse("garbage\nRss: x kB\n"), Memory::default());
-    }
-
-    #[test]
-    fn this_process_has_resident_memory() {
-        let m = Memory::read().unwrap_or_default();
-        if std::path::Path::new("/proc/self/smaps_rollup").exists() {
-            assert!(m.rss > 0 && m.pss > 0 && m.pss <= m.rss);
-        }
-    }
 
     #[test]
     fn quantiles_are_nearest_rank() {

@@ -77,6 +77,8 @@ pub struct PolicyEngine {
     good: PathBuf,
     policy: Option<Policy>,
     geometry: vla_ring::Geometry,
+    /// HTP performance votes (None: `qnn.performance` off, or refused at start).
+    votes: Option<vla_qnn::PerfGovernor>,
 }
 
 impl PolicyEngine {
@@ -112,7 +114,9 @@ impl Engine for PolicyEngine {
             instruction_id: obs.instruction_id,
             seed: obs.seed,
         };
+        let vote = self.votes.as_ref().map(|v| v.inference());
         policy.infer(&o, actions).map_err(|e| e.to_string())?;
+        drop(vote);
         if let Some(ota) = self.ota.as_mut().filter(|o| o.on_trial) {
             match ota.store.record_healthy(&ota.running_hash, 1) {
                 Ok(vla_ota::Health::Committed(hash)) => {
@@ -318,7 +322,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
 
     let rt = &config.realtime;
     if rt.mlockall {
-        vla_control::lock_memory();
+        crate::memory::lock_on_fault();
     }
     let overridden = bundle_override.is_some();
     let bundle_dir = bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
@@ -330,6 +334,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
     let backend = Backend::new(lib)?;
+    let votes = crate::qnn_setup::start_votes(
+        &backend,
+        crate::qnn_setup::configured_mode(config.qnn.performance),
+        config.qnn.performance_idle_release(),
+    );
     // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
     // leftovers of an interrupted update, and a crash loop on a bundle on trial.
     let ota_root = PathBuf::from(config.ota.root.as_str());
@@ -438,6 +447,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         good: resolved,
         policy: Some(policy),
         geometry,
+        votes,
     };
     let period = settings.period;
     let lp = ControlLoop::start(settings, Box::new(engine))?;

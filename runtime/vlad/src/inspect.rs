@@ -88,10 +88,12 @@ pub fn render(binary: &ContextBinary, info: &BinaryInfo) -> String {
     s += &format!("graphs:        {}\n", info.graphs.len());
     for g in &info.graphs {
         s += &format!(
-            "  graph {} ({} inputs, {} outputs)\n",
+            "  graph {} ({} inputs, {} outputs, spill-fill {})\n",
             g.name,
             g.inputs.len(),
-            g.outputs.len()
+            g.outputs.len(),
+            g.spill_fill_bytes
+                .map_or("not reported".into(), |b| format!("{b} bytes"))
         );
         for t in g.inputs.iter().chain(&g.outputs) {
             s += &tensor_line(t);

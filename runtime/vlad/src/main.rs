@@ -12,6 +12,7 @@ mod bundle_ota_cmd;
 mod cli;
 mod daemon;
 mod inspect;
+mod memory;
 mod notify;
 mod ota_cmd;
 mod parity;

@@ -1,4 +1,4 @@
-//! Finding and loading the QNN libraries for a subcommand.
+//! Finding and loading the QNN libraries for a subcommand, and starting its HTP votes.
 //!
 //! The directory comes from `--lib-dir`, else `VLA_QNN_LIB_DIR`, else `/usr/lib` (where
 //! the device image installs QAIRT).
@@ -6,7 +6,8 @@
 use crate::cli::Common;
 use std::path::PathBuf;
 use std::sync::Arc;
-use vla_qnn::{Backend, LoadOptions, QnnError, QnnLibrary};
+use std::time::Duration;
+use vla_qnn::{Backend, LoadOptions, PerfGovernor, PerformanceMode, QnnError, QnnLibrary};
 
 pub const DEVICE_LIB_DIR: &str = "/usr/lib";
 
@@ -26,4 +27,54 @@ pub fn load_backend(common: &Common) -> Result<(Arc<QnnLibrary>, Backend), QnnEr
     let lib = load_library(common)?;
     let backend = Backend::new(lib.clone())?;
     Ok((lib, backend))
+}
+
+/// The binding's mode for the config's `qnn.performance`.
+pub fn configured_mode(p: vla_config::QnnPerformance) -> PerformanceMode {
+    use vla_config::QnnPerformance as C;
+    match p {
+        C::Burst => PerformanceMode::Burst,
+        C::HighPerformance => PerformanceMode::HighPerformance,
+        C::Balanced => PerformanceMode::Balanced,
+        C::PowerSaver => PerformanceMode::PowerSaver,
+        C::Off => PerformanceMode::Off,
+    }
+}
+
+/// Parses a `--performance MODE` value.
+pub fn performance_mode(value: &str) -> Result<PerformanceMode, crate::Failure> {
+    PerformanceMode::parse(value).ok_or_else(|| {
+        let names: Vec<&str> = PerformanceMode::ALL.iter().map(|m| m.as_str()).collect();
+        crate::Failure::Usage(format!(
+            "--performance: `{value}` is not one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Starts the HTP performance votes for `mode`, logging the outcome in one line. A
+/// backend that refuses is not fatal: vlad runs without votes (`None`).
+pub fn start_votes(
+    backend: &Backend,
+    mode: PerformanceMode,
+    idle: Duration,
+) -> Option<PerfGovernor> {
+    match PerfGovernor::start(backend, mode, idle) {
+        Ok(Some(g)) => {
+            log::info!(
+                "HTP performance vote: {mode} accepted (power config id {}), released to relaxed after {} ms idle",
+                g.power_config_id(),
+                idle.as_millis()
+            );
+            Some(g)
+        }
+        Ok(None) => {
+            log::info!("HTP performance vote: off (the platform's DCVS decides)");
+            None
+        }
+        Err(e) => {
+            log::warn!("HTP performance vote {mode} refused, running without votes: {e}");
+            None
+        }
+    }
 }

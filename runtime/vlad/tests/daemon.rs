@@ -186,6 +186,11 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
         err.contains("SIGHUP: reloading") && err.contains("reloaded: bundle"),
         "{err}"
     );
+    // dev.json leaves qnn.performance out: the default burst vote is made and logged.
+    assert!(
+        err.contains("HTP performance vote: burst accepted (power config id"),
+        "{err}"
+    );
     for needle in [
         "control loop report",
         "rate",

@@ -112,6 +112,59 @@ pub struct QnnConfig {
     /// File name of the system library inside `lib_dir`, e.g. `libQnnSystem.so`.
     pub system_lib: NameText,
     pub log_level: LogLevel,
+    /// HTP performance vote while inferences run (`qnn.performance`, default burst).
+    pub performance: QnnPerformance,
+    /// Idle time after the last inference before the vote drops to relaxed.
+    pub performance_idle_release_ms: u32,
+}
+
+impl QnnConfig {
+    /// ONNX Runtime's QNN EP waits 300 ms after a run before relaxing its vote.
+    pub const DEFAULT_IDLE_RELEASE_MS: u32 = 300;
+
+    pub fn performance_idle_release(&self) -> core::time::Duration {
+        core::time::Duration::from_millis(self.performance_idle_release_ms.into())
+    }
+}
+
+/// The HTP performance mode to vote for (`qnn.performance`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QnnPerformance {
+    Burst,
+    HighPerformance,
+    Balanced,
+    PowerSaver,
+    Off,
+}
+
+impl QnnPerformance {
+    pub const DEFAULT: QnnPerformance = QnnPerformance::Burst;
+    /// The accepted spellings, in order.
+    pub const NAMES: [&'static str; 5] = [
+        "burst",
+        "high_performance",
+        "balanced",
+        "power_saver",
+        "off",
+    ];
+    const ALL: [QnnPerformance; 5] = [
+        QnnPerformance::Burst,
+        QnnPerformance::HighPerformance,
+        QnnPerformance::Balanced,
+        QnnPerformance::PowerSaver,
+        QnnPerformance::Off,
+    ];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| Self::ALL[i])
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 /// The policy bundle to load.

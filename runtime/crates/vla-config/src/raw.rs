@@ -105,6 +105,8 @@ pub(crate) struct RawQnn {
     pub backend_lib: NameText,
     pub system_lib: NameText,
     pub log_level: WordText,
+    pub performance: Option<WordText>,
+    pub performance_idle_release_ms: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

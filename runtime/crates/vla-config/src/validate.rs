@@ -11,7 +11,8 @@ use crate::raw::{RawConfig, RawControl, RawOta, RawQnn, RawRealtime, RawRings, T
 use crate::track::TrackError;
 use crate::{
     BundleConfig, Config, ControlConfig, LogConfig, LogLevel, NameText, OtaConfig, PathText,
-    QnnConfig, RealtimeConfig, RingsConfig, SystemdConfig, TrustedKey, MAX_CPU_INDEX,
+    QnnConfig, QnnPerformance, RealtimeConfig, RingsConfig, SystemdConfig, TrustedKey,
+    MAX_CPU_INDEX,
 };
 
 /// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
@@ -67,6 +68,20 @@ fn qnn(raw: &RawQnn) -> Checked<QnnConfig> {
         backend_lib: file_name(path(&["qnn", "backend_lib"]), &raw.backend_lib)?,
         system_lib: file_name(path(&["qnn", "system_lib"]), &raw.system_lib)?,
         log_level: log_level(path(&["qnn", "log_level"]), &raw.log_level)?,
+        performance: match &raw.performance {
+            None => QnnPerformance::DEFAULT,
+            Some(word) => QnnPerformance::parse(&word.0).ok_or_else(|| {
+                ConfigError::invalid(
+                    path(&["qnn", "performance"]),
+                    format_args!("one of {}", QnnPerformance::NAMES.join(", ")),
+                    Found::text(&word.0),
+                )
+            })?,
+        },
+        performance_idle_release_ms: match raw.performance_idle_release_ms {
+            None => QnnConfig::DEFAULT_IDLE_RELEASE_MS,
+            Some(ms) => whole(path(&["qnn", "performance_idle_release_ms"]), ms, 1, 60_000)?,
+        },
     })
 }
 

@@ -610,6 +610,38 @@ fn publish_period_saturates_for_hand_built_rates() {
 }
 
 #[test]
+fn performance_vote_fields_default_parse_and_name_bad_values() {
+    use vla_config::{QnnConfig, QnnPerformance};
+    let config = parse(&device_json()).unwrap();
+    assert_eq!(config.qnn.performance, QnnPerformance::Burst);
+    assert_eq!(config.qnn.performance_idle_release_ms, 300);
+    let json = edit(
+        &device_json(),
+        "\"warn\",\n    \"performance\": \"burst\",\n    \"performance_idle_release_ms\": 300",
+        "\"warn\"",
+    );
+    let config = parse(&json).unwrap();
+    assert_eq!(config.qnn.performance, QnnPerformance::DEFAULT);
+    assert_eq!(
+        config.qnn.performance_idle_release_ms,
+        QnnConfig::DEFAULT_IDLE_RELEASE_MS
+    );
+    for name in QnnPerformance::NAMES {
+        let json = edit(&device_json(), "\"burst\"", &format!("\"{name}\""));
+        assert_eq!(parse(&json).unwrap().qnn.performance.as_str(), name);
+    }
+    let (error, message) = error_of(&edit(&device_json(), "\"burst\"", "\"turbo\""));
+    assert_eq!(path_of(&error), "qnn.performance");
+    assert_mentions(&message, &["burst", "power_saver", "off", "turbo"]);
+    let (error, _) = error_of(&edit(
+        &device_json(),
+        "\"performance_idle_release_ms\": 300",
+        "\"performance_idle_release_ms\": 0",
+    ));
+    assert_eq!(path_of(&error), "qnn.performance_idle_release_ms");
+}
+
+#[test]
 fn log_levels_map_to_qnn_levels() {
     let levels: Vec<u32> = LogLevel::NAMES
         .iter()

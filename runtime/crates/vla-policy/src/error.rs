@@ -57,6 +57,11 @@ pub enum PolicyError {
         tensor: String,
         count: usize,
     },
+    /// A helper thread the pipeline needs could not be started.
+    Thread {
+        name: &'static str,
+        reason: String,
+    },
 }
 
 /// Text taken from a bundle file (a field name, a path, a parser message quoting them),
@@ -114,6 +119,7 @@ impl core::fmt::Display for PolicyError {
                 f,
                 "component `{component}` output `{tensor}` holds {count} NaN/Inf values; no action published"
             ),
+            PolicyError::Thread { name, reason } => write!(f, "cannot start thread {name}: {reason}"),
         }
     }
 }

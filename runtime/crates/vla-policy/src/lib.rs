@@ -12,6 +12,7 @@ mod bundle;
 mod error;
 mod exec;
 mod fastwam;
+mod guard;
 mod keystone;
 pub mod manifest;
 mod molmoact2;

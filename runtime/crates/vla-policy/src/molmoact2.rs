@@ -6,7 +6,9 @@
 //! changes, so per observation only the image and state rows are written. Chained
 //! contexts write where the next one reads: the hidden state ping-pongs between two more
 //! buffers, each split's keys and values land in place in the action_context inputs, and
-//! k_ctx/v_ctx are the action_step inputs. One inference allocates nothing.
+//! k_ctx/v_ctx are the action_step inputs. One inference allocates nothing. The scan of
+//! k_ctx/v_ctx for NaN/Inf runs on a helper thread during the flow loop (`guard`), and
+//! its verdict is collected before the chunk is handed out.
 //!
 //! The host steps between contexts are public functions so the benchmarks time the code
 //! the pipeline runs.
@@ -14,6 +16,7 @@
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::guard::KvGuard;
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
 use crate::noise::fill_gaussian;
@@ -21,6 +24,7 @@ use crate::norm::{state_token_id, Normalizer};
 use crate::preprocess::Preprocessor;
 use crate::prompt::PromptTables;
 use crate::Observation;
+use std::sync::Arc;
 use std::time::Instant;
 use vla_qnn::Backend;
 use vla_tensor::AlignedBuf;
@@ -48,8 +52,10 @@ pub struct MolmoAct2 {
     keys: AlignedBuf,
     values: AlignedBuf,
     split_kv_bytes: usize,
-    k_ctx: AlignedBuf,
-    v_ctx: AlignedBuf,
+    /// Shared with the k/v guard's helper only while it scans (during the flow loop).
+    k_ctx: Arc<AlignedBuf>,
+    v_ctx: Arc<AlignedBuf>,
+    kv_guard: KvGuard,
     trajectory: AlignedBuf,
     step_out: AlignedBuf,
     timestep: AlignedBuf,
@@ -208,8 +214,12 @@ impl MolmoAct2 {
             keys: f32s(numel(&kv_all)),
             values: f32s(numel(&kv_all)),
             split_kv_bytes: numel(&kv_split) * 4,
-            k_ctx: f32s(numel(&k_ctx_shape)),
-            v_ctx: f32s(numel(&v_ctx_shape)),
+            k_ctx: Arc::new(f32s(numel(&k_ctx_shape))),
+            v_ctx: Arc::new(f32s(numel(&v_ctx_shape))),
+            kv_guard: KvGuard::start().map_err(|e| PolicyError::Thread {
+                name: "vla-kv-guard",
+                reason: e.to_string(),
+            })?,
             trajectory: f32s(numel(&traj)),
             step_out: f32s(numel(&traj)),
             timestep: f32s(1),
@@ -304,6 +314,9 @@ impl MolmoAct2 {
         }
         self.timings.reset();
         let start = Instant::now();
+        // A failed inference may have left a scan outstanding: collect it before the
+        // buffers are written again.
+        self.kv_guard.verdict();
         let instr = &self.prompt.instructions[obs.instruction_id as usize];
 
         // Vision.
@@ -386,14 +399,24 @@ impl MolmoAct2 {
             .graph
             .execute(
                 &ordered(xi, [self.keys.as_bytes(), self.values.as_bytes()]),
-                &mut ordered_mut(xo, [self.k_ctx.as_bytes_mut(), self.v_ctx.as_bytes_mut()]),
+                &mut ordered_mut(
+                    xo,
+                    [
+                        // Unique here (no scan outstanding): no copy is made.
+                        Arc::make_mut(&mut self.k_ctx).as_bytes_mut(),
+                        Arc::make_mut(&mut self.v_ctx).as_bytes_mut(),
+                    ],
+                ),
             )
             .map_err(Self::qnn("action_context"))?;
         self.timings.add(ci, t.elapsed());
-        poison(&self.fault, "action_context", &mut self.v_ctx);
-        if count_non_finite(self.k_ctx.as_f32()) + count_non_finite(self.v_ctx.as_f32()) > 0 {
-            return Err(self.locate_non_finite());
-        }
+        poison(
+            &self.fault,
+            "action_context",
+            Arc::make_mut(&mut self.v_ctx),
+        );
+        // Scanned beside the flow loop, which only reads them; verdict before the chunk.
+        self.kv_guard.scan(&self.k_ctx, &self.v_ctx);
 
         // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
         let n = m.flow_steps;
@@ -434,6 +457,9 @@ impl MolmoAct2 {
                 let out = self.step_out.as_f32();
                 let bad = count_non_finite(out);
                 if bad > 0 {
+                    if self.kv_guard.verdict() > 0 {
+                        return Err(self.locate_non_finite());
+                    }
                     return Err(PolicyError::NonFinite {
                         component: "action_step".into(),
                         tensor: "next_trajectory".into(),
@@ -454,6 +480,9 @@ impl MolmoAct2 {
             for r in 0..h {
                 cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
             }
+        }
+        if self.kv_guard.verdict() > 0 {
+            return Err(self.locate_non_finite());
         }
         let choice = match &mut self.keystone {
             Some(ks) => ks.select(&self.candidates, h * dims),

@@ -2,7 +2,10 @@
 //!
 //! The file is memory-mapped (never copied into the heap) and described through
 //! libQnnSystem's binary info. Everything the library returns is copied into owned Rust
-//! types before the system context that owns it is freed.
+//! types before the system context that owns it is freed. The mapping is never locked in
+//! RAM (a process under `mlockall` would otherwise pin gigabytes of page cache) and is
+//! dropped once a context exists: contexts are created without QNN's persistent-binary
+//! option, so the backend keeps its own copy of what it needs.
 
 use crate::error::QnnError;
 use crate::ffi::{self, binary_info as bi, data_type as dt, graph_info as gi, read_at, Handle};
@@ -210,6 +213,8 @@ pub struct GraphInfo {
     pub name: String,
     pub inputs: Vec<TensorInfo>,
     pub outputs: Vec<TensorInfo>,
+    /// HTP spill-fill buffer the graph needs (graph info v2/v3 blob info, v1), if reported.
+    pub spill_fill_bytes: Option<u64>,
 }
 
 /// What libQnnSystem reports about a context binary.
@@ -225,6 +230,17 @@ pub struct BinaryInfo {
     /// SoC model the binary was compiled for (binary info v3 only; 77 = QCS9075/QCS9100).
     pub soc_model: Option<u32>,
     pub graphs: Vec<GraphInfo>,
+}
+
+impl BinaryInfo {
+    /// The largest spill-fill buffer any graph of the binary reports (0 when none does).
+    pub fn spill_fill_bytes(&self) -> u64 {
+        self.graphs
+            .iter()
+            .filter_map(|g| g.spill_fill_bytes)
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 /// Owns a `QnnSystemContext_Handle_t` and frees it on every path.
@@ -348,10 +364,23 @@ pub(crate) fn read_binary_info(
                 }
             }
             let [inputs, outputs] = io;
+            let spill_fill_bytes = if graph_version >= 2 {
+                let size: u32 = read_at(gp, gi::BLOB_INFO_SIZE);
+                let blob: *const u8 = read_at(gp, gi::BLOB_INFO);
+                // QnnHtpSystemContext_GraphBlobInfo_t: u32 version @0, spillFillBufferSize
+                // first in both v1 and v2 @8; read only when the reported size covers it.
+                (!blob.is_null()
+                    && size as usize >= gi::BLOB_INFO_SPILL_FILL + 8
+                    && matches!(read_at::<u32>(blob, 0), 1 | 2))
+                .then(|| read_at::<u64>(blob, gi::BLOB_INFO_SPILL_FILL))
+            } else {
+                None
+            };
             graphs.push(GraphInfo {
                 name,
                 inputs,
                 outputs,
+                spill_fill_bytes,
             });
         }
         Ok(BinaryInfo {
@@ -391,7 +420,9 @@ impl QnnLibrary {
 /// A context binary file, mapped read-only, with its metadata.
 pub struct ContextBinary {
     path: PathBuf,
-    map: memmap2::Mmap,
+    /// `None` once a context was created from it.
+    map: Option<memmap2::Mmap>,
+    size: usize,
     info: BinaryInfo,
 }
 
@@ -399,7 +430,8 @@ impl core::fmt::Debug for ContextBinary {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("ContextBinary")
             .field("path", &self.path)
-            .field("size", &self.map.len())
+            .field("size", &self.size)
+            .field("mapped", &self.map.is_some())
             .finish()
     }
 }
@@ -426,8 +458,11 @@ impl ContextBinary {
         // change under us. A truncation by another process would fault, which OTA rules out.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }
             .map_err(|e| err(format!("mmap: {e}")))?;
+        // Under mlockall(MCL_FUTURE | MCL_ONFAULT) the new mapping would lock every page
+        // QNN reads; the binary is page cache the kernel may drop, never pinned memory.
+        map.unlock().map_err(|e| err(format!("munlock: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self { path, map, info })
+        Ok(Self::new(path, map, info))
     }
 
     /// As [`ContextBinary::open`], but reads the file into anonymous memory instead of
@@ -454,7 +489,21 @@ impl ContextBinary {
             .make_read_only()
             .map_err(|e| err(format!("mprotect: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self { path, map, info })
+        Ok(Self::new(path, map, info))
+    }
+
+    fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo) -> Self {
+        Self {
+            path,
+            size: map.len(),
+            map: Some(map),
+            info,
+        }
+    }
+
+    /// Unmaps the bytes (the context made from them no longer needs them).
+    pub(crate) fn release_bytes(&mut self) {
+        self.map = None;
     }
 
     pub fn path(&self) -> &Path {
@@ -463,10 +512,15 @@ impl ContextBinary {
     pub fn info(&self) -> &BinaryInfo {
         &self.info
     }
-    pub fn bytes(&self) -> &[u8] {
-        &self.map
+    /// The binary's bytes; `None` once a context was created from them (unmapped).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        self.map.as_deref()
     }
+    pub fn is_mapped(&self) -> bool {
+        self.map.is_some()
+    }
+    /// Size of the file in bytes (also after unmapping).
     pub fn size(&self) -> usize {
-        self.map.len()
+        self.size
     }
 }

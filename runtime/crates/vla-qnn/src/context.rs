@@ -48,9 +48,16 @@ pub struct Context {
 }
 
 impl Context {
-    /// Creates the context from the mapped binary (no copy on our side).
-    pub fn create(backend: &Backend, binary: ContextBinary) -> Result<Self, QnnError> {
+    /// Creates the context from the mapped binary (no copy on our side), then unmaps the
+    /// binary: the backend copied what it needs (no persistent-binary config is passed).
+    pub fn create(backend: &Backend, mut binary: ContextBinary) -> Result<Self, QnnError> {
         let b = &backend.inner;
+        let Some(bytes) = binary.bytes() else {
+            return Err(QnnError::Binary {
+                path: binary.path().to_owned(),
+                reason: "already used for a context (unmapped)".into(),
+            });
+        };
         let mut handle: Handle = core::ptr::null_mut();
         // SAFETY: the buffer is the whole mapped file, its exact size; NULL config and
         // profile are allowed; the out-pointer is valid.
@@ -59,8 +66,8 @@ impl Context {
                 b.backend,
                 b.device,
                 core::ptr::null(),
-                binary.bytes().as_ptr() as *const c_void,
-                binary.size() as u64,
+                bytes.as_ptr() as *const c_void,
+                bytes.len() as u64,
                 &mut handle,
                 core::ptr::null_mut(),
             )
@@ -68,6 +75,7 @@ impl Context {
         b.lib.check(rc, "contextCreateFromBinary", || {
             binary.path().display().to_string()
         })?;
+        binary.release_bytes();
         Ok(Self {
             inner: Arc::new(ContextInner {
                 backend: b.clone(),

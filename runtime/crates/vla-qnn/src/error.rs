@@ -29,7 +29,10 @@ pub fn error_meaning(code: u64) -> &'static str {
         6001 => "graph: invalid handle",
         6003 => "graph: no graph of that name in the context",
         6004 => "graph: invalid tensor (id, data pointer or dimensions)",
-        13001 | 13002 => "device: invalid performance config",
+        13001 => "device: invalid power config id or config list",
+        13002 => "device: unknown power config option",
+        13004 => "device: power config option not supported by this HTP",
+        13006 => "device: NULL out-pointer for a power config id",
         14001 => "device: invalid config",
         30001 => "system: not a QNN context binary",
         30010 => "system: malformed or truncated context binary",
@@ -40,6 +43,7 @@ pub fn error_meaning(code: u64) -> &'static str {
         c if (7000..8000).contains(&c) => "tensor error",
         c if (8000..9000).contains(&c) => "memory registration error",
         c if (11000..12000).contains(&c) => "log error",
+        c if (13000..14000).contains(&c) => "performance infrastructure error",
         c if (14000..15000).contains(&c) => "device error",
         c if (30000..31000).contains(&c) => "system library error",
         _ => "unknown error",
@@ -95,6 +99,8 @@ pub enum QnnError {
         expected: usize,
         found: usize,
     },
+    /// The backend lacks something this call needs (e.g. performance infrastructure).
+    NotAvailable { what: &'static str, reason: String },
 }
 
 impl core::fmt::Display for QnnError {
@@ -152,6 +158,7 @@ impl core::fmt::Display for QnnError {
                 f,
                 "graph {graph}: {found} {direction} buffers given, the graph has {expected}"
             ),
+            QnnError::NotAvailable { what, reason } => write!(f, "{what} is not available: {reason}"),
         }
     }
 }

@@ -45,6 +45,7 @@ pub mod slot {
     pub const GRAPH_EXECUTE: usize = 21;
     pub const LOG_CREATE: usize = 25;
     pub const LOG_FREE: usize = 27;
+    pub const DEVICE_GET_INFRASTRUCTURE: usize = 39;
     pub const DEVICE_CREATE: usize = 40;
     pub const DEVICE_FREE: usize = 43;
     pub const ERROR_GET_MESSAGE: usize = 48;
@@ -89,12 +90,59 @@ pub type GraphExecuteFn = unsafe extern "C" fn(
     Handle,
     Handle,
 ) -> ErrorHandle;
+/// `deviceGetInfrastructure(QnnDevice_Infrastructure_t* out)`: the out value is a pointer
+/// to the backend's infrastructure struct (HTP: [`htp_perf`]).
+pub type DeviceGetInfrastructureFn = unsafe extern "C" fn(*mut *const c_void) -> ErrorHandle;
 pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
 
 pub type SysContextCreateFn = unsafe extern "C" fn(*mut Handle) -> ErrorHandle;
 pub type SysContextGetBinaryInfoFn =
     unsafe extern "C" fn(Handle, *mut c_void, u64, *mut *const c_void, *mut u64) -> ErrorHandle;
 pub type SysContextFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+
+/// HTP performance infrastructure (`QnnHtpDevice_Infrastructure_t` with infraType PERF):
+/// u32 infraType @0, then the function pointers below.
+pub mod htp_perf {
+    pub const INFRA_TYPE_PERF: u32 = 0;
+    pub const CREATE_POWER_CONFIG_ID: usize = 8;
+    pub const DESTROY_POWER_CONFIG_ID: usize = 16;
+    pub const SET_POWER_CONFIG: usize = 24;
+    /// Bytes of the struct we read.
+    pub const MIN_SIZE: usize = SET_POWER_CONFIG + 8;
+
+    /// `QnnHtpPerfInfrastructure_PowerConfigOption_t`.
+    pub const OPTION_DCVS_V3: u32 = 1;
+    pub const OPTION_RPC_CONTROL_LATENCY: u32 = 2;
+    pub const OPTION_RPC_POLLING_TIME: u32 = 3;
+    pub const OPTION_HMX_V2: u32 = 5;
+
+    /// `QnnHtpPerfInfrastructure_PowerMode_t` (bit values).
+    pub const POWER_MODE_POWER_SAVER: u32 = 0x4;
+    pub const POWER_MODE_PERFORMANCE: u32 = 0x10;
+
+    /// `QnnHtpPerfInfrastructure_VoltageCorner_t`.
+    pub const CORNER_SVS2: u32 = 0x30;
+    pub const CORNER_SVS: u32 = 0x40;
+    pub const CORNER_NOM_PLUS: u32 = 0x70;
+    pub const CORNER_TURBO: u32 = 0x80;
+    pub const CORNER_MAX: u32 = 0xA0;
+}
+
+pub type CreatePowerConfigIdFn = unsafe extern "C" fn(u32, u32, *mut u32) -> ErrorHandle;
+pub type DestroyPowerConfigIdFn = unsafe extern "C" fn(u32) -> ErrorHandle;
+pub type SetPowerConfigFn = unsafe extern "C" fn(u32, *const *const PowerConfig) -> ErrorHandle;
+
+/// `QnnHtpPerfInfrastructure_PowerConfig_t`: 68 bytes, align 4; u32 option @0, payload
+/// union @4. DCVS_V3's payload is 16 u32 in order: contextId, setDcvsEnable, dcvsEnable,
+/// powerMode, setSleepLatency, sleepLatency, setSleepDisable, sleepDisable, setBusParams,
+/// busMin, busTarget, busMax, setCoreParams, coreMin, coreTarget, coreMax; the RPC options
+/// use the first u32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PowerConfig {
+    pub option: u32,
+    pub payload: [u32; 16],
+}
 
 /// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
 pub mod binary_info {
@@ -122,6 +170,12 @@ pub mod graph_info {
     pub const INPUTS: usize = 24;
     pub const NUM_OUTPUTS: usize = 32;
     pub const OUTPUTS: usize = 40;
+    /// v3 (seen in QAIRT 2.51 on the emulator): u32 @48 and a NULL pointer @56 (updateable
+    /// tensors), `u32 graphBlobInfoSize` @64, `void* graphBlobInfo` @72 (HTP:
+    /// `QnnHtpSystemContext_GraphBlobInfo_t`, u32 version @0, `u64 spillFillBufferSize` @8).
+    pub const BLOB_INFO_SIZE: usize = 64;
+    pub const BLOB_INFO: usize = 72;
+    pub const BLOB_INFO_SPILL_FILL: usize = 8;
 }
 
 pub const TENSOR_TYPE_APP_WRITE: u32 = 0;
@@ -213,6 +267,9 @@ const _: () = {
     assert!(core::mem::offset_of!(TensorV1, dimensions) == 80);
     assert!(core::mem::offset_of!(TensorV1, mem_type) == 88);
     assert!(core::mem::offset_of!(TensorV1, client_buf) == 96);
+    assert!(core::mem::size_of::<PowerConfig>() == 68);
+    assert!(core::mem::align_of::<PowerConfig>() == 4);
+    assert!(core::mem::offset_of!(PowerConfig, payload) == 4);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.

@@ -5,7 +5,8 @@
 //! the log, backend and device handles; [`ContextBinary`] maps a `.bin` read-only and
 //! reads its graphs and tensors through libQnnSystem; [`Context`] makes it resident and
 //! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
-//! before QNN sees it. Nothing here knows about policies.
+//! before QNN sees it; [`PerfGovernor`] votes for HTP performance around inferences.
+//! Nothing here knows about policies.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -25,9 +26,13 @@ mod context;
 mod error;
 pub mod ffi;
 mod library;
+mod perf;
 
 pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
 pub use error::{error_meaning, QnnError};
 pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
+pub use perf::{
+    InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
+};

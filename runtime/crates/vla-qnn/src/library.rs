@@ -76,6 +76,7 @@ pub(crate) struct CoreFns {
     pub log_free: ffi::LogFreeFn,
     pub device_create: Option<ffi::DeviceCreateFn>,
     pub device_free: Option<ffi::DeviceFreeFn>,
+    pub device_get_infrastructure: Option<ffi::DeviceGetInfrastructureFn>,
     pub error_get_message: Option<ffi::ErrorGetMessageFn>,
 }
 
@@ -293,6 +294,7 @@ impl QnnLibrary {
                     .ok_or_else(|| missing("logFree", &backend_path))?,
                 device_create: table_fn(p, t, slot::DEVICE_CREATE),
                 device_free: table_fn(p, t, slot::DEVICE_FREE),
+                device_get_infrastructure: table_fn(p, t, slot::DEVICE_GET_INFRASTRUCTURE),
                 error_get_message: table_fn(p, t, slot::ERROR_GET_MESSAGE),
             }
         };

@@ -68,11 +68,23 @@ fn reads_metadata_and_executes_with_parity() {
     assert_eq!(g.inputs[0].dims, vec![1, 2, 16, 588]);
     assert_eq!(g.outputs[0].name, "image_embeds");
     assert_eq!(g.outputs[0].element, Some(ElementType::F32));
+    // The fixtures' graphs report their HTP spill-fill need, and it is none.
+    assert_eq!(g.spill_fill_bytes, Some(0));
+    assert_eq!(info.spill_fill_bytes(), 0);
 
     let mut graph = Context::create(&backend, binary)
         .unwrap()
         .graph(None)
         .unwrap();
+    // The binary is unmapped once its context exists; the parity below runs without it.
+    assert!(graph.context_binary().bytes().is_none());
+    assert_eq!(graph.context_binary().size(), 159744);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let canonical = std::fs::canonicalize(vision_bin()).unwrap();
+    assert!(
+        !maps.contains(canonical.to_str().unwrap()),
+        "binary still mapped:\n{maps}"
+    );
     let npz = vla_npz::Npz::open(bundle().join("golden/vision_io.npz")).unwrap();
     let mut io = graph.allocate_io();
     let px = npz.array("pixel_values").unwrap().to_f32().unwrap();
@@ -279,4 +291,78 @@ fn handles_outlive_their_owners_in_any_drop_order() {
     drop(lib);
     let mut io = graph.allocate_io();
     graph.execute_io(&mut io).unwrap();
+}
+
+#[test]
+fn performance_votes_are_made_released_and_refused() {
+    use std::time::{Duration, Instant};
+    use vla_qnn::ffi::PowerConfig;
+    use vla_qnn::{PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList};
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    assert!(
+        PerfGovernor::start(&backend, PerformanceMode::Off, Duration::from_millis(1))
+            .unwrap()
+            .is_none(),
+        "off votes nothing"
+    );
+
+    // Every mode's list and the idle list are accepted (return code 0).
+    let vote = PerformanceVote::create(&backend).unwrap();
+    assert_ne!(vote.id(), 0, "id 0 would override every other voter");
+    for mode in PerformanceMode::ALL {
+        match PowerConfigList::for_mode(mode, vote.id()) {
+            Some(list) => vote.apply(&list).unwrap(),
+            None => assert_eq!(mode, PerformanceMode::Off),
+        }
+    }
+    vote.apply(&PowerConfigList::relaxed(vote.id())).unwrap();
+    // A refused option is a typed error carrying QNN's code, and the voter stays usable.
+    let unknown = PowerConfigList::new(vec![PowerConfig {
+        option: 99,
+        payload: [0; 16],
+    }]);
+    let err = vote.apply(&unknown).unwrap_err();
+    assert!(matches!(err, QnnError::Call { code: 13002, .. }), "{err}");
+    assert!(err.to_string().contains("setPowerConfig"), "{err}");
+    vote.apply(&PowerConfigList::relaxed(vote.id())).unwrap();
+    drop(vote);
+
+    // The governor: one vote at start, graphs execute under it, released when idle,
+    // voted again by the next inference.
+    let gov = PerfGovernor::start(&backend, PerformanceMode::Burst, Duration::from_millis(50))
+        .unwrap()
+        .unwrap();
+    assert_eq!(gov.stats().votes, 1);
+    let mut graph = Context::create(&backend, ContextBinary::open(&lib, vision_bin()).unwrap())
+        .unwrap()
+        .graph(None)
+        .unwrap();
+    let mut io = graph.allocate_io();
+    {
+        let _vote = gov.inference();
+        graph.execute_io(&mut io).unwrap();
+    }
+    let t = Instant::now();
+    while gov.is_voted() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!gov.is_voted(), "released after the idle time");
+    assert_eq!(gov.stats().releases, 1);
+    {
+        let _vote = gov.inference();
+        assert!(gov.is_voted());
+        graph.execute_io(&mut io).unwrap();
+    }
+    let stats = gov.stats();
+    assert_eq!((stats.votes, stats.refused), (2, 0), "{stats:?}");
+
+    // Teardown: the governor outlives graph, context and backend handles; its id is
+    // destroyed before the backend it keeps alive.
+    drop(graph);
+    drop(backend);
+    drop(lib);
+    drop(gov);
 }
