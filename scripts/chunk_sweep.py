@@ -104,8 +104,9 @@ def main():
     ap.add_argument("--trigger", default="back_to_back")
     ap.add_argument("--base-ms", type=float, default=None,
                     help="the emulator's own latency; measured with bench-bundle when absent")
-    ap.add_argument("--timeline-cell", default=None, help="latency,hz,mode of the cell to plot")
-    ap.add_argument("--timeline-png", default=None)
+    ap.add_argument("--timeline-cell", action="append", default=[],
+                    help="latency,hz,mode of a cell to plot (repeatable)")
+    ap.add_argument("--timeline-dir", default=None, help="where the PNGs go")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -120,21 +121,24 @@ def main():
     # capture -> ready also includes waiting for the next camera frame and the tick.
     print(f"base latency (emulator, end to end p50): {base:.0f} ms", file=sys.stderr)
     cells = []
-    want = tuple(a.timeline_cell.split(",")) if a.timeline_cell else None
+    want = [tuple(c.split(",")) for c in a.timeline_cell]
+    want = {(float(w[0]), float(w[1]), w[2]) for w in want}
     for lat in [float(x) for x in a.latencies.split(",")]:
         for hz in [float(x) for x in a.rates.split(",")]:
             for mode in a.modes.split(","):
                 tl = None
-                if want and (float(want[0]), float(want[1]), want[2]) == (lat, hz, mode):
-                    tl = out / "timeline.csv"
+                name = f"timeline-{int(lat * 1000)}ms-{hz:g}hz-{mode}"
+                if (lat, hz, mode) in want:
+                    tl = out / f"{name}.csv"
                 c = run_cell(a.vlad, a.bundle, out, lat, hz, mode, base, a.seconds, a.trigger, tl)
                 cells.append(c)
                 print(f"  {lat:.1f} s {hz:g} Hz {mode:9s} hold {c['hold_share']*100:5.1f}%  "
                       f"seam max {c['seam_jump_max']:.3f}  inside max {c['inside_jump_max']:.3f}",
                       file=sys.stderr)
-                if tl and a.timeline_png:
+                if tl and a.timeline_dir:
+                    png = Path(a.timeline_dir) / f"{name}.png"
                     subprocess.run([sys.executable, str(repo / "scripts/plot_timeline.py"), str(tl),
-                                    a.timeline_png, "--title",
+                                    str(png), "--title",
                                     f"{Path(a.bundle).name}: {lat:.1f} s latency, {hz:g} Hz, {mode}"],
                                    check=True)
     (out / "sweep.json").write_text(json.dumps({"base_ms": base, "cells": cells}, indent=2))
