@@ -60,7 +60,10 @@ fn conditioned(name: &str) {
         dist(&out),
         dist(&free)
     );
-    assert!(dist(&out) < dist(&free), "{name}: the overlap follows the prefix");
+    assert!(
+        dist(&out) < dist(&free),
+        "{name}: the overlap follows the prefix"
+    );
 }
 
 #[test]
