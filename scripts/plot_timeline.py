@@ -23,7 +23,7 @@ def main():
         raise SystemExit(f"{a.csv}: no actions")
     dims = [k for k in rows[0] if k.startswith("v")]
     t = [float(r["t_s"]) for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 4.2), dpi=90)
+    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=64)
     for k in dims:
         ax.plot(t, [float(r[k]) for r in rows], lw=1.0, label=k)
     last_chunk, hold_from = None, None
@@ -47,7 +47,7 @@ def main():
     ax.set_title(f"{a.title}  ({seams} seams dotted, hold/fault shaded red)", fontsize=10)
     ax.legend(loc="upper right", ncol=len(dims), fontsize=7)
     fig.tight_layout()
-    fig.savefig(a.png)
+    fig.savefig(a.png, pil_kwargs={"optimize": True})
 
 
 if __name__ == "__main__":
