@@ -18,6 +18,10 @@
 #      cyclictest (rt-tests), per rate back to back on this machine
 #   5  action ring vs pipe, write-to-visible across two processes (vla-bench ring)
 #   6  release binary sizes; allocations per inference (host glue) and per tick (loop)
+#   7  chunk execution sweep (issue 13): latency {0.1,0.3,0.6,1.2 s} x publish rate
+#      {5,10,20 Hz} x merge mode {skip,crossfade,prefix} on the Fast-WAM fixture, the
+#      latency injected with control.extra_latency_ms (scripts/chunk_sweep.py; ~7 min
+#      at BENCH_CHUNK_SECONDS=8)
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -27,7 +31,8 @@ host_iterations=${BENCH_HOST_ITERATIONS:-10}
 bundle_iterations=${BENCH_BUNDLE_ITERATIONS:-5}
 ring_messages=${BENCH_RING_MESSAGES:-20000}
 loop_seconds=${BENCH_LOOP_SECONDS:-60}
-parts=" ${BENCH_PARTS:-1 2 4 5} "
+chunk_seconds=${BENCH_CHUNK_SECONDS:-8}
+parts=" ${BENCH_PARTS:-1 2 4 5 7} "
 part() { [[ $parts == *" $1 "* ]]; }
 rt_tests_version=2.4-1
 started=$(date +%s)
@@ -156,6 +161,19 @@ else:
 json.dump({"seconds": seconds, "rows": rows, "note": note}, open(out / "loop.json", "w"), indent=2)
 PY
 
+if part 7; then
+    step "7. chunk execution sweep: latency x rate x merge mode, ${chunk_seconds}s per cell"
+    quiet "$py" scripts/chunk_sweep.py --vlad "$vlad" --out "$out/chunks" --seconds "$chunk_seconds" \
+        --timeline-cell 0.3,20,skip --timeline-cell 0.3,20,crossfade --timeline-cell 0.3,20,prefix \
+        --timeline-dir "$out/chunks" >"$out/chunks.md"
+fi
+
 step "table"
 "$py" scripts/bench_numpy.py render --dir "$out" ${BENCH_UPDATE_DOC:+--doc docs/benchmarks.md}
+if [[ -s $out/chunks.md ]]; then
+    printf '\n## 7. Chunk execution sweep\n\n' >>"$out/latest.md"
+    cat "$out/chunks.md" >>"$out/latest.md"
+    printf '\n## 7. Chunk execution sweep\n\n'
+    cat "$out/chunks.md"
+fi
 echo "wrote $out/latest.md and $out/latest.json ($(($(date +%s) - started)) s)" >&2

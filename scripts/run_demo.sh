@@ -26,8 +26,12 @@ daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null || true' EXIT
 # The simulator waits for nothing: the daemon keeps publishing `hold` until it is ready
 # and the robot's first observation arrives.
-"$vlad" simulate --config "$config" --duration "$seconds"
+"$vlad" simulate --config "$config" --duration "$seconds" --timeline build/demo-timeline.csv
 kill -TERM "$daemon"
 wait "$daemon" || true
 trap - EXIT
 cat build/demo-daemon.out
+grep -m1 -o 'operating point: .*' "$log" || true
+.venv/bin/python scripts/plot_timeline.py build/demo-timeline.csv build/demo-timeline.png \
+    --title "demo ($config)"
+echo "demo: timeline plot (actions per dim, seams, holds) in build/demo-timeline.png"

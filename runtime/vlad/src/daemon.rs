@@ -3,7 +3,9 @@
 //!
 //! Start-up order: config -> real-time set-up -> QNN -> bundle -> every context resident
 //! -> the bundle's parity gate (which also warms every context) -> rings and loop ->
-//! `READY=1`. SIGHUP reloads the bundle (the publisher holds meanwhile; a bundle that
+//! `READY=1`, with the loop's operating point (latency in steps against the horizon) in
+//! the log and in `STATUS=`; a latency that leaves every chunk spent on arrival is a
+//! warning at start-up. SIGHUP reloads the bundle (the publisher holds meanwhile; a bundle that
 //! fails to load or to pass its gate is replaced by the previous one); SIGTERM stops
 //! after a final `hold`.
 
@@ -79,6 +81,8 @@ pub struct PolicyEngine {
     geometry: vla_ring::Geometry,
     /// HTP performance votes (None: `qnn.performance` off, or refused at start).
     votes: Option<vla_qnn::PerfGovernor>,
+    /// `control.extra_latency_ms` (tests and benchmarks only).
+    extra_latency: Duration,
 }
 
 impl PolicyEngine {
@@ -100,6 +104,39 @@ impl PolicyEngine {
 
 impl Engine for PolicyEngine {
     fn infer(&mut self, obs: &vla_ring::Observation, actions: &mut [f32]) -> Result<(), String> {
+        self.run(obs, None, actions)
+    }
+
+    fn conditions_on_prefix(&self) -> bool {
+        true
+    }
+
+    fn infer_with_prefix(
+        &mut self,
+        obs: &vla_ring::Observation,
+        prefix: &vla_control::Prefix<'_>,
+        actions: &mut [f32],
+    ) -> Result<(), String> {
+        let p = vla_policy::ActionPrefix {
+            actions: prefix.actions,
+            frozen: prefix.frozen,
+            overlap: prefix.overlap,
+        };
+        self.run(obs, Some(&p), actions)
+    }
+
+    fn reload(&mut self) -> Result<String, String> {
+        self.reload_policy()
+    }
+}
+
+impl PolicyEngine {
+    fn run(
+        &mut self,
+        obs: &vla_ring::Observation,
+        prefix: Option<&vla_policy::ActionPrefix<'_>>,
+        actions: &mut [f32],
+    ) -> Result<(), String> {
         let policy = self
             .policy
             .as_mut()
@@ -115,8 +152,16 @@ impl Engine for PolicyEngine {
             seed: obs.seed,
         };
         let vote = self.votes.as_ref().map(|v| v.inference());
-        policy.infer(&o, actions).map_err(|e| e.to_string())?;
+        match prefix {
+            Some(p) => policy.infer_with_prefix(&o, p, actions),
+            None => policy.infer(&o, actions),
+        }
+        .map_err(|e| e.to_string())?;
         drop(vote);
+        if !self.extra_latency.is_zero() {
+            // Reproduces a slower NPU's operating point on the emulator (tests, benchmarks).
+            std::thread::sleep(self.extra_latency);
+        }
         if let Some(ota) = self.ota.as_mut().filter(|o| o.on_trial) {
             match ota.store.record_healthy(&ota.running_hash, 1) {
                 Ok(vla_ota::Health::Committed(hash)) => {
@@ -131,7 +176,7 @@ impl Engine for PolicyEngine {
         Ok(())
     }
 
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload_policy(&mut self) -> Result<String, String> {
         if let Some(store) = self.ota.as_ref().map(|o| o.store.clone()) {
             return self.reload_from_store(&store);
         }
@@ -238,15 +283,25 @@ pub fn print_report(r: &LoopReport, period: Duration) {
         "  published       {} ok, {} hold, {} fault",
         r.published_ok, r.published_hold, r.published_fault
     );
+    println!(
+        "  latency         capture->chunk ready p95 over the last {} inferences {:.1} ms; {} chunks refused for NaN/Inf",
+        vla_control::LATENCY_WINDOW,
+        ms(r.latency_estimate_ns),
+        r.non_finite_chunks
+    );
 }
 
-fn status_line(h: &Health, last: &mut (Instant, u64)) -> String {
+fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> String {
     let ticks = Health::get(&h.ticks);
     let dt = last.0.elapsed().as_secs_f64().max(1e-9);
     let rate = (ticks - last.1) as f64 / dt;
     *last = (Instant::now(), ticks);
+    let point = vla_control::operating_point(s, Health::get(&h.latency_estimate_ns)).map_or_else(
+        || "operating point: no latency yet".to_owned(),
+        |p| p.describe(),
+    );
     format!(
-        "rate {rate:.1} Hz, inference {:.0} ms, freshness {:.0} ms, ok {}, hold {}, fault {}, missed {}",
+        "rate {rate:.1} Hz, inference {:.0} ms, freshness {:.0} ms, ok {}, hold {}, fault {}, missed {}; {point}",
         ms(Health::get(&h.last_inference_ns)),
         ms(Health::get(&h.last_freshness_ns)),
         Health::get(&h.published_ok),
@@ -254,6 +309,22 @@ fn status_line(h: &Health, last: &mut (Instant, u64)) -> String {
         Health::get(&h.published_fault),
         Health::get(&h.missed_ticks)
     )
+}
+
+/// Logs the operating point at READY: a warning when chunks would arrive spent.
+fn announce(settings: &LoopSettings) {
+    let Some(l) = settings.initial_latency else {
+        log::info!("operating point: no latency measured yet");
+        return;
+    };
+    let Some(p) = vla_control::operating_point(settings, l.as_nanos() as u64) else {
+        return;
+    };
+    if p.spent_on_arrival() {
+        log::warn!("{}", p.describe());
+    } else {
+        log::info!("{}", p.describe());
+    }
 }
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
@@ -418,8 +489,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         t.elapsed().as_secs_f64()
     );
     let geometry = ring_geometry(&policy.geometry());
-
     let c = &config.control;
+    // The gate's end-to-end inference ran after every context had run its own golden, so
+    // it is warm: the first latency estimate, before the loop has measured any.
+    let gate_latency = policy.timings().total + c.extra_latency();
+
     let settings = LoopSettings {
         geometry,
         observation_path: PathBuf::from(config.rings.observation_path.as_str()),
@@ -439,6 +513,19 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         inference_priority: rt.inference_priority,
         inference_cpus: rt.inference_cpus.iter().map(|&c| c as usize).collect(),
         fault_after_failures: 3,
+        merge: match c.merge {
+            vla_config::Merge::Skip => vla_control::MergeMode::Skip,
+            vla_config::Merge::Crossfade => vla_control::MergeMode::Crossfade,
+            vla_config::Merge::Prefix => vla_control::MergeMode::Prefix,
+        },
+        trigger: match c.trigger {
+            vla_config::TriggerMode::BackToBack => vla_control::Trigger::BackToBack,
+            vla_config::TriggerMode::Remaining => vla_control::Trigger::Remaining {
+                margin_steps: c.trigger_margin_steps,
+            },
+        },
+        chunk_period: c.chunk_period(),
+        initial_latency: Some(gate_latency),
     };
     let engine = PolicyEngine {
         backend,
@@ -448,15 +535,30 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         policy: Some(policy),
         geometry,
         votes,
+        extra_latency: c.extra_latency(),
     };
     let period = settings.period;
-    let lp = ControlLoop::start(settings, Box::new(engine))?;
-    notify("READY=1\nSTATUS=running");
+    let lp = ControlLoop::start(settings.clone(), Box::new(engine))?;
     log::info!(
-        "running: publishing at {:.1} Hz to {}",
+        "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
         1.0 / period.as_secs_f64(),
-        config.rings.action_path.as_str()
+        config.rings.action_path.as_str(),
+        settings.merge.as_str(),
+        settings.trigger,
+        settings.chunk_period.as_secs_f64() * 1e3,
+        if c.extra_latency_ms > 0 {
+            format!(
+                ", {} ms extra latency injected: tests and benchmarks only",
+                c.extra_latency_ms
+            )
+        } else {
+            String::new()
+        }
     );
+    announce(&settings);
+    let ready_point = vla_control::operating_point(&settings, gate_latency.as_nanos() as u64)
+        .map_or_else(String::new, |p| p.describe());
+    notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
 
     let watchdog = if config.systemd.watchdog {
         watchdog_interval()
@@ -492,7 +594,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             }
         }
         if last_status.elapsed() >= Duration::from_secs(1) {
-            let line = status_line(h, &mut rate_base);
+            let line = status_line(h, &settings, &mut rate_base);
             notify(&format!("STATUS={line}"));
             log::debug!("{line}");
             last_status = Instant::now();

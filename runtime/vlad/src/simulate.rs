@@ -3,6 +3,17 @@
 //! ring at camera rate and reads the action ring the way a firmware would, then reports
 //! what it received: rate, status counts, how fresh the applied actions were.
 //!
+//! The robot moves: a point arm whose pose is the integral of the actions it applies.
+//! Every applied `ok` action moves pose dim `i` by `action[i]` (a delta per control step,
+//! as LIBERO's actions are), for every action dim but the last (the gripper, binary in
+//! both policies); a `hold` or an expired action moves nothing. The pose is added to the
+//! source observation's state (its first dims), so the policy sees the arm where it is.
+//! Smoothness is measured on what is applied: the jump between consecutive applied
+//! actions (Euclidean, gripper excluded) at a chunk seam (the chunk id changed) and
+//! inside a chunk, next to the share of received actions that were `hold`/`fault`.
+//! `--timeline FILE.csv` keeps every received action (time, status, chunk, step,
+//! values) for `scripts/plot_timeline.py`.
+//!
 //! For the soak (`scripts/soak.sh`) it can also go silent on a schedule (`--gap-every`,
 //! `--gap-length`: no observation and no heartbeat, like a stalled camera) and keep a
 //! machine-readable report (`--json`) that it rewrites every second, so a simulator killed
@@ -25,12 +36,13 @@ use vla_ring::{
 };
 
 const HELP: &str = "usage: vlad simulate --config FILE [--bundle DIR] [--duration SECONDS] [--camera-hz HZ] [--obs FILE.npz]
-                     [--gap-every SECONDS --gap-length SECONDS] [--json FILE]
+                     [--gap-every SECONDS --gap-length SECONDS] [--json FILE] [--timeline FILE.csv]
 Writes observations (default: the bundle's golden/end_to_end.npz) at --camera-hz (default 10)
 into the observation ring and reads the action ring for --duration seconds (default 20).
 --gap-every S --gap-length L  every S seconds go silent for L seconds (L < S): no observation
                              and no heartbeat, like a stalled camera or firmware
---json FILE                  also write the report as JSON, rewritten every second and at the end";
+--json FILE                  also write the report as JSON, rewritten every second and at the end
+--timeline FILE.csv          every received action: t_s,status,chunk_id,step,v0..vN (for the plot)";
 
 /// Slots of the capture-time table (by observation seq); far more than any chunk can lag.
 const CAPTURE_SLOTS: usize = 4096;
@@ -136,6 +148,81 @@ struct Seen {
     stale_resumes: u64,
     /// Oldest of those (capture to applied).
     stale_resume_age_max_ns: u64,
+    motion: Motion,
+    /// Received actions, and those `hold`/`fault`, from the first applied `ok` on: the
+    /// schedule's holds, without the start-up before any chunk exists.
+    received_since_first_ok: u64,
+    held_since_first_ok: u64,
+}
+
+/// The moving arm and the smoothness of what it applied.
+#[derive(Default)]
+struct Motion {
+    pose: Vec<f64>,
+    last_applied: Option<(u64, Vec<f32>)>,
+    seams: u64,
+    seam_jump_max: f64,
+    seam_jump_sum: f64,
+    inside_steps: u64,
+    inside_jump_max: f64,
+    inside_jump_sum: f64,
+    distance: f64,
+}
+
+impl Motion {
+    /// Applies one `ok` action: integrates the pose and measures the jump from the last.
+    fn apply(&mut self, chunk_id: u64, values: &[f32]) {
+        let moving = values.len().saturating_sub(1);
+        if self.pose.len() != moving {
+            self.pose = vec![0.0; moving];
+        }
+        for (p, &v) in self.pose.iter_mut().zip(values) {
+            *p += f64::from(v);
+        }
+        self.distance += values[..moving]
+            .iter()
+            .map(|&v| f64::from(v).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        if let Some((last_chunk, last)) = &self.last_applied {
+            let jump = values[..moving]
+                .iter()
+                .zip(last)
+                .map(|(&a, &b)| f64::from(a - b).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            if *last_chunk != chunk_id {
+                self.seams += 1;
+                self.seam_jump_max = self.seam_jump_max.max(jump);
+                self.seam_jump_sum += jump;
+            } else {
+                self.inside_steps += 1;
+                self.inside_jump_max = self.inside_jump_max.max(jump);
+                self.inside_jump_sum += jump;
+            }
+        }
+        match &mut self.last_applied {
+            Some((c, v)) => {
+                *c = chunk_id;
+                v.clear();
+                v.extend_from_slice(values);
+            }
+            None => self.last_applied = Some((chunk_id, values.to_vec())),
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mean = |sum: f64, n: u64| if n == 0 { 0.0 } else { sum / n as f64 };
+        serde_json::json!({
+            "seams": self.seams,
+            "seam_jump_max": self.seam_jump_max,
+            "seam_jump_mean": mean(self.seam_jump_sum, self.seams),
+            "inside_jump_max": self.inside_jump_max,
+            "inside_jump_mean": mean(self.inside_jump_sum, self.inside_steps),
+            "path_length": self.distance,
+            "pose": self.pose,
+        })
+    }
 }
 
 /// The latest silence as the firmware lives through it.
@@ -156,6 +243,14 @@ struct Identity {
 }
 
 impl Seen {
+    fn hold_share_since_first_ok(&self) -> f64 {
+        if self.received_since_first_ok == 0 {
+            0.0
+        } else {
+            self.held_since_first_ok as f64 / self.received_since_first_ok as f64
+        }
+    }
+
     fn json(&self, id: &Identity, written: u64, now: u64, finished: bool) -> serde_json::Value {
         let ms = |ns: u64| ns as f64 / 1e6;
         let quantiles = |h: &Histogram| {
@@ -169,7 +264,11 @@ impl Seen {
         let longest_hold = self
             .longest_hold_ns
             .max(self.holding_since.map_or(0, |t| now.saturating_sub(t)));
+        let received = self.ok + self.hold + self.fault;
         serde_json::json!({
+            "hold_share": if received == 0 { 0.0 } else { (self.hold + self.fault) as f64 / received as f64 },
+            "hold_share_since_first_ok": self.hold_share_since_first_ok(),
+            "motion": self.motion.json(),
             "pid": std::process::id(),
             "finished": finished,
             "seconds": now.saturating_sub(id.start_ns) as f64 / 1e9,
@@ -238,6 +337,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         Option<PathBuf>,
         Option<PathBuf>,
     ) = (None, None, None, None);
+    let mut timeline_path: Option<PathBuf> = None;
     let (mut duration, mut camera_hz) = (20.0f64, 10.0f64);
     let (mut gap_every, mut gap_length): (Option<f64>, Option<f64>) = (None, None);
     let mut p = cli::parser(args);
@@ -251,6 +351,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Long("bundle") => bundle_dir = Some(cli::value(&mut p)?.into()),
             Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
             Long("json") => json_path = Some(cli::value(&mut p)?.into()),
+            Long("timeline") => timeline_path = Some(cli::value(&mut p)?.into()),
             Long("duration") => duration = cli::number(&mut p, "--duration")?,
             Long("camera-hz") => camera_hz = cli::number(&mut p, "--camera-hz")?,
             Long("gap-every") => gap_every = Some(cli::number(&mut p, "--gap-every")?),
@@ -359,6 +460,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         gaps,
     };
     let mut written = 0u64;
+    let mut timeline = String::new();
     let mut reader: Option<RingReader<Action>> = None;
     let mut action = Action::for_geometry(&geometry);
     let mut last_seq = 0u64;
@@ -404,6 +506,14 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 next_obs = next_obs.max(now);
             }
             if now >= next_obs {
+                // The arm is where the applied actions took it.
+                for (s, (&base, &p)) in obs
+                    .state
+                    .iter_mut()
+                    .zip(source.state.iter().zip(&s.motion.pose))
+                {
+                    *s = base + p as f32;
+                }
                 obs.capture_time_ns = now;
                 obs.seed = source.seed.wrapping_add(written);
                 let seq = writer
@@ -450,6 +560,32 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 last_arrival = Some(seen);
                 let made = action.made_time_ns;
                 let window = action.valid_until_ns.saturating_sub(made);
+                if s.first_ok.is_some() || action.status == ActionStatus::Ok {
+                    s.received_since_first_ok += 1;
+                    if action.status != ActionStatus::Ok {
+                        s.held_since_first_ok += 1;
+                    }
+                }
+                if timeline_path.is_some() {
+                    use std::fmt::Write;
+                    let status = match action.status {
+                        ActionStatus::Ok if action.applicable_at(seen) => "ok",
+                        ActionStatus::Ok => "expired",
+                        ActionStatus::Hold => "hold",
+                        ActionStatus::Fault => "fault",
+                    };
+                    let _ = write!(
+                        timeline,
+                        "{:.4},{status},{},{}",
+                        seen.saturating_sub(start) as f64 / 1e9,
+                        action.chunk_id,
+                        action.step_index
+                    );
+                    for v in &action.values {
+                        let _ = write!(timeline, ",{v}");
+                    }
+                    timeline.push('\n');
+                }
                 if action.status == ActionStatus::Ok {
                     if window == 0 || window > action_valid_ns {
                         s.window_invalid += 1;
@@ -464,6 +600,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 match action.status {
                     ActionStatus::Ok if action.applicable_at(seen) => {
                         s.ok += 1;
+                        s.motion.apply(action.chunk_id, &action.values);
                         s.first_ok.get_or_insert(seen);
                         if action.values.iter().all(|v| *v == 0.0) {
                             s.applied_zero += 1;
@@ -564,6 +701,16 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if let Some(path) = &json_path {
         json_report(&s.json(&id, written, monotonic_ns(), true), path)?;
     }
+    if let Some(path) = &timeline_path {
+        let header: String = (0..geometry.action_dims)
+            .map(|i| format!(",v{i}"))
+            .collect();
+        std::fs::write(
+            path,
+            format!("t_s,status,chunk_id,step{header}\n{timeline}"),
+        )
+        .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+    }
     let (ok, hold, fault) = (s.ok, s.hold, s.fault);
     let secs = duration;
     let ms = |ns: u64| ns as f64 / 1e6;
@@ -590,6 +737,24 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         ms(s.age.quantile_ns(0.5)),
         ms(s.age.quantile_ns(0.99)),
         ms(s.age.max_ns())
+    );
+    let m = &s.motion;
+    println!(
+        "  hold share      {:.1}% of received actions hold/fault, {:.1}% from the first ok action on",
+        if total == 0 { 0.0 } else { (hold + fault) as f64 * 100.0 / total as f64 },
+        s.hold_share_since_first_ok() * 100.0
+    );
+    println!(
+        "  smoothness      seam jump max {:.4} mean {:.4} ({} seams); inside chunks max {:.4} mean {:.4}",
+        m.seam_jump_max,
+        if m.seams == 0 { 0.0 } else { m.seam_jump_sum / m.seams as f64 },
+        m.seams,
+        m.inside_jump_max,
+        if m.inside_steps == 0 { 0.0 } else { m.inside_jump_sum / m.inside_steps as f64 }
+    );
+    println!(
+        "  arm path        {:.3} (sum of applied step lengths)",
+        m.distance
     );
     println!("  all-zero actions applied: {}", s.applied_zero);
     if reader.is_none() {

@@ -278,6 +278,10 @@ fn settings_for(hz: u32, tag: &str) -> LoopSettings {
         inference_priority: 0,
         inference_cpus: vec![],
         fault_after_failures: 3,
+        merge: vla_control::MergeMode::Skip,
+        trigger: vla_control::Trigger::BackToBack,
+        chunk_period: Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1))),
+        initial_latency: None,
     }
 }
 

@@ -184,6 +184,41 @@ pub struct RingsConfig {
     pub action_slots: u32,
 }
 
+/// How a landing chunk takes over from the one in play (`control.merge`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Merge {
+    #[default]
+    Skip,
+    Crossfade,
+    Prefix,
+}
+
+impl Merge {
+    pub const NAMES: [&'static str; 3] = ["skip", "crossfade", "prefix"];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "skip" => Some(Merge::Skip),
+            "crossfade" => Some(Merge::Crossfade),
+            "prefix" => Some(Merge::Prefix),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// When the next inference starts (`control.trigger`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TriggerMode {
+    #[default]
+    BackToBack,
+    /// When the chunk in play has `d + control.trigger_margin_steps` steps left.
+    Remaining,
+}
+
 /// Timing of the action publisher and the staleness limits that make it fail closed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ControlConfig {
@@ -193,6 +228,14 @@ pub struct ControlConfig {
     pub hold_after_chunk_end_ms: u32,
     pub action_valid_ms: u32,
     pub writer_heartbeat_timeout_ms: u32,
+    pub merge: Merge,
+    pub trigger: TriggerMode,
+    pub trigger_margin_steps: u32,
+    /// Chunk steps advance at this rate (the slower time base); `None`: at `publish_hz`.
+    pub chunk_rate_hz: Option<f64>,
+    /// Added to every inference (tests and benchmarks only: reproduces a board's
+    /// latency on the emulator).
+    pub extra_latency_ms: u32,
 }
 
 impl ControlConfig {
@@ -220,6 +263,18 @@ impl ControlConfig {
 
     pub fn writer_heartbeat_timeout(&self) -> Duration {
         Duration::from_millis(self.writer_heartbeat_timeout_ms.into())
+    }
+
+    /// Time between chunk steps: the publish period, or `1 / chunk_rate_hz`.
+    pub fn chunk_period(&self) -> Duration {
+        match self.chunk_rate_hz {
+            Some(hz) => Duration::try_from_secs_f64(1.0 / hz).unwrap_or(Duration::MAX),
+            None => self.publish_period(),
+        }
+    }
+
+    pub fn extra_latency(&self) -> Duration {
+        Duration::from_millis(self.extra_latency_ms.into())
     }
 }
 

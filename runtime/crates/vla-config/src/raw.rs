@@ -132,6 +132,12 @@ pub(crate) struct RawControl {
     pub hold_after_chunk_end_ms: f64,
     pub action_valid_ms: f64,
     pub writer_heartbeat_timeout_ms: f64,
+    /// Absent and `null` mean the defaults (skip, back to back, no time base, none).
+    pub merge: Option<WordText>,
+    pub trigger: Option<WordText>,
+    pub trigger_margin_steps: Option<f64>,
+    pub chunk_rate_hz: Option<f64>,
+    pub extra_latency_ms: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,8 +10,8 @@ use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
 use crate::raw::{RawConfig, RawControl, RawOta, RawQnn, RawRealtime, RawRings, Text};
 use crate::track::TrackError;
 use crate::{
-    BundleConfig, Config, ControlConfig, LogConfig, LogLevel, NameText, OtaConfig, PathText,
-    QnnConfig, QnnPerformance, RealtimeConfig, RingsConfig, SystemdConfig, TrustedKey,
+    BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, NameText, OtaConfig, PathText,
+    QnnConfig, QnnPerformance, RealtimeConfig, RingsConfig, SystemdConfig, TriggerMode, TrustedKey,
     MAX_CPU_INDEX,
 };
 
@@ -135,6 +135,46 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
             raw.writer_heartbeat_timeout_ms,
             1,
         )?,
+        merge: match &raw.merge {
+            None => Merge::default(),
+            Some(word) => Merge::parse(&word.0).ok_or_else(|| {
+                ConfigError::invalid(
+                    path(&["control", "merge"]),
+                    format_args!("one of skip, crossfade, prefix"),
+                    Found::text(&word.0),
+                )
+            })?,
+        },
+        trigger: match raw.trigger.as_ref().map(|w| w.0.as_str()) {
+            None | Some("back_to_back") => TriggerMode::BackToBack,
+            Some("remaining") => TriggerMode::Remaining,
+            Some(other) => {
+                return Err(ConfigError::invalid(
+                    path(&["control", "trigger"]),
+                    format_args!("one of back_to_back, remaining"),
+                    Found::text(other),
+                ))
+            }
+        },
+        trigger_margin_steps: match raw.trigger_margin_steps {
+            None => 2,
+            Some(v) => whole(path(&["control", "trigger_margin_steps"]), v, 0, 1000)?,
+        },
+        chunk_rate_hz: match raw.chunk_rate_hz {
+            None => None,
+            Some(r) if r > 0.0 && r <= hz => Some(r),
+            Some(r) => {
+                return Err(ConfigError::invalid(
+                    path(&["control", "chunk_rate_hz"]),
+                    format_args!("a number in (0, control.publish_hz = {hz}], or null (off)"),
+                    Found::number(r),
+                ))
+            }
+        },
+        extra_latency_ms: match raw.extra_latency_ms {
+            None => 0,
+            Some(v) => ms("extra_latency_ms", v, 0)?,
+        },
     };
     // An action must stay valid until the next one is published, or the reader would
     // see a gap of stale data on every tick.

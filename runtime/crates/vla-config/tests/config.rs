@@ -651,3 +651,68 @@ fn log_levels_map_to_qnn_levels() {
     assert_eq!(LogLevel::parse("Info"), None);
     assert_eq!(LogLevel::Trace.as_str(), "trace");
 }
+
+#[test]
+fn chunk_execution_fields_default_to_todays_behaviour_and_parse_when_given() {
+    let config = parse(&dev_json()).unwrap();
+    let c = &config.control;
+    assert_eq!(c.merge, vla_config::Merge::Skip);
+    assert_eq!(c.trigger, vla_config::TriggerMode::BackToBack);
+    assert_eq!((c.trigger_margin_steps, c.chunk_rate_hz), (2, None));
+    assert_eq!(c.extra_latency_ms, 0);
+    assert_eq!(c.chunk_period(), c.publish_period());
+    let json = edit(
+        &dev_json(),
+        "\"writer_heartbeat_timeout_ms\": 500",
+        "\"writer_heartbeat_timeout_ms\": 500, \"merge\": \"prefix\", \"trigger\": \"remaining\", \
+         \"trigger_margin_steps\": 3, \"chunk_rate_hz\": 5, \"extra_latency_ms\": 250",
+    );
+    let c = parse(&json).unwrap().control;
+    assert_eq!(c.merge, vla_config::Merge::Prefix);
+    assert_eq!(c.trigger, vla_config::TriggerMode::Remaining);
+    assert_eq!((c.trigger_margin_steps, c.chunk_rate_hz), (3, Some(5.0)));
+    assert_eq!(c.chunk_period(), std::time::Duration::from_millis(200));
+    assert_eq!(c.extra_latency_ms, 250);
+}
+
+#[test]
+fn bad_chunk_execution_fields_name_the_field() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "\"merge\": \"blend\"",
+            "control.merge",
+            &["skip, crossfade, prefix", "\"blend\""],
+        ),
+        (
+            "\"trigger\": \"early\"",
+            "control.trigger",
+            &["back_to_back, remaining"],
+        ),
+        (
+            "\"trigger_margin_steps\": -1",
+            "control.trigger_margin_steps",
+            &["0..=1000"],
+        ),
+        (
+            "\"chunk_rate_hz\": 40",
+            "control.chunk_rate_hz",
+            &["publish_hz = 20", "found 40"],
+        ),
+        ("\"chunk_rate_hz\": 0", "control.chunk_rate_hz", &["(0, "]),
+        (
+            "\"extra_latency_ms\": 0.5",
+            "control.extra_latency_ms",
+            &["0..=60000"],
+        ),
+    ];
+    for (field, at, parts) in cases {
+        let json = edit(
+            &dev_json(),
+            "\"writer_heartbeat_timeout_ms\": 500",
+            &format!("\"writer_heartbeat_timeout_ms\": 500, {field}"),
+        );
+        let (error, message) = error_of(&json);
+        assert_eq!(path_of(&error), *at, "{message}");
+        assert_mentions(&message, parts);
+    }
+}

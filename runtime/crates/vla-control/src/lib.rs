@@ -1,8 +1,10 @@
 //! The fixed-rate control loop between the robot's rings and a policy.
 //!
 //! Threads only, no async runtime:
-//! - the **inference thread** takes the newest observation from the observation ring,
-//!   skips it when too old, runs the [`Engine`] and hands the chunk over;
+//! - the **inference thread** waits for its [`Trigger`], takes the newest observation
+//!   from the observation ring, skips it when too old, runs the [`Engine`] (in `prefix`
+//!   mode conditioned on the chunk in play) and hands the chunk over; it keeps the rolling
+//!   latency estimate behind the [`OperatingPoint`];
 //! - the **publisher thread** (SCHED_FIFO when allowed) wakes on absolute
 //!   `clock_nanosleep` deadlines and publishes one action per tick to the action ring,
 //!   skipping missed ticks (counted), never allocating, never blocking on a lock: the
@@ -12,13 +14,23 @@
 //!
 //! This crate knows the rings, not QNN or policies: the daemon provides the [`Engine`].
 
+mod plan;
 mod rt;
 mod scheduler;
 mod stats;
 
+pub use plan::{
+    build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
+    Prefix, Trigger,
+};
 pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
-pub use stats::{Health, Histogram};
+pub use stats::{Health, Histogram, LatencyWindow};
+
+/// Inferences in the rolling latency window (LeRobot's RTC engine uses the last 100).
+pub const LATENCY_WINDOW: usize = 64;
+/// The quantile of that window taken as the latency `d` is computed from.
+pub const LATENCY_QUANTILE: f64 = 0.95;
 
 use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow};
 use nix::time::{clock_nanosleep, ClockId, ClockNanosleepFlags};
@@ -33,6 +45,22 @@ use vla_ring::{monotonic_ns, Action, Geometry, Observation, RingReader, RingWrit
 pub trait Engine: Send + 'static {
     /// One inference: `actions` is `chunk_len x action_dims`, preallocated.
     fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String>;
+    /// Whether [`Engine::infer_with_prefix`] really conditions on the prefix; the loop
+    /// refuses `prefix` mode otherwise.
+    fn conditions_on_prefix(&self) -> bool {
+        false
+    }
+    /// One inference whose first steps continue `prefix` (the chunk in play, re-indexed
+    /// to this observation's time). Only called when [`Engine::conditions_on_prefix`].
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &Prefix<'_>,
+        actions: &mut [f32],
+    ) -> Result<(), String> {
+        let _ = prefix;
+        self.infer(obs, actions)
+    }
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
     fn reload(&mut self) -> Result<String, String>;
@@ -57,12 +85,21 @@ pub struct LoopSettings {
     pub inference_cpus: Vec<usize>,
     /// Consecutive failed inferences before the loop publishes `fault` instead of `hold`.
     pub fault_after_failures: u32,
+    pub merge: MergeMode,
+    pub trigger: Trigger,
+    /// Time between chunk steps: `period`, or longer on the slower time base.
+    pub chunk_period: Duration,
+    /// Latency (capture -> chunk ready) known before the loop starts, e.g. from the warm
+    /// parity-gate inference; seeds the estimate so the first chunks are planned too.
+    pub initial_latency: Option<Duration>,
 }
 
 #[derive(Debug)]
 pub enum ControlError {
     ActionRing(vla_ring::CreateError),
     Thread(std::io::Error),
+    /// `prefix` mode with an engine that cannot condition on a prefix.
+    PrefixUnsupported,
 }
 
 impl core::fmt::Display for ControlError {
@@ -70,6 +107,10 @@ impl core::fmt::Display for ControlError {
         match self {
             ControlError::ActionRing(e) => write!(f, "action ring: {e}"),
             ControlError::Thread(e) => write!(f, "cannot start a loop thread: {e}"),
+            ControlError::PrefixUnsupported => write!(
+                f,
+                "`control.merge` is prefix but this engine cannot condition on a prefix"
+            ),
         }
     }
 }
@@ -109,6 +150,9 @@ pub struct LoopReport {
     pub inference_failures: u64,
     pub stale_observations: u64,
     pub skipped_steps: u64,
+    pub non_finite_chunks: u64,
+    /// The operating point at the end of the run (from the rolling estimate).
+    pub latency_estimate_ns: u64,
 }
 
 /// A running loop. Dropping it without [`ControlLoop::stop`] leaves the threads running
@@ -150,10 +194,16 @@ pub fn sleep_until(deadline_ns: u64) {
 impl ControlLoop {
     /// Creates the action ring and starts the threads.
     pub fn start(settings: LoopSettings, engine: Box<dyn Engine>) -> Result<Self, ControlError> {
+        if settings.merge == MergeMode::Prefix && !engine.conditions_on_prefix() {
+            return Err(ControlError::PrefixUnsupported);
+        }
         let g = settings.geometry;
         let writer = RingWriter::<Action>::create(&settings.action_path, g, settings.action_slots)
             .map_err(ControlError::ActionRing)?;
         let health = Arc::new(Health::default());
+        if let Some(l) = settings.initial_latency {
+            Health::set(&health.latency_estimate_ns, l.as_nanos() as u64);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let reload = Arc::new(AtomicBool::new(false));
         let robot_heartbeat = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -216,6 +266,11 @@ impl ControlLoop {
         &self.health
     }
 
+    /// The operating point from the current latency estimate (`None` before any).
+    pub fn operating_point(&self, settings: &LoopSettings) -> Option<OperatingPoint> {
+        operating_point(settings, Health::get(&self.health.latency_estimate_ns))
+    }
+
     /// Asks the inference thread to reload the policy; the publisher holds meanwhile.
     pub fn request_reload(&self) {
         self.reload.store(true, Ordering::Release);
@@ -251,8 +306,25 @@ impl ControlLoop {
             inference_failures: Health::get(&hl.inference_failures),
             stale_observations: Health::get(&hl.stale_observations),
             skipped_steps: Health::get(&hl.skipped_steps),
+            non_finite_chunks: Health::get(&hl.non_finite_chunks),
+            latency_estimate_ns: Health::get(&hl.latency_estimate_ns),
         }
     }
+}
+
+/// The operating point of `settings` at latency `latency_ns` (`None` when 0: unknown).
+pub fn operating_point(settings: &LoopSettings, latency_ns: u64) -> Option<OperatingPoint> {
+    if latency_ns == 0 {
+        return None;
+    }
+    let step = settings.chunk_period.max(settings.period).as_nanos() as u64;
+    let per_step = step as f64 / settings.period.as_nanos().max(1) as f64;
+    Some(OperatingPoint::new(
+        latency_ns,
+        step,
+        u64::from(settings.geometry.chunk_len),
+        per_step,
+    ))
 }
 
 fn publisher_thread(
@@ -273,6 +345,8 @@ fn publisher_thread(
         max_chunk_age_ns: s.max_chunk_age.as_nanos() as u64,
         hold_after_chunk_end_ns: s.hold_after_chunk_end.as_nanos() as u64,
         action_valid_ns: s.action_valid.as_nanos() as u64,
+        chunk_period_ns: s.chunk_period.as_nanos() as u64,
+        merge: s.merge,
     };
     let heartbeat_timeout = s.writer_heartbeat_timeout.as_nanos() as u64;
     let mut scheduler = Scheduler::new(limits, g.chunk_len as usize, g.action_dims as usize);
@@ -329,6 +403,7 @@ fn publisher_thread(
                     let skipped = scheduler.land(&landed, now);
                     capture_of_current = landed.capture_ns;
                     health.skipped_steps.fetch_add(skipped, Ordering::Relaxed);
+                    Health::set(&health.non_finite_chunks, scheduler.non_finite_refused);
                 } else {
                     scheduler.drop_chunk();
                 }
@@ -347,6 +422,8 @@ fn publisher_thread(
             Decision::Hold => Health::bump(&health.published_hold),
             Decision::Fault => Health::bump(&health.published_fault),
         }
+        Health::set(&health.chunk_end_ns, scheduler.end_ns());
+        Health::set(&health.chunk_in_play, scheduler.chunk_id());
         // The layout was fixed from the same geometry, so a publish cannot fail on length.
         let _ = writer.publish(&action);
         Health::bump(&health.ticks);
@@ -355,6 +432,8 @@ fn publisher_thread(
     }
     // Leave the robot holding: one last `hold` with the last real action.
     scheduler.drop_chunk();
+    Health::set(&health.chunk_end_ns, 0);
+    Health::set(&health.chunk_in_play, 0);
     scheduler.tick(monotonic_ns(), false, false, &mut action);
     let _ = writer.publish(&action);
     Health::bump(&health.published_hold);
@@ -400,10 +479,21 @@ fn inference_thread(
     let mut consecutive_failures = 0u32;
     let mut last_open_error = String::new();
     let max_age = s.max_observation_age.as_nanos() as u64;
+    let step_ns = s.chunk_period.max(s.period).as_nanos() as u64;
+    let dims = g.action_dims as usize;
+    let mut window = LatencyWindow::new(LATENCY_WINDOW);
+    // The first inference after a start or a reload is the cold one: not in the window.
+    let mut cold = true;
+    // The last chunk posted (what the publisher plays, unless it dropped it), and the
+    // prefix built from it: allocated here, reused.
+    let mut prev_actions = vec![0f32; actions.len()];
+    let mut prev_capture = 0u64;
+    let mut prefix_actions = vec![0f32; actions.len()];
     while !stop.load(Ordering::Acquire) {
         Health::set(&health.inference_alive_ns, monotonic_ns());
         if reload.swap(false, Ordering::AcqRel) {
             post(Event::Drop, None);
+            cold = true;
             Health::bump(&health.reloads);
             match engine.reload() {
                 Ok(what) => log::info!("reloaded: {what}"),
@@ -437,6 +527,19 @@ fn inference_thread(
             }
             continue;
         };
+        let estimate = Health::get(&health.latency_estimate_ns);
+        if s.trigger != Trigger::BackToBack {
+            // A chunk posted but not yet taken says nothing yet about the chunk in play.
+            let untaken = mailbox.try_lock().map_or(true, |m| m.fresh);
+            let end = Health::get(&health.chunk_end_ns);
+            let wait = untaken
+                || trigger_at(s.trigger, end, estimate, step_ns)
+                    .is_some_and(|at| monotonic_ns() < at);
+            if wait {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+        }
         let key = (r.writer_epoch(), r.published());
         if key.1 == 0 || key == last_seen {
             if matches!(r.is_replaced(), Ok(true)) {
@@ -463,17 +566,51 @@ fn inference_thread(
             Health::bump(&health.stale_observations);
             continue;
         }
+        // Prefix mode: condition on the chunk posted last when the publisher plays it, or
+        // plays its predecessor and has not taken it yet (it drops chunks on a silent
+        // robot, a failure or a reload, and then there is nothing to continue).
+        let in_play = Health::get(&health.chunk_in_play);
+        let pending = || mailbox.try_lock().is_ok_and(|m| m.fresh);
+        let continues =
+            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && pending()));
+        let prefix = (s.merge == MergeMode::Prefix && continues)
+            .then(|| {
+                let offset =
+                    obs.capture_time_ns.saturating_sub(prev_capture) as f64 / step_ns as f64;
+                let d = delay_steps(estimate, step_ns);
+                build_prefix(&prev_actions, dims, offset, d, &mut prefix_actions)
+            })
+            .flatten();
         let t0 = monotonic_ns();
-        let result = engine.infer(&obs, &mut actions);
+        let result = match prefix {
+            Some((frozen, overlap)) => {
+                let p = Prefix {
+                    actions: &prefix_actions,
+                    frozen,
+                    overlap,
+                };
+                engine.infer_with_prefix(&obs, &p, &mut actions)
+            }
+            None => engine.infer(&obs, &mut actions),
+        };
         let t1 = monotonic_ns();
         match result {
             Ok(()) => {
                 consecutive_failures = 0;
                 chunk_id += 1;
                 latency.record(t1 - t0);
+                if !cold {
+                    window.record(t1.saturating_sub(obs.capture_time_ns));
+                    if let Some(p95) = window.quantile_ns(LATENCY_QUANTILE) {
+                        Health::set(&health.latency_estimate_ns, p95);
+                    }
+                }
+                cold = false;
                 Health::set(&health.last_inference_ns, t1 - t0);
                 Health::set(&health.last_inference_done_ns, t1);
                 Health::bump(&health.inferences);
+                prev_actions.copy_from_slice(&actions);
+                prev_capture = obs.capture_time_ns;
                 post(Event::Chunk, Some((&obs, seq, &actions, chunk_id)));
             }
             Err(e) => {

@@ -1,23 +1,31 @@
 //! What to publish at each tick, given the current chunk: pure logic, no clocks or I/O.
 //!
-//! Step k of a chunk is meant for `capture + k * period` of the observation it came from.
-//! When a chunk lands, the steps whose time has passed by that inference's measured
-//! latency are skipped; afterwards exactly one step per tick. When the chunk runs out the
-//! last real action is held (never zeros), and a chunk older than the staleness limit or a
-//! silent robot publishes `hold`. Everything is preallocated at start.
+//! Step k of a chunk is meant for `capture + k * dt` of the observation it came from
+//! (`dt` the publish period, or the slower chunk time base). When a chunk lands, the
+//! steps whose time has passed by that inference's measured latency are skipped; in
+//! `crossfade` mode the steps it shares with the chunk in play are blended first. After
+//! that the position advances by `period / dt` chunk steps per tick (one, unless on the
+//! slower time base, where it interpolates between steps). When the chunk runs out the
+//! last real action is held (never zeros), and a chunk older than the staleness limit, a
+//! chunk holding NaN/Inf or a silent robot publishes `hold`. Everything is preallocated
+//! at start.
 
+use crate::plan::{crossfade_weight, sample_row, MergeMode};
 use vla_ring::{Action, ActionStatus};
 
 /// Limits of the schedule, in nanoseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct ScheduleLimits {
     pub period_ns: u64,
+    /// Time between chunk steps: `period_ns`, or longer on the slower time base.
+    pub chunk_period_ns: u64,
     /// A chunk whose observation is older than this publishes `hold`.
     pub max_chunk_age_ns: u64,
     /// After the last step, the last action stays `ok` this long, then `hold`.
     pub hold_after_chunk_end_ns: u64,
     /// `valid_until = made + action_valid` for every published step.
     pub action_valid_ns: u64,
+    pub merge: MergeMode,
 }
 
 /// A chunk as handed over by the inference thread.
@@ -49,19 +57,27 @@ pub struct Scheduler {
     steps: usize,
     dims: usize,
     chunk: Chunk,
+    /// The chunk in play before a crossfade rewrites `chunk`.
+    previous: Vec<f32>,
+    row: Vec<f32>,
     have_chunk: bool,
-    /// Step index of the next tick within `chunk`.
-    next_step: u64,
+    /// Position of the next tick within `chunk`, in chunk steps.
+    pos: f64,
+    /// Chunk steps per publish tick: `period / chunk_period` (1 without the time base).
+    advance: f64,
     last_values: Vec<f32>,
     last_source_seq: u64,
     last_chunk_id: u64,
     /// When the robot was last seen silent: a chunk from an observation captured before
     /// that describes a world that may have changed meanwhile, so it is never resumed.
     robot_lost_ns: u64,
+    /// Chunks refused because they held NaN/Inf.
+    pub non_finite_refused: u64,
 }
 
 impl Scheduler {
     pub fn new(limits: ScheduleLimits, steps: usize, dims: usize) -> Self {
+        let chunk_period = limits.chunk_period_ns.max(limits.period_ns).max(1);
         Self {
             limits,
             steps,
@@ -70,32 +86,96 @@ impl Scheduler {
                 actions: vec![0.0; steps * dims],
                 ..Chunk::default()
             },
+            previous: vec![0.0; steps * dims],
+            row: vec![0.0; dims],
             have_chunk: false,
-            next_step: 0,
+            pos: 0.0,
+            advance: limits.period_ns as f64 / chunk_period as f64,
             last_values: vec![0.0; dims],
             last_source_seq: 0,
             last_chunk_id: 0,
             robot_lost_ns: 0,
+            non_finite_refused: 0,
+        }
+    }
+
+    fn chunk_period(&self) -> u64 {
+        self.limits
+            .chunk_period_ns
+            .max(self.limits.period_ns)
+            .max(1)
+    }
+
+    /// When the chunk in play runs out (the time of its last step); 0 when none is.
+    pub fn end_ns(&self) -> u64 {
+        if self.have_chunk {
+            self.chunk.capture_ns + (self.steps as u64 - 1) * self.chunk_period()
+        } else {
+            0
+        }
+    }
+
+    /// Id of the chunk in play; 0 when none is.
+    pub fn chunk_id(&self) -> u64 {
+        if self.have_chunk {
+            self.chunk.id
+        } else {
+            0
         }
     }
 
     /// Takes a new chunk at time `now_ns`; returns how many steps were skipped. A chunk
     /// whose observation predates the robot's last silence is refused (the next one,
-    /// from a fresh observation, lands instead).
+    /// from a fresh observation, lands instead), and so is one holding NaN/Inf.
     pub fn land(&mut self, chunk: &Chunk, now_ns: u64) -> u64 {
         if self.robot_lost_ns != 0 && chunk.capture_ns <= self.robot_lost_ns {
             self.have_chunk = false;
             return 0;
+        }
+        if chunk.actions.iter().any(|v| !v.is_finite()) {
+            self.non_finite_refused += 1;
+            self.have_chunk = false;
+            return 0;
+        }
+        // Whole ticks since the capture, in chunk steps: the same count a tick-by-tick
+        // advance would have reached.
+        let ticks = now_ns.saturating_sub(chunk.capture_ns) / self.limits.period_ns.max(1);
+        let pos = ticks as f64 * self.advance;
+        let blend = self.limits.merge == MergeMode::Crossfade
+            && self.have_chunk
+            && chunk.capture_ns >= self.chunk.capture_ns
+            && now_ns.saturating_sub(self.chunk.capture_ns) <= self.limits.max_chunk_age_ns;
+        let offset = chunk.capture_ns.saturating_sub(self.chunk.capture_ns) as f64
+            / self.chunk_period() as f64;
+        if blend {
+            self.previous.copy_from_slice(&self.chunk.actions);
         }
         self.chunk.id = chunk.id;
         self.chunk.source_obs_seq = chunk.source_obs_seq;
         self.chunk.capture_ns = chunk.capture_ns;
         self.chunk.done_ns = chunk.done_ns;
         self.chunk.actions.copy_from_slice(&chunk.actions);
+        if blend {
+            // New step j is the old chunk's position j + offset: blend the steps both
+            // have, from the first one still to be published.
+            let last_old = (self.steps - 1) as f64;
+            let first = pos.ceil() as usize;
+            let n = (first..self.steps)
+                .take_while(|&j| j as f64 + offset <= last_old)
+                .count();
+            for k in 0..n {
+                let j = first + k;
+                let w = crossfade_weight(k, n);
+                sample_row(&self.previous, self.dims, j as f64 + offset, &mut self.row);
+                let new = &mut self.chunk.actions[j * self.dims..(j + 1) * self.dims];
+                for (v, &old) in new.iter_mut().zip(&self.row) {
+                    *v = old + (*v - old) * w;
+                }
+            }
+        }
         self.have_chunk = true;
-        // Steps whose time has passed: the measured observation-to-now latency in periods.
-        self.next_step = now_ns.saturating_sub(chunk.capture_ns) / self.limits.period_ns;
-        self.next_step
+        self.pos = pos;
+        pos.floor() as u64
     }
 
     /// Drops the current chunk (inference failed, bundle reloading, robot gone).
@@ -140,15 +220,14 @@ impl Scheduler {
             hold(out, ActionStatus::Hold);
             return Decision::Hold;
         }
-        let step = self.next_step;
-        self.next_step += 1;
-        if (step as usize) < self.steps {
-            let s = step as usize;
-            let row = &self.chunk.actions[s * self.dims..(s + 1) * self.dims];
-            self.last_values.copy_from_slice(row);
+        let pos = self.pos;
+        self.pos += self.advance;
+        let step = pos.floor() as usize;
+        if step < self.steps {
+            sample_row(&self.chunk.actions, self.dims, pos, &mut self.last_values);
             self.last_source_seq = self.chunk.source_obs_seq;
             self.last_chunk_id = self.chunk.id;
-            out.values.copy_from_slice(row);
+            out.values.copy_from_slice(&self.last_values);
             out.source_obs_seq = self.chunk.source_obs_seq;
             out.chunk_id = self.chunk.id;
             out.step_index = step as u32;
@@ -167,8 +246,9 @@ impl Scheduler {
         out.source_obs_seq = self.chunk.source_obs_seq;
         out.chunk_id = self.chunk.id;
         out.step_index = s as u32;
-        let grace_end =
-            self.chunk.capture_ns + self.steps as u64 * l.period_ns + l.hold_after_chunk_end_ns;
+        let grace_end = self.chunk.capture_ns
+            + self.steps as u64 * self.chunk_period()
+            + l.hold_after_chunk_end_ns;
         if now_ns < grace_end {
             out.status = ActionStatus::Ok;
             out.valid_until_ns = (now_ns + l.action_valid_ns).min(grace_end);
@@ -188,11 +268,17 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn setup() -> (Scheduler, Action) {
+        setup_with(MergeMode::Skip, 100 * MS)
+    }
+
+    fn setup_with(merge: MergeMode, chunk_period_ns: u64) -> (Scheduler, Action) {
         let limits = ScheduleLimits {
             period_ns: 100 * MS,
+            chunk_period_ns,
             max_chunk_age_ns: 2000 * MS,
             hold_after_chunk_end_ns: 150 * MS,
             action_valid_ns: 100 * MS,
+            merge,
         };
         let g = Geometry {
             cameras: 0,
@@ -332,5 +418,139 @@ mod tests {
             Decision::Hold,
             "a fault drops the chunk"
         );
+    }
+
+    const MODES: [MergeMode; 3] = [MergeMode::Skip, MergeMode::Crossfade, MergeMode::Prefix];
+
+    #[test]
+    fn crossfade_blends_the_shared_steps_with_a_ramp_and_keeps_the_rest() {
+        let (mut s, mut a) = setup_with(MergeMode::Crossfade, 100 * MS);
+        // Old chunk: captured at 1000 ms, values 100.. (dim 0: 100, 102, 104, 106, 108).
+        s.land(&chunk(1, 1000), 1000 * MS);
+        assert_eq!(s.tick(1000 * MS, true, false, &mut a), Decision::Step(0));
+        assert_eq!(s.tick(1100 * MS, true, false, &mut a), Decision::Step(1));
+        // New chunk captured at 1100 ms (offset 1 step), lands at 1200 ms: step 1 is next.
+        // New step j is old step j + 1; shared: new steps 1..=3 (old 2..=4), n = 3.
+        assert_eq!(s.land(&chunk(2, 1100), 1200 * MS), 1);
+        let expected = |j: usize, w: f32| {
+            let old = 100.0 + 2.0 * (j + 1) as f32;
+            let new = 200.0 + 2.0 * j as f32;
+            old + (new - old) * w
+        };
+        for (k, t) in [1200u64, 1300, 1400].into_iter().enumerate() {
+            assert_eq!(
+                s.tick(t * MS, true, false, &mut a),
+                Decision::Step(k as u32 + 1)
+            );
+            let w = (k + 1) as f32 / 4.0;
+            assert!(
+                (a.values[0] - expected(k + 1, w)).abs() < 1e-4,
+                "{:?}",
+                a.values
+            );
+            assert_eq!(a.chunk_id, 2);
+        }
+        // Beyond the overlap: the new chunk as it is.
+        assert_eq!(s.tick(1500 * MS, true, false, &mut a), Decision::Step(4));
+        assert_eq!(a.values, vec![208.0, 209.0]);
+    }
+
+    #[test]
+    fn crossfade_makes_a_smaller_seam_than_skip() {
+        let jump = |mode| {
+            let (mut s, mut a) = setup_with(mode, 100 * MS);
+            s.land(&chunk(1, 1000), 1000 * MS);
+            s.tick(1000 * MS, true, false, &mut a);
+            s.tick(1100 * MS, true, false, &mut a);
+            let before = a.values[0];
+            s.land(&chunk(2, 1100), 1200 * MS);
+            s.tick(1200 * MS, true, false, &mut a);
+            (a.values[0] - before).abs()
+        };
+        let (skip, fade) = (jump(MergeMode::Skip), jump(MergeMode::Crossfade));
+        assert!(fade < skip, "crossfade seam {fade} vs skip {skip}");
+    }
+
+    #[test]
+    fn the_slower_time_base_interpolates_between_chunk_steps() {
+        // Chunk steps every 400 ms, published every 100 ms: a quarter step per tick.
+        let (mut s, mut a) = setup_with(MergeMode::Skip, 400 * MS);
+        assert_eq!(s.land(&chunk(1, 1000), 1000 * MS), 0);
+        let mut seen = vec![];
+        for t in 0..6u64 {
+            assert!(matches!(
+                s.tick((1000 + 100 * t) * MS, true, false, &mut a),
+                Decision::Step(_)
+            ));
+            seen.push(a.values[0]);
+        }
+        assert_eq!(seen, vec![100.0, 100.5, 101.0, 101.5, 102.0, 102.5]);
+        // Landing 1 s after capture: 10 ticks = 2.5 steps consumed.
+        assert_eq!(s.land(&chunk(2, 2000), 3000 * MS), 2);
+        s.tick(3000 * MS, true, false, &mut a);
+        assert_eq!(a.values[0], 205.0);
+        // The chunk lasts 5 steps of 400 ms: its end is the last step's time.
+        assert_eq!(s.end_ns(), 2000 * MS + 4 * 400 * MS);
+    }
+
+    #[test]
+    fn every_mode_fails_closed_and_never_publishes_non_finite() {
+        for mode in MODES {
+            let (mut s, mut a) = setup_with(mode, 100 * MS);
+            s.land(&chunk(1, 1000), 1000 * MS);
+            assert!(matches!(
+                s.tick(1000 * MS, true, false, &mut a),
+                Decision::Step(0)
+            ));
+            // A chunk holding NaN is refused: hold, the last finite action, never NaN.
+            let mut bad = chunk(2, 1050);
+            bad.actions[3] = f32::NAN;
+            assert_eq!(s.land(&bad, 1100 * MS), 0);
+            assert_eq!(s.non_finite_refused, 1);
+            assert_eq!(
+                s.tick(1100 * MS, true, false, &mut a),
+                Decision::Hold,
+                "{mode:?}"
+            );
+            assert!(a.values.iter().all(|v| v.is_finite()), "{mode:?}");
+            assert_eq!(a.values, vec![100.0, 101.0], "{mode:?}");
+            // Stale chunk.
+            s.land(&chunk(3, 1200), 1200 * MS);
+            assert_eq!(
+                s.tick(3300 * MS, true, false, &mut a),
+                Decision::Hold,
+                "{mode:?}"
+            );
+            // Silent robot, then an old chunk never resumes.
+            s.land(&chunk(4, 3300), 3300 * MS);
+            assert_eq!(
+                s.tick(3400 * MS, false, false, &mut a),
+                Decision::Hold,
+                "{mode:?}"
+            );
+            assert_eq!(s.land(&chunk(5, 3350), 3500 * MS), 0);
+            assert_eq!(
+                s.tick(3500 * MS, true, false, &mut a),
+                Decision::Hold,
+                "{mode:?}"
+            );
+            // Reload / failed inference: the chunk is dropped.
+            s.land(&chunk(6, 3600), 3600 * MS);
+            s.drop_chunk();
+            assert_eq!(
+                s.tick(3600 * MS, true, false, &mut a),
+                Decision::Hold,
+                "{mode:?}"
+            );
+            assert_eq!(s.end_ns(), 0);
+            // Repeated failures: fault.
+            s.land(&chunk(7, 3700), 3700 * MS);
+            assert_eq!(
+                s.tick(3700 * MS, true, true, &mut a),
+                Decision::Fault,
+                "{mode:?}"
+            );
+            assert_eq!(a.status, ActionStatus::Fault);
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Loop statistics: a fixed-size latency histogram (no growth, no allocation per sample)
-//! and the shared health counters the daemon reads for `STATUS=` and the watchdog.
+//! Loop statistics: a fixed-size latency histogram (no growth, no allocation per sample),
+//! the rolling latency window behind the operating point, and the shared health counters
+//! the daemon reads for `STATUS=` and the watchdog.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -94,6 +95,55 @@ impl Histogram {
     }
 }
 
+/// The last `N` inference latencies (capture -> chunk ready), for the operating point.
+/// A histogram cannot forget old samples, so the window keeps them raw; its quantile is
+/// exact over the window. Both buffers are allocated once, so recording and querying
+/// never allocate.
+#[derive(Clone, Debug)]
+pub struct LatencyWindow {
+    samples: Vec<u64>,
+    scratch: Vec<u64>,
+    next: usize,
+    len: usize,
+}
+
+impl LatencyWindow {
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            samples: vec![0; capacity],
+            scratch: vec![0; capacity],
+            next: 0,
+            len: 0,
+        }
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.samples[self.next] = ns;
+        self.next = (self.next + 1) % self.samples.len();
+        self.len = (self.len + 1).min(self.samples.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `q`-quantile of the samples in the window (nearest rank), `None` when empty.
+    pub fn quantile_ns(&mut self, q: f64) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        let s = &mut self.scratch[..self.len];
+        s.copy_from_slice(&self.samples[..self.len]);
+        let rank = ((q * self.len as f64).ceil() as usize).clamp(1, self.len);
+        Some(*s.select_nth_unstable(rank - 1).1)
+    }
+}
+
 /// Counters shared between the loop threads and the daemon (relaxed atomics: figures,
 /// not synchronization).
 #[derive(Debug, Default)]
@@ -115,6 +165,14 @@ pub struct Health {
     pub last_freshness_ns: AtomicU64,
     pub reloads: AtomicU64,
     pub inference_alive_ns: AtomicU64,
+    /// p95 of the rolling latency window (capture -> chunk ready); 0 before any sample.
+    pub latency_estimate_ns: AtomicU64,
+    /// When the chunk in play runs out (its last step's time); 0: no chunk in play.
+    pub chunk_end_ns: AtomicU64,
+    /// Id of the chunk in play; 0: none.
+    pub chunk_in_play: AtomicU64,
+    /// Chunks refused because they held NaN/Inf (never published).
+    pub non_finite_chunks: AtomicU64,
 }
 
 impl Health {
@@ -145,6 +203,24 @@ mod tests {
         h.record(500_000_000_000);
         assert_eq!(h.max_ns(), 500_000_000_000);
         assert_eq!(h.quantile_ns(1.0), 500_000_000_000);
+    }
+
+    #[test]
+    fn the_window_forgets_old_samples_and_takes_its_quantile_exactly() {
+        let mut w = LatencyWindow::new(4);
+        assert_eq!(w.quantile_ns(0.95), None);
+        for ns in [9_000, 1, 2, 3] {
+            w.record(ns);
+        }
+        assert_eq!(w.quantile_ns(0.95), Some(9_000));
+        w.record(4);
+        assert_eq!(w.len(), 4);
+        assert_eq!(
+            w.quantile_ns(0.95),
+            Some(4),
+            "the 9000 sample left the window"
+        );
+        assert_eq!(w.quantile_ns(0.5), Some(2));
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! The loop end to end over real shared-memory rings, with an engine whose output encodes
 //! the observation it saw (so every published step can be traced back).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use vla_control::{ControlLoop, Engine, LoopSettings};
+use vla_control::{ControlLoop, Engine, LoopSettings, MergeMode, Prefix, Trigger};
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
 
 const G: Geometry = Geometry {
@@ -17,13 +17,56 @@ const G: Geometry = Geometry {
     chunk_len: 8,
 };
 
-/// Takes `latency` per inference; action value = observation seq * 100 + step.
+/// Takes `latency` per inference; action value = observation seq * 100 + step. Claims to
+/// condition on a prefix (it checks the prefix instead, and counts what it saw).
 struct Tracing {
     latency: Duration,
     fail: Arc<AtomicBool>,
+    seen: Arc<PrefixSeen>,
+}
+
+#[derive(Default)]
+struct PrefixSeen {
+    calls: AtomicU64,
+    /// Prefixes whose rows were not the previous chunk's consecutive steps then its last.
+    malformed: AtomicU64,
+}
+
+fn tracing(latency_ms: u64, fail: &Arc<AtomicBool>) -> Box<Tracing> {
+    Box::new(Tracing {
+        latency: Duration::from_millis(latency_ms),
+        fail: fail.clone(),
+        seen: Arc::default(),
+    })
 }
 
 impl Engine for Tracing {
+    fn conditions_on_prefix(&self) -> bool {
+        true
+    }
+
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &Prefix<'_>,
+        actions: &mut [f32],
+    ) -> Result<(), String> {
+        self.seen.calls.fetch_add(1, Ordering::Relaxed);
+        let rows: Vec<f32> = prefix.actions.chunks(3).map(|r| r[0]).collect();
+        let last = *rows.last().unwrap();
+        let ok = prefix.frozen <= prefix.overlap
+            && prefix.overlap >= 1
+            && rows[..prefix.overlap]
+                .windows(2)
+                .all(|w| (w[1] - w[0] - 1.0).abs() < 1e-3 || w[1] == last)
+            && rows[prefix.overlap..].iter().all(|&v| v == last)
+            && rows.iter().all(|v| *v != 0.0);
+        if !ok {
+            self.seen.malformed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.infer(obs, actions)
+    }
+
     fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
         std::thread::sleep(self.latency);
         if self.fail.load(Ordering::Relaxed) {
@@ -57,8 +100,14 @@ fn settings(tag: &str) -> LoopSettings {
         inference_priority: 0,
         inference_cpus: vec![],
         fault_after_failures: 2,
+        merge: MergeMode::Skip,
+        trigger: Trigger::BackToBack,
+        chunk_period: Duration::from_millis(10),
+        initial_latency: None,
     }
 }
+
+const MODES: [MergeMode; 3] = [MergeMode::Skip, MergeMode::Crossfade, MergeMode::Prefix];
 
 fn publish_obs(w: &mut RingWriter<Observation>, obs: &mut Observation) -> u64 {
     obs.capture_time_ns = monotonic_ns();
@@ -87,19 +136,21 @@ fn collect(r: &RingReader<Action>, d: Duration, mut feed: impl FnMut()) -> Vec<A
 
 #[test]
 fn publishes_fresh_traceable_steps_then_holds_when_the_robot_stops() {
-    let s = settings("fresh");
+    for mode in MODES {
+        fresh_steps_then_hold(mode);
+    }
+}
+
+fn fresh_steps_then_hold(mode: MergeMode) {
+    let mut s = settings(&format!("fresh-{}", mode.as_str()));
+    s.merge = mode;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     publish_obs(&mut ow, &mut obs);
     let fail = Arc::new(AtomicBool::new(false));
-    let lp = ControlLoop::start(
-        s.clone(),
-        Box::new(Tracing {
-            latency: Duration::from_millis(25),
-            fail: fail.clone(),
-        }),
-    )
-    .unwrap();
+    let engine = tracing(25, &fail);
+    let seen = engine.seen.clone();
+    let lp = ControlLoop::start(s.clone(), engine).unwrap();
     let ar = loop {
         if let Ok(r) = RingReader::<Action>::open(&s.action_path, G) {
             break r;
@@ -117,15 +168,35 @@ fn publishes_fresh_traceable_steps_then_holds_when_the_robot_stops() {
         .iter()
         .filter(|a| a.status == ActionStatus::Ok)
         .collect();
-    assert!(ok.len() > 5, "{} ok of {}", ok.len(), actions.len());
+    assert!(
+        ok.len() > 5,
+        "{mode:?}: {} ok of {}",
+        ok.len(),
+        actions.len()
+    );
     for a in &ok {
+        assert!(a.values.iter().all(|v| v.is_finite() && *v != 0.0), "{a:?}");
+        assert!(a.valid_until_ns > a.made_time_ns);
+        if mode == MergeMode::Crossfade {
+            // Blended steps lie between the previous chunk's values and this one's.
+            assert!(a.values[0] <= (a.source_obs_seq * 100 + a.step_index as u64) as f32);
+            continue;
+        }
         // Value encodes (source seq, step): never zeros, always from the named observation.
         assert_eq!(
             a.values[0],
             (a.source_obs_seq * 100 + a.step_index as u64) as f32,
-            "{a:?}"
+            "{mode:?} {a:?}"
         );
-        assert!(a.valid_until_ns > a.made_time_ns);
+    }
+    if mode == MergeMode::Prefix {
+        assert!(
+            seen.calls.load(Ordering::Relaxed) > 0,
+            "prefix mode conditions"
+        );
+        assert_eq!(seen.malformed.load(Ordering::Relaxed), 0);
+    } else {
+        assert_eq!(seen.calls.load(Ordering::Relaxed), 0, "{mode:?}");
     }
     // Skipping is unit-tested in the scheduler; here: a chunk never starts at a step its
     // inference could not have reached (25 ms latency, 10 ms period => step >= 2).
@@ -168,18 +239,18 @@ fn publishes_fresh_traceable_steps_then_holds_when_the_robot_stops() {
 
 #[test]
 fn failing_inference_holds_then_faults_and_stale_observations_are_skipped() {
-    let s = settings("fault");
+    for mode in MODES {
+        failing_then_stale(mode);
+    }
+}
+
+fn failing_then_stale(mode: MergeMode) {
+    let mut s = settings(&format!("fault-{}", mode.as_str()));
+    s.merge = mode;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     let fail = Arc::new(AtomicBool::new(true));
-    let lp = ControlLoop::start(
-        s.clone(),
-        Box::new(Tracing {
-            latency: Duration::from_millis(5),
-            fail: fail.clone(),
-        }),
-    )
-    .unwrap();
+    let lp = ControlLoop::start(s.clone(), tracing(5, &fail)).unwrap();
     let ar = loop {
         if let Ok(r) = RingReader::<Action>::open(&s.action_path, G) {
             break r;
@@ -210,4 +281,37 @@ fn failing_inference_holds_then_faults_and_stale_observations_are_skipped() {
     assert!(report.inference_failures >= 2);
     let _ = std::fs::remove_file(&s.observation_path);
     let _ = std::fs::remove_file(&s.action_path);
+}
+
+/// Runs the loop for `d` with observations at 100 Hz; returns the inferences it made.
+fn inferences_with(trigger: Trigger, tag: &str) -> u64 {
+    let mut s = settings(tag);
+    s.trigger = trigger;
+    let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
+    let mut obs = Observation::for_geometry(&G).unwrap();
+    let fail = Arc::new(AtomicBool::new(false));
+    let lp = ControlLoop::start(s.clone(), tracing(15, &fail)).unwrap();
+    let end = monotonic_ns() + 1_000_000_000;
+    while monotonic_ns() < end {
+        publish_obs(&mut ow, &mut obs);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let report = lp.stop();
+    assert!(report.published_ok > 0, "{report:?}");
+    let _ = std::fs::remove_file(&s.observation_path);
+    let _ = std::fs::remove_file(&s.action_path);
+    report.inferences
+}
+
+#[test]
+fn the_remaining_trigger_lets_the_engine_idle_between_chunks() {
+    // 8 steps of 10 ms per chunk, ~15-25 ms per inference: back to back runs ~50 per
+    // second; waiting for d + 1 steps left runs about one per chunk's worth of steps.
+    let back = inferences_with(Trigger::BackToBack, "trig-back");
+    let remaining = inferences_with(Trigger::Remaining { margin_steps: 1 }, "trig-rem");
+    assert!(remaining > 3, "it still runs: {remaining}");
+    assert!(
+        remaining * 10 < back * 8,
+        "remaining-trigger {remaining} inferences vs back-to-back {back}"
+    );
 }

@@ -10,6 +10,7 @@ use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
 use crate::manifest::FastWamSettings;
 use crate::noise::fill_gaussian;
 use crate::norm::Normalizer;
+use crate::prefix::{ActionPrefix, PrefixBuffers};
 use crate::Observation;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
@@ -31,6 +32,7 @@ pub struct FastWam {
     action_norm: Normalizer,
     pub(crate) timings: Timings,
     pub(crate) fault: Option<String>,
+    prefix: PrefixBuffers,
 }
 
 /// The Wan shifted schedule: `u = linspace(1, 0, N+1)[:N]`, `sigma = s*u / (1 + (s-1)*u)`.
@@ -127,12 +129,27 @@ impl FastWam {
             action_norm: Normalizer::new(&f.action_norm, f.action_dims),
             timings: Timings::new(&["action_step".to_string()]),
             fault: None,
+            prefix: PrefixBuffers::new(f.action_horizon, f.action_dims),
             action_step: g,
             settings: f,
         })
     }
 
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
+        self.infer_conditioned(obs, None, actions)
+    }
+
+    /// [`FastWam::infer`], the denoising loop optionally conditioned on `prefix`. Wan's
+    /// sigma runs from 1 (noise) to 0 (data); the masked Euler delta is the same.
+    pub fn infer_conditioned(
+        &mut self,
+        obs: &Observation<'_>,
+        prefix: Option<&ActionPrefix<'_>>,
+        actions: &mut [f32],
+    ) -> Result<(), PolicyError> {
+        if let Some(p) = prefix {
+            self.prefix.load(p, &self.action_norm)?;
+        }
         let f = &self.settings;
         let dims = f.action_dims;
         if actions.len() != f.action_horizon * dims {
@@ -145,6 +162,9 @@ impl FastWam {
         self.timings.reset();
         let start = Instant::now();
         fill_gaussian(obs.seed, self.latents.as_f32_mut());
+        if prefix.is_some() {
+            self.prefix.seed(self.latents.as_f32_mut(), dims);
+        }
         let (ii, oi) = self.io;
         for i in 0..f.flow_steps {
             self.timestep.as_f32_mut()[0] = (self.sigmas[i] * 1000.0) as f32;
@@ -181,12 +201,21 @@ impl FastWam {
                     count: bad,
                 });
             }
-            wan_update(
-                self.latents.as_f32_mut(),
-                self.pred.as_f32(),
-                self.sigmas[i],
-                self.sigmas[i + 1],
-            );
+            match prefix {
+                Some(_) => self.prefix.update(
+                    self.latents.as_f32_mut(),
+                    self.pred.as_f32(),
+                    crate::manifest::StepOutput::Velocity,
+                    (self.sigmas[i + 1] - self.sigmas[i]) as f32,
+                    dims,
+                ),
+                None => wan_update(
+                    self.latents.as_f32_mut(),
+                    self.pred.as_f32(),
+                    self.sigmas[i],
+                    self.sigmas[i + 1],
+                ),
+            }
         }
         wan_actions(
             &self.action_norm,

@@ -19,6 +19,7 @@ mod molmoact2;
 mod noise;
 mod norm;
 mod parity;
+mod prefix;
 mod preprocess;
 mod prompt;
 
@@ -32,6 +33,7 @@ pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAc
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile};
+pub use prefix::{prefix_mask, ActionPrefix};
 pub use preprocess::Preprocessor;
 pub use prompt::{attention_bias, Instruction};
 
@@ -126,6 +128,19 @@ impl Policy {
         match self {
             Policy::MolmoAct2(p) => p.infer(obs, actions),
             Policy::FastWam(p) => p.infer(obs, actions),
+        }
+    }
+
+    /// One inference whose overlap continues `prefix` (see the `prefix` module).
+    pub fn infer_with_prefix(
+        &mut self,
+        obs: &Observation<'_>,
+        prefix: &ActionPrefix<'_>,
+        actions: &mut [f32],
+    ) -> Result<(), PolicyError> {
+        match self {
+            Policy::MolmoAct2(p) => p.infer_conditioned(obs, Some(prefix), actions),
+            Policy::FastWam(p) => p.infer_conditioned(obs, Some(prefix), actions),
         }
     }
 

@@ -21,6 +21,7 @@ use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
 use crate::noise::fill_gaussian;
 use crate::norm::{state_token_id, Normalizer};
+use crate::prefix::{ActionPrefix, PrefixBuffers};
 use crate::preprocess::Preprocessor;
 use crate::prompt::PromptTables;
 use crate::Observation;
@@ -67,6 +68,7 @@ pub struct MolmoAct2 {
     state_ids: Vec<usize>,
     /// Component whose output is poisoned after it runs (tests only).
     pub(crate) fault: Option<String>,
+    prefix: PrefixBuffers,
 }
 
 /// The state-token id of every state value: normalize, clip, quantize (step 2).
@@ -230,6 +232,7 @@ impl MolmoAct2 {
             timings: Timings::new(&names),
             state_ids: vec![0; m.state_dims],
             fault: None,
+            prefix: PrefixBuffers::new(m.action_horizon, m.action_dims),
             vision,
             splits,
             action_context,
@@ -302,7 +305,21 @@ impl MolmoAct2 {
 
     /// Runs one inference; writes `[H, action_dims]` de-normalized actions to `actions`.
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
+        self.infer_conditioned(obs, None, actions)
+    }
+
+    /// [`MolmoAct2::infer`], the flow loop optionally conditioned on `prefix` (every
+    /// KeyStone candidate starts from the same prefix).
+    pub fn infer_conditioned(
+        &mut self,
+        obs: &Observation<'_>,
+        prefix: Option<&ActionPrefix<'_>>,
+        actions: &mut [f32],
+    ) -> Result<(), PolicyError> {
         self.check_observation(obs)?;
+        if let Some(p) = prefix {
+            self.prefix.load(p, &self.action_norm)?;
+        }
         let m = &self.settings;
         let (h, dims) = (m.action_horizon, m.action_dims);
         if actions.len() != h * dims {
@@ -432,6 +449,9 @@ impl MolmoAct2 {
                 width,
                 dims,
             );
+            if prefix.is_some() {
+                self.prefix.seed(self.trajectory.as_f32_mut(), width);
+            }
             for step in 0..n {
                 self.timestep.as_f32_mut()[0] = (step as f64 / n as f64) as f32;
                 let t = Instant::now();
@@ -466,14 +486,20 @@ impl MolmoAct2 {
                         count: bad,
                     });
                 }
-                integrate_step(
-                    self.trajectory.as_f32_mut(),
-                    out,
-                    m.step_output,
-                    dt,
-                    width,
-                    dims,
-                );
+                match prefix {
+                    Some(_) => {
+                        let x = self.trajectory.as_f32_mut();
+                        self.prefix.update(x, out, m.step_output, dt, width)
+                    }
+                    None => integrate_step(
+                        self.trajectory.as_f32_mut(),
+                        out,
+                        m.step_output,
+                        dt,
+                        width,
+                        dims,
+                    ),
+                }
             }
             let x = self.trajectory.as_f32();
             let cand = &mut self.candidates[c * h * dims..(c + 1) * h * dims];

@@ -1,0 +1,280 @@
+//! How chunks follow one another: the operating point (latency in steps against the
+//! horizon), when the next inference starts, how a landing chunk merges with the one in
+//! play, and the prefix a conditioned inference starts from. Pure arithmetic, no clocks.
+//!
+//! Notation: chunk step period `dt` (the publish period, or `1 / chunk_rate_hz` on the
+//! slower time base), latency `L` (capture -> chunk ready), delay `d = ceil(L / dt)`,
+//! horizon `H`. `config/README.md` describes the modes for users.
+
+/// How a landing chunk takes over from the one in play.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MergeMode {
+    /// The new chunk replaces the old; the steps its latency consumed are skipped.
+    #[default]
+    Skip,
+    /// Steps present in both chunks (by time) are blended, the new chunk's weight
+    /// ramping from near 0 at the seam to 1 at the end of the overlap.
+    Crossfade,
+    /// The engine conditions the new chunk on the old one's remaining steps inside its
+    /// flow loop; it then lands like `Skip`.
+    Prefix,
+}
+
+impl MergeMode {
+    pub const NAMES: [&'static str; 3] = ["skip", "crossfade", "prefix"];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "skip" => Some(MergeMode::Skip),
+            "crossfade" => Some(MergeMode::Crossfade),
+            "prefix" => Some(MergeMode::Prefix),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+}
+
+/// When the inference thread starts the next inference.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Trigger {
+    /// As soon as the previous one finished (the NPU never idles).
+    #[default]
+    BackToBack,
+    /// When the chunk in play has `d + margin` steps left: the NPU idles when it can.
+    Remaining { margin_steps: u32 },
+}
+
+/// `d = ceil(latency / step period)`.
+pub fn delay_steps(latency_ns: u64, step_period_ns: u64) -> u64 {
+    latency_ns.div_ceil(step_period_ns.max(1))
+}
+
+/// The loop's operating point, stated at READY and in STATUS.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OperatingPoint {
+    pub latency_ns: u64,
+    /// Delay in chunk steps.
+    pub d: u64,
+    pub horizon: u64,
+    /// Expected share of publish ticks that hold because no chunk step is left.
+    pub hold_share: f64,
+    /// Highest publish rate at which the arm moves continuously (`d <= H/2`).
+    pub max_continuous_hz: f64,
+}
+
+impl OperatingPoint {
+    /// `publish_per_step` is publish ticks per chunk step (1 unless on the slower time
+    /// base, where it is `publish_hz / chunk_rate_hz`).
+    ///
+    /// A chunk lands with `H - d` steps left and the next one needs `d` (back to back)
+    /// or `d + margin` steps before it lands: with `H - d >= d` nothing holds, otherwise
+    /// `2d - H` of every `d` steps hold (all of them once `d >= H`). The same `d <= H/2`
+    /// is the overlap methods' bound, so it is also the highest continuous rate.
+    pub fn new(latency_ns: u64, step_period_ns: u64, horizon: u64, publish_per_step: f64) -> Self {
+        let d = delay_steps(latency_ns, step_period_ns);
+        let hold_share = if d == 0 {
+            0.0
+        } else {
+            ((2 * d).saturating_sub(horizon) as f64 / d as f64).min(1.0)
+        };
+        let half = (horizon / 2) as f64;
+        let max_continuous_hz = if latency_ns == 0 {
+            f64::INFINITY
+        } else {
+            half / (latency_ns as f64 / 1e9) * publish_per_step
+        };
+        Self {
+            latency_ns,
+            d,
+            horizon,
+            hold_share,
+            max_continuous_hz,
+        }
+    }
+
+    /// `d >= H`: every chunk lands already spent.
+    pub fn spent_on_arrival(&self) -> bool {
+        self.d >= self.horizon
+    }
+
+    /// One line for READY / STATUS.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "operating point: latency p95 {:.0} ms, d {} of H {} steps, expected hold {:.0}%, continuous up to {:.1} Hz",
+            self.latency_ns as f64 / 1e6,
+            self.d,
+            self.horizon,
+            self.hold_share * 100.0,
+            self.max_continuous_hz
+        );
+        if self.spent_on_arrival() {
+            s.push_str(" -- WARNING: d >= H, every chunk arrives spent and the arm only holds; lower control.publish_hz or set control.chunk_rate_hz");
+        } else if 2 * self.d > self.horizon {
+            s.push_str(" -- d > H/2: the arm pauses between chunks");
+        }
+        s
+    }
+}
+
+/// When to start the next inference under `trigger`: `None` means now. `chunk_end_ns` is
+/// when the chunk in play runs out (0: none in play).
+pub fn trigger_at(
+    trigger: Trigger,
+    chunk_end_ns: u64,
+    latency_ns: u64,
+    step_period_ns: u64,
+) -> Option<u64> {
+    let Trigger::Remaining { margin_steps } = trigger else {
+        return None;
+    };
+    if chunk_end_ns == 0 || latency_ns == 0 {
+        return None;
+    }
+    let lead = (delay_steps(latency_ns, step_period_ns) + u64::from(margin_steps))
+        .saturating_mul(step_period_ns);
+    Some(chunk_end_ns.saturating_sub(lead))
+}
+
+/// Row `pos` (fractional) of a `[steps, dims]` chunk, linearly interpolated; positions
+/// past the last row give the last row (the last real action, never zeros).
+pub fn sample_row(chunk: &[f32], dims: usize, pos: f64, out: &mut [f32]) {
+    let steps = chunk.len() / dims;
+    let last = steps - 1;
+    let pos = pos.max(0.0);
+    let i = (pos.floor() as usize).min(last);
+    let frac = if i == last {
+        0.0
+    } else {
+        (pos - i as f64) as f32
+    };
+    let a = &chunk[i * dims..(i + 1) * dims];
+    if frac == 0.0 {
+        out.copy_from_slice(a);
+        return;
+    }
+    let b = &chunk[(i + 1) * dims..(i + 2) * dims];
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = x + (y - x) * frac;
+    }
+}
+
+/// The prefix a conditioned inference starts from, de-normalized, `[steps, dims]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Prefix<'a> {
+    /// The previous chunk's actions re-indexed to the new observation's time (row `j` is
+    /// for `capture + j * dt`), padded with its last real action.
+    pub actions: &'a [f32],
+    /// Rows `< frozen` are executed before the new chunk can land: kept as they are.
+    pub frozen: usize,
+    /// Rows `< overlap` exist in the previous chunk; beyond, the prefix is padding.
+    pub overlap: usize,
+}
+
+/// Fills `out` (`[steps, dims]`) with `prev` shifted by `offset_steps` (the new capture's
+/// time in the previous chunk's steps); returns `(frozen, overlap)` with `frozen =
+/// min(d, overlap)`. `None` when the previous chunk has no step left at the new capture.
+pub fn build_prefix(
+    prev: &[f32],
+    dims: usize,
+    offset_steps: f64,
+    d: u64,
+    out: &mut [f32],
+) -> Option<(usize, usize)> {
+    let steps = prev.len() / dims;
+    let last = (steps - 1) as f64;
+    if !(0.0..=last).contains(&offset_steps) {
+        return None;
+    }
+    let overlap = ((last - offset_steps).floor() as usize + 1).min(steps);
+    for (j, row) in out.chunks_exact_mut(dims).enumerate() {
+        sample_row(prev, dims, j as f64 + offset_steps, row);
+    }
+    Some(((d as usize).min(overlap), overlap))
+}
+
+/// Crossfade weight of the new chunk at overlap position `k` of `n`: `(k+1)/(n+1)`, so
+/// the seam starts at the old chunk's value and the new one has taken over at the end.
+pub fn crossfade_weight(k: usize, n: usize) -> f32 {
+    (k + 1) as f32 / (n + 1) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_operating_point_states_d_hold_share_and_the_continuous_rate() {
+        // 650 ms at 20 Hz, H = 10: d = 13 >= H, all hold (the user report).
+        let p = OperatingPoint::new(650 * MS, 50 * MS, 10, 1.0);
+        assert_eq!(p.d, 13);
+        assert!(p.spent_on_arrival());
+        assert_eq!(p.hold_share, 1.0);
+        assert!((p.max_continuous_hz - 5.0 / 0.65).abs() < 1e-9);
+        assert!(p.describe().contains("WARNING: d >= H"), "{}", p.describe());
+        // 200 ms at 20 Hz: d = 4 <= 5, continuous.
+        let p = OperatingPoint::new(200 * MS, 50 * MS, 10, 1.0);
+        assert_eq!((p.d, p.hold_share), (4, 0.0));
+        assert!(!p.describe().contains("WARNING"));
+        // d = 7: 2d - H = 4 of every 7 steps hold.
+        let p = OperatingPoint::new(350 * MS, 50 * MS, 10, 1.0);
+        assert_eq!(p.d, 7);
+        assert!((p.hold_share - 4.0 / 7.0).abs() < 1e-12);
+        // Slower time base: 4 publish ticks per chunk step quadruples the rate.
+        let p = OperatingPoint::new(650 * MS, 200 * MS, 10, 4.0);
+        assert_eq!(p.d, 4);
+        assert!((p.max_continuous_hz - 4.0 * 5.0 / 0.65).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_remaining_trigger_starts_d_plus_margin_steps_before_the_chunk_ends() {
+        let t = Trigger::Remaining { margin_steps: 2 };
+        // d = ceil(120 / 50) = 3, lead (3 + 2) * 50 ms.
+        assert_eq!(
+            trigger_at(t, 10_000 * MS, 120 * MS, 50 * MS),
+            Some(9_750 * MS)
+        );
+        assert_eq!(trigger_at(t, 0, 120 * MS, 50 * MS), None, "no chunk: now");
+        assert_eq!(
+            trigger_at(t, 10_000 * MS, 0, 50 * MS),
+            None,
+            "no estimate: now"
+        );
+        assert_eq!(
+            trigger_at(Trigger::BackToBack, 10_000 * MS, 120 * MS, 50 * MS),
+            None
+        );
+    }
+
+    #[test]
+    fn rows_interpolate_and_pad_with_the_last_real_action() {
+        let chunk = [0.0, 10.0, 1.0, 11.0, 2.0, 12.0];
+        let mut out = [0.0f32; 2];
+        sample_row(&chunk, 2, 0.5, &mut out);
+        assert_eq!(out, [0.5, 10.5]);
+        sample_row(&chunk, 2, 7.0, &mut out);
+        assert_eq!(out, [2.0, 12.0], "past the end: the last row, never zeros");
+    }
+
+    #[test]
+    fn the_prefix_is_the_previous_chunk_shifted_to_the_new_capture_and_padded() {
+        let prev: Vec<f32> = (0..5).map(|i| i as f32).collect();
+        let mut out = [f32::NAN; 5];
+        // New capture 2 steps into the previous chunk; d = 1.
+        assert_eq!(build_prefix(&prev, 1, 2.0, 1, &mut out), Some((1, 3)));
+        assert_eq!(out, [2.0, 3.0, 4.0, 4.0, 4.0]);
+        // d beyond the overlap freezes only what exists.
+        assert_eq!(build_prefix(&prev, 1, 3.0, 9, &mut out), Some((2, 2)));
+        assert_eq!(build_prefix(&prev, 1, 4.5, 1, &mut out), None);
+    }
+
+    #[test]
+    fn crossfade_weights_ramp_from_the_old_to_the_new_chunk() {
+        let w: Vec<f32> = (0..3).map(|k| crossfade_weight(k, 3)).collect();
+        assert_eq!(w, [0.25, 0.5, 0.75]);
+    }
+}

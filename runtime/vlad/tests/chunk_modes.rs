@@ -1,0 +1,180 @@
+//! Chunk execution through the daemon on the HTP emulator (Fast-WAM fixture, 20 Hz):
+//! the operating point at READY and the loud warning when `d >= H`, and every merge
+//! mode driving the moving simulator with real actions (figures printed, not gated:
+//! the sweep in `scripts/bench.sh` compares them).
+
+use std::io::Read;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn qnn() -> bool {
+    match std::env::var("VLA_QNN_LIB_DIR") {
+        Ok(d) if !d.is_empty() => true,
+        _ => {
+            assert!(
+                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
+                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
+            );
+            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+            false
+        }
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+fn config(dir: &Path, tag: &str, merge: &str, extra_ms: u32) -> PathBuf {
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+    v["bundle"]["path"] = repo()
+        .join("golden/bundles/fastwam")
+        .to_str()
+        .unwrap()
+        .into();
+    let pid = std::process::id();
+    v["rings"]["observation_path"] = format!("/dev/shm/vlad-chunks-{pid}-{tag}-obs").into();
+    v["rings"]["action_path"] = format!("/dev/shm/vlad-chunks-{pid}-{tag}-act").into();
+    let c = &mut v["control"];
+    c["publish_hz"] = 20.0.into();
+    c["max_observation_age_ms"] = 1000.into();
+    c["max_chunk_age_ms"] = 10000.into();
+    c["action_valid_ms"] = 200.into();
+    c["writer_heartbeat_timeout_ms"] = 1000.into();
+    c["merge"] = merge.into();
+    c["extra_latency_ms"] = extra_ms.into();
+    v["systemd"]["notify"] = true.into();
+    v["log"]["level"] = "info".into();
+    let p = dir.join(format!("{tag}.json"));
+    std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    p
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vlad-chunks-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn cleanup(config: &Path) {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(config).unwrap()).unwrap();
+    for k in ["observation_path", "action_path"] {
+        let _ = std::fs::remove_file(v["rings"][k].as_str().unwrap());
+    }
+}
+
+#[test]
+fn a_latency_beyond_the_horizon_warns_at_start_up_and_ready_states_the_operating_point() {
+    if !qnn() {
+        return;
+    }
+    let dir = scratch("warn");
+    // ~150 ms of emulator + 1700 ms: d = 37 or more 50 ms steps against H = 32.
+    let cfg = config(&dir, "warn", "skip", 1700);
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "1"])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = sock.recv(&mut buf) {
+        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if m.contains("READY=1") {
+            ready = m;
+            break;
+        }
+    }
+    let mut err = String::new();
+    daemon
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    daemon.wait().unwrap();
+    assert!(
+        ready.contains("operating point: latency p95") && ready.contains("of H 32 steps"),
+        "READY: {ready:?}"
+    );
+    assert!(ready.contains("expected hold 100%"), "{ready:?}");
+    let warning = err
+        .lines()
+        .find(|l| l.contains("WARNING: d >= H"))
+        .unwrap_or_else(|| panic!("no start-up warning: {err}"));
+    assert!(warning.contains("WARN"), "logged as a warning: {warning}");
+    cleanup(&cfg);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
+    if !qnn() {
+        return;
+    }
+    let dir = scratch("modes");
+    for merge in ["skip", "crossfade", "prefix"] {
+        let cfg = config(&dir, merge, merge, 150);
+        let mut daemon = Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "60"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let report = dir.join(format!("{merge}.sim.json"));
+        let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["simulate", "--config", cfg.to_str().unwrap()])
+            .args(["--duration", "6", "--camera-hz", "30"])
+            .args(["--json", report.to_str().unwrap()])
+            .output()
+            .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(daemon.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let mut err = String::new();
+        daemon
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        daemon.wait().unwrap();
+        let out = String::from_utf8_lossy(&sim.stdout);
+        assert!(sim.status.success(), "{merge}: {out}");
+        assert!(err.contains(&format!("merge {merge}")), "{merge}: {err}");
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        assert!(r["ok_applied"].as_u64().unwrap() > 20, "{merge}: {out}");
+        assert_eq!(r["all_zero_applied"], 0, "{merge}");
+        assert!(
+            r["motion"]["seams"].as_u64().unwrap() > 0,
+            "{merge}: chunks follow one another"
+        );
+        assert!(
+            r["motion"]["path_length"].as_f64().unwrap() > 0.0,
+            "{merge}: the arm moved"
+        );
+        eprintln!(
+            "{merge}: hold {:.3} since the first ok, seam jump max {:.3} mean {:.3}, inside max {:.3}",
+            r["hold_share_since_first_ok"], r["motion"]["seam_jump_max"],
+            r["motion"]["seam_jump_mean"], r["motion"]["inside_jump_max"]
+        );
+        cleanup(&cfg);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

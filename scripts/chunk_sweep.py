@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Chunk execution sweep (issue 13): inference latency x publish rate x merge mode, each
+cell one `vlad run` on a fixture bundle with `control.extra_latency_ms` reproducing the
+latency on the HTP emulator, and `vlad simulate` as the moving robot. Prints a markdown
+table (hold share, seam jump vs inside-chunk jump, action age) and writes JSON.
+
+    scripts/chunk_sweep.py --vlad target/release/vlad --out build/bench/chunks
+        [--bundle golden/bundles/fastwam] [--latencies 0.1,0.3,0.6,1.2] [--rates 5,10,20]
+        [--modes skip,crossfade,prefix] [--seconds 8] [--trigger back_to_back]
+        [--timeline-cell 0.3,20,prefix --timeline-png FILE]
+
+Emulator figures with injected latency: the emulator's own inference time is the floor
+of every cell (the extra latency is the target minus the measured base latency).
+"""
+import argparse, json, math, os, re, signal, subprocess, sys, time
+from pathlib import Path
+
+repo = Path(__file__).resolve().parent.parent
+
+
+def base_config(bundle, tag, hz, mode, extra_ms, trigger):
+    period_ms = math.ceil(1000 / hz)
+    cfg = json.loads((repo / "config/dev.json").read_text())
+    cfg["bundle"]["path"] = str(Path(bundle).resolve())
+    cfg["rings"]["observation_path"] = f"/dev/shm/vla-sweep-{os.getpid()}-{tag}-obs"
+    cfg["rings"]["action_path"] = f"/dev/shm/vla-sweep-{os.getpid()}-{tag}-act"
+    c = cfg["control"]
+    c["publish_hz"] = hz
+    # The device's limits (config/vlad.json), each at least what the rate needs; the
+    # chunk age is generous so that holds come from the schedule, not from staleness.
+    c["max_observation_age_ms"] = 200
+    c["max_chunk_age_ms"] = 10000
+    c["hold_after_chunk_end_ms"] = 100
+    c["action_valid_ms"] = max(100, period_ms + 50)
+    c["writer_heartbeat_timeout_ms"] = max(500, 2 * period_ms)
+    c["merge"] = mode
+    c["trigger"] = trigger
+    c["extra_latency_ms"] = int(extra_ms)
+    cfg["systemd"]["notify"] = False
+    cfg["systemd"]["watchdog"] = False
+    cfg["log"]["level"] = "info"
+    return cfg
+
+
+def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, timeline=None):
+    tag = f"{int(latency * 1000)}ms-{hz}hz-{mode}"
+    extra = max(0, round(latency * 1000 - base_ms))
+    cfg = base_config(bundle, tag, hz, mode, extra, trigger)
+    path = out / f"{tag}.json"
+    path.write_text(json.dumps(cfg, indent=2))
+    daemon = subprocess.Popen([vlad, "run", "--config", str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    # READY is logged as the operating point line; wait for "running:".
+    err_lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = daemon.stderr.readline()
+        if not line:
+            break
+        err_lines.append(line)
+        if "operating point" in line:
+            break
+    report = out / f"{tag}.sim.json"
+    args = [vlad, "simulate", "--config", str(path), "--duration", str(seconds),
+            "--camera-hz", "30", "--json", str(report)]
+    if timeline:
+        args += ["--timeline", str(timeline)]
+    sim = subprocess.run(args, capture_output=True, text=True)
+    daemon.send_signal(signal.SIGTERM)
+    dout, derr = daemon.communicate(timeout=60)
+    err_lines.append(derr)
+    for p in (cfg["rings"]["observation_path"], cfg["rings"]["action_path"]):
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+    if sim.returncode != 0 or not report.exists():
+        raise SystemExit(f"cell {tag}: simulate failed: {sim.stdout}{sim.stderr}")
+    r = json.loads(report.read_text())
+    m = re.search(r"p95 over the last \d+ inferences ([0-9.]+) ms", dout)
+    point = next((l.strip() for l in err_lines if "operating point" in l), "")
+    return {
+        "latency_target_s": latency, "publish_hz": hz, "mode": mode, "extra_ms": extra,
+        "latency_p95_ms": float(m.group(1)) if m else None,
+        "hold_share": r["hold_share_since_first_ok"], "hold_share_all": r["hold_share"], "seams": r["motion"]["seams"],
+        "seam_jump_max": r["motion"]["seam_jump_max"],
+        "seam_jump_mean": r["motion"]["seam_jump_mean"],
+        "inside_jump_max": r["motion"]["inside_jump_max"],
+        "age_p50_ms": r["capture_to_applied_ms"]["p50"],
+        "ok": r["ok_applied"], "received": r["actions_received"],
+        "ready_line": point,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--vlad", required=True)
+    ap.add_argument("--out", default="build/bench/chunks")
+    ap.add_argument("--bundle", default=str(repo / "golden/bundles/fastwam"))
+    ap.add_argument("--latencies", default="0.1,0.3,0.6,1.2")
+    ap.add_argument("--rates", default="5,10,20")
+    ap.add_argument("--modes", default="skip,crossfade,prefix")
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--trigger", default="back_to_back")
+    ap.add_argument("--base-ms", type=float, default=None,
+                    help="the emulator's own latency; measured with bench-bundle when absent")
+    ap.add_argument("--timeline-cell", action="append", default=[],
+                    help="latency,hz,mode of a cell to plot (repeatable)")
+    ap.add_argument("--timeline-dir", default=None, help="where the PNGs go")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = a.base_ms
+    if base is None:
+        b = subprocess.run([a.vlad, "bench-bundle", "--bundle", a.bundle, "--iterations", "3"],
+                           capture_output=True, text=True)
+        m = re.search(r"end to end\s+p50\s+([0-9.]+) us", b.stdout)
+        if not m:
+            raise SystemExit(f"cannot measure the base latency: {b.stdout}{b.stderr}")
+        base = float(m.group(1)) / 1000
+    # capture -> ready also includes waiting for the next camera frame and the tick.
+    print(f"base latency (emulator, end to end p50): {base:.0f} ms", file=sys.stderr)
+    cells = []
+    want = [tuple(c.split(",")) for c in a.timeline_cell]
+    want = {(float(w[0]), float(w[1]), w[2]) for w in want}
+    for lat in [float(x) for x in a.latencies.split(",")]:
+        for hz in [float(x) for x in a.rates.split(",")]:
+            for mode in a.modes.split(","):
+                tl = None
+                name = f"timeline-{int(lat * 1000)}ms-{hz:g}hz-{mode}"
+                if (lat, hz, mode) in want:
+                    tl = out / f"{name}.csv"
+                c = run_cell(a.vlad, a.bundle, out, lat, hz, mode, base, a.seconds, a.trigger, tl)
+                cells.append(c)
+                print(f"  {lat:.1f} s {hz:g} Hz {mode:9s} hold {c['hold_share']*100:5.1f}%  "
+                      f"seam max {c['seam_jump_max']:.3f}  inside max {c['inside_jump_max']:.3f}",
+                      file=sys.stderr)
+                if tl and a.timeline_dir:
+                    png = Path(a.timeline_dir) / f"{name}.png"
+                    subprocess.run([sys.executable, str(repo / "scripts/plot_timeline.py"), str(tl),
+                                    str(png), "--title",
+                                    f"{Path(a.bundle).name}: {lat:.1f} s latency, {hz:g} Hz, {mode}"],
+                                   check=True)
+    (out / "sweep.json").write_text(json.dumps({"base_ms": base, "cells": cells}, indent=2))
+    print(table(cells, base, a))
+
+
+def table(cells, base, a):
+    lines = [f"Bundle `{Path(a.bundle).name}` on the HTP emulator, {a.seconds:g} s per cell, trigger "
+             f"`{a.trigger}`, emulator base latency {base:.0f} ms (cells below it run at the base). "
+             "Seam / inside: largest jump between consecutive applied actions at a chunk seam / "
+             "inside a chunk (Euclidean, gripper excluded).", "",
+             "| latency | Hz | d (H=%s) | mode | p95 ms | hold | seam max | seam mean | inside max | age p50 ms |" %
+             (cells[0]["ready_line"].split("of H ")[1].split(" ")[0] if cells and "of H " in cells[0]["ready_line"] else "?"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in cells:
+        lat_ms = c["latency_p95_ms"] or 0
+        step_ms = 1000 / c["publish_hz"]
+        d = math.ceil(lat_ms / step_ms) if lat_ms else "?"
+        lines.append(
+            f"| {c['latency_target_s']:.1f} s | {c['publish_hz']:g} | {d} | {c['mode']} | "
+            f"{lat_ms:.0f} | {c['hold_share']*100:.1f}% | {c['seam_jump_max']:.3f} | "
+            f"{c['seam_jump_mean']:.3f} | {c['inside_jump_max']:.3f} | {c['age_p50_ms']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
