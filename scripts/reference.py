@@ -553,10 +553,7 @@ def run_fastwam(manifest: dict, world: dict, run, seed: int) -> dict:
         }
         pred = run("action_step", feeds)["pred_noise"]
         x = (x + pred * np.float32(sigma[i + 1] - sigma[i])).astype(np.float32)
-    if f.get("chain"):
-        actions = fastwam_denormalize(x[0], f["action_norm"])
-    else:  # the constant-world-model form keeps the normalizer it was built with
-        actions = denormalize(x[0], f["action_norm"])
+    actions = fastwam_denormalize(x[0], f["action_norm"])
     return {"noise": noise, "actions": fastwam_gripper(actions, f)}
 
 

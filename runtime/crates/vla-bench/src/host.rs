@@ -451,7 +451,8 @@ pub fn fastwam(
     let pred = synthetic(n, 11);
     let mut actions = vec![0f32; n];
     let mut timestep = [0f32];
-    let norm = Normalizer::new(&quantile_norm(f.action_dims, -1.0, 1.0), f.action_dims);
+    let norm =
+        vla_policy::FastWamNormalizer::new(&quantile_norm(f.action_dims, -1.0, 1.0), f.action_dims);
     let mut evict = Evictor::new();
     let bytes = n as u64 * F32 * (1 + 3 * f.flow_steps as u64 + 2);
     let mut step = Step::new(
@@ -470,7 +471,14 @@ pub fn fastwam(
                     black_box(count_non_finite(&pred));
                     wan_update(&mut latents, &pred, sigmas[i], sigmas[i + 1]);
                 }
-                wan_actions(&norm, &latents, &mut actions, f.action_dims, true);
+                wan_actions(
+                    &norm,
+                    &latents,
+                    &mut actions,
+                    f.action_dims,
+                    vla_policy::manifest::GripperMap::Libero,
+                    true,
+                );
                 black_box((&actions, &timestep));
             });
         });

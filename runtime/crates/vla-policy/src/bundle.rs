@@ -67,7 +67,12 @@ impl Bundle {
             bundle.require_file("prompt tables", &m.prompt)?;
         }
         if let Some(f) = &bundle.manifest.fastwam {
-            bundle.require_file("world-model inputs", &f.world_model)?;
+            if let Some(w) = &f.world_model {
+                bundle.require_file("world-model inputs", w)?;
+            }
+            if let Some(c) = &f.chain {
+                bundle.require_file("context tables", &c.tables)?;
+            }
         }
         Ok(bundle)
     }

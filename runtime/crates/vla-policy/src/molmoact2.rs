@@ -553,3 +553,26 @@ impl MolmoAct2 {
         }
     }
 }
+
+impl MolmoAct2 {
+    /// The host-glue intermediates of the last inference by the end-to-end golden's
+    /// names, in pipeline order (parity by stage; allocates, never on the hot path).
+    pub fn stages(&self, obs: &Observation<'_>) -> Vec<(String, Vec<f32>)> {
+        let m = &self.settings;
+        let instr = self
+            .prompt
+            .instructions
+            .get(obs.instruction_id as usize)
+            .map_or_else(Vec::new, |i| i.attention_bias.clone());
+        let mut noise = vec![0f32; m.action_horizon * m.action_width];
+        initial_trajectory(obs.seed, &mut noise, m.action_width, m.action_dims);
+        vec![
+            ("pixel_values".into(), self.pixel_values.as_f32().to_vec()),
+            ("hidden_states".into(), self.prompt_hidden.as_f32().to_vec()),
+            ("attention_bias".into(), instr),
+            ("k_ctx".into(), self.k_ctx.as_f32().to_vec()),
+            ("v_ctx".into(), self.v_ctx.as_f32().to_vec()),
+            ("noise".into(), noise),
+        ]
+    }
+}
