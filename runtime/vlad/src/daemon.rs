@@ -58,6 +58,12 @@ pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy), Str
         bundle.manifest.version,
         report.end_to_end.comparison.cosine
     );
+    if report.open_loop {
+        log::warn!(
+            "bundle {} is OPEN LOOP: constant world model, its actions ignore the camera and the state",
+            dir.display()
+        );
+    }
     Ok((bundle, policy))
 }
 
