@@ -125,7 +125,7 @@ def bench_molmo(name, iterations):
         row["preprocess"], _ = timed(lambda: ref.pixel_values_from_frames(frames, d["crop"], d["patch"]))
         row["prompt rows"], _ = timed(lambda: ref.embed_prompt(tables, 0, outputs["vision"]["image_embeds"], state,
                                                                m["state_norm"]))
-        row["attention bias"], _ = timed(lambda: ref.attention_bias(tables["valid"][0], tables["image_positions"][0],
+        row["attention bias"], _ = timed(lambda: ref.attention_bias(tables["valid"][0], ref.image_block(tables, 0),
                                                                     m["attention_blocked_value"]))
         row["KV assembly"], _ = timed(lambda: (np.concatenate([s["keys"] for s in splits]),
                                                np.concatenate([s["values"] for s in splits])))
