@@ -200,7 +200,16 @@ fn non_finite_outputs_are_reported_with_the_component_never_as_actions() {
     for (name, components) in [
         (
             "molmoact2-lp-vtp-sd",
-            &["vision", "llm_split1", "action_context", "action_step"][..],
+            // Each scan runs during the next context: split 0's during split 1, the
+            // last split's (3) during action_context.
+            &[
+                "vision",
+                "llm_split0",
+                "llm_split1",
+                "llm_split3",
+                "action_context",
+                "action_step",
+            ][..],
         ),
         ("fastwam", &["action_step"][..]),
     ] {

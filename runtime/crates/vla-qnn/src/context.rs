@@ -50,31 +50,56 @@ pub struct Context {
 impl Context {
     /// Creates the context from the mapped binary (no copy on our side), then unmaps the
     /// binary: the backend copied what it needs (no persistent-binary config is passed).
-    pub fn create(backend: &Backend, mut binary: ContextBinary) -> Result<Self, QnnError> {
+    pub fn create(backend: &Backend, binary: ContextBinary) -> Result<Self, QnnError> {
+        Self::create_with(backend, binary, &[]).map_err(|failed| failed.0)
+    }
+
+    /// [`Context::create`] with context configs (the group module's spill-fill group).
+    /// On failure the binary is handed back, still mapped, so the caller can retry.
+    pub(crate) fn create_with(
+        backend: &Backend,
+        mut binary: ContextBinary,
+        configs: &[&ffi::ContextConfig],
+    ) -> Result<Self, Box<(QnnError, ContextBinary)>> {
         let b = &backend.inner;
         let Some(bytes) = binary.bytes() else {
-            return Err(QnnError::Binary {
+            let e = QnnError::Binary {
                 path: binary.path().to_owned(),
                 reason: "already used for a context (unmapped)".into(),
-            });
+            };
+            return Err(Box::new((e, binary)));
+        };
+        // NULL-terminated list of config pointers, NULL for none.
+        let mut list: Vec<*const c_void> = configs
+            .iter()
+            .map(|c| *c as *const ffi::ContextConfig as *const c_void)
+            .collect();
+        let list_ptr = if list.is_empty() {
+            core::ptr::null()
+        } else {
+            list.push(core::ptr::null());
+            list.as_ptr()
         };
         let mut handle: Handle = core::ptr::null_mut();
-        // SAFETY: the buffer is the whole mapped file, its exact size; NULL config and
-        // profile are allowed; the out-pointer is valid.
+        // SAFETY: the buffer is the whole mapped file, its exact size; the config list is
+        // NULL or NULL-terminated and its configs (and what they point to) outlive the
+        // call; a NULL profile is allowed; the out-pointer is valid.
         let rc = unsafe {
             (b.lib.core.context_create_from_binary)(
                 b.backend,
                 b.device,
-                core::ptr::null(),
+                list_ptr,
                 bytes.as_ptr() as *const c_void,
                 bytes.len() as u64,
                 &mut handle,
                 core::ptr::null_mut(),
             )
         };
-        b.lib.check(rc, "contextCreateFromBinary", || {
+        if let Err(e) = b.lib.check(rc, "contextCreateFromBinary", || {
             binary.path().display().to_string()
-        })?;
+        }) {
+            return Err(Box::new((e, binary)));
+        }
         binary.release_bytes();
         Ok(Self {
             inner: Arc::new(ContextInner {
@@ -83,6 +108,11 @@ impl Context {
                 binary,
             }),
         })
+    }
+
+    /// The QNN handle, for configs that name another context (a spill-fill group).
+    pub(crate) fn raw_handle(&self) -> Handle {
+        self.inner.handle
     }
 
     pub fn binary(&self) -> &ContextBinary {

@@ -25,6 +25,7 @@ pub fn error_meaning(code: u64) -> &'static str {
         5004 => "context: binary version not supported",
         5005 => "context: binary configuration mismatch",
         5007 => "context: corrupted or incompatible binary",
+        5010 => "context: invalid config",
         6000 => "graph: invalid argument",
         6001 => "graph: invalid handle",
         6003 => "graph: no graph of that name in the context",

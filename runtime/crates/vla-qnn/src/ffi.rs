@@ -144,6 +144,31 @@ pub struct PowerConfig {
     pub payload: [u32; 16],
 }
 
+/// `QnnContext_Config_t`: u32 option @0, union @8. Only the CUSTOM option is used, whose
+/// member is a pointer to a backend-specific config. The union is padded beyond the
+/// pointer so a library that reads a larger member of it reads zeros, not our stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ContextConfig {
+    pub option: u32,
+    pub custom: *const c_void,
+    pub _rest_of_union: [u64; 3],
+}
+pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
+
+/// `QnnHtpContext_CustomConfig_t`: u32 option @0, union @8 (24 bytes). Option
+/// REGISTER_MULTI_CONTEXTS's member is `QnnHtpContext_GroupRegistration_t
+/// { Qnn_ContextHandle_t firstGroupHandle; u64 maxSpillFillBuffer }`: the first context
+/// of a group passes a NULL handle, each later one the first context's handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HtpContextGroupConfig {
+    pub option: u32,
+    pub first_group_handle: Handle,
+    pub max_spill_fill_buffer: u64,
+}
+pub const HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS: u32 = 2;
+
 /// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
 pub mod binary_info {
     pub const VERSION: usize = 0;
@@ -270,6 +295,10 @@ const _: () = {
     assert!(core::mem::size_of::<PowerConfig>() == 68);
     assert!(core::mem::align_of::<PowerConfig>() == 4);
     assert!(core::mem::offset_of!(PowerConfig, payload) == 4);
+    assert!(core::mem::offset_of!(ContextConfig, custom) == 8);
+    assert!(core::mem::size_of::<HtpContextGroupConfig>() == 24);
+    assert!(core::mem::offset_of!(HtpContextGroupConfig, first_group_handle) == 8);
+    assert!(core::mem::offset_of!(HtpContextGroupConfig, max_spill_fill_buffer) == 16);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.
