@@ -55,6 +55,40 @@ pub struct Observation<'a> {
     pub seed: u64,
 }
 
+impl Observation<'_> {
+    /// The checks every policy makes on the robot side of an observation: the state's
+    /// length and finiteness (a non-finite state is refused: fail closed) and the
+    /// instruction id against the bundle's list.
+    pub(crate) fn check_state_and_instruction(
+        &self,
+        state_dims: usize,
+        instructions: usize,
+    ) -> Result<(), PolicyError> {
+        if self.state.len() != state_dims {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: format!("{state_dims} values"),
+                found: format!("{} values", self.state.len()),
+            });
+        }
+        if let Some(i) = self.state.iter().position(|x| !x.is_finite()) {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: "finite values".into(),
+                found: format!("{} at index {i}", self.state[i]),
+            });
+        }
+        if self.instruction_id as usize >= instructions {
+            return Err(PolicyError::Observation {
+                field: "instruction_id",
+                expected: format!("0..{instructions} (the bundle's instructions)"),
+                found: self.instruction_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// What the robot side must provide and will receive (ring geometry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {

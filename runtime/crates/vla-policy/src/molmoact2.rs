@@ -283,28 +283,7 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        if obs.state.len() != m.state_dims {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: format!("{} values", m.state_dims),
-                found: format!("{} values", obs.state.len()),
-            });
-        }
-        if let Some(i) = obs.state.iter().position(|x| !x.is_finite()) {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: "finite values".into(),
-                found: format!("{} at index {i}", obs.state[i]),
-            });
-        }
-        if obs.instruction_id as usize >= m.instructions.len() {
-            return Err(PolicyError::Observation {
-                field: "instruction_id",
-                expected: format!("0..{} (the bundle's instructions)", m.instructions.len()),
-                found: obs.instruction_id.to_string(),
-            });
-        }
-        Ok(())
+        obs.check_state_and_instruction(m.state_dims, m.instructions.len())
     }
 
     fn qnn(component: &str) -> impl FnOnce(vla_qnn::QnnError) -> PolicyError + '_ {

@@ -251,28 +251,7 @@ impl WorldModel {
                 ),
             });
         }
-        if obs.state.len() != c.state_dims {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: format!("{} values", c.state_dims),
-                found: format!("{} values", obs.state.len()),
-            });
-        }
-        if let Some(i) = obs.state.iter().position(|x| !x.is_finite()) {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: "finite values".into(),
-                found: format!("{} at index {i}", obs.state[i]),
-            });
-        }
-        if obs.instruction_id as usize >= c.instructions.len() {
-            return Err(PolicyError::Observation {
-                field: "instruction_id",
-                expected: format!("0..{} (the bundle's instructions)", c.instructions.len()),
-                found: obs.instruction_id.to_string(),
-            });
-        }
-        Ok(())
+        obs.check_state_and_instruction(c.state_dims, c.instructions.len())
     }
 
     /// Writes the context rows of `obs` into `context` (`[1, text_tokens + 1, E]`).
