@@ -376,7 +376,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     };
     let notify = |m: &str| {
         if let Some(n) = &notifier {
-            n.send(m)
+            // Dropped or failed messages are logged by `send`; the next one follows.
+            let _ = n.send(m);
         }
     };
 

@@ -3,9 +3,11 @@
 //! bundle whose golden parity fails is rolled back to the previous one while the daemon
 //! keeps running. Uses the real QNN emulator and fixture bundles.
 
-use std::io::Read;
+mod common;
+
+use common::Drained;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
 
@@ -133,12 +135,13 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     ok(&["ota", "activate", &a, "--config", cfg]);
     assert!(current_target(&root).ends_with(&a));
 
-    let mut daemon: Child = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["run", "--config", cfg, "--duration", "300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "run",
+        "--config",
+        cfg,
+        "--duration",
+        "300",
+    ]));
     let pid_file = root.join("vlad.pid");
     let end = Instant::now() + Duration::from_secs(120);
     while !pid_file.exists() && Instant::now() < end {
@@ -222,20 +225,13 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     }
     let rolled_back = current_target(&root).ends_with(&b);
     std::thread::sleep(Duration::from_secs(3));
-    let running = daemon.try_wait().unwrap().is_none();
+    let running = daemon.child.try_wait().unwrap().is_none();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let mut err = String::new();
-    daemon
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    daemon.wait().unwrap();
+    let (_, _, err) = daemon.finish();
     let log: String = err
         .lines()
         .filter(|l| !l.contains(" qnn]"))
