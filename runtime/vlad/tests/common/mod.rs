@@ -10,8 +10,8 @@ use std::thread::JoinHandle;
 
 pub struct Drained {
     pub child: Child,
-    out: JoinHandle<String>,
-    err: JoinHandle<String>,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
 }
 
 fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
@@ -31,7 +31,11 @@ impl Drained {
             .unwrap_or_else(|e| panic!("spawning {command:?}: {e}"));
         let out = drain(child.stdout.take().unwrap());
         let err = drain(child.stderr.take().unwrap());
-        Self { child, out, err }
+        Self {
+            child,
+            out: Some(out),
+            err: Some(err),
+        }
     }
 
     pub fn id(&self) -> u32 {
@@ -41,6 +45,18 @@ impl Drained {
     /// Waits for the child; returns its status, stdout and stderr.
     pub fn finish(mut self) -> (ExitStatus, String, String) {
         let status = self.child.wait().unwrap();
-        (status, self.out.join().unwrap(), self.err.join().unwrap())
+        let out = self.out.take().unwrap().join().unwrap();
+        let err = self.err.take().unwrap().join().unwrap();
+        (status, out, err)
+    }
+}
+
+impl Drop for Drained {
+    /// A test that fails midway leaves no daemon running behind it.
+    fn drop(&mut self) {
+        if self.out.is_some() && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
