@@ -222,7 +222,8 @@ fn readers_never_accept_torn_data_while_the_writer_is_killed_mid_write() {
                         newest = seq;
                         background_ok.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(ReadError::Empty) => {}
+                    // A restarting writer: retried, like a contended read.
+                    Err(ReadError::Empty | ReadError::WriterStarting) => {}
                     Err(ReadError::Contended { .. }) => {
                         background_contended.fetch_add(1, Ordering::Relaxed);
                     }
@@ -253,7 +254,9 @@ fn readers_never_accept_torn_data_while_the_writer_is_killed_mid_write() {
                         }
                         assert!(obs.writer_epoch < epoch, "epoch from the future");
                     }
-                    Err(ReadError::Empty | ReadError::Contended { .. }) => {}
+                    Err(
+                        ReadError::Empty | ReadError::Contended { .. } | ReadError::WriterStarting,
+                    ) => {}
                     Err(e) => panic!("{e}"),
                 }
                 std::thread::yield_now();
