@@ -64,7 +64,9 @@
 //! major and geometry, set `initializing`, rewrite the header, bump `writer_epoch`,
 //! continue after the highest seq any slot holds, and clear `initializing`. An existing
 //! file that does not fit is replaced by a new file renamed over the path (never resized
-//! under readers that map it). Every writer start bumps `writer_epoch`, including the C
+//! under readers that map it). After taking the lock, the path must still name the
+//! locked inode (another writer may have renamed a replacement over it meanwhile); else
+//! the file is opened again. Every writer start bumps `writer_epoch`, including the C
 //! header's in-place re-initialization of a same-size segment of another geometry.
 //!
 //! Reader start ([`RingReader::open`]): validates magic (and ring kind), ABI

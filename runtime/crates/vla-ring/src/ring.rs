@@ -492,6 +492,18 @@ impl<T: SlotItem> RingWriter<T> {
         geometry: Geometry,
         slot_count: u32,
     ) -> Result<Self, CreateError> {
+        Self::create_with_pause(path, geometry, slot_count, || {})
+    }
+
+    /// [`RingWriter::create`] calling `between` after opening the file and before locking
+    /// it: lets a test replace the file in that window. Not for other uses.
+    #[doc(hidden)]
+    pub fn create_with_pause(
+        path: impl AsRef<Path>,
+        geometry: Geometry,
+        slot_count: u32,
+        mut between: impl FnMut(),
+    ) -> Result<Self, CreateError> {
         let path = path.as_ref();
         let layout = RingLayout::new(T::KIND, geometry, slot_count).map_err(|source| {
             CreateError::Config {
@@ -499,15 +511,36 @@ impl<T: SlotItem> RingWriter<T> {
                 source,
             }
         })?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(SEGMENT_MODE)
-            .open(path)
-            .map_err(create_io(path, "open"))?;
-        let locked = lock_writer(file, path)?;
+        // The lock guards the file we opened, which another writer may have renamed away
+        // (replacing it) or a cleanup unlinked between our open and our lock: then we
+        // would be the writer of a file nobody can reach, beside the real one. After
+        // locking, the path must still name the locked inode; else open it again.
+        let mut attempts = 0;
+        let locked = loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(SEGMENT_MODE)
+                .open(path)
+                .map_err(create_io(path, "open"))?;
+            between();
+            let locked = lock_writer(file, path)?;
+            let held = locked.metadata().map_err(create_io(path, "stat"))?;
+            match std::fs::metadata(path) {
+                Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => break locked,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(create_io(path, "stat")(e)),
+            }
+            attempts += 1;
+            if attempts == 8 {
+                return Err(create_io(path, "lock")(io::Error::other(
+                    "the path named another file after each of 8 locks",
+                )));
+            }
+        };
         let file_len = locked.metadata().map_err(create_io(path, "stat"))?.len();
 
         if file_len == 0 {
