@@ -32,7 +32,10 @@ pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
 pub use error::{error_meaning, QnnError};
-pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
+pub use library::{
+    lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API,
+    NEWEST_KNOWN_SYSTEM_API,
+};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };

@@ -241,7 +241,7 @@ fn api_version_requirement_names_found_and_needed() {
     assert!(matches!(err, QnnError::ApiVersion { .. }), "{msg}");
     assert!(
         msg.contains("found HTP_QTI_AISW core API 2.")
-            && msg.contains("need core API 2.x >= 2.99.0"),
+            && msg.contains("need core API 2.99.0 ..= 2.40.x"),
         "{msg}"
     );
 
@@ -251,6 +251,50 @@ fn api_version_requirement_names_found_and_needed() {
         QnnLibrary::load(&opts).is_err(),
         "a different major is never accepted"
     );
+}
+
+/// A library newer than the layouts this build knows is refused, naming the version found
+/// and the window (it used to be accepted: any newer minor "satisfied" the minimum).
+#[test]
+fn a_library_newer_than_the_known_layouts_is_refused_naming_its_version() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    // The emulator's libraries are QNN 2.51: core API 2.40, system API 1.15.
+    let mut opts = LoadOptions::htp(&dir);
+    opts.newest_core_api = ApiVersion::new(2, 39, 0);
+    let msg = QnnLibrary::load(&opts).unwrap_err().to_string();
+    assert!(
+        msg.contains("found HTP_QTI_AISW core API 2.40.0")
+            && msg.contains(
+                "need core API 2.14.0 ..= 2.39.x (the versions whose layouts this build knows)"
+            ),
+        "{msg}"
+    );
+    let mut opts = LoadOptions::htp(&dir);
+    opts.newest_system_api = ApiVersion::new(1, 14, 0);
+    let msg = QnnLibrary::load(&opts).unwrap_err().to_string();
+    assert!(
+        msg.contains("system API 1.15.0") && msg.contains("need system API 1.3.0 ..= 1.14.x"),
+        "{msg}"
+    );
+    // The default window is the newest checked one, and these libraries are in it.
+    let lib = QnnLibrary::load(&LoadOptions::htp(&dir)).unwrap();
+    assert!(lib
+        .core_api()
+        .within(ApiVersion::new(2, 14, 0), vla_qnn::NEWEST_KNOWN_CORE_API));
+}
+
+#[test]
+fn api_windows_bound_the_minor_but_not_the_patch() {
+    let (old, new) = (ApiVersion::new(2, 14, 0), ApiVersion::new(2, 40, 0));
+    assert!(ApiVersion::new(2, 40, 7).within(old, new));
+    assert!(ApiVersion::new(2, 14, 0).within(old, new));
+    assert!(
+        !ApiVersion::new(2, 41, 0).within(old, new),
+        "newer minor: unknown layouts"
+    );
+    assert!(!ApiVersion::new(2, 13, 9).within(old, new));
+    assert!(!ApiVersion::new(3, 0, 0).within(old, new));
 }
 
 #[test]
