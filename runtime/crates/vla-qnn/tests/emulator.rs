@@ -230,6 +230,32 @@ fn wrong_graph_name_lists_the_graphs() {
     assert!(ctx.graph(Some(&real)).is_ok());
 }
 
+/// One executable handle per QNN graph: a second retrieval of a graph that has a live
+/// `Graph` (from this context or a clone of it, on any thread) is refused, so two threads
+/// can never execute one QNN graph at once; once dropped, it can be retrieved again.
+#[test]
+fn a_graph_has_one_executable_handle_at_a_time() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    let ctx = Context::create(&backend, ContextBinary::open(&lib, vision_bin()).unwrap()).unwrap();
+    let first = ctx.graph(None).unwrap();
+    let clone = ctx.clone();
+    let second = std::thread::spawn(move || clone.graph(None).map(|_| ()))
+        .join()
+        .unwrap();
+    match second {
+        Err(QnnError::GraphInUse { graph, .. }) => assert_eq!(graph, first.name()),
+        Err(e) => panic!("expected GraphInUse, got {e}"),
+        Ok(()) => panic!("a second executable handle of one QNN graph"),
+    }
+    drop(first);
+    let mut again = ctx.graph(None).unwrap();
+    let mut io = again.allocate_io();
+    again.execute_io(&mut io).unwrap();
+}
+
 #[test]
 fn api_version_requirement_names_found_and_needed() {
     let _turn = turn();
