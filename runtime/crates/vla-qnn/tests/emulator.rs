@@ -256,6 +256,41 @@ fn a_graph_has_one_executable_handle_at_a_time() {
     again.execute_io(&mut io).unwrap();
 }
 
+/// A context binary whose inode has another name (`ota install --link` of a RAUC artifact
+/// repository, which vlad does not control) is read into a private copy, never mapped:
+/// the other store truncating or rewriting its file cannot fault (SIGBUS) or change the
+/// bytes QNN reads. A file with one link (vlad's own store) is mapped.
+#[test]
+fn a_binary_whose_inode_is_shared_is_copied_not_mapped() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    let tmp = scratch("shared-inode");
+    let theirs = tmp.join("artifact-repo.bin");
+    std::fs::copy(vision_bin(), &theirs).unwrap();
+    let ours = tmp.join("bundle.bin");
+    std::fs::hard_link(&theirs, &ours).unwrap();
+    let binary = ContextBinary::open(&lib, &ours).unwrap();
+    // The other store truncates its file before the context exists.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&theirs)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert!(!binary.maps_the_file(), "a shared inode must not be mapped");
+    let ctx = Context::create(&backend, binary).unwrap();
+    let mut graph = ctx.graph(None).unwrap();
+    let mut io = graph.allocate_io();
+    graph.execute_io(&mut io).unwrap();
+
+    let single = tmp.join("single.bin");
+    std::fs::copy(vision_bin(), &single).unwrap();
+    assert!(ContextBinary::open(&lib, &single).unwrap().maps_the_file());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn api_version_requirement_names_found_and_needed() {
     let _turn = turn();
