@@ -31,10 +31,18 @@ struct Shared {
     recorded: AtomicU64,
 }
 
+/// How long dropping the recorder waits for its last flush: an installer holding the
+/// store's lock must not hold up the daemon's shutdown for minutes. Counts not recorded
+/// then are lost, which only lengthens the trial after the next start.
+pub const FINAL_FLUSH_WAIT: Duration = Duration::from_secs(2);
+
 /// The trial's counter and the thread that records it.
 pub struct TrialRecorder {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Closed by the thread once its last flush is done (in a mutex only to be `Sync`;
+    /// taken by `drop` alone).
+    finished: Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
 impl TrialRecorder {
@@ -48,11 +56,13 @@ impl TrialRecorder {
             stop: AtomicBool::new(false),
             recorded: AtomicU64::new(0),
         });
+        let (finished_tx, finished) = std::sync::mpsc::channel::<()>();
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("vla-ota-trial".into())
                 .spawn(move || {
+                    let _finished = finished_tx; // dropped (closing the channel) at exit
                     while !shared.stop.load(Ordering::Acquire) {
                         std::thread::park_timeout(FLUSH_INTERVAL);
                         flush(&shared);
@@ -63,6 +73,7 @@ impl TrialRecorder {
         Ok(Self {
             shared,
             thread: Some(thread),
+            finished: Mutex::new(finished),
         })
     }
 
@@ -115,12 +126,22 @@ impl TrialRecorder {
 }
 
 impl Drop for TrialRecorder {
-    /// Records what is left (waiting for the store's lock if an installer holds it).
+    /// Records what is left, waiting at most [`FINAL_FLUSH_WAIT`] (an installer may hold
+    /// the store's lock); a thread still waiting then is left to finish or to end with
+    /// the process.
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             t.thread().unpark();
-            let _ = t.join();
+            let finished = self.finished.get_mut().unwrap_or_else(|p| p.into_inner());
+            match finished.recv_timeout(FINAL_FLUSH_WAIT) {
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    log::warn!("the OTA store is locked: the trial's last counts are not recorded");
+                }
+                _ => {
+                    let _ = t.join();
+                }
+            }
         }
     }
 }

@@ -137,3 +137,43 @@ fn counts_of_a_replaced_bundle_never_commit_the_next_one() {
         }
     );
 }
+
+/// Stopping the daemon while an installer holds the lock does not wait for the install:
+/// dropping the recorder returns (after its bounded wait) with the lock still held.
+#[test]
+fn dropping_the_recorder_never_waits_for_the_installer() {
+    let tmp = TempDir::new("trial-drop");
+    let root = tmp.join("root");
+    let store = Arc::new(store(&root));
+    let install = |tag: &str| {
+        store
+            .install(&Spec::new(tag).build_signed(&tmp.join("src"), DEV_SECRET))
+            .unwrap()
+            .hash
+    };
+    let a = install("a");
+    store.activate(&a, &mut pass).unwrap();
+    store.commit().unwrap();
+    let b = install("b");
+    store.activate(&b, &mut pass).unwrap();
+    let recorder = TrialRecorder::start(store.clone(), b.clone(), true).unwrap();
+    let lock_file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(root.join("ota.lock"))
+        .unwrap();
+    let installer = Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    recorder.healthy();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        drop(recorder);
+        tx.send(()).unwrap();
+    });
+    rx.recv_timeout(PATIENCE)
+        .expect("dropping the recorder waited for the installer's lock");
+    // Still locked when the drop returned: nothing could have been recorded.
+    assert_eq!(store.verdict(&b).unwrap(), Verdict::Pending);
+    drop(installer);
+}
