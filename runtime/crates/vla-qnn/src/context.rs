@@ -11,18 +11,26 @@ use crate::error::QnnError;
 use crate::ffi::{self, Handle, QnnTensor};
 use core::ffi::c_void;
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use vla_tensor::AlignedBuf;
 
 struct ContextInner {
     backend: Arc<BackendInner>,
     handle: Handle,
     binary: ContextBinary,
+    /// Names of the graphs that have a live [`Graph`]. QNN does not document concurrent
+    /// `graphExecute` on one graph handle as safe (the emulator happens to serialize it),
+    /// so each graph has at most one executable handle: [`Graph`] is `Send`, not `Sync`,
+    /// and executes through `&mut self`. The lock also serializes `graphRetrieve`.
+    retrieved: Mutex<Vec<String>>,
 }
 
 // SAFETY: a QNN context handle may be used and freed from any thread.
 unsafe impl Send for ContextInner {}
-// SAFETY: the handle is not mutated after creation; QNN serializes execution per graph.
+// SAFETY: shared (through `Arc`) by the `Context` clones and the graphs made from it,
+// possibly on several threads. What they do with it: `graphRetrieve`, under the
+// `retrieved` lock; `graphExecute` of a graph, only by the one `Graph` of that graph
+// (enforced by `retrieved`) through `&mut Graph`; `contextFree`, once, in `drop`.
 unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
@@ -106,6 +114,7 @@ impl Context {
                 backend: b.clone(),
                 handle,
                 binary,
+                retrieved: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -163,6 +172,17 @@ impl Context {
             path: self.inner.binary.path().to_owned(),
             reason: "graph name contains NUL".into(),
         })?;
+        let mut retrieved = self
+            .inner
+            .retrieved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if retrieved.contains(&graph_info.name) {
+            return Err(QnnError::GraphInUse {
+                path: self.inner.binary.path().to_owned(),
+                graph: graph_info.name,
+            });
+        }
         let lib = &self.inner.backend.lib;
         let mut handle: Handle = core::ptr::null_mut();
         // SAFETY: valid context handle, NUL-terminated name, valid out-pointer.
@@ -175,6 +195,8 @@ impl Context {
                 self.inner.binary.path().display()
             )
         })?;
+        retrieved.push(graph_info.name.clone());
+        drop(retrieved);
         Graph::new(self.inner.clone(), handle, graph_info, label)
     }
 }
@@ -239,8 +261,24 @@ pub struct Graph {
 }
 
 // SAFETY: the graph handle and the tensor structs (whose pointers refer to storage owned
-// by this struct) may move between threads; `execute` takes `&mut self`.
+// by this struct) may move between threads; `execute` takes `&mut self`, and no other
+// `Graph` of the same QNN graph exists while this one lives (`ContextInner::retrieved`).
+// Not `Sync`: nothing is shared by reference.
 unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    /// The graph may be retrieved again.
+    fn drop(&mut self) {
+        let mut retrieved = self
+            .context
+            .retrieved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = retrieved.iter().position(|n| *n == self.info.name) {
+            retrieved.swap_remove(i);
+        }
+    }
+}
 
 impl Graph {
     fn new(

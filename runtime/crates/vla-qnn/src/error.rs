@@ -75,6 +75,9 @@ pub enum QnnError {
     Binary { path: PathBuf, reason: String },
     /// The library returned metadata we cannot represent safely.
     Metadata { path: PathBuf, reason: String },
+    /// The graph already has a live [`crate::Graph`] (one executable handle per graph:
+    /// QNN does not document concurrent `graphExecute` on one graph handle as safe).
+    GraphInUse { path: PathBuf, graph: String },
     /// No graph of the requested name, or no unique graph when none was named.
     GraphName {
         path: PathBuf,
@@ -133,6 +136,11 @@ impl core::fmt::Display for QnnError {
             QnnError::Metadata { path, reason } => {
                 write!(f, "context binary {}: unusable metadata: {reason}", path.display())
             }
+            QnnError::GraphInUse { path, graph } => write!(
+                f,
+                "context binary {}: graph `{graph}` is already retrieved (one executable handle per graph; drop the other first)",
+                path.display()
+            ),
             QnnError::GraphName { path, requested, available } => match requested {
                 Some(name) => write!(
                     f,

@@ -187,7 +187,10 @@ pub mod binary_info {
     pub const V3_MIN_SIZE: usize = V3_SOC_MODEL + 4;
 }
 
-/// `QnnSystemContext_GraphInfo_t`: 88-byte stride; u32 version @0, union @8.
+/// `QnnSystemContext_GraphInfo_t`: 88-byte stride; u32 version @0, union @8. The stride
+/// is the size of the union of every graph-info version the library was built with, so a
+/// newer system API may change it: libraries are accepted only up to
+/// [`crate::NEWEST_KNOWN_SYSTEM_API`], the newest whose layout was checked.
 pub mod graph_info {
     pub const STRIDE: usize = 88;
     pub const NAME: usize = 8;
@@ -269,7 +272,9 @@ pub struct TensorV1 {
     pub client_buf: ClientBuffer,
 }
 
-/// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail.
+/// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail. 144 is the size of
+/// the union of the tensor versions known up to [`crate::NEWEST_KNOWN_CORE_API`] (and
+/// the stride of the tensor arrays in binary info): newer libraries are refused.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct QnnTensor {

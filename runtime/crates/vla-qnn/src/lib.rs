@@ -38,7 +38,10 @@ pub use group::{
     create_contexts, create_contexts_sharing, shared_spill_fill, ContextGroup, GroupError,
     SpillFillSharing,
 };
-pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
+pub use library::{
+    lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API,
+    NEWEST_KNOWN_SYSTEM_API,
+};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
