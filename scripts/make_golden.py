@@ -447,6 +447,18 @@ def fastwam_chain_frames(seed: int, cams: int, h: int, w: int) -> np.ndarray:
     return frames
 
 
+def fastwam_chain_graphs() -> dict:
+    """The closed-loop fixture's ONNX graphs from their seeds (also rebuilt by test_reference)."""
+    cfg, d = FASTWAM_CHAIN, FASTWAM_CHAIN["dims"]
+    graphs = {"wm_vae_enc": fg.build_wm_vae_enc(d, component_rng(cfg["seed"], "wm_vae_enc")),
+              "wm_embed": fg.build_wm_embed(d, component_rng(cfg["seed"], "wm_embed"))}
+    for i, layers in enumerate(d.prefill_layers):
+        graphs[f"wm_prefill_split{i}"] = fg.build_wm_prefill_split(
+            d, component_rng(cfg["seed"], f"wm_prefill_split{i}"), layers, last=i + 1 == len(d.prefill_layers))
+    graphs["action_step"] = fg.build_fastwam_step(d.step_dims(), component_rng(cfg["seed"], "action_step"))
+    return graphs
+
+
 def make_fastwam_closed_loop(table: list) -> bool:
     """The full world-model chain: camera frames + state + instruction -> actions."""
     cfg, d = FASTWAM_CHAIN, FASTWAM_CHAIN["dims"]
@@ -485,12 +497,7 @@ def make_fastwam_closed_loop(table: list) -> bool:
         "end_to_end": "golden/end_to_end.npz",
     }
     write_json(bundle_dir / "bundle.json", manifest)
-    graphs = {"wm_vae_enc": fg.build_wm_vae_enc(d, component_rng(cfg["seed"], "wm_vae_enc")),
-              "wm_embed": fg.build_wm_embed(d, component_rng(cfg["seed"], "wm_embed"))}
-    for i, layers in enumerate(d.prefill_layers):
-        graphs[splits[i]] = fg.build_wm_prefill_split(d, component_rng(cfg["seed"], splits[i]), layers,
-                                                      last=i + 1 == len(d.prefill_layers))
-    graphs["action_step"] = fg.build_fastwam_step(d.step_dims(), component_rng(cfg["seed"], "action_step"))
+    graphs = fastwam_chain_graphs()
     wrappers = compile_graphs(name, graphs, {}, bundle_dir)
     runners = ref.cpu_runners(bundle_dir, BUILD / name / "onnx")
     frames = fastwam_chain_frames(cfg["seed"], d.cameras, cfg["frame_h"], cfg["frame_w"])

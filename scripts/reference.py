@@ -416,16 +416,17 @@ def _pil_pass(img: np.ndarray, n_out: int, axis: int) -> np.ndarray:
     return np.moveaxis(out, 0, axis).astype(np.uint8)
 
 
-def pil_vertical_first(src_h: int, src_w: int, height: int, width: int) -> bool:
-    """Pillow (>= 10.1, pinned 13.0.0) runs the vertical pass first when the height
-    shrinks by more than twice as many pixels as the width does."""
-    return (src_h - height) > 0 and (src_h - height) > (src_w - width) * 2
+def pil_vertical_first(src_h: int, src_w: int, height: int, width: int, order: str) -> bool:
+    """Pillow 12 (upstream Fast-WAM's pin, `order="pillow12"`) always runs the horizontal
+    pass first; Pillow 13 (`"pillow13"`) runs the vertical one first when the height shrinks
+    by more than twice as many pixels as the width does."""
+    return order == "pillow13" and (src_h - height) > 0 and (src_h - height) > (src_w - width) * 2
 
 
-def pil_resize_bilinear(img: np.ndarray, width: int, height: int) -> np.ndarray:
+def pil_resize_bilinear(img: np.ndarray, width: int, height: int, order: str = "pillow12") -> np.ndarray:
     """`Image.fromarray(img).resize((width, height), Image.BILINEAR)` for RGB8 [H, W, 3]:
-    two separable passes, each rounded to uint8, in Pillow's order."""
-    if pil_vertical_first(img.shape[0], img.shape[1], height, width):
+    two separable passes, each rounded to uint8, in the Pillow release's order."""
+    if pil_vertical_first(img.shape[0], img.shape[1], height, width, order):
         return _pil_pass(_pil_pass(img, height, 0), width, 1)
     return _pil_pass(_pil_pass(img, width, 1), height, 0)
 
@@ -458,36 +459,39 @@ FASTWAM_MIN_RANGE = np.float32(1e-4)
 FASTWAM_STATE_CLAMP = np.float32(5.0)
 
 
-def fastwam_normalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """Fast-WAM's dataset normalizer, forward (the state): z-score or affine onto [-1, 1]
-    (dims whose range is below 1e-4 -> 0), clamped to [-5, 5]."""
-    x = np.asarray(x, np.float32)
-    low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
+def fastwam_scale_offset(norm: dict, n: int):
+    """Upstream `SingleFieldLinearNormalizer.__init__` in f32: z-score `1/(std+1e-8)`,
+    `-mean/(std+1e-8)`; min/max and quantile `2/range`, `-1 - scale*low`, except ranges below
+    1e-4: scale 1, offset `-low`. Identity: 1, 0."""
+    low, high, mean, std, passthrough = _norm_arrays(norm, n)
     mode = norm["mode"]
     if mode == "mean_std":
-        y = (x - mean) / (std + FASTWAM_STD_EPS)
+        d = std + FASTWAM_STD_EPS
+        scale, offset = np.float32(1) / d, -mean / d
     elif mode in ("quantile", "min_max"):
         rng = high - low
-        y = np.where(rng < FASTWAM_MIN_RANGE, np.float32(0),
-                     np.float32(2) * (x - low) / np.where(rng < FASTWAM_MIN_RANGE, np.float32(1), rng) - np.float32(1))
+        ignore = rng < FASTWAM_MIN_RANGE
+        scale = np.float32(2) / np.where(ignore, np.float32(2), rng)
+        offset = np.where(ignore, np.float32(0) - low, np.float32(-1) - scale * low)
     else:
-        y = x.copy()
-    y = np.clip(y, -FASTWAM_STATE_CLAMP, FASTWAM_STATE_CLAMP)
+        scale, offset = np.ones(n, np.float32), np.zeros(n, np.float32)
+    return scale.astype(np.float32), offset.astype(np.float32), passthrough
+
+
+def fastwam_normalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    """Fast-WAM's dataset normalizer, forward (the state): `x*scale + offset` clamped to
+    [-5, 5], as upstream."""
+    x = np.asarray(x, np.float32)
+    scale, offset, passthrough = fastwam_scale_offset(norm, x.shape[-1])
+    y = np.clip(x * scale + offset, -FASTWAM_STATE_CLAMP, FASTWAM_STATE_CLAMP)
     return np.where(passthrough, x, y).astype(np.float32)
 
 
 def fastwam_denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """Fast-WAM's normalizer backward (the actions): the inverse affine, never clamped."""
+    """Fast-WAM's normalizer backward (the actions): `(x - offset) / scale`, never clamped."""
     x = np.asarray(x, np.float32)
-    low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
-    mode = norm["mode"]
-    if mode == "mean_std":
-        y = x * (std + FASTWAM_STD_EPS) + mean
-    elif mode in ("quantile", "min_max"):
-        y = (x + np.float32(1)) / np.float32(2) * (high - low) + low
-    else:
-        y = x.copy()
-    return np.where(passthrough, x, y).astype(np.float32)
+    scale, offset, passthrough = fastwam_scale_offset(norm, x.shape[-1])
+    return np.where(passthrough, x, (x - offset) / scale).astype(np.float32)
 
 
 def fastwam_gripper(actions: np.ndarray, f: dict) -> np.ndarray:

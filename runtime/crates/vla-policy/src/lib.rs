@@ -26,7 +26,7 @@ mod prompt;
 pub use bundle::{Bundle, LoadedGraph, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
 pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
-pub use fastwam::image::{center_crop_geometry, FastWamImage, PillowBilinear};
+pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
 pub use fastwam::norm::FastWamNormalizer;
 pub use fastwam::{map_gripper, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;

@@ -4,9 +4,11 @@
 //! (`_center_crop_resize`), the cameras side by side, `x * (2/255) - 1`.
 //!
 //! [`PillowBilinear`] is Pillow's resample, bit-exact on uint8 (checked against Pillow
-//! 13.0.0 itself, tests/upstream.rs): triangle taps widened by the scale when shrinking
-//! (so it antialiases), 22-bit fixed-point weights, two separable passes each rounded to
-//! uint8, in Pillow's order. Taps are computed once at load; per frame only the cropped
+//! 12.0.0 and 13.0.0 themselves, tests/upstream_fastwam.rs): triangle taps widened by the
+//! scale when shrinking (so it antialiases), 22-bit fixed-point weights, two separable
+//! passes each rounded to uint8, in the [`PassOrder`] of the Pillow release. Fast-WAM uses
+//! Pillow 12.0.0's (upstream pins `pillow==12.0.0`): horizontal first, always. Pillow 13
+//! runs some shrinks vertical first, which changes the rounding. Taps are computed once at load; per frame only the cropped
 //! output is computed (every output pixel depends only on its taps, so skipping the
 //! cropped-away pixels changes no value) into preallocated scratch.
 
@@ -78,6 +80,16 @@ impl Taps {
     }
 }
 
+/// Which of Pillow's two separable passes runs first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassOrder {
+    /// Pillow <= 12 (upstream Fast-WAM's pin, 12.0.0): horizontal first, always.
+    HorizontalFirst,
+    /// Pillow 13: vertical first when the height shrinks by more than twice as many pixels
+    /// as the width does, else horizontal first.
+    Pillow13,
+}
+
 /// Pillow's `Image.resize((out_w, out_h), Image.BILINEAR)` of an RGB8 image, restricted to
 /// the window `[top, top + crop_h) x [left, left + crop_w)` of the resized image.
 #[derive(Clone, Debug)]
@@ -97,19 +109,18 @@ pub struct PillowBilinear {
 
 impl PillowBilinear {
     /// `src_h x src_w` resized to `out_h x out_w`, cropped at (`top`, `left`) to
-    /// `crop_h x crop_w` (the window must lie inside the resized image).
+    /// `crop_h x crop_w` (the window must lie inside the resized image), passes in `order`.
     pub fn new(
         src_h: usize,
         src_w: usize,
         out_h: usize,
         out_w: usize,
         (top, left, crop_h, crop_w): (usize, usize, usize, usize),
+        order: PassOrder,
     ) -> Self {
         assert!(top + crop_h <= out_h && left + crop_w <= out_w);
-        // Pillow (>= 10.1) runs the vertical pass first when the height shrinks by more
-        // than twice as many pixels as the width does; the order changes the rounding.
         let (dh, dw) = (src_h as i64 - out_h as i64, src_w as i64 - out_w as i64);
-        let vertical_first = dh > 0 && dh > dw * 2;
+        let vertical_first = order == PassOrder::Pillow13 && dh > 0 && dh > dw * 2;
         let temp = if vertical_first {
             vec![0; crop_h * src_w * 3]
         } else {
@@ -127,6 +138,11 @@ impl PillowBilinear {
             vertical_first,
             temp,
         }
+    }
+
+    /// Whether the vertical pass runs first for this geometry.
+    pub fn vertical_first(&self) -> bool {
+        self.vertical_first
     }
 
     /// Resizes `src` (`src_h x src_w x 3`) and calls `put(y, x, rgb)` for every pixel of
@@ -224,7 +240,14 @@ impl FastWamImage {
             cam_h: ch,
             cam_w: cw,
             rotate: rotate.to_vec(),
-            resize: PillowBilinear::new(fh, fw, rh, rw, (top, left, ch, cw)),
+            resize: PillowBilinear::new(
+                fh,
+                fw,
+                rh,
+                rw,
+                (top, left, ch, cw),
+                PassOrder::HorizontalFirst,
+            ),
             turned: vec![0; fh * fw * 3],
         }
     }
@@ -280,7 +303,7 @@ mod tests {
     #[test]
     fn same_size_is_identity_and_halving_averages_with_antialiasing() {
         let img: Vec<u8> = (0..4 * 4 * 3).map(|i| (i * 7 % 256) as u8).collect();
-        let mut r = PillowBilinear::new(4, 4, 4, 4, (0, 0, 4, 4));
+        let mut r = PillowBilinear::new(4, 4, 4, 4, (0, 0, 4, 4), PassOrder::HorizontalFirst);
         let mut out = vec![0u8; 48];
         r.run(&img, |y, x, rgb| {
             out[(y * 4 + x) * 3..][..3].copy_from_slice(&rgb)
@@ -289,7 +312,7 @@ mod tests {
         // 1x4 -> 1x2 (shrink by 2): support 2, taps at distance 0.5 and 1.5 weigh
         // 0.75 and 0.25: out[0] = (0.25*0 + 0.75*100 + 0.75*... ) hand-checked below.
         let row: Vec<u8> = [0u8, 100, 200, 40].iter().flat_map(|v| [*v; 3]).collect();
-        let mut r = PillowBilinear::new(1, 4, 1, 2, (0, 0, 1, 2));
+        let mut r = PillowBilinear::new(1, 4, 1, 2, (0, 0, 1, 2), PassOrder::HorizontalFirst);
         let mut got = [0u8; 2];
         r.run(&row, |_, x, rgb| got[x] = rgb[0]);
         // centre 1.0: taps x=0 (d 0.25 -> 0.75), x=1 (0.25 -> 0.75), x=2 (0.75 -> 0.25):

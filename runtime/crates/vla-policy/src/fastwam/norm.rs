@@ -1,28 +1,30 @@
 //! Fast-WAM's dataset normalizer (upstream `SingleFieldLinearNormalizer`), kept apart from
 //! MolmoAct2's `Normalizer` because the two checkpoints were trained with different rules.
 //!
-//! Forward (the robot state): z-score `(x - mean) / (std + 1e-8)`, or for `min_max` /
-//! `quantile` an affine map onto [-1, 1] with dims whose range is below 1e-4 mapped to 0;
-//! the result is clamped to [-5, 5]. Backward (the actions): the inverse affine, never
-//! clamped. `passthrough` dims (a bundle setting) are left as they are both ways. f32,
-//! operation by operation as `scripts/reference.py` (`fastwam_normalize`).
+//! As upstream, a per-dim `scale` and `offset` are computed once in f32 and applied as
+//! `x * scale + offset` (forward, the robot state, then clamped to [-5, 5]) and
+//! `(x - offset) / scale` (backward, the actions, never clamped): z-score
+//! `scale = 1 / (std + 1e-8)`, `offset = -mean / (std + 1e-8)`; `min_max` / `quantile` an
+//! affine map onto [-1, 1], `scale = 2 / range`, `offset = -1 - scale * low`, except that a
+//! dim whose range is below 1e-4 gets `scale = 1`, `offset = -low` (so forward is `x - low`,
+//! not 0). Bit for bit against upstream's own outputs (golden/upstream-fastwam/,
+//! tests/upstream_fastwam.rs): the same f32 operations in the same order, no fused
+//! multiply-add. `passthrough` dims (a bundle setting) are left as they are both ways.
 
 use crate::manifest::{NormMode, Normalization};
 
-/// Added to `std` before dividing (upstream's eps).
+/// Added to `std` before dividing (upstream's `std_reg`).
 pub const STD_EPS: f32 = 1e-8;
-/// A `min_max`/`quantile` dim whose range is below this normalizes to 0.
+/// A `min_max`/`quantile` dim whose range is below this (upstream's `range_tol`) is only
+/// shifted by `-low`.
 pub const MIN_RANGE: f32 = 1e-4;
 /// The forward (state) clamp.
 pub const STATE_CLAMP: f32 = 5.0;
 
 #[derive(Clone, Debug)]
 pub struct FastWamNormalizer {
-    mode: NormMode,
-    /// `low` or `mean` per dim.
-    a: Vec<f32>,
-    /// `high - low` or `std + STD_EPS` per dim.
     scale: Vec<f32>,
+    offset: Vec<f32>,
     passthrough: Vec<bool>,
 }
 
@@ -30,22 +32,35 @@ impl FastWamNormalizer {
     /// `dims` dimensions; the manifest was validated to carry what `mode` needs.
     pub fn new(n: &Normalization, dims: usize) -> Self {
         let get = |v: &Option<Vec<f32>>, d: f32| v.clone().unwrap_or_else(|| vec![d; dims]);
-        let (a, scale) = match n.mode {
+        let (scale, offset) = match n.mode {
             NormMode::Quantile | NormMode::MinMax => {
                 let (lo, hi) = (get(&n.low, 0.0), get(&n.high, 1.0));
-                let range = lo.iter().zip(&hi).map(|(l, h)| h - l).collect();
-                (lo, range)
+                lo.iter()
+                    .zip(&hi)
+                    .map(|(&l, &h)| {
+                        let range = h - l;
+                        if range < MIN_RANGE {
+                            (1.0, 0.0 - l)
+                        } else {
+                            let scale = 2.0 / range;
+                            (scale, -1.0 - scale * l)
+                        }
+                    })
+                    .unzip()
             }
-            NormMode::MeanStd => {
-                let std = get(&n.std, 1.0).iter().map(|s| s + STD_EPS).collect();
-                (get(&n.mean, 0.0), std)
-            }
-            NormMode::Identity => (vec![0.0; dims], vec![1.0; dims]),
+            NormMode::MeanStd => get(&n.mean, 0.0)
+                .iter()
+                .zip(&get(&n.std, 1.0))
+                .map(|(&m, &s)| {
+                    let d = s + STD_EPS;
+                    (1.0 / d, -m / d)
+                })
+                .unzip(),
+            NormMode::Identity => (vec![1.0; dims], vec![0.0; dims]),
         };
         Self {
-            mode: n.mode,
-            a,
             scale,
+            offset,
             passthrough: n.passthrough.clone().unwrap_or_else(|| vec![false; dims]),
         }
     }
@@ -59,14 +74,7 @@ impl FastWamNormalizer {
         if self.passthrough[i] {
             return x;
         }
-        let (a, s) = (self.a[i], self.scale[i]);
-        let y = match self.mode {
-            NormMode::Quantile | NormMode::MinMax if s < MIN_RANGE => 0.0,
-            NormMode::Quantile | NormMode::MinMax => 2.0 * (x - a) / s - 1.0,
-            NormMode::MeanStd => (x - a) / s,
-            NormMode::Identity => x,
-        };
-        y.clamp(-STATE_CLAMP, STATE_CLAMP)
+        (x * self.scale[i] + self.offset[i]).clamp(-STATE_CLAMP, STATE_CLAMP)
     }
 
     /// Normalized action value of dim `i` -> robot units (no clamp).
@@ -74,12 +82,7 @@ impl FastWamNormalizer {
         if self.passthrough[i] {
             return x;
         }
-        let (a, s) = (self.a[i], self.scale[i]);
-        match self.mode {
-            NormMode::Quantile | NormMode::MinMax => (x + 1.0) / 2.0 * s + a,
-            NormMode::MeanStd => x * s + a,
-            NormMode::Identity => x,
-        }
+        (x - self.offset[i]) / self.scale[i]
     }
 
     /// [`FastWamNormalizer::backward`] over a row-major chunk `[rows, dims]`.
@@ -114,8 +117,9 @@ mod tests {
         assert_eq!(n.forward(30.0, 0), 5.0);
         assert_eq!(n.forward(-30.0, 0), -5.0);
         assert_eq!(n.forward(1.0, 0), 0.5);
-        // Range 5e-5 < 1e-4: the dim normalizes to 0.
-        assert_eq!(n.forward(0.7, 1), 0.0);
+        // Range 5e-5 < 1e-4: upstream only shifts the dim by -low (0.7 - 0.5), both ways.
+        assert_eq!(n.forward(0.7, 1), 0.7 - 0.5);
+        assert_eq!(n.backward(0.2, 1), 0.2 + 0.5);
         // Backward: (3 + 1) / 2 * 4 - 2 = 6, beyond `high`, not clamped (MolmoAct2's would be).
         assert_eq!(n.backward(3.0, 0), 6.0);
         let z = FastWamNormalizer::new(&norm(NormMode::MeanStd), 2);
