@@ -179,9 +179,55 @@ def bench_fastwam(iterations):
             "note": "total = reference.run_fastwam with a runner returning a ready pred_noise"}
 
 
+def bench_fastwam_chain(iterations):
+    """The closed-loop chain's host work at the card's dimensions, as a user would write it:
+    Pillow's own C resize (what upstream calls) and numpy for the rest."""
+    from PIL import Image
+
+    rng = np.random.default_rng(2)
+    frames = rng.integers(0, 256, (2, 256, 256, 3), np.uint8)
+    state = rng.uniform(-1, 1, 8).astype(np.float32)
+    weight = rng.uniform(-1, 1, (4096, 8)).astype(np.float32)
+    bias = rng.uniform(-1, 1, 4096).astype(np.float32)
+    low, high = np.full(8, -1.0, np.float32), np.full(8, 1.0, np.float32)
+    scale = (np.float32(2) / (high - low)).astype(np.float32)
+    offset = (np.float32(-1) - low * scale).astype(np.float32)
+
+    def image():
+        cams = []
+        for cam in frames:
+            turned = np.ascontiguousarray(cam[::-1, ::-1])
+            small = np.asarray(Image.fromarray(turned).resize((224, 224), Image.BILINEAR))
+            cams.append(small.astype(np.float32) * np.float32(2 / 255) - np.float32(1))
+        return np.concatenate(cams, axis=1).transpose(2, 0, 1)[None]
+
+    def proprio():
+        s = np.clip(state * scale + offset, -5, 5)
+        return weight @ s + bias
+
+    steps = {"camera frames -> image": [], "state -> proprio row": []}
+    totals = []
+    for it in range(iterations + 1):
+        a, _ = timed(image)
+        b, _ = timed(proprio)
+        if it > 0:
+            steps["camera frames -> image"].append(a)
+            steps["state -> proprio row"].append(b)
+            totals.append(a + b)
+    out = []
+    for k, v in steps.items():
+        p50, p99, mx = quantiles(v)
+        out.append({"step": k, "p50_ms": p50, "p99_ms": p99, "max_ms": mx})
+    p50, p99, _ = quantiles(totals)
+    return {"variant": "fastwam-closed-loop", "iterations": iterations, "steps": out,
+            "total_p50_ms": p50, "total_p99_ms": p99,
+            "note": "Pillow Image.resize (C) per camera + numpy; the same steps as ours"}
+
+
 def cmd_host(args):
     doc = {"numpy": np.__version__,
-           "variants": [bench_molmo(n, args.iterations) for n in MOLMO] + [bench_fastwam(args.iterations)]}
+           "variants": [bench_molmo(n, args.iterations) for n in MOLMO] + [bench_fastwam(args.iterations),
+                                                                    bench_fastwam_chain(args.iterations)]}
     Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
 

@@ -97,6 +97,9 @@ pub struct PolicyEngine {
     /// The directory that passed its gate last.
     good: PathBuf,
     policy: Option<Policy>,
+    /// The running policy's bundle, held so the OTA store sees it in use (its manifest
+    /// stays open; the context binaries are unmapped once loaded).
+    bundle: Option<Bundle>,
     geometry: vla_ring::Geometry,
     /// HTP performance votes (None: `qnn.performance` off, or refused at start).
     votes: Option<vla_qnn::PerfGovernor>,
@@ -106,7 +109,7 @@ pub struct PolicyEngine {
 
 impl PolicyEngine {
     fn try_load(&mut self, dir: &Path) -> Result<(), String> {
-        let (_, policy) = load_gated(&self.backend, dir)?;
+        let (bundle, policy) = load_gated(&self.backend, dir)?;
         let g = ring_geometry(&policy.geometry());
         if g != self.geometry {
             return Err(format!(
@@ -116,6 +119,7 @@ impl PolicyEngine {
             ));
         }
         self.policy = Some(policy);
+        self.bundle = Some(bundle);
         self.good = dir.to_owned();
         Ok(())
     }
@@ -430,12 +434,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         )))
     });
     let t = Instant::now();
-    let (resolved, policy, ota) = match &store {
+    let (resolved, (bundle, policy), ota) = match &store {
         None => {
             let resolved = std::fs::canonicalize(&bundle_dir)
                 .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
-            let (_, policy) = load_gated(&backend, &resolved).map_err(Failure::Error)?;
-            (resolved, policy, None)
+            let loaded = load_gated(&backend, &resolved).map_err(Failure::Error)?;
+            (resolved, loaded, None)
         }
         Some(store) => {
             let start = store
@@ -452,18 +456,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 format!("{}\n", std::process::id()),
             );
             match load_gated(&backend, &dir) {
-                Ok((_, policy)) => (
+                Ok(loaded) => (
                     dir,
-                    policy,
+                    loaded,
                     Some(OtaLink::start(store, hash, start.trial_start.is_some())?),
                 ),
                 Err(why) if start.trial_start.is_some() => {
                     log::error!("bundle {hash} on trial failed at start: {why}");
-                    let mut loaded: Option<(PathBuf, Policy)> = None;
+                    let mut loaded: Option<(PathBuf, (Bundle, Policy))> = None;
                     store
                         .fail_trial(&why, &mut |d: &Path| {
-                            let (_, p) = load_gated(&backend, d)?;
-                            loaded = Some((d.to_owned(), p));
+                            loaded = Some((d.to_owned(), load_gated(&backend, d)?));
                             Ok(())
                         })
                         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
@@ -531,6 +534,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         configured: bundle_dir.clone(),
         good: resolved,
         policy: Some(policy),
+        bundle: Some(bundle),
         geometry,
         votes,
         extra_latency: c.extra_latency(),

@@ -530,6 +530,85 @@ pub fn fastwam(
     })
 }
 
+/// Fast-WAM's closed-loop world-model chain at the card's dimensions: the host work
+/// before the first world-model context (two 256x256 LIBERO frames turned, resized and
+/// laid side by side into `[1, 3, 224, 448]`; the state normalized and projected into
+/// context row 128 of `[1, 129, 4096]`). The text rows are copied once per instruction
+/// and the video keys/values land in place in action_step's inputs: no host work.
+pub fn fastwam_chain(iterations: usize, mem: &mut Memcpy, allocs: &dyn Fn() -> u64) -> Value {
+    let (frame, cam, cameras, state_dims, width) = (256usize, 224usize, 2usize, 8usize, 4096usize);
+    let mut image = vla_policy::FastWamImage::new(cameras, (frame, frame), (cam, cam), &[true; 2]);
+    let frames: Vec<u8> = synthetic(image.frames_len(), 21)
+        .iter()
+        .map(|v| ((v + 1.0) * 127.5) as u8)
+        .collect();
+    let mut pixels = vec![0f32; image.output_len()];
+    let norm =
+        vla_policy::FastWamNormalizer::new(&quantile_norm(state_dims, -1.0, 1.0), state_dims);
+    let state = synthetic(state_dims, 22);
+    let weight = synthetic(width * state_dims, 23);
+    let bias = synthetic(width, 24);
+    let mut normalized = vec![0f32; state_dims];
+    let mut row = vec![0f32; width];
+    let mut evict = Evictor::new();
+    let image_bytes = (image.frames_len() + image.output_len() * F32 as usize) as u64;
+    let row_bytes = ((width * state_dims + 2 * width) as u64) * F32;
+    let mut steps = [
+        Step::new(
+            "camera frames -> image",
+            "turn 180 degrees, Pillow bilinear 256 -> 224, side by side, x*2/255-1",
+            image_bytes,
+        ),
+        Step::new(
+            "state -> proprio row",
+            "normalize (clamp [-5, 5]), Linear 8 -> 4096 into context row 128",
+            row_bytes,
+        ),
+    ];
+    steps
+        .iter_mut()
+        .for_each(|s| s.samples.reserve(iterations + 1));
+    let mut allocations = 0u64;
+    for iteration in 0..=iterations {
+        let ((), count) = counting(allocs, || {
+            time(&mut steps[0], &mut evict, || {
+                image.run(&frames, &mut pixels);
+                black_box(&pixels);
+            });
+            time(&mut steps[1], &mut evict, || {
+                vla_policy::proprio_row(&norm, &state, &mut normalized, &weight, &bias, &mut row);
+                black_box(&row);
+            });
+        });
+        mem.sample(1);
+        if iteration == 0 {
+            steps.iter_mut().for_each(|s| s.samples.clear());
+        } else {
+            allocations += count;
+        }
+    }
+    let mut totals: Vec<f64> = (0..iterations)
+        .map(|i| steps.iter().map(|s| s.samples[i]).sum())
+        .collect();
+    let (p50, p99, _) = summary(&mut totals);
+    json!({
+        "variant": "fastwam-closed-loop",
+        "dims": {
+            "frames": [cameras, frame, frame, 3],
+            "image": [1, 3, cam, cameras * cam],
+            "context": [1, 129, width],
+            "latents": [1, 48, 14, 28],
+            "video_kv": [30, 1, 98, 3072],
+        },
+        "iterations": iterations,
+        "steps": steps.iter_mut().map(Step::json).collect::<Vec<_>>(),
+        "total_p50_ms": p50,
+        "total_p99_ms": p99,
+        "bytes_per_inference": image_bytes + row_bytes,
+        "allocations_per_inference": allocations as f64 / iterations as f64,
+    })
+}
+
 /// Adds the floor (bytes / best memcpy rate of the run) to every step and variant.
 pub fn add_floors(variants: &mut [Value], bytes_per_s: f64) {
     let floor = |v: &Value| v["bytes"].as_f64().unwrap_or(0.0) / bytes_per_s * 1e3;

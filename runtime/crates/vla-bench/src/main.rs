@@ -99,6 +99,7 @@ fn run() -> Result<(), String> {
                 host::molmoact2(&host::ORIGINAL, iterations, &mut mem, &allocations),
                 host::molmoact2(&host::LP_VTP_SD, iterations, &mut mem, &allocations),
                 host::fastwam(&host::FASTWAM, iterations, &mut mem, &allocations),
+                host::fastwam_chain(iterations, &mut mem, &allocations),
             ];
             mem.sample(5);
             host::add_floors(&mut variants, mem.best());

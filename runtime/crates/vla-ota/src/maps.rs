@@ -1,8 +1,10 @@
-//! Which installed bundles are still mapped by a running process (`/proc/*/maps`).
+//! Which installed bundles a running process still uses: a file of the bundle mapped
+//! (`/proc/*/maps`) or held open (`/proc/*/fd`).
 //!
-//! A context binary stays mapped by the daemon (and by QNN) while it runs; deleting the
-//! bundle would keep the inode alive but hide what is running and defer the space, so
-//! garbage collection keeps any bundle whose files appear in some process's maps.
+//! The daemon unmaps each context binary once its context exists, but keeps the running
+//! bundle's `bundle.json` open for as long as the policy runs; deleting the bundle would
+//! keep the inodes alive but hide what is running and defer the space, so garbage
+//! collection keeps any bundle with a file in some process's maps or open files.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -10,7 +12,7 @@ use std::path::Path;
 /// Result of one scan.
 #[derive(Clone, Debug, Default)]
 pub struct MapsScan {
-    /// Content hashes of bundles with at least one mapped file.
+    /// Content hashes of bundles with at least one mapped or open file.
     pub mapped: BTreeSet<String>,
     /// Processes whose maps could not be read for lack of permission.
     pub unreadable: usize,
@@ -39,12 +41,21 @@ pub fn scan(proc_root: &Path, bundles_dir: &Path) -> MapsScan {
             // The process ended between listing and reading.
             Err(_) => continue,
         };
-        for line in text.lines() {
-            if let Some(at) = line.find(&prefix) {
-                let rest = &line[at + prefix.len()..];
+        let mut found = |path: &str| {
+            if let Some(at) = path.find(&prefix) {
+                let rest = &path[at + prefix.len()..];
                 let name = rest.split('/').next().unwrap_or("");
                 if crate::hex::is_content_hash(name) {
                     scan.mapped.insert(name.to_owned());
+                }
+            }
+        };
+        text.lines().for_each(&mut found);
+        // Open files: a process without permission for maps has none for fd either.
+        if let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) {
+            for fd in fds.flatten() {
+                if let Ok(target) = std::fs::read_link(fd.path()) {
+                    found(&target.to_string_lossy());
                 }
             }
         }
@@ -70,6 +81,23 @@ mod tests {
                  7f10-7f20 r-xp 00000000 08:01 124 /usr/lib/libc.so.6\n\
                  7f20-7f30 r--s 00000000 08:01 125 /var/lib/vla/bundles/.staging-x/ctx/b.bin\n"
             ),
+        )
+        .unwrap();
+        let scan = scan(&dir, Path::new("/var/lib/vla/bundles"));
+        assert_eq!(scan.mapped.into_iter().collect::<Vec<_>>(), vec![hash]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_open_file_counts_as_in_use() {
+        let dir = std::env::temp_dir().join(format!("vla-ota-fds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let hash = "cd".repeat(32);
+        std::fs::create_dir_all(dir.join("7/fd")).unwrap();
+        std::fs::write(dir.join("7/maps"), "").unwrap();
+        std::os::unix::fs::symlink(
+            format!("/var/lib/vla/bundles/{hash}/bundle.json"),
+            dir.join("7/fd/3"),
         )
         .unwrap();
         let scan = scan(&dir, Path::new("/var/lib/vla/bundles"));

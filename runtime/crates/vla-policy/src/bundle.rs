@@ -7,7 +7,10 @@
 
 use crate::error::PolicyError;
 use crate::manifest::Manifest;
+use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use vla_qnn::{create_contexts, Backend, ContextBinary, Graph, TensorInfo};
 use vla_tensor::ElementType;
 
@@ -16,10 +19,16 @@ pub const DEVICE_SOC_MODEL: u32 = 77;
 pub const DEVICE_HTP_ARCH: u32 = 73;
 
 /// A bundle directory with its parsed, validated manifest.
+///
+/// The manifest file stays open while any clone of the `Bundle` lives: context binaries
+/// are unmapped once their contexts exist, so the open file is what shows other
+/// processes (`/proc/<pid>/fd`; e.g. a store's garbage collection) that the bundle is in
+/// use. Keep the `Bundle` as long as its policy runs.
 #[derive(Clone, Debug)]
 pub struct Bundle {
     pub dir: PathBuf,
     pub manifest: Manifest,
+    _in_use: Arc<File>,
 }
 
 impl Bundle {
@@ -27,12 +36,15 @@ impl Bundle {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, PolicyError> {
         let dir = dir.as_ref().to_owned();
         let path = dir.join("bundle.json");
-        let bytes = std::fs::read(&path).map_err(|e| PolicyError::MissingFile {
+        let missing = |e: std::io::Error| PolicyError::MissingFile {
             bundle: dir.clone(),
             what: "manifest".into(),
             path: path.clone(),
             reason: e.to_string(),
-        })?;
+        };
+        let mut file = File::open(&path).map_err(missing)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(missing)?;
         let manifest = Manifest::from_json(&bytes).map_err(|e| PolicyError::ManifestSyntax {
             path: path.clone(),
             reason: e.to_string(),
@@ -56,7 +68,11 @@ impl Bundle {
                 });
             }
         }
-        let bundle = Self { dir, manifest };
+        let bundle = Self {
+            dir,
+            manifest,
+            _in_use: Arc::new(file),
+        };
         for name in bundle.manifest.required_components() {
             let c = &bundle.manifest.components[&name];
             bundle.require_file(&format!("context `{name}`"), &c.binary)?;
@@ -271,5 +287,39 @@ impl LoadedGraph {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_manifests(dir: &Path) -> usize {
+        let target = dir.join("bundle.json");
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == target))
+            .count()
+    }
+
+    #[test]
+    fn an_open_bundle_holds_its_manifest_open_until_dropped() {
+        let dir = std::fs::canonicalize(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../golden/bundles/fastwam"),
+        )
+        .unwrap();
+        let before = open_manifests(&dir);
+        let bundle = Bundle::open(&dir).unwrap();
+        let clone = bundle.clone();
+        assert_eq!(
+            open_manifests(&dir),
+            before + 1,
+            "visible in /proc/<pid>/fd"
+        );
+        drop(bundle);
+        assert_eq!(open_manifests(&dir), before + 1, "a clone keeps it");
+        drop(clone);
+        assert_eq!(open_manifests(&dir), before);
     }
 }

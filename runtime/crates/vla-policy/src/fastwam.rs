@@ -17,7 +17,7 @@ use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
 use crate::prefix::{ActionPrefix, PrefixBuffers};
 use crate::Observation;
-pub use chain::WorldModel;
+pub use chain::{proprio_row, WorldModel};
 use norm::FastWamNormalizer;
 use std::time::Instant;
 use vla_npz::{DType, Npz};

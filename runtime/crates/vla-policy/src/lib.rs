@@ -28,7 +28,7 @@ pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
 pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
 pub use fastwam::norm::FastWamNormalizer;
-pub use fastwam::{map_gripper, wan_actions, wan_sigmas, wan_update, FastWam};
+pub use fastwam::{map_gripper, proprio_row, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
 pub use manifest::{Manifest, PolicyKind};
 pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2};

@@ -364,11 +364,17 @@ pub(crate) fn read_binary_info(
                 }
             }
             let [inputs, outputs] = io;
-            let spill_fill_bytes = if graph_version >= 2 {
+            // Only v3 graph infos carry graphBlobInfoSize/graphBlobInfo (v2 ends with
+            // the updateable tensors @56): reading @64/@72 of a v2 struct would take
+            // whatever follows it for a pointer.
+            let spill_fill_bytes = if graph_version >= 3 {
                 let size: u32 = read_at(gp, gi::BLOB_INFO_SIZE);
                 let blob: *const u8 = read_at(gp, gi::BLOB_INFO);
                 // QnnHtpSystemContext_GraphBlobInfo_t: u32 version @0, spillFillBufferSize
                 // first in both v1 and v2 @8; read only when the reported size covers it.
+                // SAFETY (of the reads through `blob`): the graph info is v3, so `blob`
+                // and `size` are the library's own description of a live blob-info
+                // struct; it is non-null and at least 16 bytes, checked here.
                 (!blob.is_null()
                     && size as usize >= gi::BLOB_INFO_SPILL_FILL + 8
                     && matches!(read_at::<u32>(blob, 0), 1 | 2))

@@ -28,6 +28,25 @@ use vla_tensor::AlignedBuf;
 /// (tokens out, None for the last split; keys; values).
 type SplitIo = ([usize; 2], (Option<usize>, usize, usize));
 
+/// The state's context row: `row = bias + weight @ normalize(state)`, the proprio Linear
+/// (`weight` is `[E, state_dims]` row-major). `normalized` is scratch of `state_dims`.
+pub fn proprio_row(
+    norm: &FastWamNormalizer,
+    state: &[f32],
+    normalized: &mut [f32],
+    weight: &[f32],
+    bias: &[f32],
+    row: &mut [f32],
+) {
+    for (i, (s, &x)) in normalized.iter_mut().zip(state).enumerate() {
+        *s = norm.forward(x, i);
+    }
+    let dims = normalized.len();
+    for ((r, &b), w) in row.iter_mut().zip(bias).zip(weight.chunks_exact(dims)) {
+        *r = b + w.iter().zip(&*normalized).map(|(w, s)| w * s).sum::<f32>();
+    }
+}
+
 pub struct WorldModel {
     pub settings: FastWamChain,
     pub(crate) vae: LoadedGraph,
@@ -263,22 +282,14 @@ impl WorldModel {
             context[..text].copy_from_slice(&self.text_rows[i * text..(i + 1) * text]);
             self.text_instruction = Some(obs.instruction_id);
         }
-        for (i, (s, &x)) in self.normalized_state.iter_mut().zip(obs.state).enumerate() {
-            *s = self.state_norm.forward(x, i);
-        }
-        let row = &mut context[text..text + e];
-        for (o, (r, b)) in row
-            .iter_mut()
-            .enumerate()
-            .map(|(o, r)| (o, (r, self.proprio_bias[o])))
-        {
-            let w = &self.proprio_weight[o * c.state_dims..(o + 1) * c.state_dims];
-            *r = b + w
-                .iter()
-                .zip(&self.normalized_state)
-                .map(|(w, s)| w * s)
-                .sum::<f32>();
-        }
+        proprio_row(
+            &self.state_norm,
+            obs.state,
+            &mut self.normalized_state,
+            &self.proprio_weight,
+            &self.proprio_bias,
+            &mut context[text..text + e],
+        );
     }
 
     /// Runs the chain for `obs` (checked): fills `context`, then `keys`/`values`
