@@ -31,7 +31,7 @@ mod perf;
 pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
-pub use error::{error_meaning, QnnError};
+pub use error::{error_meaning, HtpRefusal, QnnError};
 pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
