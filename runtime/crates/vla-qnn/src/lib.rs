@@ -27,6 +27,7 @@ mod error;
 pub mod ffi;
 mod library;
 mod perf;
+mod release;
 
 pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
@@ -36,3 +37,4 @@ pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
+pub use release::{Coupling, QairtRelease};
