@@ -85,6 +85,33 @@ check_inspect() {
     fi
     echo "$ok context binaries: aarch64 output identical to x86_64 ($(wc -l <"$work/inspect.a64") lines)"
     grep -E '^(QNN build|QAIRT libs):' "$work/inspect.a64" | sort | uniq -c
+    # meta-vla's do_check_qairt_version reads the QNN build from a binary's first MiB and
+    # from the provider's libQnnHtp.so with one regular expression (taken from the recipe
+    # here): it must find what libQnnSystem reports, for every fixture and for the wheel.
+    python3 - "$work/inspect.a64" "$a64_lib_dir/libQnnHtp.so" \
+        meta-vla/recipes-vla/vla-bundle/vla-bundle.bb <<'PY'
+import re, sys
+report, library, recipe = sys.argv[1:]
+line = next(l for l in open(recipe) if "build_re = re.compile(" in l)
+build_re = eval(line.split("=", 1)[1].strip(), {"re": re})
+files, bad = {}, 0
+path = None
+for l in open(report):
+    if l.startswith("file:"):
+        path = l.split()[1]
+    elif l.startswith("QNN build:"):
+        files[path] = l.split(":", 1)[1].strip()
+for path, want in sorted(files.items()):
+    found = build_re.search(open(path, "rb").read(1 << 20))
+    got = "v" + b".".join(found.groups()).decode() if found else None
+    if got != want:
+        print(f"{path}: the recipe's scan finds {got}, libQnnSystem reports {want}", file=sys.stderr)
+        bad += 1
+lib = build_re.search(open(library, "rb").read())
+print(f"recipe scan == libQnnSystem for {len(files) - bad} of {len(files)} binaries; "
+      f"wheel libQnnHtp.so: v{b'.'.join(lib.groups()).decode() if lib else None}")
+sys.exit(1 if bad or not files or not lib else 0)
+PY
 }
 
 check_refusal() {
