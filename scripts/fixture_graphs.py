@@ -405,3 +405,169 @@ def build_fastwam_step(dims: FastWamDims, rng) -> onnx.ModelProto:
     out = b.matmul(b.layer_norm(x, w, rng), dense(rng, w, a, 0.8))
     b.output(out, "pred_noise", [1, hz, a])
     return b.model()
+
+
+# ---------------------------------------------------------------------------------------
+# Fast-WAM world-model chain (closed loop): wm_vae_enc -> wm_embed -> wm_prefill_split{i}
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FastWamChainDims:
+    cameras: int = 2
+    camera_h: int = 32  # per-camera crop; the image is [1, 3, camera_h, cameras * camera_w]
+    camera_w: int = 32
+    vae_width: int = 8
+    latent_channels: int = 4  # the VAE downsamples by 4: latents [1, C, H/4, W/4]
+    width: int = 32  # video DiT width
+    heads: int = 2
+    prefill_layers: tuple = (1, 2, 1)  # three splits of uneven size
+    text_tokens: int = 8
+    context_width: int = 24
+    state_dims: int = 8
+    horizon: int = 32
+    action_dims: int = 7
+
+    @property
+    def image_w(self):
+        return self.cameras * self.camera_w
+
+    @property
+    def latent_hw(self):
+        return self.camera_h // 4, self.image_w // 4
+
+    @property
+    def grid(self):  # the (1, 2, 2) patch grid over the latents
+        lh, lw = self.latent_hw
+        return lh // 2, lw // 2
+
+    @property
+    def tokens(self):
+        gh, gw = self.grid
+        return gh * gw
+
+    @property
+    def layers(self):
+        return sum(self.prefill_layers)
+
+    @property
+    def context_tokens(self):
+        return self.text_tokens + 1  # + the proprio row
+
+    def step_dims(self) -> FastWamDims:
+        return FastWamDims(horizon=self.horizon, action_dims=self.action_dims, video_layers=self.layers,
+                           video_tokens=self.tokens, video_width=self.width,
+                           context_tokens=self.context_tokens, context_width=self.context_width, width=self.width)
+
+
+def conv(b, x, rng, c_in, c_out, k, stride, pad, gain=1.0):
+    w = (gain * rng.standard_normal((c_out, c_in, k, k)) / np.sqrt(c_in * k * k)).astype(np.float32)
+    bias = (0.05 * rng.standard_normal(c_out)).astype(np.float32)
+    return b.op("Conv", [x, b.const(w, "conv_w"), b.const(bias, "conv_b")], kernel_shape=[k, k],
+                strides=[stride, stride], pads=[pad] * 4)
+
+
+def silu(b, x):
+    return b.mul(x, b.op("Sigmoid", [x]))
+
+
+def build_wm_vae_enc(d: FastWamChainDims, rng) -> onnx.ModelProto:
+    """A VAE-encoder stand-in in 4-D ops (Wan2.2's T=1 path is Conv2d-only): strided conv
+    (patchify-like), 3x3 conv, 2x2 average pool, 1x1 conv to the mean, then (mu - mean)/std."""
+    b = GraphBuilder("wm_vae_enc")
+    lh, lw = d.latent_hw
+    x = b.input("image", [1, 3, d.camera_h, d.image_w])
+    x = silu(b, conv(b, x, rng, 3, d.vae_width, 2, 2, 0, 2.0))
+    x = silu(b, conv(b, x, rng, d.vae_width, d.vae_width, 3, 1, 1, 1.5))
+    x = b.op("AveragePool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    mu = conv(b, x, rng, d.vae_width, d.latent_channels, 1, 1, 0, 2.0)
+    mean = (0.1 * rng.standard_normal((1, d.latent_channels, 1, 1))).astype(np.float32)
+    inv_std = (1.0 / rng.uniform(0.5, 1.5, (1, d.latent_channels, 1, 1))).astype(np.float32)
+    b.output(b.mul(b.add(mu, -mean), inv_std), "latents", [1, d.latent_channels, lh, lw])
+    return b.model()
+
+
+def build_wm_embed(d: FastWamChainDims, rng) -> onnx.ModelProto:
+    """Patch embedding (a (1,2,2) Conv3d is a stride-2 Conv2d at T=1) + positions, and the
+    text/proprio context embedding (Wan's Linear-GELU-Linear)."""
+    b = GraphBuilder("wm_embed")
+    lh, lw = d.latent_hw
+    lat = b.input("latents", [1, d.latent_channels, lh, lw])
+    ctx = b.input("context", [1, d.context_tokens, d.context_width])
+    x = conv(b, lat, rng, d.latent_channels, d.width, 2, 2, 0, 1.5)
+    x = b.transpose(b.reshape(x, [1, d.width, d.tokens]), [0, 2, 1])
+    x = b.add(x, (0.3 * rng.standard_normal((1, d.tokens, d.width))).astype(np.float32))
+    b.output(x, "video_tokens", [1, d.tokens, d.width])
+    c = b.op("Gelu", [b.matmul(ctx, dense(rng, d.context_width, d.width, 1.5))])
+    b.output(b.matmul(c, dense(rng, d.width, d.width)), "context_embedding", [1, d.context_tokens, d.width])
+    return b.model()
+
+
+def rope_grid_tables(grid_h, grid_w, width, heads):
+    """3-D RoPE over (frame, h, w) for one frame: each head's half-dims split between the
+    frame, row and column axes, as Wan's rope does (frame position 0 here)."""
+    hd = width // heads
+    half = hd // 2
+    f_dims = half - 2 * (half // 3)
+    axes = [f_dims, half // 3, half // 3]
+    pos = np.array([(0, r, c) for r in range(grid_h) for c in range(grid_w)], np.float64)
+    ang = []
+    for axis, n in enumerate(axes):
+        inv = 1.0 / (100.0 ** (np.arange(n) / max(n, 1)))
+        ang.append(pos[:, axis:axis + 1] * inv[None, :])
+    ang = np.concatenate(ang, axis=1)
+    cos = np.tile(np.concatenate([np.cos(ang), np.cos(ang)], axis=1), (1, heads))[None].astype(np.float32)
+    sin = np.tile(np.concatenate([np.sin(ang), np.sin(ang)], axis=1), (1, heads))[None].astype(np.float32)
+    _, _, rot = rope_tables(np.zeros(1), width, heads)
+    return cos, sin, rot
+
+
+def rms_norm(b, x, rng, width):
+    ms = b.op("ReduceMean", [b.mul(x, x), b.const(np.array([-1], np.int64), "axes")], keepdims=1)
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.add(ms, np.array(1e-6, np.float32))])])
+    gain = (1.0 + 0.1 * rng.standard_normal(width)).astype(np.float32)
+    return b.mul(b.mul(x, inv), gain)
+
+
+def build_wm_prefill_split(d: FastWamChainDims, rng, layers: int, last: bool) -> onnx.ModelProto:
+    """`layers` video-DiT layers at timestep 0 (the modulation folds into the LN affine):
+    self-attention with K = RoPE(RMSNorm(W_k h)) and V raw (the cache the action expert
+    reads), cross-attention to the context embedding, GELU MLP. The last split outputs only
+    its keys/values."""
+    b = GraphBuilder("wm_prefill_split")
+    t, w, heads = d.tokens, d.width, d.heads
+    hd = w // heads
+    x = b.input("video_tokens", [1, t, w])
+    ctx = b.input("context_embedding", [1, d.context_tokens, w])
+    cos, sin, rot = rope_grid_tables(*d.grid, w, heads)
+    cos_c, sin_c, rot_c = b.const(cos, "cos"), b.const(sin, "sin"), b.const(rot, "rot")
+    keys, values = [], []
+    for _ in range(layers):
+        h = b.layer_norm(x, w, rng)
+        q, k, v = (b.matmul(h, dense(rng, w, w)) for _ in range(3))
+        q, k = rms_norm(b, q, rng, w), rms_norm(b, k, rng, w)
+        q = b.add(b.mul(q, cos_c), b.mul(b.matmul(q, rot_c), sin_c))
+        k = b.add(b.mul(k, cos_c), b.mul(b.matmul(k, rot_c), sin_c))
+        keys.append(b.reshape(k, [1, 1, t, w]))
+        values.append(b.reshape(v, [1, 1, t, w]))
+        qh = b.transpose(b.reshape(q, [1, t, heads, hd]), [0, 2, 1, 3])
+        kt = b.transpose(b.reshape(k, [1, t, heads, hd]), [0, 2, 3, 1])
+        vh = b.transpose(b.reshape(v, [1, t, heads, hd]), [0, 2, 1, 3])
+        scores = b.mul(b.matmul(qh, kt), np.array(1.0 / np.sqrt(hd), np.float32))
+        probs = b.op("Softmax", [scores], axis=-1)
+        attn = b.reshape(b.transpose(b.matmul(probs, vh), [0, 2, 1, 3]), [1, t, w])
+        x = b.add(x, b.matmul(attn, dense(rng, w, w, 0.7)))
+        # cross-attention to the (text + proprio) context
+        h = b.layer_norm(x, w, rng)
+        cq = b.matmul(h, dense(rng, w, w))
+        ck = b.matmul(ctx, dense(rng, w, w))
+        cv = b.matmul(ctx, dense(rng, w, w))
+        cs = b.mul(b.matmul(cq, b.transpose(ck, [0, 2, 1])), np.array(1.0 / np.sqrt(w), np.float32))
+        x = b.add(x, b.matmul(b.matmul(b.op("Softmax", [cs], axis=-1), cv), dense(rng, w, w, 0.7)))
+        h = b.layer_norm(x, w, rng)
+        x = b.add(x, b.matmul(b.op("Gelu", [b.matmul(h, dense(rng, w, 2 * w))]), dense(rng, 2 * w, w, 0.7)))
+    if not last:
+        b.output(x, "video_tokens_out", [1, t, w])
+    b.output(b.op("Concat", keys, axis=0) if layers > 1 else keys[0], "keys", [layers, 1, t, w])
+    b.output(b.op("Concat", values, axis=0) if layers > 1 else values[0], "values", [layers, 1, t, w])
+    return b.model()

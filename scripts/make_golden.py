@@ -26,6 +26,7 @@ import onnx
 SCRIPTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(SCRIPTS))
 import build_prompt_tables as bpt  # noqa: E402
+import build_umt5_rows as umt5  # noqa: E402
 import fixture_graphs as fg  # noqa: E402
 import qnn_ctx  # noqa: E402
 import reference as ref  # noqa: E402
@@ -94,6 +95,13 @@ MOLMO_VARIANTS = {
                                               "action_context"]}),
 }
 FASTWAM = dict(name="fastwam", seed=404, dims=fg.FastWamDims(), flow_steps=10, shift=5.0, noise_seed=21)
+FASTWAM_CHAIN = dict(name="fastwam-closed-loop", seed=505, dims=fg.FastWamChainDims(), flow_steps=4, shift=5.0,
+                     noise_seed=31, frame_h=40, frame_w=48, instruction=1)
+FASTWAM_TASKS = ["put the black bowl on the plate", "open the top drawer of the cabinet"]
+FASTWAM_STATE_NORM = {"mode": "min_max", "low": [-0.25, -0.3, 0.8, 2.9, -0.6, -0.4, 0.0, -0.04],
+                      "high": [0.2, 0.35, 1.3, 3.3, 0.5, 0.45, 0.04, 0.04]}
+FASTWAM_ACTION_NORM = {"mode": "min_max", "low": [-0.9, -0.85, -0.95, -0.1, -0.15, -0.2, 0.0],
+                       "high": [0.93, 0.88, 0.94, 0.12, 0.16, 0.21, 1.0]}
 
 
 def log(msg):
@@ -426,6 +434,94 @@ def make_fastwam(table: list) -> bool:
     return verify_bundle(name, bundle_dir, wrappers, inputs, result, table)
 
 
+def fastwam_chain_frames(seed: int, cams: int, h: int, w: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    frames = np.empty((cams, h, w, 3), np.uint8)
+    for cam in range(cams):
+        img = np.stack([128 + 80 * np.sin(rng.uniform(0.1, 0.4) * xx + rng.uniform(0.1, 0.4) * yy + rng.uniform(0, 6))
+                        for _ in range(3)], axis=-1)
+        y0, x0 = rng.integers(0, h - 10), rng.integers(0, w - 10)
+        img[y0:y0 + 10, x0:x0 + 10] = rng.uniform(0, 255, 3)
+        frames[cam] = np.clip(np.rint(img + rng.normal(0, 5, img.shape)), 0, 255).astype(np.uint8)
+    return frames
+
+
+def fastwam_chain_graphs() -> dict:
+    """The closed-loop fixture's ONNX graphs from their seeds (also rebuilt by test_reference)."""
+    cfg, d = FASTWAM_CHAIN, FASTWAM_CHAIN["dims"]
+    graphs = {"wm_vae_enc": fg.build_wm_vae_enc(d, component_rng(cfg["seed"], "wm_vae_enc")),
+              "wm_embed": fg.build_wm_embed(d, component_rng(cfg["seed"], "wm_embed"))}
+    for i, layers in enumerate(d.prefill_layers):
+        graphs[f"wm_prefill_split{i}"] = fg.build_wm_prefill_split(
+            d, component_rng(cfg["seed"], f"wm_prefill_split{i}"), layers, last=i + 1 == len(d.prefill_layers))
+    graphs["action_step"] = fg.build_fastwam_step(d.step_dims(), component_rng(cfg["seed"], "action_step"))
+    return graphs
+
+
+def make_fastwam_closed_loop(table: list) -> bool:
+    """The full world-model chain: camera frames + state + instruction -> actions."""
+    cfg, d = FASTWAM_CHAIN, FASTWAM_CHAIN["dims"]
+    name = cfg["name"]
+    bundle_dir = REPO / "golden" / "bundles" / name
+    (bundle_dir / "inputs").mkdir(parents=True, exist_ok=True)
+    rows, lengths = umt5.build_text_rows(FASTWAM_TASKS, umt5.byte_tokenize,
+                                         umt5.fixture_encoder(d.context_width, cfg["seed"]), d.text_tokens)
+    rng = np.random.default_rng([cfg["seed"], 2])
+    tables = {"text_rows": rows, "text_lengths": lengths,
+              "proprio_weight": fg.dense(rng, d.state_dims, d.context_width, 1.5).T.copy(),
+              "proprio_bias": (0.1 * rng.standard_normal(d.context_width)).astype(np.float32)}
+    save_npz(bundle_dir / "inputs" / "context_tables.npz", tables)
+    splits = [f"wm_prefill_split{i}" for i in range(len(d.prefill_layers))]
+    components = ["wm_vae_enc", "wm_embed", *splits, "action_step"]
+    lh, lw = d.latent_hw
+    manifest = {
+        "format": 1, "name": "fastwam-closed-loop-tiny", "version": "0.1.0", "policy": "fastwam",
+        "variant": "fastwam", "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
+        "components": component_entries(components),
+        "fastwam": {
+            "action_horizon": d.horizon, "action_dims": d.action_dims, "flow_steps": cfg["flow_steps"],
+            "shift": cfg["shift"], "action_norm": FASTWAM_ACTION_NORM,
+            "gripper_binarize": False, "gripper_map": "libero",
+            "chain": {
+                "cameras": d.cameras, "frame_height": cfg["frame_h"], "frame_width": cfg["frame_w"],
+                "camera_height": d.camera_h, "camera_width": d.camera_w, "rotate_180": [True, True],
+                "latent_channels": d.latent_channels, "latent_height": lh, "latent_width": lw,
+                "video_tokens": d.tokens, "video_width": d.width, "prefill_layers": list(d.prefill_layers),
+                "text_tokens": d.text_tokens, "context_width": d.context_width,
+                "state_dims": d.state_dims, "state_norm": FASTWAM_STATE_NORM,
+                "tables": "inputs/context_tables.npz", "instructions": FASTWAM_TASKS,
+            },
+        },
+        "parity": {"context_cosine": CONTEXT_COSINE, "end_to_end_cosine": END_TO_END_COSINE},
+        "end_to_end": "golden/end_to_end.npz",
+    }
+    write_json(bundle_dir / "bundle.json", manifest)
+    graphs = fastwam_chain_graphs()
+    wrappers = compile_graphs(name, graphs, {}, bundle_dir)
+    runners = ref.cpu_runners(bundle_dir, BUILD / name / "onnx")
+    frames = fastwam_chain_frames(cfg["seed"], d.cameras, cfg["frame_h"], cfg["frame_w"])
+    state = np.array([-0.05, 0.1, 1.0, 3.1, 0.2, -0.1, 0.03, -0.02], np.float32)
+    inputs = {"frames": frames, "state": state, "instruction_id": np.array([cfg["instruction"]], np.int32),
+              "seed": np.array([cfg["noise_seed"]], np.uint64)}
+    result, io = ref.run_bundle(bundle_dir, runners, inputs)
+    order = ["frames", "state", "instruction_id", "seed", "actions", "image", "latents", "context",
+             *[f"{kv}_split{i}" for i in range(len(splits)) for kv in ("keys", "values")], "noise"]
+    write_goldens(bundle_dir, {**inputs, **result}, io, order)
+    # The camera-only and state-only variants the tests run (expected actions from the reference).
+    variants = {}
+    other = fastwam_chain_frames(cfg["seed"] + 1, d.cameras, cfg["frame_h"], cfg["frame_w"])
+    moved = state.copy()
+    moved[:3] += np.array([0.08, -0.1, 0.12], np.float32)
+    for tag, obs in (("camera", dict(inputs, frames=other)), ("state", dict(inputs, state=moved))):
+        r, _ = ref.run_bundle(bundle_dir, runners, obs)
+        variants[tag] = r["actions"]
+        log(f"  {name}: {tag}-only change moves the actions by {np.abs(r['actions'] - result['actions']).max():.3g}")
+        save_npz(bundle_dir / "golden" / f"observation_{tag}.npz",
+                 {k: obs[k] for k in ("frames", "state", "instruction_id", "seed")} | {"actions": r["actions"]})
+    return verify_bundle(name, bundle_dir, wrappers, inputs, result, table)
+
+
 def run_fastwam_raw(manifest, world, runners, seed):
     raw = dict(manifest, fastwam=dict(manifest["fastwam"], gripper_binarize=False,
                                       action_norm={"mode": "identity"}))
@@ -515,9 +611,22 @@ def make_quantized(table: list) -> bool:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args()
+    ap.add_argument("--only-fastwam", action="store_true",
+                    help="rebuild only golden/bundles/fastwam* (the rest is left as it is)")
+    args = ap.parse_args()
     started = time.time()
     golden = REPO / "golden"
+    if args.only_fastwam:
+        table = []
+        for name in ("fastwam", "fastwam-closed-loop"):
+            shutil.rmtree(golden / "bundles" / name, ignore_errors=True)
+            shutil.rmtree(BUILD / name, ignore_errors=True)
+        ok = make_fastwam(table) & make_fastwam_closed_loop(table)
+        for bundle, component, output, c, diff in table:
+            log(f"{bundle:26s} {component:18s} {output:16s} {c:11.8f} {diff:10.3g}")
+        if not ok:
+            sys.exit("make_golden: a parity gate failed")
+        return
     for owned in (golden / "bundles", golden / "tokenizer", golden / "contexts", BUILD):
         shutil.rmtree(owned, ignore_errors=True)
     (golden / "tokenizer").mkdir(parents=True)
@@ -532,6 +641,8 @@ def main():
         ok &= make_molmo(name, cfg, tok, wte, table)
     log("[fastwam]")
     ok &= make_fastwam(table)
+    log("[fastwam-closed-loop]")
+    ok &= make_fastwam_closed_loop(table)
     log("[contexts/qdq_mixed]")
     ok &= make_quantized(table)
     log("")

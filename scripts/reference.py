@@ -370,6 +370,176 @@ def wan_sigmas(n: int, shift: float) -> np.ndarray:
     return np.append(sigma, 0.0)
 
 
+# ---------------------------------------------------------------------------------------
+# Fast-WAM observation side (docs/bundle-format.md "Fast-WAM closed loop")
+# ---------------------------------------------------------------------------------------
+
+PIL_PRECISION_BITS = 32 - 8 - 2
+
+
+def _pil_coeffs(n_in: int, n_out: int):
+    """Pillow's bilinear resample taps for one axis (its `precompute_coeffs`, support 1
+    widened by the scale when shrinking, so it is antialiased), as its 8-bit fixed point."""
+    scale = n_in / n_out
+    filterscale = max(scale, 1.0)
+    support = 1.0 * filterscale
+    ksize = int(np.ceil(support)) * 2 + 1
+    bounds = np.zeros((n_out, 2), np.int64)
+    kk = np.zeros((n_out, ksize), np.int64)
+    for xx in range(n_out):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)
+        xmax = min(int(center + support + 0.5), n_in) - xmin
+        ss = 1.0 / filterscale
+        w = [max(0.0, 1.0 - abs((x + xmin - center + 0.5) * ss)) for x in range(xmax)]
+        total = 0.0
+        for v in w:  # summed in order, as Pillow does
+            total += v
+        w = np.array([v / total for v in w] if total != 0 else w)
+        fixed = np.where(w < 0, np.trunc(-0.5 + w * (1 << PIL_PRECISION_BITS)),
+                         np.trunc(0.5 + w * (1 << PIL_PRECISION_BITS))).astype(np.int64)
+        kk[xx, :xmax] = fixed
+        bounds[xx] = (xmin, xmax)
+    return bounds, kk
+
+
+def _pil_pass(img: np.ndarray, n_out: int, axis: int) -> np.ndarray:
+    bounds, kk = _pil_coeffs(img.shape[axis], n_out)
+    src = np.moveaxis(img.astype(np.int64), axis, 0)
+    out = np.empty((n_out,) + src.shape[1:], np.int64)
+    for o in range(n_out):
+        xmin, count = bounds[o]
+        acc = np.full(src.shape[1:], 1 << (PIL_PRECISION_BITS - 1), np.int64)
+        for j in range(count):
+            acc += src[xmin + j] * kk[o, j]
+        out[o] = np.clip(acc >> PIL_PRECISION_BITS, 0, 255)
+    return np.moveaxis(out, 0, axis).astype(np.uint8)
+
+
+def pil_vertical_first(src_h: int, src_w: int, height: int, width: int, order: str) -> bool:
+    """Pillow 12 (upstream Fast-WAM's pin, `order="pillow12"`) always runs the horizontal
+    pass first; Pillow 13 (`"pillow13"`) runs the vertical one first when the height shrinks
+    by more than twice as many pixels as the width does."""
+    return order == "pillow13" and (src_h - height) > 0 and (src_h - height) > (src_w - width) * 2
+
+
+def pil_resize_bilinear(img: np.ndarray, width: int, height: int, order: str = "pillow12") -> np.ndarray:
+    """`Image.fromarray(img).resize((width, height), Image.BILINEAR)` for RGB8 [H, W, 3]:
+    two separable passes, each rounded to uint8, in the Pillow release's order."""
+    if pil_vertical_first(img.shape[0], img.shape[1], height, width, order):
+        return _pil_pass(_pil_pass(img, height, 0), width, 1)
+    return _pil_pass(_pil_pass(img, width, 1), height, 0)
+
+
+def center_crop_resize(img: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Upstream LIBERO eval's `_center_crop_resize`: aspect-preserving scale (Python round),
+    Pillow bilinear, centre crop."""
+    src_h, src_w = img.shape[:2]
+    scale = max(width / src_w, height / src_h)
+    rw, rh = round(src_w * scale), round(src_h * scale)
+    resized = pil_resize_bilinear(img, rw, rh)
+    left, top = max((rw - width) // 2, 0), max((rh - height) // 2, 0)
+    return resized[top:top + height, left:left + width]
+
+
+def fastwam_image(frames: np.ndarray, chain: dict) -> np.ndarray:
+    """[cams, H, W, 3] uint8 -> [1, 3, h, cams * w]: optional 180-degree turn per camera,
+    centre-crop resize, side by side, `x * (2/255) - 1` in f32."""
+    cams = []
+    for cam, frame in enumerate(frames):
+        if chain["rotate_180"][cam]:
+            frame = frame[::-1, ::-1]
+        cams.append(center_crop_resize(np.ascontiguousarray(frame), chain["camera_width"], chain["camera_height"]))
+    rgb = np.concatenate(cams, axis=1).astype(np.float32)
+    return (rgb * np.float32(2.0 / 255.0) - np.float32(1.0)).transpose(2, 0, 1)[None].copy()
+
+
+FASTWAM_STD_EPS = np.float32(1e-8)
+FASTWAM_MIN_RANGE = np.float32(1e-4)
+FASTWAM_STATE_CLAMP = np.float32(5.0)
+
+
+def fastwam_scale_offset(norm: dict, n: int):
+    """Upstream `SingleFieldLinearNormalizer.__init__` in f32: z-score `1/(std+1e-8)`,
+    `-mean/(std+1e-8)`; min/max and quantile `2/range`, `-1 - scale*low`, except ranges below
+    1e-4: scale 1, offset `-low`. Identity: 1, 0."""
+    low, high, mean, std, passthrough = _norm_arrays(norm, n)
+    mode = norm["mode"]
+    if mode == "mean_std":
+        d = std + FASTWAM_STD_EPS
+        scale, offset = np.float32(1) / d, -mean / d
+    elif mode in ("quantile", "min_max"):
+        rng = high - low
+        ignore = rng < FASTWAM_MIN_RANGE
+        scale = np.float32(2) / np.where(ignore, np.float32(2), rng)
+        offset = np.where(ignore, np.float32(0) - low, np.float32(-1) - scale * low)
+    else:
+        scale, offset = np.ones(n, np.float32), np.zeros(n, np.float32)
+    return scale.astype(np.float32), offset.astype(np.float32), passthrough
+
+
+def fastwam_normalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    """Fast-WAM's dataset normalizer, forward (the state): `x*scale + offset` clamped to
+    [-5, 5], as upstream."""
+    x = np.asarray(x, np.float32)
+    scale, offset, passthrough = fastwam_scale_offset(norm, x.shape[-1])
+    y = np.clip(x * scale + offset, -FASTWAM_STATE_CLAMP, FASTWAM_STATE_CLAMP)
+    return np.where(passthrough, x, y).astype(np.float32)
+
+
+def fastwam_denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
+    """Fast-WAM's normalizer backward (the actions): `(x - offset) / scale`, never clamped."""
+    x = np.asarray(x, np.float32)
+    scale, offset, passthrough = fastwam_scale_offset(norm, x.shape[-1])
+    return np.where(passthrough, x, (x - offset) / scale).astype(np.float32)
+
+
+def fastwam_gripper(actions: np.ndarray, f: dict) -> np.ndarray:
+    """The gripper dim as upstream LIBERO eval sends it: `g*2 - 1`, inverted, then sign only
+    when the bundle binarizes. `gripper_map: none` (the constant-world-model bundles) keeps
+    the old rule: binarize on `g >= 0` only."""
+    a = actions.copy()
+    g = a[:, -1]
+    if f.get("gripper_map", "none") == "libero":
+        g = -(g * np.float32(2) - np.float32(1))
+        if f.get("gripper_binarize"):
+            g = np.sign(g)
+    elif f.get("gripper_binarize"):
+        g = np.where(g >= 0, np.float32(1), np.float32(-1))
+    a[:, -1] = g
+    return a.astype(np.float32)
+
+
+def fastwam_context(tables: dict, instruction_id: int, state: np.ndarray, chain: dict) -> np.ndarray:
+    """[1, text_tokens + 1, E]: the instruction's text rows, then proprio Linear(norm(state))."""
+    text = tables["text_rows"][instruction_id].astype(np.float32)
+    s = fastwam_normalize(state, chain["state_norm"])
+    w, b = tables["proprio_weight"].astype(np.float32), tables["proprio_bias"].astype(np.float32)
+    proprio = (w.astype(np.float64) @ s.astype(np.float64) + b).astype(np.float32)
+    return np.concatenate([text, proprio[None]], axis=0)[None]
+
+
+def run_world_model(chain: dict, tables: dict, run, frames, state, instruction_id: int) -> dict:
+    """The closed-loop chain: image -> wm_vae_enc -> wm_embed (+ context) -> prefill splits."""
+    image = fastwam_image(frames, chain)
+    latents = run("wm_vae_enc", {"image": image})["latents"]
+    context = fastwam_context(tables, instruction_id, state, chain)
+    emb = run("wm_embed", {"latents": latents, "context": context})
+    tokens, keys, values = emb["video_tokens"], [], []
+    stages = {"image": image, "latents": latents, "context": context}
+    splits = len(chain["prefill_layers"])
+    for i in range(splits):
+        out = run(f"wm_prefill_split{i}", {"video_tokens": tokens, "context_embedding": emb["context_embedding"]})
+        keys.append(out["keys"])
+        values.append(out["values"])
+        stages[f"keys_split{i}"], stages[f"values_split{i}"] = out["keys"], out["values"]
+        if i + 1 < splits:
+            tokens = out["video_tokens_out"]
+    world = {"video_keys": np.concatenate(keys), "video_values": np.concatenate(values), "context": context,
+             "context_mask": np.ones((1, context.shape[1]), np.float32)}
+    return world, stages
+
+
 def run_fastwam(manifest: dict, world: dict, run, seed: int) -> dict:
     f = manifest["fastwam"]
     shape = (1, f["action_horizon"], f["action_dims"])
@@ -387,10 +557,8 @@ def run_fastwam(manifest: dict, world: dict, run, seed: int) -> dict:
         }
         pred = run("action_step", feeds)["pred_noise"]
         x = (x + pred * np.float32(sigma[i + 1] - sigma[i])).astype(np.float32)
-    actions = denormalize(x[0], f["action_norm"])
-    if f.get("gripper_binarize"):
-        actions[:, -1] = np.where(actions[:, -1] >= 0, 1.0, -1.0)
-    return {"noise": noise, "actions": actions.astype(np.float32)}
+    actions = fastwam_denormalize(x[0], f["action_norm"])
+    return {"noise": noise, "actions": fastwam_gripper(actions, f)}
 
 
 def capture_plan(manifest: dict) -> dict:
@@ -410,6 +578,12 @@ def run_bundle(bundle_dir: Path, runners: dict, inputs: dict):
         tables = load_npz(bundle_dir / manifest["molmoact2"]["prompt"])
         result = run_molmoact2(manifest, tables, rec, inputs["frames"], inputs["state"],
                                int(inputs["instruction_id"][0]), seed)
+    elif manifest["fastwam"].get("chain"):
+        chain = manifest["fastwam"]["chain"]
+        tables = load_npz(bundle_dir / chain["tables"])
+        world, stages = run_world_model(chain, tables, rec, inputs["frames"], inputs["state"],
+                                        int(inputs["instruction_id"][0]))
+        result = {**stages, **run_fastwam(manifest, world, rec, seed)}
     else:
         world = load_npz(bundle_dir / manifest["fastwam"]["world_model"])
         result = run_fastwam(manifest, world, rec, seed)

@@ -20,11 +20,16 @@
  *
  * Firmware reading actions:
  *   fd = open(path, O_RDONLY); fstat; base = mmap(NULL, st_size, PROT_READ, MAP_SHARED, fd, 0);
- *   vla_ring_check(base, st_size, VLA_RING_ACTION_MAGIC, &geometry, &field) == 0, once
- *   (VLA_RING_CHECK_INITIALIZING: retry later);
- *   every tick: vla_ring_action_read_latest(base, &step, values) == 0 and
+ *   vla_ring_reader_open(&reader, base, st_size, VLA_RING_ACTION_MAGIC, &geometry) == 0,
+ *   once (VLA_RING_CHECK_INITIALIZING: retry later);
+ *   every tick: vla_ring_reader_action_read_latest(&reader, &step, values) == 0 and
  *   step.status == VLA_RING_STATUS_OK and now < step.valid_until_ns -> apply; else hold
  *   (fail closed). A writer_heartbeat_ns that stops moving means the runtime died.
+ *   Every writer start bumps header.writer_epoch; the reader functions re-check the
+ *   header whenever it changed, address slots with the layout checked at open (never
+ *   with header fields a writer may be rewriting) and copy exactly action_dims values:
+ *   VLA_RING_READ_INCOMPATIBLE (reader.field names the field) means reopen; the older
+ *   base-pointer functions trust the header and are for segments checked just before.
  *
  * Firmware writing observations:
  *   fd = open(path, O_RDWR | O_CREAT, 0644); flock(fd, LOCK_EX | LOCK_NB) (the kernel
@@ -309,7 +314,9 @@ enum vla_ring_read_result {
     VLA_RING_READ_IN_PROGRESS = -4,   /* writer inside the slot on every attempt (or died there) */
     VLA_RING_READ_CONTENDED = -5,     /* every attempt raced the writer */
     VLA_RING_READ_BAD_STATUS = -6,    /* action status not ok/hold/fault */
-    VLA_RING_READ_INCONSISTENT = -7   /* published/seq fields contradict the seqlock: corrupt */
+    VLA_RING_READ_INCONSISTENT = -7,  /* published/seq fields contradict the seqlock: corrupt */
+    VLA_RING_READ_RESTARTING = -8,    /* a writer is (re)starting on the segment: retry */
+    VLA_RING_READ_INCOMPATIBLE = -9   /* a writer restarted with another layout: reopen */
 };
 
 /* A decoded action step (a private copy, not shared memory). */
@@ -401,6 +408,128 @@ static inline int vla_ring_action_read_latest(const void *base, struct vla_ring_
     return VLA_RING_READ_CONTENDED;
 }
 
+/* ---- checked reader ------------------------------------------------------------- */
+
+/* A reader's view of one segment: the layout checked at open and the writer epoch it
+ * was checked for. Fill it with vla_ring_reader_open(); read with the functions below. */
+struct vla_ring_reader {
+    const void *base;
+    uint64_t mapped_len;
+    uint64_t magic;
+    struct vla_ring_geometry geometry;
+    uint32_t slot_count;
+    uint32_t slot_size;
+    uint64_t epoch;     /* writer epoch the header was last checked for */
+    const char *field;  /* after a failed check: the header field at fault */
+};
+
+/* Checks the segment and records its layout and writer epoch. */
+static inline enum vla_ring_check_result vla_ring_reader_open(struct vla_ring_reader *r, const void *base,
+                                                              uint64_t mapped_len, uint64_t magic,
+                                                              const struct vla_ring_geometry *g) {
+    const struct vla_ring_header *h = (const struct vla_ring_header *)base;
+    r->base = base;
+    r->mapped_len = mapped_len;
+    r->magic = magic;
+    r->geometry = *g;
+    r->field = "";
+    if (mapped_len < VLA_RING_HEADER_SIZE) {
+        r->field = "size";
+        return VLA_RING_CHECK_TRUNCATED;
+    }
+    r->epoch = atomic_load_explicit(&h->writer_epoch, memory_order_acquire);
+    enum vla_ring_check_result c = vla_ring__check(base, mapped_len, magic, g, &r->field, 0);
+    if (c != VLA_RING_CHECK_OK) return c;
+    r->slot_count = vla_ring__ld32(&h->slot_count);
+    r->slot_size = (uint32_t)vla_ring_slot_size(magic, g);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&h->initializing, memory_order_relaxed) != VLA_RING_STATE_READY ||
+        atomic_load_explicit(&h->writer_epoch, memory_order_relaxed) != r->epoch) {
+        r->field = "initializing";
+        return VLA_RING_CHECK_INITIALIZING;
+    }
+    return VLA_RING_CHECK_OK;
+}
+
+/* Before a read: 0 and the epoch, after re-checking the header if a writer started. */
+static inline int vla_ring__reader_enter(struct vla_ring_reader *r, uint64_t *epoch) {
+    const struct vla_ring_header *h = (const struct vla_ring_header *)r->base;
+    uint64_t e = atomic_load_explicit(&h->writer_epoch, memory_order_acquire);
+    if (e != r->epoch) {
+        enum vla_ring_check_result c = vla_ring__check(r->base, r->mapped_len, r->magic, &r->geometry, &r->field, 0);
+        if (c == VLA_RING_CHECK_INITIALIZING) return VLA_RING_READ_RESTARTING;
+        if (c != VLA_RING_CHECK_OK || vla_ring__ld32(&h->slot_count) != r->slot_count) {
+            if (c == VLA_RING_CHECK_OK) r->field = "slot_count";
+            return VLA_RING_READ_INCOMPATIBLE;
+        }
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&h->initializing, memory_order_relaxed) != VLA_RING_STATE_READY ||
+            atomic_load_explicit(&h->writer_epoch, memory_order_relaxed) != e)
+            return VLA_RING_READ_RESTARTING;
+        r->epoch = e;
+    }
+    *epoch = e;
+    return VLA_RING_READ_OK;
+}
+
+/* After a read: the copy is only good if no writer started while it was made. */
+static inline int vla_ring__reader_leave(const struct vla_ring_reader *r, uint64_t epoch) {
+    const struct vla_ring_header *h = (const struct vla_ring_header *)r->base;
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&h->initializing, memory_order_relaxed) != VLA_RING_STATE_READY ||
+        atomic_load_explicit(&h->writer_epoch, memory_order_relaxed) != epoch)
+        return VLA_RING_READ_RESTARTING;
+    return VLA_RING_READ_OK;
+}
+
+static inline const _Atomic uint64_t *vla_ring__reader_slot(const struct vla_ring_reader *r, uint64_t seq) {
+    return (const _Atomic uint64_t *)((const unsigned char *)r->base + VLA_RING_HEADER_SIZE +
+                                      (seq % r->slot_count) * (uint64_t)r->slot_size);
+}
+
+/* Copies action step `seq` into *out and values[geometry.action_dims]. */
+static inline int vla_ring_reader_action_read_seq(struct vla_ring_reader *r, uint64_t seq,
+                                                  struct vla_ring_action_step *out, float *values) {
+    uint64_t epoch;
+    int r0 = vla_ring__reader_enter(r, &epoch);
+    if (r0 != VLA_RING_READ_OK) return r0;
+    if (seq == 0) return VLA_RING_READ_NOT_YET;
+    uint64_t len = 4u * (uint64_t)r->geometry.action_dims;
+    uint64_t fixed[8];
+    int res = VLA_RING_READ_CONTENDED;
+    for (unsigned attempt = 0; attempt < VLA_RING_READ_ATTEMPTS; attempt++) {
+        res = vla_ring__try_read(vla_ring__reader_slot(r, seq), seq, fixed, VLA_RING_SLOT_FIXED_SIZE, values, len);
+        if (res == VLA_RING_READ_OK) {
+            int left = vla_ring__reader_leave(r, epoch);
+            return left != VLA_RING_READ_OK ? left : vla_ring__decode_action(fixed, seq, out);
+        }
+        if (res == VLA_RING_READ_NOT_YET || res == VLA_RING_READ_OVERWRITTEN) return res;
+    }
+    return res;
+}
+
+/* Copies the newest complete action step into *out and values[geometry.action_dims]. */
+static inline int vla_ring_reader_action_read_latest(struct vla_ring_reader *r, struct vla_ring_action_step *out,
+                                                     float *values) {
+    const struct vla_ring_header *h = (const struct vla_ring_header *)r->base;
+    uint64_t epoch;
+    int r0 = vla_ring__reader_enter(r, &epoch);
+    if (r0 != VLA_RING_READ_OK) return r0;
+    uint64_t len = 4u * (uint64_t)r->geometry.action_dims;
+    uint64_t fixed[8];
+    for (unsigned attempt = 0; attempt < VLA_RING_READ_ATTEMPTS; attempt++) {
+        uint64_t seq = atomic_load_explicit(&h->published, memory_order_acquire);
+        if (seq == 0) return VLA_RING_READ_EMPTY;
+        int res = vla_ring__try_read(vla_ring__reader_slot(r, seq), seq, fixed, VLA_RING_SLOT_FIXED_SIZE, values, len);
+        if (res == VLA_RING_READ_OK) {
+            int left = vla_ring__reader_leave(r, epoch);
+            return left != VLA_RING_READ_OK ? left : vla_ring__decode_action(fixed, seq, out);
+        }
+        if (res == VLA_RING_READ_NOT_YET) return VLA_RING_READ_INCONSISTENT;
+    }
+    return VLA_RING_READ_CONTENDED;
+}
+
 /* ---- single writer -------------------------------------------------------------- */
 
 static inline void vla_ring__st32(_Atomic uint32_t *p, uint32_t v) {
@@ -461,8 +590,11 @@ static inline uint64_t vla_ring_writer_start(void *base, uint64_t magic, const s
         for (uint64_t i = 0; i < (total - VLA_RING_HEADER_SIZE) / 8; i++)
             atomic_store_explicit(&words[i], 0, memory_order_relaxed);
         atomic_store_explicit(&h->published, 0, memory_order_relaxed);
-        *epoch = 1;
+        /* Bumped here too: a reader of the old layout on this very segment (same size,
+         * another geometry) must see a new epoch to know it has to re-check. */
+        *epoch = atomic_load_explicit(&h->writer_epoch, memory_order_relaxed) + 1;
     }
+    if (*epoch == 0) *epoch = 1;
     vla_ring__write_static(h, magic, g, slot_count);
     atomic_store_explicit(&h->writer_epoch, *epoch, memory_order_relaxed);
     vla_ring__st32(&h->writer_pid, pid);

@@ -130,6 +130,8 @@ def _bundle_graphs(name):
     import make_golden as mg
 
     manifest = json.loads((BUNDLES / name / "bundle.json").read_text())
+    if manifest["policy"] == "fastwam" and "chain" in manifest["fastwam"]:
+        return manifest, mg.fastwam_chain_graphs()
     if manifest["policy"] == "fastwam":
         rng = mg.component_rng(mg.FASTWAM["seed"], "action_step")
         return manifest, {"action_step": fg.build_fastwam_step(mg.FASTWAM["dims"], rng)}

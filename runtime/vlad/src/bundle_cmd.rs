@@ -69,6 +69,14 @@ pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_jso
         "context_gate": r.context_gate,
         "end_to_end_gate": r.end_to_end_gate,
         "contexts": contexts,
+        "open_loop": r.open_loop,
+        "stages": r.stages.iter().map(|st| json!({
+            "name": st.name,
+            "cosine": finite(st.comparison.cosine),
+            "max_abs_diff": finite(st.comparison.max_abs_diff),
+            "passed": st.passed,
+        })).collect::<Vec<_>>(),
+        "first_diverging_stage": r.first_diverging_stage().map(|st| st.name.clone()),
         "end_to_end": {
             "cosine": finite(e.comparison.cosine),
             "max_abs_diff": finite(e.comparison.max_abs_diff),
@@ -104,6 +112,27 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
                 if o.passed { "PASS" } else { "FAIL" }
             );
         }
+    }
+    if !r.stages.is_empty() {
+        s += &format!(
+            "per stage of the end-to-end run (gate cosine >= {}):\n",
+            r.context_gate
+        );
+        for st in &r.stages {
+            s += &format!(
+                "  {:<33} {:>12.8} {:>11.3e}  {}\n",
+                st.name,
+                st.comparison.cosine,
+                st.comparison.max_abs_diff,
+                if st.passed { "PASS" } else { "FAIL" }
+            );
+        }
+        if let Some(st) = r.first_diverging_stage() {
+            s += &format!("  first diverging stage: {}\n", st.name);
+        }
+    }
+    if r.open_loop {
+        s += "OPEN LOOP: constant world model (fastwam.world_model); the actions depend only on the noise seed, not on the camera or the state\n";
     }
     let e = &r.end_to_end;
     s += &format!(

@@ -58,15 +58,34 @@ pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy), Str
         bundle.manifest.version,
         report.end_to_end.comparison.cosine
     );
+    if report.open_loop {
+        log::warn!(
+            "bundle {} is OPEN LOOP: constant world model, its actions ignore the camera and the state",
+            dir.display()
+        );
+    }
     Ok((bundle, policy))
 }
 
 /// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
 struct OtaLink {
     store: Arc<Store>,
-    running_hash: String,
-    /// Healthy inferences still count towards committing the bundle on trial.
-    on_trial: bool,
+    /// The running bundle's hash and its trial: healthy inferences are counted in memory
+    /// and recorded in the store by the recorder's own (non-real-time) thread, so the
+    /// inference thread never waits for the store's lock (an installer holds it while it
+    /// copies and hashes gigabytes) and does no file I/O.
+    trial: vla_ota::TrialRecorder,
+}
+
+impl OtaLink {
+    fn start(store: &Arc<Store>, hash: String, on_trial: bool) -> Result<Self, Failure> {
+        let trial = vla_ota::TrialRecorder::start(store.clone(), hash, on_trial)
+            .map_err(|e| Failure::Error(format!("starting the OTA trial recorder: {e}")))?;
+        Ok(Self {
+            store: store.clone(),
+            trial,
+        })
+    }
 }
 
 /// The policy as the control loop's engine.
@@ -162,16 +181,8 @@ impl PolicyEngine {
             // Reproduces a slower NPU's operating point on the emulator (tests, benchmarks).
             std::thread::sleep(self.extra_latency);
         }
-        if let Some(ota) = self.ota.as_mut().filter(|o| o.on_trial) {
-            match ota.store.record_healthy(&ota.running_hash, 1) {
-                Ok(vla_ota::Health::Committed(hash)) => {
-                    log::info!("bundle {hash} passed its trial and is committed");
-                    ota.on_trial = false;
-                }
-                Ok(vla_ota::Health::NotOnTrial) => ota.on_trial = false,
-                Ok(vla_ota::Health::OnTrial { .. }) => {}
-                Err(e) => log::warn!("cannot record the trial's progress: {e}"),
-            }
+        if let Some(ota) = &self.ota {
+            ota.trial.healthy();
         }
         Ok(())
     }
@@ -212,9 +223,8 @@ impl PolicyEngine {
         self.policy = None;
         match self.try_load(&dir) {
             Ok(()) => {
-                if let Some(o) = self.ota.as_mut() {
-                    o.running_hash = hash.clone();
-                    o.on_trial = true;
+                if let Some(o) = &self.ota {
+                    o.trial.running(hash.clone(), true);
                 }
                 Ok(format!("bundle {hash}"))
             }
@@ -222,9 +232,8 @@ impl PolicyEngine {
                 log::error!("bundle {hash} rejected: {why}");
                 let rolled = store.fail_trial(&why, &mut |d: &Path| self.try_load(d));
                 let running = store.current().ok().flatten();
-                if let (Some(o), Some((h, _))) = (self.ota.as_mut(), &running) {
-                    o.running_hash = h.clone();
-                    o.on_trial = false;
+                if let (Some(o), Some((h, _))) = (&self.ota, &running) {
+                    o.trial.running(h.clone(), false);
                 }
                 if self.policy.is_none() {
                     // Not on trial (no rollback target) or the rollback failed: load what
@@ -376,7 +385,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     };
     let notify = |m: &str| {
         if let Some(n) = &notifier {
-            n.send(m)
+            // Dropped or failed messages are logged by `send`; the next one follows.
+            let _ = n.send(m);
         }
     };
 
@@ -445,11 +455,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 Ok((_, policy)) => (
                     dir,
                     policy,
-                    Some(OtaLink {
-                        store: store.clone(),
-                        running_hash: hash,
-                        on_trial: start.trial_start.is_some(),
-                    }),
+                    Some(OtaLink::start(store, hash, start.trial_start.is_some())?),
                 ),
                 Err(why) if start.trial_start.is_some() => {
                     log::error!("bundle {hash} on trial failed at start: {why}");
@@ -470,15 +476,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                         .flatten()
                         .map(|c| c.0)
                         .unwrap_or_default();
-                    (
-                        dir,
-                        policy,
-                        Some(OtaLink {
-                            store: store.clone(),
-                            running_hash: hash,
-                            on_trial: false,
-                        }),
-                    )
+                    (dir, policy, Some(OtaLink::start(store, hash, false)?))
                 }
                 Err(why) => return Err(Failure::Error(why)),
             }

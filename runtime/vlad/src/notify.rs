@@ -30,18 +30,33 @@ impl Notifier {
         Some(Self { socket, addr })
     }
 
-    pub fn send(&self, message: &str) {
+    /// Sends one datagram, never blocking: a full queue drops the message.
+    pub fn send(&self, message: &str) -> Sent {
         match self.socket.send_to_addr(message.as_bytes(), &self.addr) {
-            Ok(_) => {}
+            Ok(_) => Sent::Queued,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 log::debug!(
                     "sd_notify queue full; dropped `{}`",
                     message.lines().next().unwrap_or("")
                 );
+                Sent::Dropped
             }
-            Err(e) => log::warn!("sd_notify `{}`: {e}", message.lines().next().unwrap_or("")),
+            Err(e) => {
+                log::warn!("sd_notify `{}`: {e}", message.lines().next().unwrap_or(""));
+                Sent::Failed
+            }
         }
     }
+}
+
+/// What became of one notify message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// The receiver's queue was full (nobody reading): dropped rather than waited for.
+    Dropped,
+    /// Any other error (logged).
+    Failed,
 }
 
 /// Half the watchdog interval systemd expects from this process, if it expects one.
@@ -74,10 +89,26 @@ mod tests {
         let mut buf = [0u8; 64];
         let len = server.recv(&mut buf).unwrap();
         assert_eq!(&buf[..len], b"READY=1\nSTATUS=warm");
-        // Nobody reading: the queue fills and sends are dropped instead of blocking.
-        for _ in 0..1000 {
-            n.send("STATUS=flood");
+        // Nobody reading: the queue fills and sends are dropped instead of blocking (a
+        // blocking socket would hang here, which the harness cannot tell from slowness, so
+        // the outcome of every send is counted).
+        let outcomes: Vec<Sent> = (0..1000).map(|_| n.send("STATUS=flood")).collect();
+        let queued = outcomes.iter().filter(|o| **o == Sent::Queued).count();
+        let dropped = outcomes.iter().filter(|o| **o == Sent::Dropped).count();
+        assert_eq!(queued + dropped, 1000, "no send failed otherwise");
+        assert!(
+            queued > 0 && dropped > 0,
+            "{queued} queued, {dropped} dropped"
+        );
+        // Exactly the queued ones arrive; then the queue is empty and sending works again.
+        server.set_nonblocking(true).unwrap();
+        let mut received = 0;
+        while let Ok(len) = server.recv(&mut buf) {
+            assert_eq!(&buf[..len], b"STATUS=flood");
+            received += 1;
         }
+        assert_eq!(received, queued);
+        assert_eq!(n.send("WATCHDOG=1"), Sent::Queued);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,10 +3,12 @@
 //! mode driving the moving simulator with real actions (figures printed, not gated:
 //! the sweep in `scripts/bench.sh` compares them).
 
-use std::io::Read;
+mod common;
+
+use common::Drained;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 fn qnn() -> bool {
@@ -82,13 +84,11 @@ fn a_latency_beyond_the_horizon_warns_at_start_up_and_ready_states_the_operating
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "1"])
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let daemon = Drained::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "1"])
+            .env("NOTIFY_SOCKET", &sock_path),
+    );
     let mut ready = String::new();
     let mut buf = [0u8; 1024];
     while let Ok(n) = sock.recv(&mut buf) {
@@ -98,14 +98,7 @@ fn a_latency_beyond_the_horizon_warns_at_start_up_and_ready_states_the_operating
             break;
         }
     }
-    let mut err = String::new();
-    daemon
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    daemon.wait().unwrap();
+    let (_, _, err) = daemon.finish();
     assert!(
         ready.contains("operating point: latency p95") && ready.contains("of H 32 steps"),
         "READY: {ready:?}"
@@ -128,12 +121,13 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
     let dir = scratch("modes");
     for merge in ["skip", "crossfade", "prefix"] {
         let cfg = config(&dir, merge, merge, 150);
-        let mut daemon = Command::new(env!("CARGO_BIN_EXE_vlad"))
-            .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "60"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--duration",
+            "60",
+        ]));
         let report = dir.join(format!("{merge}.sim.json"));
         let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
             .args(["simulate", "--config", cfg.to_str().unwrap()])
@@ -146,14 +140,7 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
-        let mut err = String::new();
-        daemon
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
-        daemon.wait().unwrap();
+        let (_, _, err) = daemon.finish();
         let out = String::from_utf8_lossy(&sim.stdout);
         assert!(sim.status.success(), "{merge}: {out}");
         assert!(err.contains(&format!("merge {merge}")), "{merge}: {err}");

@@ -2,10 +2,12 @@
 //! notifications, SIGHUP reload, SIGTERM stop with a final hold, and a robot whose ring
 //! does not fit the bundle.
 
-use std::io::Read;
+mod common;
+
+use common::Drained;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use vla_ring::{Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
 
@@ -64,34 +66,32 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
-fn spawn(args: &[&str], notify: Option<&Path>) -> Child {
+fn spawn(args: &[&str], notify: Option<&Path>) -> Drained {
     let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
-    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(args);
     if let Some(sock) = notify {
         c.env("NOTIFY_SOCKET", sock).env("WATCHDOG_USEC", "400000");
     }
-    c.spawn().expect("spawn vlad")
+    Drained::spawn(&mut c)
 }
 
-fn finish(mut child: Child) -> (String, String) {
-    let (mut out, mut err) = (String::new(), String::new());
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    child.wait().unwrap();
+fn finish(child: Drained) -> (String, String) {
+    let (_, out, err) = child.finish();
     (out, err)
 }
 
-fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+#[test]
+fn finish_drains_stdout_and_stderr_together() {
+    // More stderr than a pipe holds before the first byte of stdout: reading stdout to
+    // EOF first would wait forever on a child blocked writing stderr.
+    let mut c = Command::new("sh");
+    c.args(["-c", "head -c 1000000 /dev/zero >&2; echo done"]);
+    let (out, err) = finish(Drained::spawn(&mut c));
+    assert_eq!(out, "done\n");
+    assert_eq!(err.len(), 1_000_000);
+}
+
+fn signal(child: &Drained, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 

@@ -3,9 +3,11 @@
 //! bundle whose golden parity fails is rolled back to the previous one while the daemon
 //! keeps running. Uses the real QNN emulator and fixture bundles.
 
-use std::io::Read;
+mod common;
+
+use common::Drained;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
 
@@ -133,12 +135,13 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     ok(&["ota", "activate", &a, "--config", cfg]);
     assert!(current_target(&root).ends_with(&a));
 
-    let mut daemon: Child = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["run", "--config", cfg, "--duration", "300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "run",
+        "--config",
+        cfg,
+        "--duration",
+        "300",
+    ]));
     let pid_file = root.join("vlad.pid");
     let end = Instant::now() + Duration::from_secs(120);
     while !pid_file.exists() && Instant::now() < end {
@@ -222,20 +225,13 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     }
     let rolled_back = current_target(&root).ends_with(&b);
     std::thread::sleep(Duration::from_secs(3));
-    let running = daemon.try_wait().unwrap().is_none();
+    let running = daemon.child.try_wait().unwrap().is_none();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let mut err = String::new();
-    daemon
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    daemon.wait().unwrap();
+    let (_, _, err) = daemon.finish();
     let log: String = err
         .lines()
         .filter(|l| !l.contains(" qnn]"))
@@ -270,4 +266,196 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         let _ = std::fs::remove_file(p);
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Copies the fixture bundle to `tmp/name` as `version`, packs, signs and installs it.
+fn signed_install(tmp: &Path, key: &Path, cfg: &str, name: &str, version: &str) -> String {
+    let dir = tmp.join(name);
+    copy_dir(&repo().join("golden/bundles/fastwam"), &dir);
+    let p = dir.join("bundle.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    m["version"] = version.into();
+    std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    ok(&["bundle", "pack", dir.to_str().unwrap()]);
+    ok(&[
+        "bundle",
+        "sign",
+        dir.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    installed_hash(&ok(&[
+        "ota",
+        "install",
+        dir.to_str().unwrap(),
+        "--config",
+        cfg,
+    ]))
+}
+
+/// New chunks keep landing while an installer holds the store's lock during a trial:
+/// the inference thread never waits for it (it used to, in `record_healthy`, for as long
+/// as the installer copied and hashed). The installer is this test holding the real
+/// `flock` on `ota.lock` (a stand-in for minutes of copying gigabytes), then a real
+/// `vlad ota install`, which waits for it. Nothing is timed: the assertion is that three
+/// inferences complete with the lock held (a generous bound only turns a stall into a
+/// failure), and that the trial's counts reach the store once the lock is free.
+#[test]
+fn an_install_during_a_trial_never_stalls_inference() {
+    use nix::fcntl::{Flock, FlockArg};
+    use vla_ring::{Action, ActionStatus, Geometry, RingReader};
+    if !qnn() {
+        return;
+    }
+    let pid = std::process::id();
+    let tmp = std::env::temp_dir().join(format!("vlad-ota-trial-{pid}"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    // The trial never completes during the test: every inference is one on trial.
+    v["ota"]["trial_inferences"] = 1_000_000.into();
+    let act_path = format!("/dev/shm/vlad-ota-trial-{pid}-act");
+    v["rings"]["observation_path"] = format!("/dev/shm/vlad-ota-trial-{pid}-obs").into();
+    v["rings"]["action_path"] = act_path.clone().into();
+    v["control"]["publish_hz"] = 10.into();
+    v["log"]["level"] = "info".into();
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+
+    // A is activated before the daemon starts: it starts on trial.
+    let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
+    ok(&["ota", "activate", &a, "--config", cfg]);
+    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "run",
+        "--config",
+        cfg,
+        "--duration",
+        "300",
+    ]));
+    let robot = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "simulate",
+        "--config",
+        cfg,
+        "--duration",
+        "300",
+    ]));
+    let patience = Duration::from_secs(120);
+    let g = Geometry {
+        cameras: 0,
+        height: 0,
+        width: 0,
+        channels: 3,
+        state_dims: 0,
+        action_dims: 7,
+        chunk_len: 32,
+    };
+    let end = Instant::now() + patience;
+    let ring = loop {
+        match RingReader::<Action>::open(&act_path, g) {
+            Ok(r) => break r,
+            Err(e) => assert!(Instant::now() < end, "no action ring: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The chunks landing from now on, by the observation each came from.
+    let mut next = ring.published() + 1;
+    let mut buf = Action::for_geometry(&g);
+    let mut read_new = |sources: &mut std::collections::BTreeSet<u64>| {
+        for seq in next..=ring.published() {
+            if ring.read_seq(seq, &mut buf).is_ok() && buf.status == ActionStatus::Ok {
+                sources.insert(buf.source_obs_seq);
+            }
+        }
+        next = ring.published() + 1;
+    };
+    let wait_for_chunks = |what: &str, n: usize, read_new: &mut dyn FnMut(&mut _)| {
+        let mut seen = std::collections::BTreeSet::new();
+        let end = Instant::now() + patience;
+        while seen.len() < n {
+            read_new(&mut seen);
+            assert!(Instant::now() < end, "{what}: {} of {n} chunks", seen.len());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        seen
+    };
+    wait_for_chunks("before the install", 2, &mut read_new);
+
+    // The installer takes the lock (and a real install queues behind it).
+    let lock_file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(root.join("ota.lock"))
+        .unwrap();
+    let installer = Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let b_dir = tmp.join("bundle-b");
+    copy_dir(&tmp.join("bundle-a"), &b_dir);
+    let p = b_dir.join("bundle.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    m["version"] = "1.1.0".into();
+    std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
+    ok(&[
+        "bundle",
+        "sign",
+        b_dir.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    let install = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "ota",
+        "install",
+        b_dir.to_str().unwrap(),
+        "--config",
+        cfg,
+    ]));
+    let during = wait_for_chunks("with the store locked by an installer", 3, &mut read_new);
+    let healthy_before_release = state_healthy(&root);
+    drop(installer);
+    let (status, out, err) = install.finish();
+    assert!(status.success(), "the queued install failed: {out}{err}");
+    let end = Instant::now() + patience;
+    while state_healthy(&root) <= healthy_before_release {
+        assert!(
+            Instant::now() < end,
+            "the trial's counts never reached the store"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for child in [&robot, &daemon] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+    }
+    let _ = robot.finish();
+    let (_, _, log) = daemon.finish();
+    println!(
+        "{} chunks landed while the store was locked; healthy inferences recorded {}",
+        during.len(),
+        state_healthy(&root)
+    );
+    assert!(!log.contains("cannot record the trial's progress"), "{log}");
+    let _ = std::fs::remove_file(&act_path);
+    let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The healthy-inference count in the store's state file (0 if none yet).
+fn state_healthy(root: &Path) -> u64 {
+    std::fs::read(root.join("ota-state.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["healthy_inferences"].as_u64())
+        .unwrap_or(0)
 }

@@ -554,6 +554,17 @@ fn inference_thread(
         }
         let seq = match r.read_latest(&mut obs) {
             Ok(seq) => seq,
+            Err(e @ vla_ring::ReadError::Incompatible { .. }) => {
+                // A writer restarted the segment in place with another layout: the reopen
+                // reports why it does not fit (or follows it, if it does).
+                log::warn!(
+                    "observation ring {}: {e}; reopening",
+                    s.observation_path.display()
+                );
+                reader = None;
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
             Err(e) => {
                 log::debug!("observation read: {e}");
                 std::thread::sleep(Duration::from_millis(2));

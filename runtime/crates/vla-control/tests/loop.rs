@@ -114,13 +114,23 @@ fn publish_obs(w: &mut RingWriter<Observation>, obs: &mut Observation) -> u64 {
     w.publish(obs).unwrap()
 }
 
-/// Reads every new action for `d`, returning them in order.
-fn collect(r: &RingReader<Action>, d: Duration, mut feed: impl FnMut()) -> Vec<Action> {
+/// Generous bound on how long a condition may take on a loaded machine. Nothing is timed
+/// against it: it only turns a loop that never gets there into a failure instead of a hang.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Reads every new action until `done` holds for what was read (or [`PATIENCE`] passes:
+/// a failure naming `what`), returning them in order. `feed` runs between polls.
+fn collect_until(
+    r: &RingReader<Action>,
+    what: &str,
+    mut feed: impl FnMut(),
+    done: impl Fn(&[Action]) -> bool,
+) -> Vec<Action> {
     let mut out = Vec::new();
     let mut buf = Action::for_geometry(&G);
     let mut last = r.published();
-    let end = monotonic_ns() + d.as_nanos() as u64;
-    while monotonic_ns() < end {
+    let end = monotonic_ns() + PATIENCE.as_nanos() as u64;
+    loop {
         feed();
         let p = r.published();
         for seq in last + 1..=p {
@@ -129,9 +139,34 @@ fn collect(r: &RingReader<Action>, d: Duration, mut feed: impl FnMut()) -> Vec<A
             }
         }
         last = p;
+        if done(&out) {
+            return out;
+        }
+        assert!(
+            monotonic_ns() < end,
+            "not reached within {PATIENCE:?}: {what}; {} actions read, statuses {:?}",
+            out.len(),
+            out.iter()
+                .rev()
+                .take(12)
+                .map(|a| a.status)
+                .collect::<Vec<_>>()
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
-    out
+}
+
+/// Polls `cond` until it holds, failing after [`PATIENCE`].
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let end = monotonic_ns() + PATIENCE.as_nanos() as u64;
+    while !cond() {
+        assert!(monotonic_ns() < end, "not within {PATIENCE:?}: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn ok_actions(actions: &[Action]) -> impl Iterator<Item = &Action> {
+    actions.iter().filter(|a| a.status == ActionStatus::Ok)
 }
 
 #[test]
@@ -158,12 +193,22 @@ fn fresh_steps_then_hold(mode: MergeMode) {
         std::thread::sleep(Duration::from_millis(5));
     };
     let mut next_obs = monotonic_ns();
-    let actions = collect(&ar, Duration::from_millis(600), || {
-        if monotonic_ns() >= next_obs {
-            publish_obs(&mut ow, &mut obs);
-            next_obs += 20_000_000;
-        }
-    });
+    // Enough ok steps, from more than one chunk (however long a loaded machine takes).
+    let actions = collect_until(
+        &ar,
+        "6 ok steps from 2 observations",
+        || {
+            if monotonic_ns() >= next_obs {
+                publish_obs(&mut ow, &mut obs);
+                next_obs = monotonic_ns() + 20_000_000;
+            }
+        },
+        |got| {
+            let mut ok = ok_actions(got);
+            let first = ok.next().map(|a| a.source_obs_seq);
+            ok_actions(got).count() > 5 && ok_actions(got).any(|a| Some(a.source_obs_seq) != first)
+        },
+    );
     let ok: Vec<&Action> = actions
         .iter()
         .filter(|a| a.status == ActionStatus::Ok)
@@ -212,8 +257,18 @@ fn fresh_steps_then_hold(mode: MergeMode) {
     );
     assert!(sources.last() > sources.first(), "new chunks keep landing");
 
-    // The robot stops writing: within the heartbeat timeout everything is `hold`.
-    let after = collect(&ar, Duration::from_millis(300), || {});
+    // The robot stops writing: after the heartbeat timeout everything is `hold`.
+    let after = collect_until(
+        &ar,
+        "5 hold steps in a row",
+        || {},
+        |got| {
+            got.len() >= 5
+                && got[got.len() - 5..]
+                    .iter()
+                    .all(|a| a.status == ActionStatus::Hold)
+        },
+    );
     let tail = &after[after.len() - 5..];
     assert!(
         tail.iter().all(|a| a.status == ActionStatus::Hold),
@@ -257,10 +312,15 @@ fn failing_then_stale(mode: MergeMode) {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let actions = collect(&ar, Duration::from_millis(300), || {
-        publish_obs(&mut ow, &mut obs);
-        std::thread::sleep(Duration::from_millis(5));
-    });
+    let actions = collect_until(
+        &ar,
+        "a fault step from the failing engine",
+        || {
+            publish_obs(&mut ow, &mut obs);
+            std::thread::sleep(Duration::from_millis(5));
+        },
+        |got| got.iter().any(|a| a.status == ActionStatus::Fault),
+    );
     assert!(
         actions.iter().all(|a| a.status != ActionStatus::Ok),
         "no ok action from a failing engine"
@@ -275,43 +335,66 @@ fn failing_then_stale(mode: MergeMode) {
     let stale_before = vla_control::Health::get(&lp.health().stale_observations);
     obs.capture_time_ns = monotonic_ns() - 1_000_000_000;
     ow.publish(&obs).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
-    assert!(vla_control::Health::get(&lp.health().stale_observations) > stale_before);
+    eventually("the stale observation is counted", || {
+        vla_control::Health::get(&lp.health().stale_observations) > stale_before
+    });
     let report = lp.stop();
     assert!(report.inference_failures >= 2);
     let _ = std::fs::remove_file(&s.observation_path);
     let _ = std::fs::remove_file(&s.action_path);
 }
 
-/// Runs the loop for `d` with observations at 100 Hz; returns the inferences it made.
-fn inferences_with(trigger: Trigger, tag: &str) -> u64 {
+/// Runs the loop with observations at 100 Hz until 48 steps (6 chunks' worth) have been
+/// published; returns inferences per published step. The period is 40 ms against a
+/// 15 ms engine, so the two triggers differ by more than tenfold and stay apart however
+/// much a loaded machine stretches the engine's sleep (until it nears half a chunk).
+fn inferences_per_step(trigger: Trigger, tag: &str) -> f64 {
     let mut s = settings(tag);
     s.trigger = trigger;
+    s.period = Duration::from_millis(40);
+    s.chunk_period = s.period;
+    s.action_valid = Duration::from_millis(80);
+    s.hold_after_chunk_end = Duration::from_millis(80);
+    s.writer_heartbeat_timeout = Duration::from_millis(400);
+    s.max_observation_age = Duration::from_millis(400);
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     let fail = Arc::new(AtomicBool::new(false));
+    publish_obs(&mut ow, &mut obs);
     let lp = ControlLoop::start(s.clone(), tracing(15, &fail)).unwrap();
-    let end = monotonic_ns() + 1_000_000_000;
-    while monotonic_ns() < end {
-        publish_obs(&mut ow, &mut obs);
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let ar = loop {
+        if let Ok(r) = RingReader::<Action>::open(&s.action_path, G) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    collect_until(
+        &ar,
+        "48 published steps",
+        || {
+            publish_obs(&mut ow, &mut obs);
+            std::thread::sleep(Duration::from_millis(10));
+        },
+        |got| got.len() >= 48,
+    );
     let report = lp.stop();
     assert!(report.published_ok > 0, "{report:?}");
     let _ = std::fs::remove_file(&s.observation_path);
     let _ = std::fs::remove_file(&s.action_path);
-    report.inferences
+    let steps = report.published_ok + report.published_hold + report.published_fault;
+    report.inferences as f64 / steps as f64
 }
 
 #[test]
 fn the_remaining_trigger_lets_the_engine_idle_between_chunks() {
-    // 8 steps of 10 ms per chunk, ~15-25 ms per inference: back to back runs ~50 per
-    // second; waiting for d + 1 steps left runs about one per chunk's worth of steps.
-    let back = inferences_with(Trigger::BackToBack, "trig-back");
-    let remaining = inferences_with(Trigger::Remaining { margin_steps: 1 }, "trig-rem");
-    assert!(remaining > 3, "it still runs: {remaining}");
+    // 8 steps of 40 ms per chunk, 15 ms per inference: back to back runs ~2.7 inferences
+    // per step; waiting for d + 1 steps left runs about one per chunk (~0.2 per step).
+    let back = inferences_per_step(Trigger::BackToBack, "trig-back");
+    let remaining = inferences_per_step(Trigger::Remaining { margin_steps: 1 }, "trig-rem");
+    println!("inferences per step: back-to-back {back:.2}, remaining {remaining:.2}");
+    assert!(remaining > 0.0, "it still runs");
     assert!(
-        remaining * 10 < back * 8,
-        "remaining-trigger {remaining} inferences vs back-to-back {back}"
+        remaining * 2.0 < back,
+        "remaining-trigger {remaining:.2} inferences per step vs back-to-back {back:.2}"
     );
 }

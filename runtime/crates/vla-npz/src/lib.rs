@@ -22,7 +22,6 @@
 //! ```
 
 mod array;
-mod crc32;
 mod dtype;
 mod error;
 mod npy;

@@ -9,7 +9,6 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::crc32::Crc32;
 use crate::npy::{npy_header, read_npy_owned, read_npy_slice};
 use crate::zip::{entry_data, read_entries, write_stored_zip, NewEntry, ZipEntry};
 use crate::{Array, DType, NpzError};
@@ -247,13 +246,13 @@ pub(crate) fn write_archive(
         .zip(&headers)
         .zip(&names)
         .map(|((array, header), name)| {
-            let mut crc = Crc32::new();
+            let mut crc = crc32fast::Hasher::new();
             crc.update(header);
             crc.update(array.bytes());
             NewEntry {
                 name,
                 parts: [header, array.bytes()],
-                crc32: crc.finish(),
+                crc32: crc.finalize(),
             }
         })
         .collect();

@@ -52,6 +52,7 @@ pub mod maps;
 mod signing;
 mod state;
 mod store;
+mod trial;
 mod verify;
 pub mod version;
 
@@ -68,6 +69,7 @@ pub use store::{
     Activated, BundleInfo, GcReport, Health, Installed, Placement, RolledBack, SignalDaemon,
     StartReport, Status, Store, Verdict, PID_FILE, STATE_FILE,
 };
+pub use trial::{TrialRecorder, FLUSH_INTERVAL};
 pub use verify::{verify, VerifiedBundle};
 
 /// What a bundle must be built for to run here.

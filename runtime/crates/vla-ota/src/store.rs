@@ -56,7 +56,10 @@ pub enum Placement {
     /// sources that are themselves read-only and content-addressed (a RAUC artifact
     /// repository), so gigabytes of context binaries are not stored twice. Every linked
     /// file is hashed again through its new name and fsynced, and the store verifies the
-    /// bundle at every start, so a source changed in place later is caught there.
+    /// bundle at every start, so a source changed in place later is caught there. The
+    /// daemon never maps a file whose inode has more than one link (vla-qnn
+    /// `ContextBinary::open` reads a private copy of it), so the source store writing
+    /// or truncating its file in place cannot fault or change what QNN reads.
     HardLink,
 }
 

@@ -1,82 +1,32 @@
-//! Semantic version comparison for `min_runtime_version` (SemVer 2.0 precedence: build
-//! metadata ignored, a pre-release sorts before its release).
+//! Semantic versions of bundles and the runtime (`version`, `min_runtime_version`): parsed
+//! by the `semver` crate, compared by SemVer 2.0 precedence (build metadata ignored, a
+//! pre-release sorts before its release), which is what "at least this runtime" means.
 
 use std::cmp::Ordering;
 
 /// A parsed `MAJOR.MINOR.PATCH[-pre][+build]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Version {
-    core: [u64; 3],
-    pre: Vec<String>,
-}
+#[derive(Clone, Debug)]
+pub struct Version(semver::Version);
 
 impl Version {
-    /// Parses `text`; `None` if it is not a semantic version.
+    /// Parses `text`; `None` if it is not a semantic version (leading zeros, empty
+    /// identifiers and missing parts are refused).
     pub fn parse(text: &str) -> Option<Version> {
-        let without_build =
-            text.split_once('+')
-                .map_or(text, |(v, build)| if build.is_empty() { "" } else { v });
-        let (core_text, pre_text) = match without_build.split_once('-') {
-            Some((c, p)) => (c, Some(p)),
-            None => (without_build, None),
-        };
-        let mut core = [0u64; 3];
-        let mut parts = core_text.split('.');
-        for slot in &mut core {
-            let part = parts.next()?;
-            // SemVer forbids leading zeros; "01" is more likely a typo than a version.
-            if part.is_empty() || (part.len() > 1 && part.starts_with('0')) {
-                return None;
-            }
-            *slot = part.parse().ok()?;
-        }
-        if parts.next().is_some() {
-            return None;
-        }
-        let pre = match pre_text {
-            None => Vec::new(),
-            Some(p) => {
-                let ids: Vec<String> = p.split('.').map(str::to_owned).collect();
-                let valid = |id: &String| {
-                    !id.is_empty() && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
-                };
-                if !ids.iter().all(valid) {
-                    return None;
-                }
-                ids
-            }
-        };
-        Some(Version { core, pre })
+        semver::Version::parse(text).ok().map(Version)
     }
 }
 
-fn compare_identifier(a: &str, b: &str) -> Ordering {
-    match (a.parse::<u64>(), b.parse::<u64>()) {
-        (Ok(x), Ok(y)) => x.cmp(&y),
-        (Ok(_), Err(_)) => Ordering::Less,
-        (Err(_), Ok(_)) => Ordering::Greater,
-        (Err(_), Err(_)) => a.cmp(b),
+impl PartialEq for Version {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
     }
 }
+
+impl Eq for Version {}
 
 impl Ord for Version {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.core
-            .cmp(&other.core)
-            .then_with(|| match (self.pre.is_empty(), other.pre.is_empty()) {
-                (true, true) => Ordering::Equal,
-                (true, false) => Ordering::Greater,
-                (false, true) => Ordering::Less,
-                (false, false) => {
-                    for (a, b) in self.pre.iter().zip(&other.pre) {
-                        let o = compare_identifier(a, b);
-                        if o != Ordering::Equal {
-                            return o;
-                        }
-                    }
-                    self.pre.len().cmp(&other.pre.len())
-                }
-            })
+        self.0.cmp_precedence(&other.0)
     }
 }
 

@@ -392,7 +392,11 @@ fn linked_install_shares_the_source_files_and_outlives_the_source() {
 fn root_run_operations_leave_files_to_the_owner_of_the_root() {
     use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to run as root and chown");
+        assert!(
+            std::env::var("VLA_REQUIRE_ALL_TESTS").as_deref() != Ok("1"),
+            "VLA_REQUIRE_ALL_TESTS=1 but not root: cannot check the root-run ownership"
+        );
+        eprintln!("SKIPPED: needs root to run as root and chown");
         return;
     }
     let (uid, gid) = (4321, 4322);
@@ -564,6 +568,32 @@ fn gc_keeps_referenced_and_mapped_bundles() {
     assert!(status.leftovers.is_empty());
 }
 
+/// Whether SIGHUP is (ignored, blocked) in process `pid`, from /proc/<pid>/status, read
+/// once the process has exec'd `sleep` (its comm tells).
+fn sighup_ignored_or_blocked(pid: u32) -> (bool, bool) {
+    let started = std::time::Instant::now();
+    loop {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "sleep" {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the stand-in daemon never exec'd sleep"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = |key: &str| {
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+        u64::from_str_radix(hex.trim(), 16).unwrap() & (1 << (nix::libc::SIGHUP - 1)) != 0
+    };
+    (mask("SigIgn:"), mask("SigBlk:"))
+}
+
 #[test]
 fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
     let tmp = TempDir::new("store-signal");
@@ -578,11 +608,20 @@ fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
         .unwrap()
         .hash;
 
-    // A stand-in daemon: SIGHUP's default action ends it, which the test observes.
-    let mut daemon = std::process::Command::new("sleep")
-        .arg("30")
+    // A stand-in daemon: SIGHUP's default action ends it, which the test observes. The
+    // disposition is reset explicitly (`env --default-signal`): under `nohup` or a CI
+    // runner that ignores SIGHUP, an inherited SIG_IGN would survive the exec and `sleep`
+    // would never see the signal. A blocked SIGHUP cannot be undone by env: say so.
+    let mut daemon = std::process::Command::new("env")
+        .args(["--default-signal=HUP", "sleep", "30"])
         .spawn()
         .unwrap();
+    let (ignored, blocked) = sighup_ignored_or_blocked(daemon.id());
+    assert!(!ignored, "SIGHUP still ignored in the stand-in daemon");
+    assert!(
+        !blocked,
+        "SIGHUP is blocked in the signal mask this test inherited; run it with SIGHUP unblocked"
+    );
     std::fs::write(root.join(vla_ota::PID_FILE), format!("{}\n", daemon.id())).unwrap();
 
     // A pid file naming another program is stale: not signalled.

@@ -8,7 +8,7 @@
 use crate::error::PolicyError;
 use crate::manifest::Manifest;
 use std::path::{Path, PathBuf};
-use vla_qnn::{Backend, Context, ContextBinary, Graph, TensorInfo};
+use vla_qnn::{create_contexts, Backend, ContextBinary, Graph, TensorInfo};
 use vla_tensor::ElementType;
 
 /// The SoC and HTP architecture this runtime is built for (QCS9075, Hexagon v73).
@@ -67,7 +67,12 @@ impl Bundle {
             bundle.require_file("prompt tables", &m.prompt)?;
         }
         if let Some(f) = &bundle.manifest.fastwam {
-            bundle.require_file("world-model inputs", &f.world_model)?;
+            if let Some(w) = &f.world_model {
+                bundle.require_file("world-model inputs", w)?;
+            }
+            if let Some(c) = &f.chain {
+                bundle.require_file("context tables", &c.tables)?;
+            }
         }
         Ok(bundle)
     }
@@ -102,30 +107,58 @@ impl Bundle {
         backend: &Backend,
         component: &str,
     ) -> Result<LoadedGraph, PolicyError> {
-        let c = &self.manifest.components[component];
-        let qnn = |error| PolicyError::Qnn {
-            component: component.into(),
-            error,
+        let mut graphs = self.load_components(backend, &[component])?;
+        Ok(graphs.remove(0))
+    }
+
+    /// Maps and checks the binaries of `components`, then makes them resident together:
+    /// as one spill-fill group when the binaries report a spill-fill size (the backend
+    /// refusing it is logged by vla-qnn, not fatal). Graphs in the order given.
+    pub fn load_components(
+        &self,
+        backend: &Backend,
+        components: &[&str],
+    ) -> Result<Vec<LoadedGraph>, PolicyError> {
+        let qnn = |component: &str| {
+            let component = component.to_owned();
+            move |error| PolicyError::Qnn { component, error }
         };
-        let binary = ContextBinary::open(backend.library(), self.path(&c.binary)).map_err(qnn)?;
-        if let Some(soc) = binary.info().soc_model {
-            if soc != self.manifest.soc_model {
-                return Err(PolicyError::Target {
-                    bundle: self.dir.clone(),
-                    field: "soc_model (context binary)",
-                    expected: self.manifest.soc_model,
-                    found: soc,
-                });
+        let mut binaries = Vec::with_capacity(components.len());
+        for &component in components {
+            let c = &self.manifest.components[component];
+            let binary = ContextBinary::open(backend.library(), self.path(&c.binary))
+                .map_err(qnn(component))?;
+            if let Some(soc) = binary.info().soc_model {
+                if soc != self.manifest.soc_model {
+                    return Err(PolicyError::Target {
+                        bundle: self.dir.clone(),
+                        field: "soc_model (context binary)",
+                        expected: self.manifest.soc_model,
+                        found: soc,
+                    });
+                }
             }
+            binaries.push(binary);
         }
-        let context = Context::create(backend, binary).map_err(qnn)?;
-        let mut graph = context.graph(c.graph.as_deref()).map_err(qnn)?;
-        graph.set_label(component);
-        Ok(LoadedGraph {
-            component: component.into(),
-            golden: self.path(&c.golden),
-            graph,
-        })
+        // vla-qnn logs a shared buffer or a refusal; the outcome changes nothing here.
+        let group = create_contexts(backend, binaries).map_err(|(i, error)| PolicyError::Qnn {
+            component: components[i].into(),
+            error,
+        })?;
+        components
+            .iter()
+            .zip(group.contexts)
+            .map(|(&component, context)| {
+                let c = &self.manifest.components[component];
+                let mut graph = context.graph(c.graph.as_deref()).map_err(qnn(component))?;
+                graph.set_label(component);
+                Ok(LoadedGraph {
+                    component: component.into(),
+                    golden: self.path(&c.golden),
+                    graph,
+                })
+            })
+            .collect()
     }
 }
 

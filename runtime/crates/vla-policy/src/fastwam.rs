@@ -1,17 +1,24 @@
-//! The Fast-WAM action expert: the Wan flow-matching schedule over one resident
-//! action_step context, with the video KV cache and text context as constant inputs.
+//! The Fast-WAM policy: the Wan flow-matching schedule over one resident action_step
+//! context, fed either by the resident world-model chain (`chain`: camera frames, robot
+//! state and instruction -> video KV cache + context, closed loop) or, in the
+//! constant-world-model form, by the fixed inputs of the bundle's `world_model` npz (open
+//! loop: the actions depend only on the noise seed).
 //!
-//! The video world-model prefill and the VAE still run off the NPU upstream; their output
-//! (the `world_model` npz of the bundle) is loaded once into the context's input buffers.
+//! All buffers are allocated at load; one inference allocates nothing.
+
+mod chain;
+pub mod image;
+pub mod norm;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
-use crate::manifest::FastWamSettings;
+use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
-use crate::norm::Normalizer;
 use crate::prefix::{ActionPrefix, PrefixBuffers};
 use crate::Observation;
+pub use chain::WorldModel;
+use norm::FastWamNormalizer;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
 use vla_qnn::Backend;
@@ -21,15 +28,18 @@ const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "conte
 
 pub struct FastWam {
     pub settings: FastWamSettings,
+    pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
     io: ([usize; 6], [usize; 1]),
     latents: AlignedBuf,
     timestep: AlignedBuf,
-    world: [AlignedBuf; 4],
+    /// action_step's video_keys, video_values, context, context_mask: written by the
+    /// chain in place, or loaded once from the world-model npz.
+    pub(crate) world: [AlignedBuf; 4],
     pred: AlignedBuf,
     /// sigma_0..sigma_N (sigma_N = 0), f64 as in the reference.
     sigmas: Vec<f64>,
-    action_norm: Normalizer,
+    action_norm: FastWamNormalizer,
     pub(crate) timings: Timings,
     pub(crate) fault: Option<String>,
     prefix: PrefixBuffers,
@@ -56,21 +66,47 @@ pub fn wan_update(latents: &mut [f32], pred: &[f32], sigma: f64, sigma_next: f64
     }
 }
 
-/// The action chunk from the final latents: de-normalize, then (with `gripper_binarize`)
-/// map the last dim to +1 / -1.
+/// The gripper (last) dim of one de-normalized action row, as the bundle says:
+/// `libero` is upstream LIBERO eval's `g*2 - 1`, inverted, then `sign` when binarizing;
+/// `none` keeps the format-1 rule (binarize on `g >= 0` only).
+pub fn map_gripper(g: f32, map: GripperMap, binarize: bool) -> f32 {
+    match (map, binarize) {
+        (GripperMap::Libero, false) => -(g * 2.0 - 1.0),
+        (GripperMap::Libero, true) => {
+            let g = -(g * 2.0 - 1.0);
+            // np.sign: 0 stays 0.
+            if g > 0.0 {
+                1.0
+            } else if g < 0.0 {
+                -1.0
+            } else {
+                0.0
+            }
+        }
+        (GripperMap::None, true) => {
+            if g >= 0.0 {
+                1.0
+            } else {
+                -1.0
+            }
+        }
+        (GripperMap::None, false) => g,
+    }
+}
+
+/// The action chunk from the final latents: de-normalize (Fast-WAM's normalizer, not
+/// clamped), then the gripper dim per [`map_gripper`].
 pub fn wan_actions(
-    norm: &Normalizer,
+    norm: &FastWamNormalizer,
     latents: &[f32],
     actions: &mut [f32],
     dims: usize,
+    map: GripperMap,
     gripper_binarize: bool,
 ) {
-    norm.denormalize_into(latents, actions);
-    if gripper_binarize {
-        for row in actions.chunks_exact_mut(dims) {
-            let g = &mut row[dims - 1];
-            *g = if *g >= 0.0 { 1.0 } else { -1.0 };
-        }
+    norm.backward_into(latents, actions);
+    for row in actions.chunks_exact_mut(dims) {
+        row[dims - 1] = map_gripper(row[dims - 1], map, gripper_binarize);
     }
 }
 
@@ -86,29 +122,63 @@ impl FastWam {
         let latent_shape = [1, f.action_horizon, f.action_dims];
         let (la, _) = g.input("latents_action", Some(&latent_shape))?;
         let (ts, _) = g.input("timestep", Some(&[1]))?;
-        let npz = Npz::open(bundle.path(&f.world_model)).map_err(PolicyError::Npz)?;
         let mut world: [AlignedBuf; 4] = Default::default();
         let mut world_idx = [0usize; 4];
+        let mut shapes: [Vec<usize>; 4] = Default::default();
         for (k, name) in WORLD_INPUTS.iter().enumerate() {
             let (i, shape) = g.input(name, None)?;
-            let a = npz
-                .expect(name, DType::F32, &shape)
-                .map_err(PolicyError::Npz)?;
-            let values = a.to_f32().map_err(PolicyError::Npz)?;
-            if let Some(j) = values.iter().position(|x| !x.is_finite()) {
-                return Err(PolicyError::NonFinite {
-                    component: "world_model".into(),
-                    tensor: format!("{name}[{j}]"),
-                    count: count_non_finite(&values),
-                });
-            }
-            let mut buf = AlignedBuf::zeroed(values.len() * 4);
-            buf.as_f32_mut().copy_from_slice(&values);
-            world[k] = buf;
             world_idx[k] = i;
+            world[k] = AlignedBuf::zeroed(shape.iter().product::<usize>() * 4);
+            shapes[k] = shape;
         }
+        let chain = match (&f.chain, &f.world_model) {
+            (Some(c), _) => {
+                if shapes[1] != shapes[0] {
+                    return Err(PolicyError::Contract {
+                        component: "action_step".into(),
+                        tensor: "video_values".into(),
+                        expected: format!("the shape of video_keys {:?}", shapes[0]),
+                        found: format!("{:?}", shapes[1]),
+                    });
+                }
+                if shapes[3] != [1, c.text_tokens + 1] {
+                    return Err(PolicyError::Contract {
+                        component: "action_step".into(),
+                        tensor: "context_mask".into(),
+                        expected: format!("shape [1,{}]", c.text_tokens + 1),
+                        found: format!("shape {}", format!("{:?}", shapes[3]).replace(' ', "")),
+                    });
+                }
+                // Upstream's context mask is all ones (padded text rows are zeroed instead).
+                world[3].as_f32_mut().fill(1.0);
+                Some(WorldModel::load(
+                    bundle, backend, c, &shapes[0], &shapes[2],
+                )?)
+            }
+            (None, Some(path)) => {
+                let npz = Npz::open(bundle.path(path)).map_err(PolicyError::Npz)?;
+                for (k, name) in WORLD_INPUTS.iter().enumerate() {
+                    let a = npz
+                        .expect(name, DType::F32, &shapes[k])
+                        .map_err(PolicyError::Npz)?;
+                    let values = a.to_f32().map_err(PolicyError::Npz)?;
+                    if let Some(j) = values.iter().position(|x| !x.is_finite()) {
+                        return Err(PolicyError::NonFinite {
+                            component: "world_model".into(),
+                            tensor: format!("{name}[{j}]"),
+                            count: count_non_finite(&values),
+                        });
+                    }
+                    world[k].as_f32_mut().copy_from_slice(&values);
+                }
+                None
+            }
+            (None, None) => unreachable!("validated: world_model or chain"),
+        };
         let (pn, _) = g.output("pred_noise", Some(&latent_shape))?;
         let n = f.action_horizon * f.action_dims;
+        let mut names = chain.as_ref().map_or_else(Vec::new, WorldModel::names);
+        names.push("action_step".to_string());
         Ok(Self {
             io: (
                 [
@@ -126,13 +196,52 @@ impl FastWam {
             world,
             pred: AlignedBuf::zeroed(n * 4),
             sigmas: wan_sigmas(f.flow_steps, f.shift),
-            action_norm: Normalizer::new(&f.action_norm, f.action_dims),
-            timings: Timings::new(&["action_step".to_string()]),
+            action_norm: FastWamNormalizer::new(&f.action_norm, f.action_dims),
+            timings: Timings::new(&names),
             fault: None,
             prefix: PrefixBuffers::new(f.action_horizon, f.action_dims),
             action_step: g,
+            chain,
             settings: f,
         })
+    }
+
+    /// Every resident graph in pipeline order.
+    pub(crate) fn graphs_mut(&mut self) -> Vec<&mut LoadedGraph> {
+        let mut v = Vec::new();
+        if let Some(c) = &mut self.chain {
+            v.push(&mut c.vae);
+            v.push(&mut c.embed);
+            v.extend(c.splits.iter_mut());
+        }
+        v.push(&mut self.action_step);
+        v
+    }
+
+    /// The host-glue intermediates of the last inference, by the end-to-end golden's
+    /// names, in pipeline order (parity by stage).
+    pub fn stages(&self, seed: u64) -> Vec<(String, Vec<f32>)> {
+        let mut v = Vec::new();
+        if let Some(c) = &self.chain {
+            v.push(("image".into(), c.image.as_f32().to_vec()));
+            v.push(("latents".into(), c.latents.as_f32().to_vec()));
+            v.push(("context".into(), self.world[2].as_f32().to_vec()));
+            for (i, &(off, len)) in c.split_ranges().iter().enumerate() {
+                let r = off / 4..(off + len) / 4;
+                v.push((
+                    format!("keys_split{i}"),
+                    self.world[0].as_f32()[r.clone()].to_vec(),
+                ));
+                v.push((
+                    format!("values_split{i}"),
+                    self.world[1].as_f32()[r].to_vec(),
+                ));
+            }
+        }
+        let mut noise = vec![0f32; self.latents.as_f32().len()];
+        fill_gaussian(seed, &mut noise);
+        v.push(("noise".into(), noise));
+        v
     }
 
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
@@ -147,8 +256,20 @@ impl FastWam {
         prefix: Option<&ActionPrefix<'_>>,
         actions: &mut [f32],
     ) -> Result<(), PolicyError> {
+        if let Some(c) = &self.chain {
+            c.check(obs)?;
+        }
         if let Some(p) = prefix {
-            self.prefix.load(p, &self.action_norm)?;
+            let (norm, f) = (&self.action_norm, &self.settings);
+            let last = f.action_dims - 1;
+            self.prefix.load_with(p, |a, i| {
+                // Undo the libero gripper map (g' = -(2g - 1)) before normalizing.
+                let a = match f.gripper_map {
+                    GripperMap::Libero if i == last => (1.0 - a) / 2.0,
+                    _ => a,
+                };
+                norm.forward(a, i)
+            })?;
         }
         let f = &self.settings;
         let dims = f.action_dims;
@@ -161,6 +282,22 @@ impl FastWam {
         }
         self.timings.reset();
         let start = Instant::now();
+        let step_slot = match &mut self.chain {
+            Some(c) => {
+                let (keys, rest) = self.world.split_at_mut(1);
+                let (values, rest) = rest.split_at_mut(1);
+                c.run(
+                    obs,
+                    &mut rest[0],
+                    &mut keys[0],
+                    &mut values[0],
+                    &mut self.timings,
+                    self.fault.as_deref(),
+                )?;
+                2 + c.splits.len()
+            }
+            None => 0,
+        };
         fill_gaussian(obs.seed, self.latents.as_f32_mut());
         if prefix.is_some() {
             self.prefix.seed(self.latents.as_f32_mut(), dims);
@@ -189,7 +326,7 @@ impl FastWam {
                     component: "action_step".into(),
                     error,
                 })?;
-            self.timings.add(0, t.elapsed());
+            self.timings.add(step_slot, t.elapsed());
             if cfg!(feature = "fault-injection") && self.fault.as_deref() == Some("action_step") {
                 self.pred.as_f32_mut()[0] = f32::INFINITY;
             }
@@ -222,6 +359,7 @@ impl FastWam {
             self.latents.as_f32(),
             actions,
             dims,
+            f.gripper_map,
             f.gripper_binarize,
         );
         self.timings.total = start.elapsed();
@@ -241,5 +379,18 @@ mod tests {
             assert!((sig * 1000.0 - e).abs() < 1e-3, "{} vs {e}", sig * 1000.0);
         }
         assert_eq!(s[10], 0.0);
+    }
+
+    #[test]
+    fn gripper_is_mapped_as_upstream_libero_eval() {
+        use super::map_gripper;
+        use crate::manifest::GripperMap::{Libero, None};
+        // Hand-checked: g = 0.8 -> 0.8*2 - 1 = 0.6 -> inverted -0.6 -> sign -1.
+        assert!((map_gripper(0.8, Libero, false) + 0.6).abs() < 1e-6);
+        assert_eq!(map_gripper(0.8, Libero, true), -1.0);
+        assert_eq!(map_gripper(0.1, Libero, true), 1.0);
+        assert_eq!(map_gripper(0.5, Libero, true), 0.0, "np.sign(0) = 0");
+        assert_eq!(map_gripper(0.8, None, false), 0.8);
+        assert_eq!(map_gripper(-0.2, None, true), -1.0);
     }
 }

@@ -1,40 +1,55 @@
-//! The non-finite scan of action_context's outputs, off the critical path.
+//! The non-finite scans of the contexts' outputs, off the critical path.
 //!
-//! k_ctx/v_ctx are the largest outputs of a MolmoAct2 inference (108 MB at full dims)
-//! and action_step only reads them, so their scan runs on a helper thread while the flow
-//! loop executes; the inference collects the verdict before it hands out a chunk and
-//! discards the chunk when the scan found NaN/Inf (still fail closed). The buffers are
-//! shared by `Arc`: the helper drops its clones before it answers, so after a verdict the
-//! pipeline again owns them alone and writes them in place. Channels of capacity one are
-//! preallocated: a steady-state scan allocates nothing.
+//! Each scan runs on a helper thread while the next context executes (the pipeline hands
+//! it the output right after the context that wrote it), and its verdict is collected
+//! before anything that must not see NaN/Inf depends on it: at the latest before the
+//! chunk is handed out, which is discarded when a scan found any (still fail closed). A
+//! scan carries a tag the pipeline maps back to the component and tensor it names.
+//!
+//! One scan is outstanding at a time. The buffers are shared by `Arc`: the helper drops
+//! its clones before it answers, so after a verdict the pipeline again owns them alone
+//! and writes them in place (`Arc::make_mut` without a copy). Channels of capacity one
+//! are preallocated: a steady-state scan allocates nothing.
 
 use crate::exec::count_non_finite;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use vla_tensor::AlignedBuf;
 
-type Job = (Arc<AlignedBuf>, Arc<AlignedBuf>);
+type Job = (usize, Arc<AlignedBuf>, Option<Arc<AlignedBuf>>);
 
-pub(crate) struct KvGuard {
+/// The result of one scan: the caller's tag and how many NaN/Inf values it found
+/// (`usize::MAX` when the helper died mid-scan: counted as failed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub tag: usize,
+    pub bad: usize,
+}
+
+pub(crate) struct ScanGuard {
     to_helper: Option<SyncSender<Job>>,
     verdicts: Receiver<usize>,
-    /// A scan was handed out and its verdict not yet collected.
-    pending: bool,
+    /// The tag of the scan handed out and not yet collected.
+    pending: Option<usize>,
     /// The verdict when the helper is gone and the scan ran inline.
-    inline: Option<usize>,
+    inline: Option<Verdict>,
     helper: Option<std::thread::JoinHandle<()>>,
 }
 
-impl KvGuard {
+fn scan_now(a: &AlignedBuf, b: Option<&AlignedBuf>) -> usize {
+    count_non_finite(a.as_f32()) + b.map_or(0, |b| count_non_finite(b.as_f32()))
+}
+
+impl ScanGuard {
     pub fn start() -> std::io::Result<Self> {
         let (to_helper, jobs) = sync_channel::<Job>(1);
         let (answer, verdicts) = sync_channel::<usize>(1);
         let helper = std::thread::Builder::new()
-            .name("vla-kv-guard".into())
+            .name("vla-guard".into())
             .spawn(move || {
-                while let Ok((k, v)) = jobs.recv() {
-                    let bad = count_non_finite(k.as_f32()) + count_non_finite(v.as_f32());
-                    drop((k, v));
+                while let Ok((_, a, b)) = jobs.recv() {
+                    let bad = scan_now(&a, b.as_deref());
+                    drop((a, b));
                     if answer.send(bad).is_err() {
                         break;
                     }
@@ -43,38 +58,47 @@ impl KvGuard {
         Ok(Self {
             to_helper: Some(to_helper),
             verdicts,
-            pending: false,
+            pending: None,
             inline: None,
             helper: Some(helper),
         })
     }
 
-    /// Starts the scan of `k` and `v` (collect it with [`KvGuard::verdict`]).
-    pub fn scan(&mut self, k: &Arc<AlignedBuf>, v: &Arc<AlignedBuf>) {
-        self.verdict();
+    /// Starts the scan of `a` (and `b`) under `tag`. A scan still outstanding is
+    /// collected first and returned: the caller must not lose its verdict.
+    #[must_use]
+    pub fn scan(
+        &mut self,
+        tag: usize,
+        a: &Arc<AlignedBuf>,
+        b: Option<&Arc<AlignedBuf>>,
+    ) -> Option<Verdict> {
+        let previous = self.verdict();
         let sent = match &self.to_helper {
-            Some(tx) => tx.send((k.clone(), v.clone())).is_ok(),
+            Some(tx) => tx.send((tag, a.clone(), b.cloned())).is_ok(),
             None => false,
         };
         if sent {
-            self.pending = true;
+            self.pending = Some(tag);
         } else {
             // No helper (it died): scan here rather than not at all.
             self.to_helper = None;
-            self.inline = Some(count_non_finite(k.as_f32()) + count_non_finite(v.as_f32()));
+            self.inline = Some(Verdict {
+                tag,
+                bad: scan_now(a, b.map(|b| &**b)),
+            });
         }
+        previous
     }
 
-    /// Waits for the outstanding scan: how many non-finite values it found (0 when none
-    /// was outstanding). Afterwards the helper holds no clone of the buffers.
-    pub fn verdict(&mut self) -> usize {
-        if let Some(bad) = self.inline.take() {
-            return bad;
+    /// Waits for the outstanding scan, if any. Afterwards the helper holds no clone of
+    /// the buffers.
+    pub fn verdict(&mut self) -> Option<Verdict> {
+        if let Some(v) = self.inline.take() {
+            return Some(v);
         }
-        if !std::mem::take(&mut self.pending) {
-            return 0;
-        }
-        match self.verdicts.recv() {
+        let tag = self.pending.take()?;
+        let bad = match self.verdicts.recv() {
             Ok(bad) => bad,
             // The helper died mid-scan (its clones were dropped while unwinding): count
             // the scan as failed, fail closed, and scan inline from now on.
@@ -82,11 +106,12 @@ impl KvGuard {
                 self.to_helper = None;
                 usize::MAX
             }
-        }
+        };
+        Some(Verdict { tag, bad })
     }
 }
 
-impl Drop for KvGuard {
+impl Drop for ScanGuard {
     fn drop(&mut self) {
         self.to_helper = None;
         if let Some(h) = self.helper.take() {
@@ -97,7 +122,7 @@ impl Drop for KvGuard {
 
 #[cfg(test)]
 mod tests {
-    use super::KvGuard;
+    use super::{ScanGuard, Verdict};
     use std::sync::Arc;
     use vla_tensor::AlignedBuf;
 
@@ -109,15 +134,19 @@ mod tests {
 
     #[test]
     fn scans_beside_the_caller_and_returns_the_buffers() {
-        let mut g = KvGuard::start().unwrap();
-        assert_eq!(g.verdict(), 0, "nothing outstanding");
+        let mut g = ScanGuard::start().unwrap();
+        assert_eq!(g.verdict(), None, "nothing outstanding");
         let (mut k, v) = (buf(&[1.0, 2.0]), buf(&[3.0, f32::NAN, f32::INFINITY]));
-        g.scan(&k, &v);
-        assert_eq!(g.verdict(), 2);
+        assert_eq!(g.scan(7, &k, Some(&v)), None);
+        assert_eq!(g.verdict(), Some(Verdict { tag: 7, bad: 2 }));
         assert!(Arc::get_mut(&mut k).is_some(), "the helper let go of k");
         let clean = buf(&[0.0; 4]);
-        g.scan(&k, &clean);
-        g.scan(&clean, &clean); // collects the previous verdict first
-        assert_eq!(g.verdict(), 0);
+        assert_eq!(g.scan(1, &k, None), None);
+        // A second scan hands back the first one's verdict rather than dropping it.
+        assert_eq!(g.scan(2, &v, None), Some(Verdict { tag: 1, bad: 0 }));
+        assert_eq!(g.verdict(), Some(Verdict { tag: 2, bad: 2 }));
+        assert_eq!(g.scan(3, &clean, Some(&clean)), None);
+        assert_eq!(g.verdict(), Some(Verdict { tag: 3, bad: 0 }));
+        assert_eq!(g.verdict(), None);
     }
 }

@@ -26,13 +26,15 @@ mod prompt;
 pub use bundle::{Bundle, LoadedGraph, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
 pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
-pub use fastwam::{wan_actions, wan_sigmas, wan_update, FastWam};
+pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
+pub use fastwam::norm::FastWamNormalizer;
+pub use fastwam::{map_gripper, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
 pub use manifest::{Manifest, PolicyKind};
 pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2};
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
-pub use parity::{BundleParity, EndToEndParity, ObservationFile};
+pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
 pub use prefix::{prefix_mask, ActionPrefix};
 pub use preprocess::Preprocessor;
 pub use prompt::{attention_bias, Instruction};
@@ -51,6 +53,40 @@ pub struct Observation<'a> {
     pub instruction_id: u32,
     /// Seed of the flow-matching noise (KeyStone candidate k uses `seed + k`).
     pub seed: u64,
+}
+
+impl Observation<'_> {
+    /// The checks every policy makes on the robot side of an observation: the state's
+    /// length and finiteness (a non-finite state is refused: fail closed) and the
+    /// instruction id against the bundle's list.
+    pub(crate) fn check_state_and_instruction(
+        &self,
+        state_dims: usize,
+        instructions: usize,
+    ) -> Result<(), PolicyError> {
+        if self.state.len() != state_dims {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: format!("{state_dims} values"),
+                found: format!("{} values", self.state.len()),
+            });
+        }
+        if let Some(i) = self.state.iter().position(|x| !x.is_finite()) {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: "finite values".into(),
+                found: format!("{} at index {i}", self.state[i]),
+            });
+        }
+        if self.instruction_id as usize >= instructions {
+            return Err(PolicyError::Observation {
+                field: "instruction_id",
+                expected: format!("0..{instructions} (the bundle's instructions)"),
+                found: self.instruction_id.to_string(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What the robot side must provide and will receive (ring geometry).
@@ -78,14 +114,26 @@ fn molmoact2_geometry(m: &manifest::MolmoAct2Settings) -> Geometry {
 }
 
 fn fastwam_geometry(f: &manifest::FastWamSettings) -> Geometry {
-    Geometry {
-        cameras: 0,
-        height: 0,
-        width: 0,
-        state_dims: 0,
-        action_dims: f.action_dims,
-        chunk_len: f.action_horizon,
-        instructions: 1,
+    match &f.chain {
+        Some(c) => Geometry {
+            cameras: c.cameras,
+            height: c.frame_height,
+            width: c.frame_width,
+            state_dims: c.state_dims,
+            action_dims: f.action_dims,
+            chunk_len: f.action_horizon,
+            instructions: c.instructions.len(),
+        },
+        // Open loop: the observation is not read.
+        None => Geometry {
+            cameras: 0,
+            height: 0,
+            width: 0,
+            state_dims: 0,
+            action_dims: f.action_dims,
+            chunk_len: f.action_horizon,
+            instructions: 1,
+        },
     }
 }
 
@@ -152,6 +200,24 @@ impl Policy {
         }
     }
 
+    /// The host-glue intermediates of the last inference of `obs`, by the end-to-end
+    /// golden's names in pipeline order (parity by stage).
+    pub fn stages(&self, obs: &Observation<'_>) -> Vec<(String, Vec<f32>)> {
+        match self {
+            Policy::MolmoAct2(p) => p.stages(obs),
+            Policy::FastWam(p) => p.stages(obs.seed),
+        }
+    }
+
+    /// True when the actions do not depend on the observation: a Fast-WAM bundle with a
+    /// constant world model (no chain).
+    pub fn open_loop(&self) -> bool {
+        match self {
+            Policy::MolmoAct2(_) => false,
+            Policy::FastWam(p) => p.settings.open_loop(),
+        }
+    }
+
     /// KeyStone's choice in the last inference (KeyStone bundles only).
     pub fn keystone_choice(&self) -> Option<usize> {
         match self {
@@ -180,7 +246,7 @@ impl Policy {
                 v.push(&mut p.action_step);
                 v
             }
-            Policy::FastWam(p) => vec![&mut p.action_step],
+            Policy::FastWam(p) => p.graphs_mut(),
         }
     }
 }

@@ -167,11 +167,70 @@ pub struct FastWamSettings {
     pub action_dims: usize,
     pub flow_steps: usize,
     pub shift: f64,
-    pub world_model: String,
+    /// The constant-world-model form (open loop): fixed `video_keys`, `video_values`,
+    /// `context`, `context_mask` for action_step. Exactly one of this and `chain`.
+    #[serde(default)]
+    pub world_model: Option<String>,
+    /// The closed-loop form: the world-model chain computes them per observation.
+    #[serde(default)]
+    pub chain: Option<FastWamChain>,
     pub action_norm: Normalization,
     #[serde(default)]
     pub gripper_binarize: bool,
+    #[serde(default)]
+    pub gripper_map: GripperMap,
 }
+
+impl FastWamSettings {
+    /// True when the actions do not depend on the observation (constant world model).
+    pub fn open_loop(&self) -> bool {
+        self.chain.is_none()
+    }
+}
+
+/// What happens to the last action dim after de-normalizing.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GripperMap {
+    /// Left as it is (binarized on `g >= 0` with `gripper_binarize`): the format-1 rule.
+    #[default]
+    None,
+    /// Upstream LIBERO eval: `g = -(g * 2 - 1)`, then `sign(g)` with `gripper_binarize`.
+    Libero,
+}
+
+/// The Fast-WAM world-model chain: wm_vae_enc -> wm_embed -> wm_prefill_split0..K-1.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FastWamChain {
+    pub cameras: usize,
+    pub frame_height: usize,
+    pub frame_width: usize,
+    /// Each camera's size after the centre-crop resize; the image is
+    /// `[1, 3, camera_height, cameras * camera_width]`.
+    pub camera_height: usize,
+    pub camera_width: usize,
+    /// Per camera: turn the frame by 180 degrees first (LIBERO's cameras).
+    pub rotate_180: Vec<bool>,
+    pub latent_channels: usize,
+    pub latent_height: usize,
+    pub latent_width: usize,
+    pub video_tokens: usize,
+    pub video_width: usize,
+    /// Layers of each prefill split, in order; they must add up to action_step's.
+    pub prefill_layers: Vec<usize>,
+    pub text_tokens: usize,
+    pub context_width: usize,
+    pub state_dims: usize,
+    pub state_norm: Normalization,
+    /// npz: `text_rows [instructions, text_tokens, context_width]` (f16 or f32),
+    /// `proprio_weight [context_width, state_dims]`, `proprio_bias [context_width]` (f32).
+    pub tables: String,
+    pub instructions: Vec<String>,
+}
+
+/// Most prefill splits a Fast-WAM chain may have.
+pub const MAX_PREFILL_SPLITS: usize = 64;
 
 /// A manifest rule that does not hold: `field` is a dotted path.
 #[derive(Clone, Debug, PartialEq)]
@@ -283,11 +342,17 @@ impl Manifest {
 
     /// The component names this policy needs, in pipeline order.
     pub fn required_components(&self) -> Vec<String> {
-        match (self.policy, &self.molmoact2) {
-            (PolicyKind::Molmoact2, Some(m)) => {
+        match (self.policy, &self.molmoact2, &self.fastwam) {
+            (PolicyKind::Molmoact2, Some(m), _) => {
                 let mut v = vec!["vision".to_string()];
                 v.extend((0..m.llm_splits).map(|i| format!("llm_split{i}")));
                 v.push("action_context".into());
+                v.push("action_step".into());
+                v
+            }
+            (PolicyKind::Fastwam, _, Some(FastWamSettings { chain: Some(c), .. })) => {
+                let mut v = vec!["wm_vae_enc".to_string(), "wm_embed".to_string()];
+                v.extend((0..c.prefill_layers.len()).map(|i| format!("wm_prefill_split{i}")));
                 v.push("action_step".into());
                 v
             }
@@ -465,6 +530,24 @@ impl Manifest {
                 }
                 f.action_norm
                     .validate("fastwam.action_norm", f.action_dims)?;
+                match (&f.world_model, &f.chain) {
+                    (Some(_), Some(_)) => {
+                        return Err(invalid(
+                            "fastwam.world_model",
+                            "not allowed with fastwam.chain (the chain computes it)",
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(invalid(
+                            "fastwam",
+                            "needs either `world_model` (constant inputs) or `chain`",
+                        ))
+                    }
+                    _ => {}
+                }
+                if let Some(c) = &f.chain {
+                    validate_chain(c)?;
+                }
             }
         }
         for name in self.required_components() {
@@ -484,10 +567,96 @@ impl Manifest {
             inside_bundle(|| "molmoact2.prompt".into(), &m.prompt)?;
         }
         if let Some(f) = &self.fastwam {
-            inside_bundle(|| "fastwam.world_model".into(), &f.world_model)?;
+            if let Some(w) = &f.world_model {
+                inside_bundle(|| "fastwam.world_model".into(), w)?;
+            }
+            if let Some(c) = &f.chain {
+                inside_bundle(|| "fastwam.chain.tables".into(), &c.tables)?;
+            }
         }
         Ok(())
     }
+}
+
+fn validate_chain(c: &FastWamChain) -> Result<(), Invalid> {
+    for (f, v) in [
+        ("fastwam.chain.cameras", c.cameras),
+        ("fastwam.chain.frame_height", c.frame_height),
+        ("fastwam.chain.frame_width", c.frame_width),
+        ("fastwam.chain.camera_height", c.camera_height),
+        ("fastwam.chain.camera_width", c.camera_width),
+        ("fastwam.chain.latent_channels", c.latent_channels),
+        ("fastwam.chain.latent_height", c.latent_height),
+        ("fastwam.chain.latent_width", c.latent_width),
+        ("fastwam.chain.video_tokens", c.video_tokens),
+        ("fastwam.chain.video_width", c.video_width),
+        ("fastwam.chain.text_tokens", c.text_tokens),
+        ("fastwam.chain.context_width", c.context_width),
+        ("fastwam.chain.state_dims", c.state_dims),
+    ] {
+        positive(f, v)?;
+    }
+    if c.rotate_180.len() != c.cameras {
+        return Err(invalid(
+            "fastwam.chain.rotate_180",
+            format!(
+                "has {} values, expected {} (one per camera)",
+                c.rotate_180.len(),
+                c.cameras
+            ),
+        ));
+    }
+    if c.prefill_layers.is_empty() || c.prefill_layers.len() > MAX_PREFILL_SPLITS {
+        return Err(invalid(
+            "fastwam.chain.prefill_layers",
+            format!(
+                "lists {} splits, expected 1..={MAX_PREFILL_SPLITS}",
+                c.prefill_layers.len()
+            ),
+        ));
+    }
+    if let Some(i) = c.prefill_layers.iter().position(|&l| l == 0) {
+        return Err(invalid(
+            format!("fastwam.chain.prefill_layers[{i}]"),
+            "must be at least 1",
+        ));
+    }
+    let layers = c
+        .prefill_layers
+        .iter()
+        .try_fold(0usize, |a, &l| a.checked_add(l));
+    for (field, factors) in [
+        (
+            "fastwam.chain.prefill_layers",
+            &[layers.unwrap_or(usize::MAX), c.video_tokens, c.video_width][..],
+        ),
+        (
+            "fastwam.chain.frame_width",
+            &[c.cameras, c.frame_height, c.frame_width, 3],
+        ),
+        (
+            "fastwam.chain.camera_width",
+            &[c.cameras, c.camera_height, c.camera_width, 3],
+        ),
+        (
+            "fastwam.chain.latent_width",
+            &[c.latent_channels, c.latent_height, c.latent_width],
+        ),
+        (
+            "fastwam.chain.context_width",
+            &[c.text_tokens + 1, c.context_width.max(c.video_width)],
+        ),
+    ] {
+        addressable(field, factors)?;
+    }
+    if c.instructions.is_empty() {
+        return Err(invalid(
+            "fastwam.chain.instructions",
+            "lists no instruction",
+        ));
+    }
+    c.state_norm
+        .validate("fastwam.chain.state_norm", c.state_dims)
 }
 
 /// Every file a manifest names is opened relative to the bundle directory and must stay

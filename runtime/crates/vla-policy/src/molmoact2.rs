@@ -6,9 +6,12 @@
 //! changes, so per observation only the image and state rows are written. Chained
 //! contexts write where the next one reads: the hidden state ping-pongs between two more
 //! buffers, each split's keys and values land in place in the action_context inputs, and
-//! k_ctx/v_ctx are the action_step inputs. One inference allocates nothing. The scan of
-//! k_ctx/v_ctx for NaN/Inf runs on a helper thread during the flow loop (`guard`), and
-//! its verdict is collected before the chunk is handed out.
+//! k_ctx/v_ctx are the action_step inputs. One inference allocates nothing. The NaN/Inf
+//! scans of the contexts' outputs run on a helper thread (`guard`) while the next context
+//! executes: image_embeds during the prompt rows and split 0, each split's hidden_out
+//! during the next split (the last one during action_context), k_ctx/v_ctx during the
+//! flow loop. Each verdict is collected before the buffer is written again and before the
+//! chunk is handed out, and a failed one names its component.
 //!
 //! The host steps between contexts are public functions so the benchmarks time the code
 //! the pipeline runs.
@@ -16,7 +19,7 @@
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
-use crate::guard::KvGuard;
+use crate::guard::{ScanGuard, Verdict};
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
 use crate::noise::fill_gaussian;
@@ -45,18 +48,19 @@ pub struct MolmoAct2 {
     pub(crate) action_step: LoadedGraph,
     step_io: ([usize; 6], [usize; 1]),
     pixel_values: AlignedBuf,
-    image_embeds: AlignedBuf,
+    /// The buffers below in an `Arc` are shared with the guard's helper while it scans
+    /// them, i.e. while the next context runs (`guard`).
+    image_embeds: Arc<AlignedBuf>,
     /// Split 0's input: the scaffold of `prompt_instruction` plus the observation rows.
     prompt_hidden: AlignedBuf,
     prompt_instruction: Option<u32>,
-    hidden: [AlignedBuf; 2],
+    hidden: [Arc<AlignedBuf>; 2],
     keys: AlignedBuf,
     values: AlignedBuf,
     split_kv_bytes: usize,
-    /// Shared with the k/v guard's helper only while it scans (during the flow loop).
     k_ctx: Arc<AlignedBuf>,
     v_ctx: Arc<AlignedBuf>,
-    kv_guard: KvGuard,
+    guard: ScanGuard,
     trajectory: AlignedBuf,
     step_out: AlignedBuf,
     timestep: AlignedBuf,
@@ -127,7 +131,14 @@ impl MolmoAct2 {
         let grid = m.crop_size / m.patch_size;
         let layers = m.llm_splits * m.layers_per_split;
 
-        let vision = bundle.load_component(backend, "vision")?;
+        // Every context at once: they share one spill-fill buffer when they need one.
+        let split_names: Vec<String> = (0..m.llm_splits).map(|i| format!("llm_split{i}")).collect();
+        let mut order: Vec<&str> = vec!["vision"];
+        order.extend(split_names.iter().map(String::as_str));
+        order.extend(["action_context", "action_step"]);
+        let mut loaded = bundle.load_components(backend, &order)?.into_iter();
+        let mut next = || loaded.next().expect("one graph per component asked for");
+        let vision = next();
         vision.expect_counts(1, 1)?;
         let (pv, _) = vision.input(
             "pixel_values",
@@ -138,8 +149,8 @@ impl MolmoAct2 {
         let mut splits = Vec::with_capacity(m.llm_splits);
         let mut split_io = Vec::with_capacity(m.llm_splits);
         let kv_split = [m.layers_per_split, 1, s, m.kv_width];
-        for i in 0..m.llm_splits {
-            let g = bundle.load_component(backend, &format!("llm_split{i}"))?;
+        for _ in 0..m.llm_splits {
+            let g = next();
             g.expect_counts(2, 3)?;
             let (hs, _) = g.input("hidden_states", Some(&[1, s, d]))?;
             let (ab, _) = g.input("attention_bias", Some(&[1, 1, s, s]))?;
@@ -150,7 +161,7 @@ impl MolmoAct2 {
             splits.push(g);
         }
 
-        let action_context = bundle.load_component(backend, "action_context")?;
+        let action_context = next();
         action_context.expect_counts(2, 2)?;
         let kv_all = [layers, 1, s, m.kv_width];
         let (ck, _) = action_context.input("keys", Some(&kv_all))?;
@@ -168,7 +179,7 @@ impl MolmoAct2 {
             }
         }
 
-        let action_step = bundle.load_component(backend, "action_step")?;
+        let action_step = next();
         action_step.expect_counts(6, 1)?;
         let traj = [1, m.action_horizon, m.action_width];
         let (st, _) = action_step.input("trajectory", Some(&traj))?;
@@ -209,17 +220,17 @@ impl MolmoAct2 {
             context_io: ([ck, cv], [kc, vc]),
             step_io: ([st, ts, sk, sv, em, ip], [nt]),
             pixel_values: f32s(m.cameras * grid * grid * m.patch_size * m.patch_size * 3),
-            image_embeds: f32s(m.image_tokens * d),
+            image_embeds: Arc::new(f32s(m.image_tokens * d)),
             prompt_hidden: f32s(s * d),
             prompt_instruction: None,
-            hidden: [f32s(s * d), f32s(s * d)],
+            hidden: [Arc::new(f32s(s * d)), Arc::new(f32s(s * d))],
             keys: f32s(numel(&kv_all)),
             values: f32s(numel(&kv_all)),
             split_kv_bytes: numel(&kv_split) * 4,
             k_ctx: Arc::new(f32s(numel(&k_ctx_shape))),
             v_ctx: Arc::new(f32s(numel(&v_ctx_shape))),
-            kv_guard: KvGuard::start().map_err(|e| PolicyError::Thread {
-                name: "vla-kv-guard",
+            guard: ScanGuard::start().map_err(|e| PolicyError::Thread {
+                name: "vla-guard",
                 reason: e.to_string(),
             })?,
             trajectory: f32s(numel(&traj)),
@@ -272,28 +283,7 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        if obs.state.len() != m.state_dims {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: format!("{} values", m.state_dims),
-                found: format!("{} values", obs.state.len()),
-            });
-        }
-        if let Some(i) = obs.state.iter().position(|x| !x.is_finite()) {
-            return Err(PolicyError::Observation {
-                field: "state",
-                expected: "finite values".into(),
-                found: format!("{} at index {i}", obs.state[i]),
-            });
-        }
-        if obs.instruction_id as usize >= m.instructions.len() {
-            return Err(PolicyError::Observation {
-                field: "instruction_id",
-                expected: format!("0..{} (the bundle's instructions)", m.instructions.len()),
-                found: obs.instruction_id.to_string(),
-            });
-        }
-        Ok(())
+        obs.check_state_and_instruction(m.state_dims, m.instructions.len())
     }
 
     fn qnn(component: &str) -> impl FnOnce(vla_qnn::QnnError) -> PolicyError + '_ {
@@ -332,8 +322,8 @@ impl MolmoAct2 {
         self.timings.reset();
         let start = Instant::now();
         // A failed inference may have left a scan outstanding: collect it before the
-        // buffers are written again.
-        self.kv_guard.verdict();
+        // buffers are written again (its verdict belongs to that inference).
+        let _ = self.guard.verdict();
         let instr = &self.prompt.instructions[obs.instruction_id as usize];
 
         // Vision.
@@ -344,19 +334,15 @@ impl MolmoAct2 {
             .graph
             .execute(
                 &ordered(vi, [self.pixel_values.as_bytes()]),
-                &mut ordered_mut(vo, [self.image_embeds.as_bytes_mut()]),
+                // Unique here (no scan outstanding): no copy is made.
+                &mut ordered_mut(vo, [Arc::make_mut(&mut self.image_embeds).as_bytes_mut()]),
             )
             .map_err(Self::qnn("vision"))?;
         self.timings.add(0, t.elapsed());
-        poison(&self.fault, "vision", &mut self.image_embeds);
-        let bad = count_non_finite(self.image_embeds.as_f32());
-        if bad > 0 {
-            return Err(PolicyError::NonFinite {
-                component: "vision".into(),
-                tensor: "image_embeds".into(),
-                count: bad,
-            });
-        }
+        poison(&self.fault, "vision", Arc::make_mut(&mut self.image_embeds));
+        // Scanned during the prompt rows and split 0; verdict after split 0.
+        let previous = self.guard.scan(0, &self.image_embeds, None);
+        self.fail_on(previous)?;
 
         // Prompt: scaffold (once per instruction) + image embeds (added) + state rows
         // (replaced).
@@ -377,9 +363,11 @@ impl MolmoAct2 {
         // KV written in place into the action_context inputs.
         let bias: &[u8] = bytemuck::cast_slice(&instr.attention_bias);
         let kv = self.split_kv_bytes;
-        for (i, (split, (si, so))) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
+        for i in 0..self.splits.len() {
+            let (si, so) = self.split_io[i];
+            let split = &mut self.splits[i];
             let (a, b) = self.hidden.split_at_mut(1);
-            let (src, dst) = match i {
+            let (src, dst): (&AlignedBuf, _) = match i {
                 0 => (&self.prompt_hidden, &mut a[0]),
                 _ if i % 2 == 1 => (&a[0], &mut b[0]),
                 _ => (&b[0], &mut a[0]),
@@ -390,22 +378,19 @@ impl MolmoAct2 {
             split
                 .graph
                 .execute(
-                    &ordered(*si, [src.as_bytes(), bias]),
-                    &mut ordered_mut(*so, [dst.as_bytes_mut(), keys, values]),
+                    &ordered(si, [src.as_bytes(), bias]),
+                    // Unique: its last scan (split i - 2's) was collected after split
+                    // i - 1 ran, so no copy is made.
+                    &mut ordered_mut(so, [Arc::make_mut(dst).as_bytes_mut(), keys, values]),
                 )
                 .map_err(Self::qnn(&split.component))?;
             self.timings.add(1 + i, t.elapsed());
-            poison(&self.fault, &split.component, dst);
+            poison(&self.fault, &split.component, Arc::make_mut(dst));
             // The hidden state is small next to the KV and carries any overflow of the
-            // layer onward, so it is the one scanned per split.
-            let bad = count_non_finite(dst.as_f32());
-            if bad > 0 {
-                return Err(PolicyError::NonFinite {
-                    component: split.component.clone(),
-                    tensor: "hidden_out".into(),
-                    count: bad,
-                });
-            }
+            // layer onward, so it is the one scanned per split, during the next context.
+            // The previous verdict (vision's or split i - 1's) is collected here.
+            let previous = self.guard.scan(1 + i, dst, None);
+            self.fail_on(previous)?;
         }
 
         // action_context straight into the action_step inputs.
@@ -433,7 +418,9 @@ impl MolmoAct2 {
             Arc::make_mut(&mut self.v_ctx),
         );
         // Scanned beside the flow loop, which only reads them; verdict before the chunk.
-        self.kv_guard.scan(&self.k_ctx, &self.v_ctx);
+        // The last split's verdict is collected here.
+        let previous = self.guard.scan(ci, &self.k_ctx, Some(&self.v_ctx));
+        self.fail_on(previous)?;
 
         // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
         let n = m.flow_steps;
@@ -477,9 +464,8 @@ impl MolmoAct2 {
                 let out = self.step_out.as_f32();
                 let bad = count_non_finite(out);
                 if bad > 0 {
-                    if self.kv_guard.verdict() > 0 {
-                        return Err(self.locate_non_finite());
-                    }
+                    let verdict = self.guard.verdict();
+                    self.fail_on(verdict)?;
                     return Err(PolicyError::NonFinite {
                         component: "action_step".into(),
                         tensor: "next_trajectory".into(),
@@ -507,9 +493,8 @@ impl MolmoAct2 {
                 cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
             }
         }
-        if self.kv_guard.verdict() > 0 {
-            return Err(self.locate_non_finite());
-        }
+        let verdict = self.guard.verdict();
+        self.fail_on(verdict)?;
         let choice = match &mut self.keystone {
             Some(ks) => ks.select(&self.candidates, h * dims),
             None => 0,
@@ -519,6 +504,24 @@ impl MolmoAct2 {
         self.action_norm.denormalize_into(chosen, actions);
         self.timings.total = start.elapsed();
         Ok(())
+    }
+
+    /// A failed scan as the error naming its component: the tag is the component's index
+    /// in the timings (0 vision, 1 + i split i, then action_context).
+    fn fail_on(&self, verdict: Option<Verdict>) -> Result<(), PolicyError> {
+        let Some(Verdict { tag, bad }) = verdict.filter(|v| v.bad > 0) else {
+            return Ok(());
+        };
+        let (component, tensor) = match tag {
+            0 => ("vision".to_string(), "image_embeds"),
+            t if t <= self.splits.len() => (self.splits[t - 1].component.clone(), "hidden_out"),
+            _ => return Err(self.locate_non_finite()),
+        };
+        Err(PolicyError::NonFinite {
+            component,
+            tensor: tensor.into(),
+            count: bad,
+        })
     }
 
     /// Names the first component whose output holds NaN/Inf (called only on failure).
@@ -551,5 +554,28 @@ impl MolmoAct2 {
             tensor: "k_ctx".into(),
             count: 0,
         }
+    }
+}
+
+impl MolmoAct2 {
+    /// The host-glue intermediates of the last inference by the end-to-end golden's
+    /// names, in pipeline order (parity by stage; allocates, never on the hot path).
+    pub fn stages(&self, obs: &Observation<'_>) -> Vec<(String, Vec<f32>)> {
+        let m = &self.settings;
+        let instr = self
+            .prompt
+            .instructions
+            .get(obs.instruction_id as usize)
+            .map_or_else(Vec::new, |i| i.attention_bias.clone());
+        let mut noise = vec![0f32; m.action_horizon * m.action_width];
+        initial_trajectory(obs.seed, &mut noise, m.action_width, m.action_dims);
+        vec![
+            ("pixel_values".into(), self.pixel_values.as_f32().to_vec()),
+            ("hidden_states".into(), self.prompt_hidden.as_f32().to_vec()),
+            ("attention_bias".into(), instr),
+            ("k_ctx".into(), self.k_ctx.as_f32().to_vec()),
+            ("v_ctx".into(), self.v_ctx.as_f32().to_vec()),
+            ("noise".into(), noise),
+        ]
     }
 }

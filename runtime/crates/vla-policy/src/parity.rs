@@ -140,17 +140,37 @@ pub struct EndToEndParity {
     pub passed: bool,
 }
 
+/// One host-glue intermediate of the end-to-end run against the golden's copy.
+#[derive(Clone, Debug)]
+pub struct StageParity {
+    pub name: String,
+    pub comparison: Comparison,
+    pub passed: bool,
+}
+
 #[derive(Clone, Debug)]
 pub struct BundleParity {
     pub contexts: Vec<ContextParity>,
+    /// The stages the end-to-end golden stores, in pipeline order.
+    pub stages: Vec<StageParity>,
     pub end_to_end: EndToEndParity,
     pub context_gate: f64,
     pub end_to_end_gate: f64,
+    /// The bundle's actions do not depend on the observation (constant world model).
+    pub open_loop: bool,
 }
 
 impl BundleParity {
     pub fn passed(&self) -> bool {
-        self.contexts.iter().all(|c| c.passed()) && self.end_to_end.passed
+        self.contexts.iter().all(|c| c.passed())
+            && self.stages.iter().all(|s| s.passed)
+            && self.end_to_end.passed
+    }
+
+    /// The first stage (in pipeline order) below the gate: where a host-glue mistake
+    /// happens, rather than the thin end-to-end miss it causes downstream.
+    pub fn first_diverging_stage(&self) -> Option<&StageParity> {
+        self.stages.iter().find(|s| !s.passed)
     }
 
     /// One line naming what failed, for logs and exit messages.
@@ -168,6 +188,12 @@ impl BundleParity {
                 )
             })
             .collect();
+        if let Some(st) = self.first_diverging_stage() {
+            parts.push(format!(
+                "first diverging stage `{}` cosine {:.6} < {}",
+                st.name, st.comparison.cosine, self.context_gate
+            ));
+        }
         let e = &self.end_to_end;
         if !e.passed {
             match e.keystone {
@@ -219,6 +245,31 @@ impl Bundle {
         let mut actions = vec![0f32; expected.len()];
         policy.infer(&obs.observation(), &mut actions)?;
         let comparison = compare(&actions, &expected, 1e-3, 1e-2);
+        let mut stages = Vec::new();
+        for (name, ours) in policy.stages(&obs.observation()) {
+            if !npz.contains(&name) {
+                continue;
+            }
+            let want = npz
+                .array(&name)
+                .map_err(PolicyError::Npz)?
+                .to_f32()
+                .map_err(PolicyError::Npz)?;
+            if want.len() != ours.len() {
+                return Err(PolicyError::Observation {
+                    field: "golden stage",
+                    expected: format!("{} values", ours.len()),
+                    found: format!("{} values of `{name}` in {}", want.len(), path.display()),
+                });
+            }
+            let c = compare(&ours, &want, 1e-3, 1e-2);
+            let passed = c.non_finite == 0 && c.cosine >= gate.min_cosine;
+            stages.push(StageParity {
+                name,
+                comparison: c,
+                passed,
+            });
+        }
         let keystone = match (policy.keystone_choice(), npz.contains("keystone_choice")) {
             (Some(ours), true) => {
                 let want = integers(&npz.array("keystone_choice").map_err(PolicyError::Npz)?)?;
@@ -232,6 +283,8 @@ impl Bundle {
             && keystone.is_none_or(|(want, got)| want == got);
         Ok(BundleParity {
             contexts,
+            stages,
+            open_loop: policy.open_loop(),
             end_to_end: EndToEndParity {
                 actions,
                 expected,

@@ -61,6 +61,15 @@ impl PrefixBuffers {
         p: &ActionPrefix<'_>,
         norm: &Normalizer,
     ) -> Result<(), PolicyError> {
+        self.load_with(p, |a, i| norm.normalize(a, i))
+    }
+
+    /// [`PrefixBuffers::load`] with the policy's own action -> normalized map.
+    pub(crate) fn load_with(
+        &mut self,
+        p: &ActionPrefix<'_>,
+        normalize: impl Fn(f32, usize) -> f32,
+    ) -> Result<(), PolicyError> {
         let horizon = self.mask.len();
         if p.actions.len() != self.values.len() || p.overlap > horizon || p.frozen > p.overlap {
             return Err(PolicyError::Observation {
@@ -85,7 +94,7 @@ impl PrefixBuffers {
             });
         }
         for (j, (v, &a)) in self.values.iter_mut().zip(p.actions).enumerate() {
-            *v = norm.normalize(a, j % self.dims);
+            *v = normalize(a, j % self.dims);
         }
         prefix_mask(p.frozen, p.overlap, &mut self.mask);
         self.overlap = p.overlap;

@@ -1,8 +1,9 @@
 //! Camera frames (RGB8) -> `pixel_values`: resize, normalize, patchify in one pass.
 //!
 //! The interpolation taps depend only on the frame and crop sizes, so they are computed
-//! once at load. Per inference, each source row that an output row needs is interpolated
-//! along x once into a scratch row (consecutive output rows share source rows), and each
+//! once at load, along x flattened to one tap pair and weight pair per output value. Per
+//! inference, each source row that an output row needs is interpolated along x once into
+//! a scratch row (consecutive output rows share source rows), and each
 //! output row is then one contiguous lerp along y plus the normalize per value, written
 //! straight into the vision context's input buffer in patch order, `P` pixels at a time.
 //! The arithmetic is the contract's, operation by operation (x first, then y), so the
@@ -12,11 +13,22 @@
 //! on the uint8 frame, `antialias=False`), the interpolated value is rounded back to a
 //! uint8 (half to even) before it is scaled: the vision tower was trained on those.
 
+/// 2^23: adding it to an f32 in [0, 2^23) leaves no fraction bits, so the hardware's
+/// round-to-nearest-even rounds the value to an integer, and subtracting it is exact.
+const ROUND_MAGIC: f32 = 8_388_608.0;
+
 /// An interpolated value -> the resized uint8 pixel -> `x / 255 * 2 - 1` (SigLIP's
 /// mean = std = 0.5), in upstream's order of f32 operations.
+///
+/// Upstream rounds half to even, then clamps to [0, 255]. Clamping first gives the same
+/// pixel (rounding is monotonic and both bounds are integers; the interpolated value is
+/// never negative anyway), and in [0, 255] the add/subtract of [`ROUND_MAGIC`] is exactly
+/// round-half-even. Unlike `round_ties_even`, which is a libm call on baseline x86_64
+/// (no SSE4.1), it vectorizes, with the clamp and the division, over a row.
 #[inline]
 fn to_unit(v: f32) -> f32 {
-    v.round_ties_even().clamp(0.0, 255.0) / 255.0 * 2.0 - 1.0
+    let pixel = (v.clamp(0.0, 255.0) + ROUND_MAGIC) - ROUND_MAGIC;
+    pixel / 255.0 * 2.0 - 1.0
 }
 
 /// One axis of a half-pixel bilinear resize: source taps and weights per output index.
@@ -53,6 +65,38 @@ impl AxisTaps {
     }
 }
 
+/// The x taps per output value (`crop * 3` of them): the byte offsets in a source row
+/// of the left and right pixel's channel and their weights `1 - fx` and `fx`, so the
+/// interpolation of a row is one flat loop with no per-pixel index arithmetic.
+#[derive(Clone, Debug)]
+struct RowTaps {
+    left: Vec<u32>,
+    right: Vec<u32>,
+    w_left: Vec<f32>,
+    w_right: Vec<f32>,
+}
+
+impl RowTaps {
+    fn new(xs: &AxisTaps) -> Self {
+        let n = xs.i0.len() * 3;
+        let mut t = RowTaps {
+            left: Vec::with_capacity(n),
+            right: Vec::with_capacity(n),
+            w_left: Vec::with_capacity(n),
+            w_right: Vec::with_capacity(n),
+        };
+        for x in 0..xs.i0.len() {
+            for c in 0..3 {
+                t.left.push((xs.i0[x] * 3 + c) as u32);
+                t.right.push((xs.i1[x] * 3 + c) as u32);
+                t.w_left.push(1.0 - xs.frac[x]);
+                t.w_right.push(xs.frac[x]);
+            }
+        }
+        t
+    }
+}
+
 /// Turns `cameras` frames of `height x width x 3` into `[1, cameras, G*G, P*P*3]`.
 #[derive(Clone, Debug)]
 pub struct Preprocessor {
@@ -62,7 +106,7 @@ pub struct Preprocessor {
     crop: usize,
     patch: usize,
     ys: AxisTaps,
-    xs: AxisTaps,
+    row_taps: RowTaps,
     /// Source rows interpolated along x (`crop * 3` values each) and which source row of
     /// which camera each holds.
     rows: [Vec<f32>; 2],
@@ -78,7 +122,7 @@ impl Preprocessor {
             crop,
             patch,
             ys: AxisTaps::new(height, crop),
-            xs: AxisTaps::new(width, crop),
+            row_taps: RowTaps::new(&AxisTaps::new(width, crop)),
             rows: [vec![0.0; crop * 3], vec![0.0; crop * 3]],
             row_ids: [None; 2],
         }
@@ -98,13 +142,15 @@ impl Preprocessor {
                 continue;
             }
             let line = &img[src * self.width * 3..(src + 1) * self.width * 3];
-            let xs = &self.xs;
-            for (x, out) in self.rows[slot].chunks_exact_mut(3).enumerate() {
-                let (c0, c1, fx) = (xs.i0[x] * 3, xs.i1[x] * 3, xs.frac[x]);
-                let (a, b) = (&line[c0..c0 + 3], &line[c1..c1 + 3]);
-                for c in 0..3 {
-                    out[c] = a[c] as f32 * (1.0 - fx) + b[c] as f32 * fx;
-                }
+            let t = &self.row_taps;
+            for ((((out, &l), &r), &wl), &wr) in self.rows[slot]
+                .iter_mut()
+                .zip(&t.left)
+                .zip(&t.right)
+                .zip(&t.w_left)
+                .zip(&t.w_right)
+            {
+                *out = line[l as usize] as f32 * wl + line[r as usize] as f32 * wr;
             }
             self.row_ids[slot] = want;
         }
@@ -179,9 +225,38 @@ mod tests {
         assert_eq!(at(27, 27, 2), 1.0);
     }
 
+    /// Upstream's order of operations: round half to even, clamp, scale.
+    fn to_unit_upstream(v: f32) -> f32 {
+        v.round_ties_even().clamp(0.0, 255.0) / 255.0 * 2.0 - 1.0
+    }
+
+    #[test]
+    fn magic_number_rounding_is_upstreams_round_then_clamp() {
+        let same = |v: f32| to_unit(v).to_bits() == to_unit_upstream(v).to_bits();
+        // Every tie k + 0.5 and every integer with 64 neighbours on each side, where a
+        // rounding method can differ, then a sweep over the bit patterns of [0, 300].
+        for k in -2..=300 {
+            for centre in [k as f32, k as f32 + 0.5] {
+                let mut up = centre;
+                let mut down = centre;
+                for _ in 0..64 {
+                    assert!(same(up) && same(down), "{up} / {down}");
+                    up = up.next_up();
+                    down = down.next_down();
+                }
+            }
+        }
+        let (lo, hi) = (0f32.to_bits(), 300f32.to_bits());
+        for bits in (lo..=hi).step_by(97) {
+            let v = f32::from_bits(bits);
+            assert!(same(v), "{v}");
+        }
+    }
+
     /// The contract's formula, one output value at a time.
     fn per_pixel(pre: &Preprocessor, frames: &[u8]) -> Vec<f32> {
         let (h, w, crop, p) = (pre.height, pre.width, pre.crop, pre.patch);
+        let xs = AxisTaps::new(w, crop);
         let grid = crop / p;
         let mut out = vec![0f32; pre.output_len()];
         for cam in 0..pre.cameras {
@@ -189,7 +264,7 @@ mod tests {
             for y in 0..crop {
                 let (r0, r1, fy) = (pre.ys.i0[y] * w * 3, pre.ys.i1[y] * w * 3, pre.ys.frac[y]);
                 for x in 0..crop {
-                    let (c0, c1, fx) = (pre.xs.i0[x] * 3, pre.xs.i1[x] * 3, pre.xs.frac[x]);
+                    let (c0, c1, fx) = (xs.i0[x] * 3, xs.i1[x] * 3, xs.frac[x]);
                     let at = cam * crop * crop * 3
                         + ((y / p) * grid + x / p) * p * p * 3
                         + ((y % p) * p + x % p) * 3;
@@ -197,7 +272,7 @@ mod tests {
                         let v = |i: usize| img[i + c] as f32;
                         let top = v(r0 + c0) * (1.0 - fx) + v(r0 + c1) * fx;
                         let bottom = v(r1 + c0) * (1.0 - fx) + v(r1 + c1) * fx;
-                        out[at + c] = to_unit(top * (1.0 - fy) + bottom * fy);
+                        out[at + c] = to_unit_upstream(top * (1.0 - fy) + bottom * fy);
                     }
                 }
             }

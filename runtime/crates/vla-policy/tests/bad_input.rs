@@ -200,7 +200,16 @@ fn non_finite_outputs_are_reported_with_the_component_never_as_actions() {
     for (name, components) in [
         (
             "molmoact2-lp-vtp-sd",
-            &["vision", "llm_split1", "action_context", "action_step"][..],
+            // Each scan runs during the next context: split 0's during split 1, the
+            // last split's (3) during action_context.
+            &[
+                "vision",
+                "llm_split0",
+                "llm_split1",
+                "llm_split3",
+                "action_context",
+                "action_step",
+            ][..],
         ),
         ("fastwam", &["action_step"][..]),
     ] {
@@ -290,4 +299,106 @@ fn an_instruction_padded_unlike_the_export_is_refused() {
             && msg.contains("for 97 tokens after 2 rows (molmoact2.rope_left_pad)"),
         "{msg}"
     );
+}
+
+/// Fast-WAM closed loop: each broken bundle or observation is refused with one line
+/// naming the thing, before anything runs.
+#[test]
+fn fastwam_chain_bad_input_is_named() {
+    // Split layer counts that do not add up to action_step's (4).
+    let dir = common::copy_fixture("fastwam-closed-loop", "layers");
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    common::edit_manifest(&dir, |v| {
+        v["fastwam"]["chain"]["prefill_layers"] = serde_json::json!([1, 2, 2])
+    });
+    let bundle = Bundle::open(&dir).unwrap();
+    let msg = Policy::load(&bundle, &backend)
+        .err()
+        .expect("layer sum")
+        .to_string();
+    assert!(
+        msg.contains("component `action_step` tensor `video_keys`")
+            && msg.contains("add up to 5 layers")
+            && msg.contains("found shape [4,1,32,32]"),
+        "{msg}"
+    );
+    // A context whose tensors disagree with the manifest.
+    common::edit_manifest(&dir, |v| {
+        v["fastwam"]["chain"]["prefill_layers"] = serde_json::json!([1, 2, 1]);
+        v["fastwam"]["chain"]["latent_channels"] = 5.into();
+    });
+    let bundle = Bundle::open(&dir).unwrap();
+    let msg = Policy::load(&bundle, &backend)
+        .err()
+        .expect("contract")
+        .to_string();
+    assert!(
+        msg.contains("component `wm_vae_enc` tensor `latents`")
+            && msg.contains("expected shape [1,5,8,16]"),
+        "{msg}"
+    );
+    // An instruction without text rows.
+    common::edit_manifest(&dir, |v| {
+        v["fastwam"]["chain"]["latent_channels"] = 4.into();
+        v["fastwam"]["chain"]["instructions"]
+            .as_array_mut()
+            .unwrap()
+            .push("pick up the soup".into());
+    });
+    let bundle = Bundle::open(&dir).unwrap();
+    let msg = Policy::load(&bundle, &backend)
+        .err()
+        .expect("text rows")
+        .to_string();
+    assert!(msg.contains("instruction 2 has no text rows"), "{msg}");
+    // Manifest rules: rotate_180 per camera, no world_model with a chain.
+    common::edit_manifest(&dir, |v| {
+        v["fastwam"]["chain"]["instructions"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
+        v["fastwam"]["chain"]["rotate_180"] = serde_json::json!([true]);
+    });
+    assert!(open_err(&dir).contains("`fastwam.chain.rotate_180` has 1 values, expected 2"));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Wrong image size and wrong state length.
+    let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    let base = obs.observation();
+    let small = Observation {
+        height: base.height - 1,
+        frames: &base.frames[..base.frames.len() - 2 * base.width * 3],
+        ..base
+    };
+    let msg = policy.infer(&small, &mut actions).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("observation frames: expected 2 cameras of 40x48 RGB8")
+            && msg.contains("found 2 cameras of 39x48"),
+        "{msg}"
+    );
+    let short = Observation {
+        state: &base.state[..7],
+        ..base
+    };
+    let msg = policy.infer(&short, &mut actions).unwrap_err().to_string();
+    assert_eq!(msg, "observation state: expected 8 values, found 7 values");
+    let bad_instr = Observation {
+        instruction_id: 2,
+        ..base
+    };
+    let msg = policy
+        .infer(&bad_instr, &mut actions)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("observation instruction_id: expected 0..2"),
+        "{msg}"
+    );
+    assert!(actions.iter().all(|a| *a == 0.0), "nothing is published");
 }

@@ -49,3 +49,109 @@ fn molmoact2_operator_fused() {
 fn fastwam() {
     gate("fastwam");
 }
+
+#[test]
+fn fastwam_closed_loop() {
+    gate("fastwam-closed-loop");
+}
+
+/// Closed loop: an observation that differs from the golden's only in the camera frames,
+/// and one that differs only in the state, each give different actions, each matching the
+/// reference's actions for that observation (golden/observation_{camera,state}.npz).
+#[test]
+fn fastwam_closed_loop_actions_follow_the_camera_and_the_state() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    assert!(!policy.open_loop());
+    let base = vla_policy::ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+    let g = policy.geometry();
+    let mut base_actions = vec![0f32; g.chunk_len * g.action_dims];
+    policy
+        .infer(&base.observation(), &mut base_actions)
+        .unwrap();
+    for tag in ["camera", "state"] {
+        let path = bundle.path(&format!("golden/observation_{tag}.npz"));
+        let obs = vla_policy::ObservationFile::load(&path).unwrap();
+        match tag {
+            "camera" => assert!(obs.frames != base.frames && obs.state == base.state),
+            _ => assert!(obs.frames == base.frames && obs.state != base.state),
+        }
+        let want = vla_npz::Npz::open(&path)
+            .unwrap()
+            .array("actions")
+            .unwrap()
+            .to_f32()
+            .unwrap();
+        let mut actions = vec![0f32; want.len()];
+        policy.infer(&obs.observation(), &mut actions).unwrap();
+        let moved = vla_tensor::compare(&actions, &base_actions, 1e-3, 1e-2);
+        let c = vla_tensor::compare(&actions, &want, 1e-3, 1e-2);
+        eprintln!(
+            "{tag}-only change: actions move by max {:.3e}; vs reference cosine {:.8}",
+            moved.max_abs_diff, c.cosine
+        );
+        assert!(
+            moved.max_abs_diff > 1e-2,
+            "{tag}: the actions must follow the {tag}"
+        );
+        assert!(
+            c.cosine >= 0.999,
+            "{tag}: cosine {} vs the reference",
+            c.cosine
+        );
+    }
+}
+
+#[test]
+fn constant_world_model_bundle_says_it_is_open_loop() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let bundle = Bundle::open(common::fixture("fastwam")).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    assert!(policy.open_loop());
+    let report = bundle.parity(&mut policy).unwrap();
+    assert!(report.open_loop && report.passed());
+}
+
+/// Parity by stage names the first stage that diverges: a golden whose context rows are
+/// perturbed (as a wrong proprio row would be) is reported at `context`, not at the actions.
+#[test]
+fn stage_parity_names_the_first_diverging_stage() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let dir = common::copy_fixture("fastwam-closed-loop", "stage");
+    let path = dir.join("golden/end_to_end.npz");
+    let npz = vla_npz::Npz::open(&path).unwrap();
+    let mut arrays: Vec<vla_npz::Array> = npz.names().map(|n| npz.array(n).unwrap()).collect();
+    for a in arrays.iter_mut() {
+        if a.name() == "context" {
+            let mut v = a.to_f32().unwrap();
+            let n = v.len();
+            v[n - 5..].iter_mut().for_each(|x| *x = -*x * 3.0);
+            *a = vla_npz::Array::from_f32("context", a.shape(), &v).unwrap();
+        }
+    }
+    drop(npz);
+    vla_npz::write_npz(&path, &arrays.iter().collect::<Vec<_>>()).unwrap();
+    let bundle = Bundle::open(&dir).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    let report = bundle.parity(&mut policy).unwrap();
+    let first = report.first_diverging_stage().expect("a stage diverges");
+    assert_eq!(first.name, "context");
+    assert!(
+        report
+            .stages
+            .iter()
+            .find(|s| s.name == "image")
+            .unwrap()
+            .passed
+    );
+    let why = report.failure_summary().unwrap();
+    assert!(why.contains("first diverging stage `context`"), "{why}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

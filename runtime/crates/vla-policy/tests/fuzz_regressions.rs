@@ -37,7 +37,12 @@ fn check(bytes: &[u8]) -> Option<String> {
                     files.extend([c.binary.as_str(), c.golden.as_str()]);
                 }
                 files.extend(manifest.molmoact2.as_ref().map(|m| m.prompt.as_str()));
-                files.extend(manifest.fastwam.as_ref().map(|f| f.world_model.as_str()));
+                files.extend(
+                    manifest
+                        .fastwam
+                        .as_ref()
+                        .and_then(|f| f.world_model.as_deref()),
+                );
                 for rel in files {
                     assert!(inside_bundle(rel), "accepted `{rel}`");
                 }

@@ -49,7 +49,12 @@ fn steady_state_inference_allocates_nothing() {
     let Some(backend) = common::backend() else {
         return;
     };
-    for name in ["molmoact2-drift-keystone", "molmoact2-lp-vtp-sd", "fastwam"] {
+    for name in [
+        "molmoact2-drift-keystone",
+        "molmoact2-lp-vtp-sd",
+        "fastwam",
+        "fastwam-closed-loop",
+    ] {
         let bundle = Bundle::open(common::fixture(name)).unwrap();
         let mut policy = Policy::load(&bundle, &backend).unwrap();
         let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();

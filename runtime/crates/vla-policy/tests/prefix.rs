@@ -1,7 +1,9 @@
 //! Prefix conditioning on the HTP emulator, for each kind of flow loop: Fast-WAM (Wan
 //! Euler), MolmoAct2 with a velocity output, and Drift-KeyStone (next-trajectory output,
 //! K candidates sharing the prefix). The frozen rows come out as the prefix, the overlap
-//! stays nearer to it than an unconditioned chunk, and nothing non-finite comes out.
+//! stays nearer to it than an unconditioned chunk, and nothing non-finite comes out. The
+//! closed-loop Fast-WAM fixture has `gripper_map: libero`: its frozen gripper values only
+//! come back as the prefix's if the map (`-(2g - 1)`) is undone before normalizing.
 
 mod common;
 
@@ -69,6 +71,18 @@ fn conditioned(name: &str) {
 #[test]
 fn fastwam_continues_the_prefix() {
     conditioned("fastwam");
+}
+
+#[test]
+fn fastwam_closed_loop_with_the_libero_gripper_map_continues_the_prefix() {
+    let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
+    let f = bundle.manifest.fastwam.as_ref().unwrap();
+    assert_eq!(f.gripper_map, vla_policy::manifest::GripperMap::Libero);
+    assert!(
+        !f.gripper_binarize,
+        "a binarized gripper cannot be continued exactly"
+    );
+    conditioned("fastwam-closed-loop");
 }
 
 #[test]

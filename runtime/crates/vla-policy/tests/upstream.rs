@@ -107,8 +107,9 @@ fn pixel_values_match_the_upstream_image_processor() {
     );
 }
 
-/// A normalization block from upstream's stats: `mask` true = normalized.
-fn stats_norm(npz: &Npz, mode: &str, prefix: &str) -> Normalization {
+/// A normalization block from upstream's stats: `mask` true = normalized; `constant`
+/// (upstream's zero mask, min == max) only where upstream builds one.
+fn stats_norm(npz: &Npz, mode: &str, prefix: &str, zero_mask: bool) -> Normalization {
     let get = |k: &str| Some(f32s(npz, &format!("{prefix}{k}")));
     let mask = bools(npz, &format!("{prefix}mask"));
     let (lo, hi) = (get("min").unwrap(), get("max").unwrap());
@@ -126,7 +127,7 @@ fn stats_norm(npz: &Npz, mode: &str, prefix: &str) -> Normalization {
         std: get("std"),
         passthrough: Some(mask.iter().map(|m| !m).collect()),
         // Upstream's zero mask exists for the clipping modes only.
-        constant: if mode == NormMode::MeanStd {
+        constant: if mode == NormMode::MeanStd || !zero_mask {
             None
         } else {
             constant
@@ -140,7 +141,7 @@ fn state_normalization_and_token_ids_match_upstream() {
     let states = f32s(&state, "states");
     let dims = 8;
     for mode in ["q01_q99", "min_max", "mean_std"] {
-        let n = Normalizer::new(&stats_norm(&state, mode, "stats_"), dims);
+        let n = Normalizer::new(&stats_norm(&state, mode, "stats_", true), dims);
         let normalized = f32s(&state, &format!("normalized_{mode}"));
         let bins = i64s(&state, &format!("state_bins_{mode}"));
         let mut finite_rows = 0;
@@ -179,24 +180,8 @@ fn action_denormalization_matches_upstream() {
     let x = f32s(&actions, "normalized");
     let dims = 7;
     for mode in ["q01_q99", "min_max", "mean_std"] {
-        let block = {
-            let get = |k: &str| Some(f32s(&actions, k));
-            let mask = bools(&actions, "mask");
-            let (mode, low, high) = match mode {
-                "q01_q99" => (NormMode::Quantile, get("q01"), get("q99")),
-                "min_max" => (NormMode::MinMax, get("min"), get("max")),
-                _ => (NormMode::MeanStd, None, None),
-            };
-            Normalization {
-                mode,
-                low,
-                high,
-                mean: get("mean"),
-                std: get("std"),
-                passthrough: Some(mask.iter().map(|m| !m).collect()),
-                constant: None,
-            }
-        };
+        // The action normalizer of the goldens was built without min/max zeroing.
+        let block = stats_norm(&actions, mode, "", false);
         let n = Normalizer::new(&block, dims);
         let mut got = vec![0f32; x.len()];
         n.denormalize_into(&x, &mut got);

@@ -422,6 +422,8 @@ pub struct ContextBinary {
     path: PathBuf,
     /// `None` once a context was created from it.
     map: Option<memmap2::Mmap>,
+    /// The bytes map the file (one link); otherwise they are a private copy.
+    maps_the_file: bool,
     size: usize,
     info: BinaryInfo,
 }
@@ -436,33 +438,81 @@ impl core::fmt::Debug for ContextBinary {
     }
 }
 
+/// The file's metadata, refusing what cannot be a context binary.
+fn checked_metadata(file: &std::fs::File, path: &Path) -> Result<std::fs::Metadata, QnnError> {
+    let err = |reason: String| QnnError::Binary {
+        path: path.to_owned(),
+        reason,
+    };
+    let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(err("not a regular file".into()));
+    }
+    if meta.len() == 0 {
+        return Err(err("empty file".into()));
+    }
+    Ok(meta)
+}
+
 impl ContextBinary {
     /// Maps `path` and reads its metadata; rejects missing, non-regular, empty, truncated
     /// and corrupted files with an error naming the file.
+    ///
+    /// Only a file whose inode has a single link is mapped. A file with more links shares
+    /// its inode with another name, typically a RAUC artifact repository that
+    /// `vlad ota install --link` linked from, and vlad does not control what writes there:
+    /// an in-place write under a mapping changes bytes QNN is reading (undefined
+    /// behaviour for the `&[u8]` this type hands out) and a truncation faults (SIGBUS).
+    /// Such a file is read into a private copy instead (transient: freed once the
+    /// context exists). Unmapping after context creation alone leaves the window from
+    /// here to `contextCreateFromBinary`, seconds for a large binary.
     pub fn open(lib: &QnnLibrary, path: impl AsRef<Path>) -> Result<Self, QnnError> {
+        use std::os::unix::fs::MetadataExt;
         let path = path.as_ref().to_owned();
         let err = |reason: String| QnnError::Binary {
             path: path.clone(),
             reason,
         };
         let file = std::fs::File::open(&path).map_err(|e| err(e.to_string()))?;
-        let meta = file.metadata().map_err(|e| err(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(err("not a regular file".into()));
+        let meta = checked_metadata(&file, &path)?;
+        if meta.nlink() > 1 {
+            return Self::read_shared(lib, file, meta, path);
         }
-        if meta.len() == 0 {
-            return Err(err("empty file".into()));
-        }
-        // SAFETY: the mapping is read-only and private to this process's view; bundle files
-        // are never modified in place (updates go to a new directory), so the bytes cannot
-        // change under us. A truncation by another process would fault, which OTA rules out.
+        // SAFETY: the mapping is read-only. Its bytes stay fixed only if nothing writes or
+        // truncates the file while it is mapped, which is checked as far as it depends on
+        // other programs: the inode has one link (re-checked after mapping below), so no
+        // store vlad does not control shares it; vlad's OTA store never writes a file
+        // after placing it (updates go to a new directory; old ones are deleted, which
+        // keeps a mapped inode alive). What remains is a process with write permission
+        // on vlad's own bundle files, trusted as much as vlad's binary.
         let map = unsafe { memmap2::MmapOptions::new().map(&file) }
             .map_err(|e| err(format!("mmap: {e}")))?;
+        let now = file.metadata().map_err(|e| err(e.to_string()))?;
+        if now.nlink() > 1 {
+            drop(map);
+            return Self::read_shared(lib, file, now, path);
+        }
         // Under mlockall(MCL_FUTURE | MCL_ONFAULT) the new mapping would lock every page
         // QNN reads; the binary is page cache the kernel may drop, never pinned memory.
         map.unlock().map_err(|e| err(format!("munlock: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self::new(path, map, info))
+        Ok(Self::new(path, map, info, true))
+    }
+
+    /// [`ContextBinary::open`] of a file whose inode other names share: a private copy.
+    fn read_shared(
+        lib: &QnnLibrary,
+        file: std::fs::File,
+        meta: std::fs::Metadata,
+        path: PathBuf,
+    ) -> Result<Self, QnnError> {
+        use std::os::unix::fs::MetadataExt;
+        log::info!(
+            "{}: {} names share this file (e.g. a RAUC artifact repository): reading a private copy instead of mapping it",
+            path.display(),
+            meta.nlink()
+        );
+        Self::read_file(lib, file, meta, path)
     }
 
     /// As [`ContextBinary::open`], but reads the file into anonymous memory instead of
@@ -470,35 +520,50 @@ impl ContextBinary {
     /// and resident memory against the mapping.
     pub fn read(lib: &QnnLibrary, path: impl AsRef<Path>) -> Result<Self, QnnError> {
         let path = path.as_ref().to_owned();
+        let file = std::fs::File::open(&path).map_err(|e| QnnError::Binary {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let meta = checked_metadata(&file, &path)?;
+        Self::read_file(lib, file, meta, path)
+    }
+
+    fn read_file(
+        lib: &QnnLibrary,
+        mut file: std::fs::File,
+        meta: std::fs::Metadata,
+        path: PathBuf,
+    ) -> Result<Self, QnnError> {
         let err = |reason: String| QnnError::Binary {
             path: path.clone(),
             reason,
         };
-        let mut file = std::fs::File::open(&path).map_err(|e| err(e.to_string()))?;
-        let meta = file.metadata().map_err(|e| err(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(err("not a regular file".into()));
-        }
-        if meta.len() == 0 {
-            return Err(err("empty file".into()));
-        }
         let mut heap = memmap2::MmapMut::map_anon(meta.len() as usize)
             .map_err(|e| err(format!("anonymous map: {e}")))?;
+        // Transient memory: never locked by mlockall(MCL_FUTURE) (see `open`).
+        heap.unlock().map_err(|e| err(format!("munlock: {e}")))?;
+        // A file shrunk meanwhile fails here (short read), never faults.
         std::io::Read::read_exact(&mut file, &mut heap).map_err(|e| err(e.to_string()))?;
         let map = heap
             .make_read_only()
             .map_err(|e| err(format!("mprotect: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self::new(path, map, info))
+        Ok(Self::new(path, map, info, false))
     }
 
-    fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo) -> Self {
+    fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo, maps_the_file: bool) -> Self {
         Self {
             path,
             size: map.len(),
             map: Some(map),
             info,
+            maps_the_file,
         }
+    }
+
+    /// Whether the bytes are a mapping of the file (else a private copy in memory).
+    pub fn maps_the_file(&self) -> bool {
+        self.maps_the_file
     }
 
     /// Unmaps the bytes (the context made from them no longer needs them).

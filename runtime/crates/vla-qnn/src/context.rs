@@ -11,18 +11,26 @@ use crate::error::QnnError;
 use crate::ffi::{self, Handle, QnnTensor};
 use core::ffi::c_void;
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use vla_tensor::AlignedBuf;
 
 struct ContextInner {
     backend: Arc<BackendInner>,
     handle: Handle,
     binary: ContextBinary,
+    /// Names of the graphs that have a live [`Graph`]. QNN does not document concurrent
+    /// `graphExecute` on one graph handle as safe (the emulator happens to serialize it),
+    /// so each graph has at most one executable handle: [`Graph`] is `Send`, not `Sync`,
+    /// and executes through `&mut self`. The lock also serializes `graphRetrieve`.
+    retrieved: Mutex<Vec<String>>,
 }
 
 // SAFETY: a QNN context handle may be used and freed from any thread.
 unsafe impl Send for ContextInner {}
-// SAFETY: the handle is not mutated after creation; QNN serializes execution per graph.
+// SAFETY: shared (through `Arc`) by the `Context` clones and the graphs made from it,
+// possibly on several threads. What they do with it: `graphRetrieve`, under the
+// `retrieved` lock; `graphExecute` of a graph, only by the one `Graph` of that graph
+// (enforced by `retrieved`) through `&mut Graph`; `contextFree`, once, in `drop`.
 unsafe impl Sync for ContextInner {}
 
 impl Drop for ContextInner {
@@ -50,13 +58,35 @@ pub struct Context {
 impl Context {
     /// Creates the context from the mapped binary (no copy on our side), then unmaps the
     /// binary: the backend copied what it needs (no persistent-binary config is passed).
-    pub fn create(backend: &Backend, mut binary: ContextBinary) -> Result<Self, QnnError> {
+    pub fn create(backend: &Backend, binary: ContextBinary) -> Result<Self, QnnError> {
+        Self::create_with(backend, binary, &[]).map_err(|failed| failed.0)
+    }
+
+    /// [`Context::create`] with context configs (the group module's spill-fill group).
+    /// On failure the binary is handed back, still mapped, so the caller can retry.
+    pub(crate) fn create_with(
+        backend: &Backend,
+        mut binary: ContextBinary,
+        configs: &[&ffi::ContextConfig],
+    ) -> Result<Self, Box<(QnnError, ContextBinary)>> {
         let b = &backend.inner;
         let Some(bytes) = binary.bytes() else {
-            return Err(QnnError::Binary {
+            let e = QnnError::Binary {
                 path: binary.path().to_owned(),
                 reason: "already used for a context (unmapped)".into(),
-            });
+            };
+            return Err(Box::new((e, binary)));
+        };
+        // NULL-terminated list of config pointers, NULL for none.
+        let mut list: Vec<*const c_void> = configs
+            .iter()
+            .map(|c| *c as *const ffi::ContextConfig as *const c_void)
+            .collect();
+        let list_ptr = if list.is_empty() {
+            core::ptr::null()
+        } else {
+            list.push(core::ptr::null());
+            list.as_ptr()
         };
         // QAIRT version coupling, known before the load: the build the binary records
         // against the loaded libraries' (the parity gate settles what is only expected).
@@ -76,30 +106,39 @@ impl Context {
             coupling.describe()
         );
         let mut handle: Handle = core::ptr::null_mut();
-        // SAFETY: the buffer is the whole mapped file, its exact size; NULL config and
-        // profile are allowed; the out-pointer is valid.
+        // SAFETY: the buffer is the whole mapped file, its exact size; the config list is
+        // NULL or NULL-terminated and its configs (and what they point to) outlive the
+        // call; a NULL profile is allowed; the out-pointer is valid.
         let rc = unsafe {
             (b.lib.core.context_create_from_binary)(
                 b.backend,
                 b.device,
-                core::ptr::null(),
+                list_ptr,
                 bytes.as_ptr() as *const c_void,
                 bytes.len() as u64,
                 &mut handle,
                 core::ptr::null_mut(),
             )
         };
-        b.lib.check(rc, "contextCreateFromBinary", || {
+        if let Err(e) = b.lib.check(rc, "contextCreateFromBinary", || {
             binary.path().display().to_string()
-        })?;
+        }) {
+            return Err(Box::new((e, binary)));
+        }
         binary.release_bytes();
         Ok(Self {
             inner: Arc::new(ContextInner {
                 backend: b.clone(),
                 handle,
                 binary,
+                retrieved: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// The QNN handle, for configs that name another context (a spill-fill group).
+    pub(crate) fn raw_handle(&self) -> Handle {
+        self.inner.handle
     }
 
     pub fn binary(&self) -> &ContextBinary {
@@ -150,6 +189,17 @@ impl Context {
             path: self.inner.binary.path().to_owned(),
             reason: "graph name contains NUL".into(),
         })?;
+        let mut retrieved = self
+            .inner
+            .retrieved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if retrieved.contains(&graph_info.name) {
+            return Err(QnnError::GraphInUse {
+                path: self.inner.binary.path().to_owned(),
+                graph: graph_info.name,
+            });
+        }
         let lib = &self.inner.backend.lib;
         let mut handle: Handle = core::ptr::null_mut();
         // SAFETY: valid context handle, NUL-terminated name, valid out-pointer.
@@ -162,6 +212,8 @@ impl Context {
                 self.inner.binary.path().display()
             )
         })?;
+        retrieved.push(graph_info.name.clone());
+        drop(retrieved);
         Graph::new(self.inner.clone(), handle, graph_info, label)
     }
 }
@@ -226,8 +278,24 @@ pub struct Graph {
 }
 
 // SAFETY: the graph handle and the tensor structs (whose pointers refer to storage owned
-// by this struct) may move between threads; `execute` takes `&mut self`.
+// by this struct) may move between threads; `execute` takes `&mut self`, and no other
+// `Graph` of the same QNN graph exists while this one lives (`ContextInner::retrieved`).
+// Not `Sync`: nothing is shared by reference.
 unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    /// The graph may be retrieved again.
+    fn drop(&mut self) {
+        let mut retrieved = self
+            .context
+            .retrieved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = retrieved.iter().position(|n| *n == self.info.name) {
+            retrieved.swap_remove(i);
+        }
+    }
+}
 
 impl Graph {
     fn new(

@@ -25,6 +25,7 @@ pub fn error_meaning(code: u64) -> &'static str {
         5004 => "context: binary version not supported",
         5005 => "context: binary configuration mismatch",
         5007 => "context: corrupted or incompatible binary",
+        5010 => "context: invalid config",
         6000 => "graph: invalid argument",
         6001 => "graph: invalid handle",
         6003 => "graph: no graph of that name in the context",
@@ -89,6 +90,9 @@ pub enum QnnError {
     Binary { path: PathBuf, reason: String },
     /// The library returned metadata we cannot represent safely.
     Metadata { path: PathBuf, reason: String },
+    /// The graph already has a live [`crate::Graph`] (one executable handle per graph:
+    /// QNN does not document concurrent `graphExecute` on one graph handle as safe).
+    GraphInUse { path: PathBuf, graph: String },
     /// No graph of the requested name, or no unique graph when none was named.
     GraphName {
         path: PathBuf,
@@ -151,6 +155,11 @@ impl core::fmt::Display for QnnError {
             QnnError::Metadata { path, reason } => {
                 write!(f, "context binary {}: unusable metadata: {reason}", path.display())
             }
+            QnnError::GraphInUse { path, graph } => write!(
+                f,
+                "context binary {}: graph `{graph}` is already retrieved (one executable handle per graph; drop the other first)",
+                path.display()
+            ),
             QnnError::GraphName { path, requested, available } => match requested {
                 Some(name) => write!(
                     f,

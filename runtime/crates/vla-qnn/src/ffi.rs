@@ -144,6 +144,31 @@ pub struct PowerConfig {
     pub payload: [u32; 16],
 }
 
+/// `QnnContext_Config_t`: u32 option @0, union @8. Only the CUSTOM option is used, whose
+/// member is a pointer to a backend-specific config. The union is padded beyond the
+/// pointer so a library that reads a larger member of it reads zeros, not our stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ContextConfig {
+    pub option: u32,
+    pub custom: *const c_void,
+    pub _rest_of_union: [u64; 3],
+}
+pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
+
+/// `QnnHtpContext_CustomConfig_t`: u32 option @0, union @8 (24 bytes). Option
+/// REGISTER_MULTI_CONTEXTS's member is `QnnHtpContext_GroupRegistration_t
+/// { Qnn_ContextHandle_t firstGroupHandle; u64 maxSpillFillBuffer }`: the first context
+/// of a group passes a NULL handle, each later one the first context's handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HtpContextGroupConfig {
+    pub option: u32,
+    pub first_group_handle: Handle,
+    pub max_spill_fill_buffer: u64,
+}
+pub const HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS: u32 = 2;
+
 /// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
 pub mod binary_info {
     pub const VERSION: usize = 0;
@@ -162,7 +187,10 @@ pub mod binary_info {
     pub const V3_MIN_SIZE: usize = V3_SOC_MODEL + 4;
 }
 
-/// `QnnSystemContext_GraphInfo_t`: 88-byte stride; u32 version @0, union @8.
+/// `QnnSystemContext_GraphInfo_t`: 88-byte stride; u32 version @0, union @8. The stride
+/// is the size of the union of every graph-info version the library was built with, so a
+/// newer system API may change it: libraries are accepted only up to
+/// [`crate::NEWEST_KNOWN_SYSTEM_API`], the newest whose layout was checked.
 pub mod graph_info {
     pub const STRIDE: usize = 88;
     pub const NAME: usize = 8;
@@ -244,7 +272,9 @@ pub struct TensorV1 {
     pub client_buf: ClientBuffer,
 }
 
-/// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail.
+/// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail. 144 is the size of
+/// the union of the tensor versions known up to [`crate::NEWEST_KNOWN_CORE_API`] (and
+/// the stride of the tensor arrays in binary info): newer libraries are refused.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct QnnTensor {
@@ -270,6 +300,10 @@ const _: () = {
     assert!(core::mem::size_of::<PowerConfig>() == 68);
     assert!(core::mem::align_of::<PowerConfig>() == 4);
     assert!(core::mem::offset_of!(PowerConfig, payload) == 4);
+    assert!(core::mem::offset_of!(ContextConfig, custom) == 8);
+    assert!(core::mem::size_of::<HtpContextGroupConfig>() == 24);
+    assert!(core::mem::offset_of!(HtpContextGroupConfig, first_group_handle) == 8);
+    assert!(core::mem::offset_of!(HtpContextGroupConfig, max_spill_fill_buffer) == 16);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.

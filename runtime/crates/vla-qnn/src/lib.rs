@@ -5,7 +5,8 @@
 //! the log, backend and device handles; [`ContextBinary`] maps a `.bin` read-only and
 //! reads its graphs and tensors through libQnnSystem; [`Context`] makes it resident and
 //! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
-//! before QNN sees it; [`PerfGovernor`] votes for HTP performance around inferences.
+//! before QNN sees it; [`create_contexts`] makes a bundle's contexts share one spill-fill
+//! buffer when their binaries need one; [`PerfGovernor`] votes for HTP performance around inferences.
 //! Nothing here knows about policies.
 //!
 //! ```no_run
@@ -25,6 +26,7 @@ mod binary;
 mod context;
 mod error;
 pub mod ffi;
+mod group;
 mod library;
 mod perf;
 mod release;
@@ -33,7 +35,14 @@ pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
 pub use error::{error_meaning, HtpRefusal, QnnError};
-pub use library::{lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary};
+pub use group::{
+    create_contexts, create_contexts_sharing, shared_spill_fill, ContextGroup, GroupError,
+    SpillFillSharing,
+};
+pub use library::{
+    lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API,
+    NEWEST_KNOWN_SYSTEM_API,
+};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };

@@ -36,7 +36,23 @@ impl ApiVersion {
     pub fn satisfies(self, needed: ApiVersion) -> bool {
         self.major == needed.major && (self.minor, self.patch) >= (needed.minor, needed.patch)
     }
+
+    /// In the window `oldest ..= newest.major.newest.minor.*`: the versions whose struct
+    /// layouts a build knows. A newer minor may have grown a union (`Qnn_Tensor_t`, the
+    /// binary info's graph array: their sizes are the strides this crate walks), so it is
+    /// refused until its layouts are checked and `newest` moved.
+    pub fn within(self, oldest: ApiVersion, newest: ApiVersion) -> bool {
+        self.satisfies(oldest) && self.major == newest.major && self.minor <= newest.minor
+    }
 }
+
+/// Newest QNN core API whose layouts (interface table prefix, `Qnn_Tensor_t` = 144 bytes,
+/// v1/v2) were checked against a real library: QNN 2.51 (onnxruntime-qnn 2.7.0), core API
+/// 2.40.0; see `/work/shared/qnn-abi.md`.
+pub const NEWEST_KNOWN_CORE_API: ApiVersion = ApiVersion::new(2, 40, 0);
+/// Newest QNN system API whose binary-info layouts (v1-v3, graph info stride 88 bytes)
+/// were checked: system API 1.15.0 of QNN 2.51.
+pub const NEWEST_KNOWN_SYSTEM_API: ApiVersion = ApiVersion::new(1, 15, 0);
 
 /// Where and what to load.
 #[derive(Clone, Debug)]
@@ -48,6 +64,18 @@ pub struct LoadOptions {
     pub min_core_api: ApiVersion,
     /// Oldest system API with `systemContextGetBinaryInfo`.
     pub min_system_api: ApiVersion,
+    /// Newest core API (major.minor; any patch) whose struct layouts this build knows.
+    pub newest_core_api: ApiVersion,
+    /// Newest system API (major.minor; any patch) whose binary-info layouts it knows.
+    pub newest_system_api: ApiVersion,
+}
+
+/// "core API 2.14.0 ..= 2.40.x (...)": the accepted window, for errors.
+fn window(what: &str, oldest: ApiVersion, newest: ApiVersion) -> String {
+    format!(
+        "{what} API {oldest} ..= {}.{}.x (the versions whose layouts this build knows)",
+        newest.major, newest.minor
+    )
 }
 
 impl LoadOptions {
@@ -60,6 +88,8 @@ impl LoadOptions {
             // QAIRT 2.20+ (core API 2.14) has every slot up to errorGetMessage.
             min_core_api: ApiVersion::new(2, 14, 0),
             min_system_api: ApiVersion::new(1, 3, 0),
+            newest_core_api: NEWEST_KNOWN_CORE_API,
+            newest_system_api: NEWEST_KNOWN_SYSTEM_API,
         }
     }
 }
@@ -220,7 +250,7 @@ impl QnnLibrary {
             let core = ApiVersion::new(core[0], core[1], core[2]);
             let backend = ApiVersion::new(backend[0], backend[1], backend[2]);
             found.push(format!("{name} core API {core}"));
-            if chosen.is_none() && core.satisfies(opts.min_core_api) {
+            if chosen.is_none() && core.within(opts.min_core_api, opts.newest_core_api) {
                 chosen = Some((p, name, core, backend));
             }
         }
@@ -228,10 +258,7 @@ impl QnnLibrary {
             return Err(QnnError::ApiVersion {
                 library: backend_path,
                 found: found.join(", "),
-                needed: format!(
-                    "core API {}.x >= {}",
-                    opts.min_core_api.major, opts.min_core_api
-                ),
+                needed: window("core", opts.min_core_api, opts.newest_core_api),
             });
         };
 
@@ -251,7 +278,7 @@ impl QnnLibrary {
             };
             let v = ApiVersion::new(v[0], v[1], v[2]);
             sys_found.push(format!("{name} system API {v}"));
-            if sys_chosen.is_none() && v.satisfies(opts.min_system_api) {
+            if sys_chosen.is_none() && v.within(opts.min_system_api, opts.newest_system_api) {
                 sys_chosen = Some((s, v));
             }
         }
@@ -259,10 +286,7 @@ impl QnnLibrary {
             return Err(QnnError::ApiVersion {
                 library: system_path,
                 found: sys_found.join(", "),
-                needed: format!(
-                    "system API {}.x >= {}",
-                    opts.min_system_api.major, opts.min_system_api
-                ),
+                needed: window("system", opts.min_system_api, opts.newest_system_api),
             });
         };
 

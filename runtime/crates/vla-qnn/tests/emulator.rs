@@ -230,6 +230,67 @@ fn wrong_graph_name_lists_the_graphs() {
     assert!(ctx.graph(Some(&real)).is_ok());
 }
 
+/// One executable handle per QNN graph: a second retrieval of a graph that has a live
+/// `Graph` (from this context or a clone of it, on any thread) is refused, so two threads
+/// can never execute one QNN graph at once; once dropped, it can be retrieved again.
+#[test]
+fn a_graph_has_one_executable_handle_at_a_time() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    let ctx = Context::create(&backend, ContextBinary::open(&lib, vision_bin()).unwrap()).unwrap();
+    let first = ctx.graph(None).unwrap();
+    let clone = ctx.clone();
+    let second = std::thread::spawn(move || clone.graph(None).map(|_| ()))
+        .join()
+        .unwrap();
+    match second {
+        Err(QnnError::GraphInUse { graph, .. }) => assert_eq!(graph, first.name()),
+        Err(e) => panic!("expected GraphInUse, got {e}"),
+        Ok(()) => panic!("a second executable handle of one QNN graph"),
+    }
+    drop(first);
+    let mut again = ctx.graph(None).unwrap();
+    let mut io = again.allocate_io();
+    again.execute_io(&mut io).unwrap();
+}
+
+/// A context binary whose inode has another name (`ota install --link` of a RAUC artifact
+/// repository, which vlad does not control) is read into a private copy, never mapped:
+/// the other store truncating or rewriting its file cannot fault (SIGBUS) or change the
+/// bytes QNN reads. A file with one link (vlad's own store) is mapped.
+#[test]
+fn a_binary_whose_inode_is_shared_is_copied_not_mapped() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    let tmp = scratch("shared-inode");
+    let theirs = tmp.join("artifact-repo.bin");
+    std::fs::copy(vision_bin(), &theirs).unwrap();
+    let ours = tmp.join("bundle.bin");
+    std::fs::hard_link(&theirs, &ours).unwrap();
+    let binary = ContextBinary::open(&lib, &ours).unwrap();
+    // The other store truncates its file before the context exists.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&theirs)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert!(!binary.maps_the_file(), "a shared inode must not be mapped");
+    let ctx = Context::create(&backend, binary).unwrap();
+    let mut graph = ctx.graph(None).unwrap();
+    let mut io = graph.allocate_io();
+    graph.execute_io(&mut io).unwrap();
+
+    let single = tmp.join("single.bin");
+    std::fs::copy(vision_bin(), &single).unwrap();
+    assert!(ContextBinary::open(&lib, &single).unwrap().maps_the_file());
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn api_version_requirement_names_found_and_needed() {
     let _turn = turn();
@@ -241,7 +302,7 @@ fn api_version_requirement_names_found_and_needed() {
     assert!(matches!(err, QnnError::ApiVersion { .. }), "{msg}");
     assert!(
         msg.contains("found HTP_QTI_AISW core API 2.")
-            && msg.contains("need core API 2.x >= 2.99.0"),
+            && msg.contains("need core API 2.99.0 ..= 2.40.x"),
         "{msg}"
     );
 
@@ -251,6 +312,50 @@ fn api_version_requirement_names_found_and_needed() {
         QnnLibrary::load(&opts).is_err(),
         "a different major is never accepted"
     );
+}
+
+/// A library newer than the layouts this build knows is refused, naming the version found
+/// and the window (it used to be accepted: any newer minor "satisfied" the minimum).
+#[test]
+fn a_library_newer_than_the_known_layouts_is_refused_naming_its_version() {
+    let _turn = turn();
+    let Some(dir) = lib_dir() else { return };
+    // The emulator's libraries are QNN 2.51: core API 2.40, system API 1.15.
+    let mut opts = LoadOptions::htp(&dir);
+    opts.newest_core_api = ApiVersion::new(2, 39, 0);
+    let msg = QnnLibrary::load(&opts).unwrap_err().to_string();
+    assert!(
+        msg.contains("found HTP_QTI_AISW core API 2.40.0")
+            && msg.contains(
+                "need core API 2.14.0 ..= 2.39.x (the versions whose layouts this build knows)"
+            ),
+        "{msg}"
+    );
+    let mut opts = LoadOptions::htp(&dir);
+    opts.newest_system_api = ApiVersion::new(1, 14, 0);
+    let msg = QnnLibrary::load(&opts).unwrap_err().to_string();
+    assert!(
+        msg.contains("system API 1.15.0") && msg.contains("need system API 1.3.0 ..= 1.14.x"),
+        "{msg}"
+    );
+    // The default window is the newest checked one, and these libraries are in it.
+    let lib = QnnLibrary::load(&LoadOptions::htp(&dir)).unwrap();
+    assert!(lib
+        .core_api()
+        .within(ApiVersion::new(2, 14, 0), vla_qnn::NEWEST_KNOWN_CORE_API));
+}
+
+#[test]
+fn api_windows_bound_the_minor_but_not_the_patch() {
+    let (old, new) = (ApiVersion::new(2, 14, 0), ApiVersion::new(2, 40, 0));
+    assert!(ApiVersion::new(2, 40, 7).within(old, new));
+    assert!(ApiVersion::new(2, 14, 0).within(old, new));
+    assert!(
+        !ApiVersion::new(2, 41, 0).within(old, new),
+        "newer minor: unknown layouts"
+    );
+    assert!(!ApiVersion::new(2, 13, 9).within(old, new));
+    assert!(!ApiVersion::new(3, 0, 0).within(old, new));
 }
 
 #[test]

@@ -237,6 +237,11 @@ pub enum ReadError {
         expected: usize,
         found: usize,
     },
+    /// A writer is starting on the segment (or died doing so): retry.
+    WriterStarting,
+    /// A writer started on the segment (epoch `epoch`) with a header that no longer
+    /// matches this reader (header field `field`): reopen with the right geometry.
+    Incompatible { epoch: u64, field: &'static str },
 }
 
 impl fmt::Display for ReadError {
@@ -281,6 +286,13 @@ impl fmt::Display for ReadError {
                     "buffer field {field}: expected {expected} elements, found {found}"
                 )
             }
+            ReadError::WriterStarting => {
+                write!(f, "a writer is starting on the ring (or died doing so)")
+            }
+            ReadError::Incompatible { epoch, field } => write!(
+                f,
+                "writer epoch {epoch} re-initialized the ring: header field {field} no longer matches this reader"
+            ),
         }
     }
 }

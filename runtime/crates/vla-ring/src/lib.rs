@@ -64,13 +64,20 @@
 //! major and geometry, set `initializing`, rewrite the header, bump `writer_epoch`,
 //! continue after the highest seq any slot holds, and clear `initializing`. An existing
 //! file that does not fit is replaced by a new file renamed over the path (never resized
-//! under readers that map it).
+//! under readers that map it). After taking the lock, the path must still name the
+//! locked inode (another writer may have renamed a replacement over it meanwhile); else
+//! the file is opened again. Every writer start bumps `writer_epoch`, including the C
+//! header's in-place re-initialization of a same-size segment of another geometry.
 //!
 //! Reader start ([`RingReader::open`]): validates magic (and ring kind), ABI
 //! (`abi_major` equal, [`ABI_VERSION`] `>= abi_lowest_compatible`), header size,
 //! geometry, slot size, total size and file length; each mismatch is an [`OpenError`]
 //! naming the field with expected and found values. Reads copy into caller-allocated
-//! [`Observation`] / [`Action`] buffers and never allocate.
+//! [`Observation`] / [`Action`] buffers and never allocate. Every read compares the
+//! writer epoch with the one the header was last checked for; when it changed, the header
+//! is checked again against the reader's layout ([`ReadError::Incompatible`] names the
+//! field that no longer fits: reopen), and a copy made while a writer was starting is
+//! dropped ([`ReadError::WriterStarting`]: retry).
 //!
 //! # C firmware
 //!

@@ -3,7 +3,7 @@
 
 use core::marker::PhantomData;
 use core::mem::offset_of;
-use core::sync::atomic::{fence, AtomicU32, Ordering};
+use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -492,6 +492,18 @@ impl<T: SlotItem> RingWriter<T> {
         geometry: Geometry,
         slot_count: u32,
     ) -> Result<Self, CreateError> {
+        Self::create_with_pause(path, geometry, slot_count, || {})
+    }
+
+    /// [`RingWriter::create`] calling `between` after opening the file and before locking
+    /// it: lets a test replace the file in that window. Not for other uses.
+    #[doc(hidden)]
+    pub fn create_with_pause(
+        path: impl AsRef<Path>,
+        geometry: Geometry,
+        slot_count: u32,
+        mut between: impl FnMut(),
+    ) -> Result<Self, CreateError> {
         let path = path.as_ref();
         let layout = RingLayout::new(T::KIND, geometry, slot_count).map_err(|source| {
             CreateError::Config {
@@ -499,15 +511,36 @@ impl<T: SlotItem> RingWriter<T> {
                 source,
             }
         })?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(SEGMENT_MODE)
-            .open(path)
-            .map_err(create_io(path, "open"))?;
-        let locked = lock_writer(file, path)?;
+        // The lock guards the file we opened, which another writer may have renamed away
+        // (replacing it) or a cleanup unlinked between our open and our lock: then we
+        // would be the writer of a file nobody can reach, beside the real one. After
+        // locking, the path must still name the locked inode; else open it again.
+        let mut attempts = 0;
+        let locked = loop {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(SEGMENT_MODE)
+                .open(path)
+                .map_err(create_io(path, "open"))?;
+            between();
+            let locked = lock_writer(file, path)?;
+            let held = locked.metadata().map_err(create_io(path, "stat"))?;
+            match std::fs::metadata(path) {
+                Ok(now) if (now.dev(), now.ino()) == (held.dev(), held.ino()) => break locked,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(create_io(path, "stat")(e)),
+            }
+            attempts += 1;
+            if attempts == 8 {
+                return Err(create_io(path, "lock")(io::Error::other(
+                    "the path named another file after each of 8 locks",
+                )));
+            }
+        };
         let file_len = locked.metadata().map_err(create_io(path, "stat"))?.len();
 
         if file_len == 0 {
@@ -733,7 +766,48 @@ pub struct RingReader<T: SlotItem> {
     layout: RingLayout,
     path: PathBuf,
     identity: (u64, u64),
+    /// The writer epoch whose header was last checked against `layout`. A writer that
+    /// starts on the same segment bumps the epoch and may rewrite the header (a C writer
+    /// re-initializes a same-size segment of another geometry in place): every read checks
+    /// the epoch and re-checks the header when it changed.
+    checked_epoch: AtomicU64,
     _item: PhantomData<fn(&mut T)>,
+}
+
+/// The first header field that differs from `layout`, if any (no allocation: read path).
+fn header_differs(h: &RingHeader, layout: &RingLayout) -> Option<&'static str> {
+    if h.magic.load(Ordering::Relaxed) != layout.kind.magic() {
+        return Some("magic");
+    }
+    if h.abi_major.load(Ordering::Relaxed) != ABI_MAJOR {
+        return Some("abi_major");
+    }
+    if ABI_VERSION < h.abi_lowest_compatible.load(Ordering::Relaxed) {
+        return Some("abi_lowest_compatible");
+    }
+    if h.header_size.load(Ordering::Relaxed) as usize != HEADER_SIZE {
+        return Some("header_size");
+    }
+    for ((field, expected), raw) in layout
+        .geometry
+        .fields()
+        .into_iter()
+        .zip(raw_geometry_fields(h))
+    {
+        if raw.load(Ordering::Relaxed) != expected {
+            return Some(field);
+        }
+    }
+    if h.slot_count.load(Ordering::Relaxed) != layout.slot_count {
+        return Some("slot_count");
+    }
+    if h.slot_size.load(Ordering::Relaxed) as usize != layout.slot_size {
+        return Some("slot_size");
+    }
+    if h.total_size.load(Ordering::Relaxed) != layout.total_size as u64 {
+        return Some("total_size");
+    }
+    None
 }
 
 impl<T: SlotItem> RingReader<T> {
@@ -796,8 +870,52 @@ impl<T: SlotItem> RingReader<T> {
             layout,
             path: path.to_path_buf(),
             identity: (meta.dev(), meta.ino()),
+            checked_epoch: AtomicU64::new(epoch),
             _item: PhantomData,
         })
+    }
+
+    /// Before a read: the writer epoch, after re-checking the header against this
+    /// reader's layout if a writer started since the last check.
+    fn enter(&self) -> Result<u64, ReadError> {
+        let h = self.mapping.header();
+        let epoch = h.writer_epoch.load(Ordering::Acquire);
+        if epoch == self.checked_epoch.load(Ordering::Relaxed) {
+            return Ok(epoch);
+        }
+        self.recheck(epoch)
+    }
+
+    #[cold]
+    fn recheck(&self, epoch: u64) -> Result<u64, ReadError> {
+        let h = self.mapping.header();
+        if h.initializing.load(Ordering::Acquire) != STATE_READY {
+            return Err(ReadError::WriterStarting);
+        }
+        if let Some(field) = header_differs(h, &self.layout) {
+            return Err(ReadError::Incompatible { epoch, field });
+        }
+        // The header is seqlocked by `initializing` and the epoch, as in `open`.
+        fence(Ordering::Acquire);
+        if h.initializing.load(Ordering::Relaxed) != STATE_READY
+            || h.writer_epoch.load(Ordering::Relaxed) != epoch
+        {
+            return Err(ReadError::WriterStarting);
+        }
+        self.checked_epoch.store(epoch, Ordering::Relaxed);
+        Ok(epoch)
+    }
+
+    /// After a read: the copy is only good if no writer started while it was made.
+    fn leave(&self, epoch: u64) -> Result<(), ReadError> {
+        let h = self.mapping.header();
+        fence(Ordering::Acquire);
+        if h.initializing.load(Ordering::Relaxed) != STATE_READY
+            || h.writer_epoch.load(Ordering::Relaxed) != epoch
+        {
+            return Err(ReadError::WriterStarting);
+        }
+        Ok(())
     }
 
     fn core(&self) -> RingCore<'_> {
@@ -839,6 +957,7 @@ impl<T: SlotItem> RingReader<T> {
     /// is in (or died in) is never returned.
     pub fn read_latest(&self, buf: &mut T) -> Result<u64, ReadError> {
         self.check_buffer(buf)?;
+        let epoch = self.enter()?;
         let layout = self.layout;
         let (seq, load) = self
             .core()
@@ -856,6 +975,7 @@ impl<T: SlotItem> RingReader<T> {
                     lock_word,
                 },
             })?;
+        self.leave(epoch)?;
         self.finish(seq, buf, load)?;
         Ok(seq)
     }
@@ -863,6 +983,7 @@ impl<T: SlotItem> RingReader<T> {
     /// Copies slot `seq` into `buf`.
     pub fn read_seq(&self, seq: u64, buf: &mut T) -> Result<(), ReadError> {
         self.check_buffer(buf)?;
+        let epoch = self.enter()?;
         let layout = self.layout;
         let load = self
             .core()
@@ -878,6 +999,7 @@ impl<T: SlotItem> RingReader<T> {
                     attempts: READ_ATTEMPTS,
                 },
             })?;
+        self.leave(epoch)?;
         self.finish(seq, buf, load)
     }
 

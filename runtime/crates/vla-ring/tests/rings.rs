@@ -154,6 +154,42 @@ fn a_second_live_writer_is_refused_naming_the_holder() {
     }
 }
 
+/// A writer that opened the file just before another writer replaced it (rename over the
+/// path) and let go of the old file's lock must not become the writer of the orphaned
+/// file: after locking, `create` checks the path still names the locked inode.
+#[test]
+fn a_writer_whose_file_was_replaced_before_it_locked_it_is_not_a_second_writer() {
+    let scratch = Scratch::new("replaced-before-lock");
+    let g = small_geometry();
+    let other = Geometry {
+        action_dims: g.action_dims + 1,
+        ..g
+    };
+    let path = scratch.path("act");
+    drop(ActionWriter::create(&path, g, 4).unwrap());
+    let mut rival = None;
+    let result = ActionWriter::create_with_pause(&path, g, 4, || {
+        if rival.is_none() {
+            // Between our open and our lock: a writer of another geometry replaces the
+            // file (new inode, renamed over the path) and keeps the new file's lock.
+            let w = ActionWriter::create(&path, other, 4).unwrap();
+            assert!(matches!(w.origin(), Origin::Replaced(_)));
+            rival = Some(w);
+        }
+    });
+    match result {
+        Err(CreateError::WriterActive { pid, .. }) => assert_eq!(pid, std::process::id()),
+        Err(e) => panic!("expected WriterActive, got {e}"),
+        Ok(w) => panic!(
+            "a second writer (epoch {}) of a file the path no longer names",
+            w.epoch()
+        ),
+    }
+    // The rival is the one writer the path's readers see.
+    let reader = ActionReader::open(&path, other).unwrap();
+    assert_eq!(reader.writer_epoch(), rival.as_ref().unwrap().epoch());
+}
+
 #[test]
 fn dead_writers_odd_slot_is_skipped_and_the_next_writer_moves_past_it() {
     let scratch = Scratch::new("odd-slot");

@@ -4,6 +4,10 @@
  *       prints the newest action step as one "key=value ..." line
  *   ring_peer write-obs PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN SLOTS COUNT
  *       publishes COUNT observations whose payload is derived from their seq
+ *   ring_peer restart-action PATH <7 geometry numbers A> <7 geometry numbers B>
+ *       opens PATH as a reader of geometry A, reads the newest step, then (on the same
+ *       mapping) starts a writer of geometry B on it and reads again as the A reader:
+ *       prints "epoch_before=E1 epoch_after=E2 read_after=R field=F"
  *
  * Exit status: 0 ok, 2 usage, 3 system error, 4 segment rejected, 5 read failed.
  */
@@ -59,15 +63,16 @@ static int read_action(const char *path, const struct vla_ring_geometry *g) {
         fprintf(stderr, "%s: mmap: %s\n", path, strerror(errno));
         return 3;
     }
-    const char *field = "";
-    enum vla_ring_check_result check = vla_ring_check(base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, g, &field);
+    struct vla_ring_reader reader;
+    enum vla_ring_check_result check =
+        vla_ring_reader_open(&reader, base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, g);
     if (check != VLA_RING_CHECK_OK) {
-        fprintf(stderr, "%s: field %s: %s\n", path, field, vla_ring_check_str(check));
+        fprintf(stderr, "%s: field %s: %s\n", path, reader.field, vla_ring_check_str(check));
         return 4;
     }
     float *values = calloc(g->action_dims, sizeof *values);
     struct vla_ring_action_step step;
-    int r = values ? vla_ring_action_read_latest(base, &step, values) : VLA_RING_READ_CONTENDED;
+    int r = values ? vla_ring_reader_action_read_latest(&reader, &step, values) : VLA_RING_READ_CONTENDED;
     if (r != VLA_RING_READ_OK) {
         fprintf(stderr, "%s: read failed: %d\n", path, r);
         free(values);
@@ -127,12 +132,55 @@ static int write_obs(const char *path, const struct vla_ring_geometry *g, uint32
     return 0;
 }
 
+static int restart_action(const char *path, const struct vla_ring_geometry *a, const struct vla_ring_geometry *b) {
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "%s: open: %s\n", path, strerror(errno));
+        return 3;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return 3;
+    struct vla_ring_reader reader;
+    enum vla_ring_check_result check =
+        vla_ring_reader_open(&reader, base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, a);
+    if (check != VLA_RING_CHECK_OK) {
+        fprintf(stderr, "%s: field %s: %s\n", path, reader.field, vla_ring_check_str(check));
+        return 4;
+    }
+    float *values = calloc(a->action_dims, sizeof *values);
+    struct vla_ring_action_step step;
+    if (!values || vla_ring_reader_action_read_latest(&reader, &step, values) != VLA_RING_READ_OK) return 5;
+    uint64_t before = reader.epoch;
+    /* A new writer of geometry B takes the same-size segment over. */
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
+    const struct vla_ring_header *h = (const struct vla_ring_header *)base;
+    uint32_t slots = atomic_load_explicit(&h->slot_count, memory_order_relaxed);
+    if (vla_ring_total_size(VLA_RING_ACTION_MAGIC, b, slots) != (uint64_t)st.st_size) {
+        fprintf(stderr, "geometry B does not have the size of A\n");
+        return 2;
+    }
+    uint64_t epoch;
+    vla_ring_writer_start(base, VLA_RING_ACTION_MAGIC, b, slots, (uint32_t)getpid(), now_ns(), &epoch);
+    int r = vla_ring_reader_action_read_latest(&reader, &step, values);
+    printf("epoch_before=%llu epoch_after=%llu read_after=%d field=%s\n", (unsigned long long)before,
+           (unsigned long long)epoch, r, r == VLA_RING_READ_INCOMPATIBLE ? reader.field : "-");
+    free(values);
+    munmap(base, (size_t)st.st_size);
+    close(fd);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     struct vla_ring_geometry g;
     if (argc == 10 && strcmp(argv[1], "read-action") == 0 && parse_geometry(argv + 3, &g) == 0)
         return read_action(argv[2], &g);
     if (argc == 12 && strcmp(argv[1], "write-obs") == 0 && parse_geometry(argv + 3, &g) == 0)
         return write_obs(argv[2], &g, (uint32_t)strtoul(argv[10], NULL, 10), strtoull(argv[11], NULL, 10));
+    struct vla_ring_geometry g2;
+    if (argc == 17 && strcmp(argv[1], "restart-action") == 0 && parse_geometry(argv + 3, &g) == 0 &&
+        parse_geometry(argv + 10, &g2) == 0)
+        return restart_action(argv[2], &g, &g2);
     fprintf(stderr, "usage: ring_peer read-action PATH <7 geometry numbers> | write-obs PATH <7 geometry numbers> SLOTS COUNT\n");
     return 2;
 }

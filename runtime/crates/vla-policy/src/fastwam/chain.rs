@@ -1,0 +1,405 @@
+//! The Fast-WAM world-model chain, resident: camera frames + robot state + instruction ->
+//! `video_keys`, `video_values`, `context` for action_step, per observation.
+//!
+//! `wm_vae_enc` (image -> latents), `wm_embed` (latents + context -> video tokens + context
+//! embedding), `wm_prefill_split0..K-1` (layer ranges of the video DiT; the tokens
+//! ping-pong between two buffers). Every buffer is allocated at load. Chained contexts
+//! write where the next one reads: split i writes its keys/values straight into its layer
+//! slice of action_step's `video_keys`/`video_values` inputs, and the context buffer that
+//! wm_embed reads is action_step's `context` input too. The text rows of the context are
+//! written once per instruction change; per observation only the proprio row (the last
+//! one) is recomputed on the host: `proprio_weight @ normalize(state) + proprio_bias`, a
+//! Linear(state_dims -> context_width) of a few thousand MACs, cheaper here than as a
+//! context of its own.
+
+use super::image::FastWamImage;
+use super::norm::FastWamNormalizer;
+use crate::bundle::{Bundle, LoadedGraph};
+use crate::error::PolicyError;
+use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::manifest::FastWamChain;
+use crate::Observation;
+use std::time::Instant;
+use vla_npz::{DType, Npz};
+use vla_qnn::Backend;
+use vla_tensor::AlignedBuf;
+
+/// A prefill split's graph positions: inputs (tokens, context embedding), outputs
+/// (tokens out, None for the last split; keys; values).
+type SplitIo = ([usize; 2], (Option<usize>, usize, usize));
+
+pub struct WorldModel {
+    pub settings: FastWamChain,
+    pub(crate) vae: LoadedGraph,
+    vae_io: ([usize; 1], [usize; 1]),
+    pub(crate) embed: LoadedGraph,
+    embed_io: ([usize; 2], [usize; 2]),
+    pub(crate) splits: Vec<LoadedGraph>,
+    /// Inputs (tokens, context embedding), outputs (tokens out or None for the last,
+    /// keys, values) in graph positions.
+    split_io: Vec<SplitIo>,
+    /// Byte offset and length of each split's layer slice of video_keys/video_values.
+    split_kv: Vec<(usize, usize)>,
+    pre: FastWamImage,
+    pub(crate) image: AlignedBuf,
+    pub(crate) latents: AlignedBuf,
+    tokens: [AlignedBuf; 2],
+    context_embedding: AlignedBuf,
+    state_norm: FastWamNormalizer,
+    normalized_state: Vec<f32>,
+    /// `[instructions, text_tokens * context_width]` f32.
+    text_rows: Vec<f32>,
+    proprio_weight: Vec<f32>,
+    proprio_bias: Vec<f32>,
+    text_instruction: Option<u32>,
+}
+
+fn contract(component: &str, tensor: &str, expected: String, found: String) -> PolicyError {
+    PolicyError::Contract {
+        component: component.into(),
+        tensor: tensor.into(),
+        expected,
+        found,
+    }
+}
+
+fn table(npz: &Npz, name: &str, shape: &[usize]) -> Result<Vec<f32>, PolicyError> {
+    let a = npz.array(name).map_err(PolicyError::Npz)?;
+    let values = match a.dtype() {
+        DType::F16 => npz
+            .expect(name, DType::F16, shape)
+            .and_then(|a| a.to_f16())
+            .map_err(PolicyError::Npz)?
+            .iter()
+            .map(|x| x.to_f32())
+            .collect(),
+        _ => npz
+            .expect(name, DType::F32, shape)
+            .and_then(|a| a.to_f32())
+            .map_err(PolicyError::Npz)?,
+    };
+    if let Some(i) = values.iter().position(|x: &f32| !x.is_finite()) {
+        return Err(PolicyError::Prompt {
+            file: npz.label().into(),
+            reason: format!("{name}[{i}] is not finite"),
+        });
+    }
+    Ok(values)
+}
+
+impl WorldModel {
+    /// Loads the chain; `kv_shape` is action_step's `video_keys` shape `[L, 1, T, W]`
+    /// and `context_shape` its `context` shape.
+    pub fn load(
+        bundle: &Bundle,
+        backend: &Backend,
+        c: &FastWamChain,
+        kv_shape: &[usize],
+        context_shape: &[usize],
+    ) -> Result<Self, PolicyError> {
+        let layers: usize = c.prefill_layers.iter().sum();
+        let (t, w) = (c.video_tokens, c.video_width);
+        if kv_shape != [layers, 1, t, w] {
+            return Err(contract(
+                "action_step",
+                "video_keys",
+                format!(
+                    "shape [{layers},1,{t},{w}] (fastwam.chain.prefill_layers {:?} add up to \
+                     {layers} layers)",
+                    c.prefill_layers
+                ),
+                format!("shape {}", format!("{kv_shape:?}").replace(' ', "")),
+            ));
+        }
+        let m = c.text_tokens + 1;
+        let ctx_shape = [1, m, c.context_width];
+        if context_shape != ctx_shape {
+            return Err(contract(
+                "action_step",
+                "context",
+                format!(
+                    "shape [1,{m},{}] (fastwam.chain: text_tokens + the proprio row)",
+                    c.context_width
+                ),
+                format!("shape {}", format!("{context_shape:?}").replace(' ', "")),
+            ));
+        }
+        // Tables first: a missing instruction row is refused before any context loads.
+        let path = bundle.path(&c.tables);
+        let npz = Npz::open(&path).map_err(PolicyError::Npz)?;
+        let n = c.instructions.len();
+        if !npz.contains("text_rows") {
+            return Err(PolicyError::Prompt {
+                file: path.display().to_string(),
+                reason: "has no `text_rows` (the instructions' UMT5 rows)".into(),
+            });
+        }
+        let rows_shape = npz
+            .array("text_rows")
+            .map_err(PolicyError::Npz)?
+            .shape()
+            .to_vec();
+        if rows_shape.len() == 3 && rows_shape[0] < n {
+            return Err(PolicyError::Prompt {
+                file: path.display().to_string(),
+                reason: format!(
+                    "text_rows hold {} instructions, but fastwam.chain.instructions lists {n}: \
+                     instruction {} has no text rows",
+                    rows_shape[0], rows_shape[0]
+                ),
+            });
+        }
+        let text_rows = table(&npz, "text_rows", &[n, c.text_tokens, c.context_width])?;
+        let proprio_weight = table(&npz, "proprio_weight", &[c.context_width, c.state_dims])?;
+        let proprio_bias = table(&npz, "proprio_bias", &[c.context_width])?;
+
+        let image_shape = [1, 3, c.camera_height, c.cameras * c.camera_width];
+        let latent_shape = [1, c.latent_channels, c.latent_height, c.latent_width];
+        let vae = bundle.load_component(backend, "wm_vae_enc")?;
+        vae.expect_counts(1, 1)?;
+        let (vi, _) = vae.input("image", Some(&image_shape))?;
+        let (vo, _) = vae.output("latents", Some(&latent_shape))?;
+
+        let embed = bundle.load_component(backend, "wm_embed")?;
+        embed.expect_counts(2, 2)?;
+        let (el, _) = embed.input("latents", Some(&latent_shape))?;
+        let (ec, _) = embed.input("context", Some(&ctx_shape))?;
+        let (et, _) = embed.output("video_tokens", Some(&[1, t, w]))?;
+        let (ee, _) = embed.output("context_embedding", Some(&[1, m, w]))?;
+
+        let k = c.prefill_layers.len();
+        let mut splits = Vec::with_capacity(k);
+        let mut split_io = Vec::with_capacity(k);
+        let mut split_kv = Vec::with_capacity(k);
+        let mut offset = 0;
+        for (i, &l) in c.prefill_layers.iter().enumerate() {
+            let last = i + 1 == k;
+            let g = bundle.load_component(backend, &format!("wm_prefill_split{i}"))?;
+            g.expect_counts(2, if last { 2 } else { 3 })?;
+            let (st, _) = g.input("video_tokens", Some(&[1, t, w]))?;
+            let (se, _) = g.input("context_embedding", Some(&[1, m, w]))?;
+            let so = match last {
+                true => None,
+                false => Some(g.output("video_tokens_out", Some(&[1, t, w]))?.0),
+            };
+            let (sk, _) = g.output("keys", Some(&[l, 1, t, w]))?;
+            let (sv, _) = g.output("values", Some(&[l, 1, t, w]))?;
+            split_io.push(([st, se], (so, sk, sv)));
+            let bytes = l * t * w * 4;
+            split_kv.push((offset, bytes));
+            offset += bytes;
+            splits.push(g);
+        }
+        let f32s = |n: usize| AlignedBuf::zeroed(n * 4);
+        let pre = FastWamImage::new(
+            c.cameras,
+            (c.frame_height, c.frame_width),
+            (c.camera_height, c.camera_width),
+            &c.rotate_180,
+        );
+        Ok(Self {
+            vae_io: ([vi], [vo]),
+            embed_io: ([el, ec], [et, ee]),
+            split_io,
+            split_kv,
+            image: f32s(pre.output_len()),
+            latents: f32s(latent_shape.iter().product()),
+            tokens: [f32s(t * w), f32s(t * w)],
+            context_embedding: f32s(m * w),
+            state_norm: FastWamNormalizer::new(&c.state_norm, c.state_dims),
+            normalized_state: vec![0.0; c.state_dims],
+            text_rows,
+            proprio_weight,
+            proprio_bias,
+            text_instruction: None,
+            pre,
+            vae,
+            embed,
+            splits,
+            settings: c.clone(),
+        })
+    }
+
+    /// Component names in pipeline order (for the timings).
+    pub fn names(&self) -> Vec<String> {
+        let mut v = vec!["wm_vae_enc".to_string(), "wm_embed".to_string()];
+        v.extend(self.splits.iter().map(|s| s.component.clone()));
+        v
+    }
+
+    /// Refuses an observation that does not fit the chain, before any context runs.
+    pub fn check(&self, obs: &Observation<'_>) -> Result<(), PolicyError> {
+        let c = &self.settings;
+        if (obs.cameras, obs.height, obs.width) != (c.cameras, c.frame_height, c.frame_width)
+            || obs.frames.len() != self.pre.frames_len()
+        {
+            return Err(PolicyError::Observation {
+                field: "frames",
+                expected: format!(
+                    "{} cameras of {}x{} RGB8 ({} bytes)",
+                    c.cameras,
+                    c.frame_height,
+                    c.frame_width,
+                    self.pre.frames_len()
+                ),
+                found: format!(
+                    "{} cameras of {}x{} ({} bytes)",
+                    obs.cameras,
+                    obs.height,
+                    obs.width,
+                    obs.frames.len()
+                ),
+            });
+        }
+        obs.check_state_and_instruction(c.state_dims, c.instructions.len())
+    }
+
+    /// Writes the context rows of `obs` into `context` (`[1, text_tokens + 1, E]`).
+    pub fn write_context(&mut self, obs: &Observation<'_>, context: &mut [f32]) {
+        let c = &self.settings;
+        let (e, text) = (c.context_width, c.text_tokens * c.context_width);
+        if self.text_instruction != Some(obs.instruction_id) {
+            let i = obs.instruction_id as usize;
+            context[..text].copy_from_slice(&self.text_rows[i * text..(i + 1) * text]);
+            self.text_instruction = Some(obs.instruction_id);
+        }
+        for (i, (s, &x)) in self.normalized_state.iter_mut().zip(obs.state).enumerate() {
+            *s = self.state_norm.forward(x, i);
+        }
+        let row = &mut context[text..text + e];
+        for (o, (r, b)) in row
+            .iter_mut()
+            .enumerate()
+            .map(|(o, r)| (o, (r, self.proprio_bias[o])))
+        {
+            let w = &self.proprio_weight[o * c.state_dims..(o + 1) * c.state_dims];
+            *r = b + w
+                .iter()
+                .zip(&self.normalized_state)
+                .map(|(w, s)| w * s)
+                .sum::<f32>();
+        }
+    }
+
+    /// Runs the chain for `obs` (checked): fills `context`, then `keys`/`values`
+    /// (action_step's inputs) in place. `t0` is the first timing slot of the chain.
+    pub fn run(
+        &mut self,
+        obs: &Observation<'_>,
+        context: &mut AlignedBuf,
+        keys: &mut AlignedBuf,
+        values: &mut AlignedBuf,
+        timings: &mut Timings,
+        fault: Option<&str>,
+    ) -> Result<(), PolicyError> {
+        // Lazy: the component name is only turned into a String on failure.
+        let qnn = |component: &'static str| {
+            move |error| PolicyError::Qnn {
+                component: component.into(),
+                error,
+            }
+        };
+        let poison = |name: &str, buf: &mut AlignedBuf| {
+            if cfg!(feature = "fault-injection") && fault == Some(name) {
+                buf.as_f32_mut()[0] = f32::NAN;
+            }
+        };
+        let finite = |component: &str, tensor: &str, buf: &AlignedBuf| match count_non_finite(
+            buf.as_f32(),
+        ) {
+            0 => Ok(()),
+            count => Err(PolicyError::NonFinite {
+                component: component.into(),
+                tensor: tensor.into(),
+                count,
+            }),
+        };
+        self.pre.run(obs.frames, self.image.as_f32_mut());
+        let t = Instant::now();
+        let (vi, vo) = self.vae_io;
+        self.vae
+            .graph
+            .execute(
+                &ordered(vi, [self.image.as_bytes()]),
+                &mut ordered_mut(vo, [self.latents.as_bytes_mut()]),
+            )
+            .map_err(qnn("wm_vae_enc"))?;
+        timings.add(0, t.elapsed());
+        poison("wm_vae_enc", &mut self.latents);
+        finite("wm_vae_enc", "latents", &self.latents)?;
+
+        self.write_context(obs, context.as_f32_mut());
+        let t = Instant::now();
+        let (ei, eo) = self.embed_io;
+        let (a, b) = self.tokens.split_at_mut(1);
+        self.embed
+            .graph
+            .execute(
+                &ordered(ei, [self.latents.as_bytes(), context.as_bytes()]),
+                &mut ordered_mut(
+                    eo,
+                    [a[0].as_bytes_mut(), self.context_embedding.as_bytes_mut()],
+                ),
+            )
+            .map_err(qnn("wm_embed"))?;
+        timings.add(1, t.elapsed());
+        poison("wm_embed", &mut a[0]);
+        finite("wm_embed", "video_tokens", &a[0])?;
+
+        for (i, (split, (si, (so, sk, sv)))) in
+            self.splits.iter_mut().zip(&self.split_io).enumerate()
+        {
+            let (src, dst) = if i % 2 == 0 {
+                (&a[0], &mut b[0])
+            } else {
+                (&b[0], &mut a[0])
+            };
+            let (off, len) = self.split_kv[i];
+            let k = &mut keys.as_bytes_mut()[off..off + len];
+            let v = &mut values.as_bytes_mut()[off..off + len];
+            let inputs = ordered(*si, [src.as_bytes(), self.context_embedding.as_bytes()]);
+            let t = Instant::now();
+            match so {
+                Some(o) => {
+                    let mut outs = ordered_mut([*o, *sk, *sv], [dst.as_bytes_mut(), k, v]);
+                    split.graph.execute(&inputs, &mut outs)
+                }
+                None => split
+                    .graph
+                    .execute(&inputs, &mut ordered_mut([*sk, *sv], [k, v])),
+            }
+            .map_err(|error| PolicyError::Qnn {
+                component: split.component.clone(),
+                error,
+            })?;
+            timings.add(2 + i, t.elapsed());
+            if so.is_some() {
+                poison(&split.component, dst);
+                finite(&split.component, "video_tokens_out", dst)?;
+            }
+        }
+        // The last split has no token output: its keys/values are scanned instead (the
+        // earlier splits' overflow would have shown in their tokens).
+        let (off, len) = *self.split_kv.last().expect("validated: at least one split");
+        let last = self.splits.last().expect("at least one split");
+        if cfg!(feature = "fault-injection") && fault == Some(last.component.as_str()) {
+            values.as_f32_mut()[off / 4] = f32::NAN;
+        }
+        for (tensor, buf) in [("keys", &*keys), ("values", &*values)] {
+            let bad = count_non_finite(&buf.as_f32()[off / 4..(off + len) / 4]);
+            if bad > 0 {
+                return Err(PolicyError::NonFinite {
+                    component: last.component.clone(),
+                    tensor: tensor.into(),
+                    count: bad,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Byte ranges of each split's keys/values in action_step's inputs (parity stages).
+    pub fn split_ranges(&self) -> &[(usize, usize)] {
+        &self.split_kv
+    }
+}
