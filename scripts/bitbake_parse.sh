@@ -16,6 +16,9 @@
 #   2. the same with VLA_POLICY, VLA_BUNDLE_DIR, QAIRT_SDK_DIR (...) set,
 #   3. bitbake -e vlad (SRC_URI, FILES:vlad) and vla-bundle, bitbake vlad -n, the task
 #      graph of vla-image (bitbake -g), and vla-bundle's do_verify_bundle for real.
+#   4. VLA_QAIRT_PROVIDER = "qairt-wheel": skipped until LICENSE_FLAGS_ACCEPTED has
+#      qcom-ai-stack, then parsed; bitbake -e qairt-wheel, and its do_fetch for real with
+#      the wheel scripts/fetch_qairt_aarch64.sh downloaded (pip, PyPI) placed in DL_DIR.
 # Nothing past that can run offline: the native toolchain cannot be fetched.
 set -euo pipefail
 
@@ -75,7 +78,9 @@ cat > "$bundle/bundle.json" <<'JSON'
  "components": {"vision": {"binary": "ctx/vision_socid77_archv73.bin",
                            "golden": "golden/vision_io.npz", "graph": null}}}
 JSON
-printf 'not a real context binary\n' > "$bundle/ctx/vision_socid77_archv73.bin"
+# Not a real context binary, but it carries a QNN build id where real ones do (the
+# header), which is all the layer's QAIRT version check reads.
+printf 'scratch context binary, compiled by QNN v2.47.0.250627\n' > "$bundle/ctx/vision_socid77_archv73.bin"
 printf 'not a real npz\n' > "$bundle/golden/vision_io.npz"
 python3 - "$bundle" <<'PY'
 import hashlib, json, os, sys
@@ -167,7 +172,7 @@ run() {
 vla_recipes() {
     # show-recipes prints each recipe's name on one line, its layer, version or skip
     # reason on the next.
-    bitbake-layers show-recipes 2>&1 | grep -A1 -E '^(vlad|vla-[a-z-]+|qairt-local|packagegroup-vla):' |
+    bitbake-layers show-recipes 2>&1 | grep -A1 -E '^(vlad|vla-[a-z-]+|qairt-local|qairt-wheel|packagegroup-vla):' |
         grep -v '^--$' || true
 }
 
@@ -178,11 +183,10 @@ printf '\n$ bitbake-layers show-recipes | grep -A1 vla\n'
 vla_recipes
 
 echo
-echo "== 2. VLA_POLICY, VLA_BUNDLE_DIR, VLA_BUNDLE_QAIRT_VERSION (and QAIRT_SDK_DIR) set"
+echo "== 2. VLA_POLICY, VLA_BUNDLE_DIR (and QAIRT_SDK_DIR) set"
 cat > conf/vla.conf <<CONF
 VLA_POLICY = "molmoact2-libero-original-tiny"
 VLA_BUNDLE_DIR = "$scratch/bundles"
-VLA_BUNDLE_QAIRT_VERSION = "2.47.0.250627"
 VLA_OTA_TRUSTED_KEYS = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
 CONF
 # Without meta-qcom the local SDK provides QAIRT; with it, meta-qcom's qairt-sdk does.
@@ -225,9 +229,40 @@ grep -oE '"(vla-image|packagegroup-vla|vla-bundle|vlad)\.do_[a-z_]+" -> "(vlad|v
 # The bundle check that runs at build time (it reads only the bundle directory).
 run bitbake vla-bundle -c verify_bundle
 
+echo
+echo "== 4. VLA_QAIRT_PROVIDER = qairt-wheel: QAIRT's device side from the pinned public wheel"
+echo 'VLA_QAIRT_PROVIDER = "qairt-wheel"' >> conf/vla.conf
+run bitbake -p
+printf '\n$ bitbake-layers show-recipes | grep -A1 vla   (Qualcomm license not accepted yet)\n'
+vla_recipes
+echo 'LICENSE_FLAGS_ACCEPTED += "qcom-ai-stack"' >> conf/vla.conf
+printf '\n+ LICENSE_FLAGS_ACCEPTED += "qcom-ai-stack"\n'
+run bitbake -p
+printf '\n$ bitbake-layers show-recipes | grep -A1 vla\n'
+vla_recipes
+printf '\n$ bitbake -e qairt-wheel | grep -E "^(PV|LICENSE|LICENSE_FLAGS|LIC_FILES_CHKSUM|SRC_URI|S|FILES:qairt-wheel|FILES:qairt-wheel-hexagon-v73|RCONFLICTS:qairt-wheel)="\n'
+bitbake -e qairt-wheel | grep -E '^(PV|LICENSE|LICENSE_FLAGS|LIC_FILES_CHKSUM|SRC_URI|S|FILES:qairt-wheel|FILES:qairt-wheel-hexagon-v73|RCONFLICTS:qairt-wheel)=' |
+    tr -s ' '
+printf '\n$ bitbake -e vlad | grep -E "^(RDEPENDS:vlad|VLA_ADSP_LIBRARY_PATH)="\n'
+bitbake -e vlad | grep -E '^(RDEPENDS:vlad|VLA_ADSP_LIBRARY_PATH)='
+printf '\n$ bitbake -e vla-image | grep ^BAD_RECOMMENDATIONS=\n'
+bitbake -e vla-image | grep '^BAD_RECOMMENDATIONS='
+# The fetch for real, offline: the wheel scripts/fetch_qairt_aarch64.sh downloaded (with
+# pip, SHA-256 checked) is put where the fetcher looks, and do_fetch checks it against
+# the recipe's pinned sha256.
+wheel_file="$(sed -n 's/^QAIRT_WHEEL_FILE = "\(.*\)"$/\1/p' "$layer"/recipes-vla/qairt-wheel/qairt-wheel_*.bb)"
+"$repo_root/scripts/fetch_qairt_aarch64.sh" >/dev/null
+mkdir -p "$build/downloads"
+cp "$repo_root/build/wheels/$wheel_file" "$build/downloads/$wheel_file.zip"
+rm -f "$build/downloads/$wheel_file.zip.done"
+run bitbake qairt-wheel -c fetch
+run bitbake -g vla-image
+printf '\n$ grep the provider'"'"'s edges in task-depends.dot\n'
+grep -oE '"(vlad|vla-bundle)\.do_[a-z_]+" -> "qairt-wheel\.do_[a-z_]+"' task-depends.dot | sort -u | sed -n 1,10p
+
 if [[ -n "${META_RAUC:-}" ]]; then
     echo
-    echo "== 4. meta-rauc present: the policy as a RAUC artifact (dynamic-layers/rauc)"
+    echo "== 5. meta-rauc present: the policy as a RAUC artifact (dynamic-layers/rauc)"
     printf '\n$ bitbake -e vla-rauc | grep -E "^(RDEPENDS:vla-rauc|FILES:vla-rauc)="\n'
     bitbake -e vla-rauc | grep -E '^(RDEPENDS:vla-rauc|FILES:vla-rauc)='
     printf '\n$ bitbake -e rauc-conf | sed -n "/^do_install() {/,/^}/p"\n'

@@ -2,6 +2,7 @@
 # Runs every check and test of the project on this machine (what CI runs):
 #   formatting, clippy, the Rust tests on x86_64 against the real QNN HTP emulator,
 #   the Python fixture tests, the aarch64 build with its QNN-free tests under qemu,
+#   the aarch64 vlad on Qualcomm's aarch64 QNN libraries under qemu,
 #   the release binary's dynamic dependencies, the layer/unit checks, fleet OTA through
 #   real RAUC in a qemu VM, and a short fault-injecting soak.
 # Builds are cached in the repo's target/ directory.
@@ -47,6 +48,15 @@ env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN QEMU_LD_PREFIX=/usr/aarch64-linux-gnu 
 
 step "release binary: size and NEEDED"
 scripts/check_release.sh
+
+# --- issue 16: the aarch64 vlad on Qualcomm's real aarch64 QNN libraries (qemu) --------
+# QAIRT's device side from the pinned public wheel (scripts/fetch_qairt_aarch64.sh, into
+# build/): inspect of every fixture identical to x86_64, the HTP backend's one-line
+# refusal off the board, bundle verify and the OTA store. Reuses check_release.sh's
+# aarch64 release build; about 30 s.
+step "aarch64 vlad on the real aarch64 QNN libraries under qemu-aarch64"
+scripts/qemu_qairt_check.sh
+# --- end issue 16 ----------------------------------------------------------------------
 
 step "board bring-up kit over a real SSH round trip (loopback sshd, emulator as the NPU)"
 scripts/bringup/tests/loopback.sh

@@ -134,6 +134,24 @@ run() {
     adsp_path=$3
     iterations=$4
     cd "$ws" || { say error "workspace $ws is gone"; return 0; }
+    # An uploaded v73 stub from a QAIRT release that names the unversioned libcdsprpc.so
+    # (the wheel's does) finds the board's FastRPC library, which ships as
+    # libcdsprpc.so.1, through a link in the workspace's own library dir.
+    cdsprpc=
+    case "$qnn_dir" in
+        "$ws"/*)
+            if [ -f "$qnn_dir/libQnnHtpV73Stub.so" ] && [ ! -e "$qnn_dir/libcdsprpc.so" ]; then
+                for d in /usr/lib /usr/lib64 /lib /usr/lib/aarch64-linux-gnu; do
+                    if [ -e "$d/libcdsprpc.so" ]; then cdsprpc="$d/libcdsprpc.so"; break; fi
+                    if [ -e "$d/libcdsprpc.so.1" ]; then
+                        ln -s "$d/libcdsprpc.so.1" "$qnn_dir/libcdsprpc.so" && cdsprpc="$d/libcdsprpc.so.1"
+                        break
+                    fi
+                done
+                [ -n "$cdsprpc" ] || cdsprpc=missing
+            fi
+            ;;
+    esac
     export VLA_QNN_LIB_DIR="$qnn_dir"
     export LD_LIBRARY_PATH="$qnn_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export ADSP_LIBRARY_PATH="$adsp_path"
@@ -147,6 +165,7 @@ run() {
         say vlad_version "$(./vlad --version 2>&1)"
         say qnn_lib_dir "$qnn_dir"
         say adsp_library_path "$adsp_path"
+        [ -z "$cdsprpc" ] || say libcdsprpc "$cdsprpc"
         say started_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     } > results/target.env
 

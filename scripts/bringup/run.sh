@@ -15,6 +15,9 @@
 #                           /usr/lib/rfsa/adsp, /usr/lib/dsp, .../dsp/cdsp)
 #   --qnn-local-dir DIR     local QAIRT library dir to upload instead (its *.so files)
 #   --dsp-local-dir DIR     local hexagon-v73 skel dir to upload instead (its *.so files)
+#   --qairt-wheel           upload the QAIRT libraries and the v73 skel from the pinned
+#                           public wheel (scripts/fetch_qairt_aarch64.sh): for a board
+#                           without QAIRT, no SDK download needed
 #   --remote-dir DIR        cache and workspaces on the target (default ~/.cache/vla-bringup)
 #   --remote-min-free MIB   free space to leave on the target after uploading (default 64)
 #   --iterations N          benchmark iterations (default 50)
@@ -38,7 +41,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
-qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir=""
+qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
 remote_dir="" min_free_mib=64 iterations=50
 while (($#)); do
     opt=$1
@@ -46,6 +49,11 @@ while (($#)); do
         -h | --help)
             sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
             exit 0
+            ;;
+        --qairt-wheel)
+            qairt_wheel=1
+            shift
+            continue
             ;;
     esac
     (($# >= 2)) || usage_error "$opt needs a value"
@@ -80,6 +88,10 @@ done
 [[ -z $identity || -z $password_file ]] || usage_error "give --identity or --password-file, not both"
 [[ -z $qnn_lib_dir || -z $qnn_local_dir ]] || usage_error "give --qnn-lib-dir or --qnn-local-dir, not both"
 [[ -z $dsp_lib_dir || -z $dsp_local_dir ]] || usage_error "give --dsp-lib-dir or --dsp-local-dir, not both"
+if ((qairt_wheel)); then
+    [[ -z $qnn_lib_dir$qnn_local_dir$dsp_lib_dir$dsp_local_dir ]] ||
+        usage_error "--qairt-wheel brings its own QAIRT and skel: drop --qnn-*-dir / --dsp-*-dir"
+fi
 
 # Credentials come only from files the user names, never from the repository: a key or
 # password inside the work tree is one `git add` away from being published.
@@ -102,6 +114,14 @@ fi
 
 [[ -f $vlad ]] || die "--vlad $vlad: no such file"
 [[ -f $bundle/bundle.json ]] || die "--bundle $bundle: no bundle.json there"
+if ((qairt_wheel)); then
+    # QAIRT's device side from the public wheel (pinned by SHA-256), unpacked into build/.
+    wheel_dir="$("$repo_root/scripts/fetch_qairt_aarch64.sh")" ||
+        die "--qairt-wheel: could not fetch the QAIRT libraries (scripts/fetch_qairt_aarch64.sh)"
+    qnn_local_dir="$wheel_dir/lib"
+    dsp_local_dir="$wheel_dir/dsp"
+    note "QAIRT $(cat "$wheel_dir/qairt-version") from the wheel: $qnn_local_dir, $dsp_local_dir"
+fi
 for d in "$qnn_local_dir" "$dsp_local_dir"; do
     [[ -z $d || -d $d ]] || die "local library dir $d: no such directory"
 done
@@ -235,7 +255,7 @@ if [[ -n $qnn_local_dir ]]; then
     done
     lib_arch="$(elf_arch "$qnn_local_dir/libQnnHtp.so")"
     [[ $lib_arch == "$vlad_arch" ]] ||
-        die "--qnn-local-dir $qnn_local_dir holds $lib_arch libraries but vlad is $vlad_arch"
+        die "QAIRT libraries in $qnn_local_dir are $lib_arch but --vlad $vlad is $vlad_arch"
     add_libs "$qnn_local_dir" qnn
 fi
 if [[ -n $dsp_local_dir ]]; then
@@ -266,16 +286,16 @@ if [[ $remote_arch != "$vlad_arch" ]]; then
 fi
 if [[ -z $qnn_local_dir ]]; then
     [[ -z $(field qnn_dir_missing "$facts") ]] ||
-        die "QAIRT libraries missing: $probe_qnn_dir does not exist on $target (give --qnn-lib-dir or --qnn-local-dir)"
+        die "QAIRT libraries missing: $probe_qnn_dir does not exist on $target (give --qnn-lib-dir, --qnn-local-dir or --qairt-wheel)"
     missing_libs="$(fields qnn_lib_missing "$facts" | tr '\n' ' ')"
     [[ -z $missing_libs ]] ||
-        die "QAIRT libraries missing: $probe_qnn_dir on $target has no ${missing_libs% } (give --qnn-lib-dir or --qnn-local-dir)"
+        die "QAIRT libraries missing: $probe_qnn_dir on $target has no ${missing_libs% } (give --qnn-lib-dir, --qnn-local-dir or --qairt-wheel)"
     qnn_arch="$(field qnn_arch "$facts")"
     [[ -z $qnn_arch || $qnn_arch == "$remote_arch" ]] ||
         die "QAIRT libraries in $probe_qnn_dir on $target are $qnn_arch, the target is $remote_arch"
 fi
 if [[ -z $dsp_local_dir && $remote_arch == aarch64 && -n $(field skel_missing "$facts") ]]; then
-    die "QAIRT DSP libraries missing: no libQnnHtpV73Skel.so in ${probe_dsp_dirs//;/ or } on $target (give --dsp-lib-dir or --dsp-local-dir)"
+    die "QAIRT DSP libraries missing: no libQnnHtpV73Skel.so in ${probe_dsp_dirs//;/ or } on $target (give --dsp-lib-dir, --dsp-local-dir or --qairt-wheel)"
 fi
 
 base="$(field base "$facts")"

@@ -21,6 +21,6 @@ IMAGE_INSTALL = "\
     ${CORE_IMAGE_EXTRA_INSTALL} \
 "
 
-# With a local QAIRT SDK (qairt-local), the BSP's own recommendation of meta-qcom's
+# With qairt-local or qairt-wheel, the BSP's own recommendation of meta-qcom's
 # qairt-sdk would install a second, conflicting copy of libQnnHtp.so.
-BAD_RECOMMENDATIONS += "${@'qairt-sdk qairt-sdk-hexagon-v73' if d.getVar('VLA_QAIRT_PROVIDER') == 'qairt-local' else ''}"
+BAD_RECOMMENDATIONS += "${@'qairt-sdk qairt-sdk-hexagon-v73' if d.getVar('VLA_QAIRT_PROVIDER') != 'qairt-sdk' else ''}"

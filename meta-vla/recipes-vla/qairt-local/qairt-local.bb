@@ -112,7 +112,7 @@ PACKAGES =+ "${PN}-hexagon-v73"
 FILES:${PN}-hexagon-v73 += "${VLA_QAIRT_SKEL_DIR}"
 
 # Same files as meta-qcom's qairt-sdk in ${libdir}: never both in one image.
-RCONFLICTS:${PN} = "qairt-sdk"
+RCONFLICTS:${PN} = "qairt-sdk qairt-wheel"
 
 # already-stripped: Qualcomm's release builds arrive stripped (see INHIBIT_PACKAGE_STRIP).
 # nooelint: oelint.vars.insaneskip

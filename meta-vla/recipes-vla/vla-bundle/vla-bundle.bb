@@ -18,9 +18,8 @@ DEPENDS = "${VLA_QAIRT_PROVIDER}"
 require conf/vla-defaults.inc
 
 VLA_BUNDLE_SRC = "${VLA_BUNDLE_DIR}/${VLA_POLICY}"
-# The QAIRT release the context binaries were compiled with (set it in local.conf; a
-# "qairt_version" key in bundle.json, when the bundle carries one, fills it in).
-# do_check_qairt_version compares it with the QAIRT provider's.
+# Not needed: do_check_qairt_version reads the QNN build from each context binary. When
+# set (or bundle.json has "qairt_version"), it must agree with the binaries.
 VLA_BUNDLE_QAIRT_VERSION ?= ""
 # Digest of the bundle's file list with sizes and mtimes (set at parse time from stat()
 # alone: context binaries are GBs and are never read or checksummed while parsing). It is
@@ -100,37 +99,92 @@ python __anonymous() {
 do_configure[noexec] = "1"
 do_compile[noexec] = "1"
 
-# Context binaries only load on the QAIRT release that compiled them: stop the build here
-# rather than ship an image whose daemon fails to warm up on first boot.
+# Version coupling, derived from the binaries (nobody has to state it): every context
+# binary records the QNN build that compiled it (vlad inspect shows it as "QNN build"),
+# and the provider's libraries carry theirs. Binaries from the provider's release, or an
+# earlier 2.x release, are expected to load (QAIRT's libraries read binaries of earlier
+# releases; the board's parity gate settles it, see README); binaries from a newer
+# release than the libraries are not, so the build stops here rather than ship an image
+# whose daemon fails to warm up on first boot.
 python do_check_qairt_version() {
+    import json
     import re
 
+    build_re = re.compile(rb'v([0-9]+)\.([0-9]+)\.([0-9]+)\.([0-9]{4,})')
+
+    def release(found):
+        return tuple(int(x) for x in found.groups()[:3]), b'.'.join(found.groups()).decode()
+
     provider = d.getVar('VLA_QAIRT_PROVIDER')
+    # The provider's release: its QnnSdkBuildId.h when it stages the headers (an SDK),
+    # else the build id inside its libQnnHtp.so (the wheel ships no headers).
     header = os.path.join(d.getVar('STAGING_INCDIR'), 'QNN', 'QnnSdkBuildId.h')
-    try:
-        with open(header, encoding='utf-8', errors='replace') as build_id:
-            found = re.search(r'#define\s+QNN_SDK_BUILD_ID\s+"v?([0-9][0-9.]*)', build_id.read())
-    except OSError as err:
-        bb.fatal("QAIRT provider %s staged no QNN build id (%s): cannot check the bundle against it"
-                 % (provider, err))
+    library = os.path.join(d.getVar('STAGING_LIBDIR'), 'libQnnHtp.so')
+    found = None
+    for source in (header, library):
+        if os.path.isfile(source):
+            with open(source, 'rb') as data:
+                found = build_re.search(data.read())
+            if found:
+                break
     if not found:
-        bb.fatal("%s (from %s) has no QNN_SDK_BUILD_ID" % (header, provider))
-    provided = found.group(1).rstrip('.')
-    wanted = d.getVar('VLA_BUNDLE_QAIRT_VERSION').lstrip('v')
+        bb.fatal("QAIRT provider %s staged neither %s nor a libQnnHtp.so with a QNN build id: "
+                 "cannot check the bundle's context binaries against it" % (provider, header))
+    provided, provided_id = release(found)
+
+    src = d.getVar('VLA_BUNDLE_SRC')
     policy = d.getVar('VLA_POLICY')
-    if not wanted:
-        bb.warn("bundle %s records no QAIRT version (bundle.json \"qairt_version\" or "
-                "VLA_BUNDLE_QAIRT_VERSION): not checked against %s %s" % (policy, provider, provided))
-        return
-    if wanted.split('.')[:3] != provided.split('.')[:3]:
-        bb.fatal("QAIRT version mismatch: bundle %s was compiled with QAIRT %s but %s provides %s; "
-                 "rebuild the bundle with QAIRT %s or point QAIRT_SDK_DIR at QAIRT %s"
-                 % (policy, wanted, provider, provided, provided, wanted))
-    bb.note("bundle %s: QAIRT %s matches %s %s" % (policy, wanted, provider, provided))
+    with open(os.path.join(src, 'bundle.json'), encoding='utf-8') as manifest_file:
+        manifest = json.load(manifest_file)
+    binaries = []
+    def collect(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == 'binary' and isinstance(value, str):
+                    binaries.append(value)
+                else:
+                    collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+    collect(manifest.get('components'))
+    if not binaries:
+        bb.fatal("%s/bundle.json names no context binaries" % src)
+
+    builds = {}
+    for rel in sorted(set(binaries)):
+        # The build id sits in the binary's header (the first KiB in every binary seen);
+        # read 1 MiB, never the whole (GB) file.
+        with open(os.path.join(src, rel), 'rb') as data:
+            found = build_re.search(data.read(1 << 20))
+        if not found:
+            bb.fatal("%s: no QNN build id in its first MiB: not a QNN context binary "
+                     "(vlad inspect %s says what it is)" % (rel, rel))
+        builds[rel] = release(found)
+
+    stated = d.getVar('VLA_BUNDLE_QAIRT_VERSION').lstrip('v')
+    for rel, (built, built_id) in sorted(builds.items()):
+        if stated and stated.split('.')[:3] != [str(x) for x in built]:
+            bb.fatal("VLA_BUNDLE_QAIRT_VERSION (or bundle.json qairt_version) says %s, but %s was "
+                     "compiled by QNN %s: drop the setting (the binaries carry their build)"
+                     % (stated, rel, built_id))
+        if built[0] != provided[0] or built > provided:
+            bb.fatal("QAIRT version mismatch: %s of bundle %s was compiled by QNN %s, newer than (or "
+                     "another major release from) %s's libraries %s, which are not expected to load "
+                     "it; recompile the bundle with QAIRT %s or provide QAIRT %s or later"
+                     % (rel, policy, built_id, provider, provided_id,
+                        '.'.join(str(x) for x in provided), '.'.join(str(x) for x in built)))
+    olders = sorted(rel for rel, (built, _) in builds.items() if built < provided)
+    if olders:
+        bb.note("bundle %s: %s compiled by an earlier QAIRT than %s %s: expected to load; the "
+                "parity gate on the board decides" % (policy, ', '.join(olders), provider, provided_id))
+    bb.note("bundle %s: %d context binaries (QNN %s) checked against %s %s"
+            % (policy, len(builds), ', '.join(sorted({b for _, b in builds.values()})), provider,
+               provided_id))
 }
 addtask check_qairt_version after do_prepare_recipe_sysroot before do_install
-do_check_qairt_version[doc] = "Fails the build when the bundle's QAIRT version differs from the QAIRT provider's"
-do_check_qairt_version[vardeps] += "VLA_BUNDLE_QAIRT_VERSION VLA_QAIRT_PROVIDER"
+do_check_qairt_version[doc] = "Fails the build when a context binary was compiled by a newer QAIRT than the provider's libraries"
+do_check_qairt_version[vardeps] += "VLA_BUNDLE_QAIRT_VERSION VLA_QAIRT_PROVIDER VLA_BUNDLE_STAMP"
 
 # What vlad checks at every start, minus the signature check itself (the keys are in
 # vlad.json, see VLA_OTA_TRUSTED_KEYS in the vlad recipe):

@@ -6,7 +6,7 @@ use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use vla_qnn::{data_type_name, BinaryInfo, ContextBinary, TensorInfo, TensorKind};
+use vla_qnn::{data_type_name, BinaryInfo, ContextBinary, Coupling, TensorInfo, TensorKind};
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
@@ -31,6 +31,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let lib = qnn_setup::load_library(&common)?;
     let binary = ContextBinary::open(&lib, &path)?;
     print!("{}", render(&binary, binary.info()));
+    print!(
+        "{}",
+        render_coupling(binary.info(), lib.build_id().as_deref())
+    );
     Ok(())
 }
 
@@ -51,6 +55,16 @@ fn tensor_line(t: &TensorInfo) -> String {
         t.id,
         t.shape_text(),
         dtype
+    )
+}
+
+/// The loaded libraries' QNN build and what it means for this binary.
+pub fn render_coupling(info: &BinaryInfo, library_build: Option<&str>) -> String {
+    let coupling = Coupling::of(info.build_id.as_deref(), library_build);
+    format!(
+        "QAIRT libs:    {} ({})\n",
+        library_build.unwrap_or("unknown"),
+        coupling.describe()
     )
 }
 

@@ -240,6 +240,17 @@ bringup "$tmp/wrong-arch" "${key_args[@]}" --vlad "$vlad_arm" --bundle golden/bu
     --qnn-lib-dir "$qnn_dir" --out "$tmp/r"
 expect_error wrong-arch "wrong architecture: --vlad $vlad_arm is a aarch64 binary but root@127.0.0.1 is x86_64"
 
+# --qairt-wheel: the pinned wheel's aarch64 QAIRT and v73 skel (fetched into build/) go
+# with an aarch64 vlad; this x86_64 "board" stops both combinations with a clear line.
+bringup "$tmp/wheel-arm" "${key_args[@]}" --vlad "$vlad_arm" --bundle golden/bundles/fastwam \
+    --qairt-wheel --out "$tmp/r"
+expect_error wheel-arm "wrong architecture: --vlad $vlad_arm is a aarch64 binary but root@127.0.0.1 is x86_64"
+check "--qairt-wheel names the QAIRT release it uploads" \
+    grep -q 'QAIRT 2.51.0.260929181845 from the wheel' "$tmp/wheel-arm.err"
+bringup "$tmp/wheel-x86" "${key_args[@]}" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
+    --qairt-wheel --out "$tmp/r"
+expect_error wheel-x86 "/lib are aarch64 but --vlad $vlad_x86 is x86_64"
+
 bringup "$tmp/no-qairt" "${key_args[@]}" --vlad "$vlad_x86" --bundle golden/bundles/fastwam \
     --qnn-lib-dir "$tmp/no-such-qairt" --out "$tmp/r"
 expect_error no-qairt "QAIRT libraries missing: $tmp/no-such-qairt does not exist"

@@ -4,15 +4,24 @@
 //! backend before the log. Contexts hold an `Arc` of [`BackendInner`], so the handles here
 //! are freed only after the last context, whatever order the owner drops things in.
 
-use crate::error::QnnError;
+use crate::error::{HtpRefusal, QnnError};
 use crate::ffi::{self, Handle};
 use crate::library::QnnLibrary;
 use core::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 extern "C" {
     fn vsnprintf(buf: *mut c_char, n: usize, fmt: *const c_char, ap: *mut c_void) -> c_int;
 }
+
+/// Backends being created right now: while any is, QNN's errors and warnings are held
+/// back instead of logged, so that a backend that cannot start is reported in one line
+/// (with what the library said) and one that starts has them logged afterwards.
+static CREATING: AtomicUsize = AtomicUsize::new(0);
+static HELD: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+const HELD_MAX: usize = 64;
 
 /// Routes QNN's printf-style log lines to the `log` crate (target `qnn`).
 ///
@@ -28,7 +37,8 @@ unsafe extern "C" fn qnn_log_callback(fmt: *const c_char, level: u32, _ts: u64, 
         4 => log::Level::Debug,
         _ => log::Level::Trace,
     };
-    if !log::log_enabled!(target: "qnn", level) {
+    let hold = level <= log::Level::Warn && CREATING.load(Ordering::Acquire) > 0;
+    if !hold && !log::log_enabled!(target: "qnn", level) {
         return;
     }
     let mut buf = [0u8; 1024];
@@ -40,7 +50,139 @@ unsafe extern "C" fn qnn_log_callback(fmt: *const c_char, level: u32, _ts: u64, 
     }
     let end = (n as usize).min(buf.len() - 1);
     let text = String::from_utf8_lossy(&buf[..end]);
-    log::log!(target: "qnn", level, "{}", text.trim_end());
+    let text = text.trim();
+    if hold {
+        if let Ok(mut held) = HELD.lock() {
+            if held.len() < HELD_MAX {
+                held.push((level, text.to_owned()));
+            }
+            return;
+        }
+    }
+    log::log!(target: "qnn", level, "{text}");
+}
+
+/// Marks a backend creation in progress for [`qnn_log_callback`]; on drop, hands back
+/// the held messages once no other creation is running.
+struct HoldQnnLog;
+
+impl HoldQnnLog {
+    fn start() -> Self {
+        CREATING.fetch_add(1, Ordering::AcqRel);
+        HoldQnnLog
+    }
+
+    /// Ends the hold: the messages held so far (all of them when this was the last
+    /// creation running; none otherwise, the last one takes them).
+    fn finish(self) -> Vec<(log::Level, String)> {
+        let last = CREATING.fetch_sub(1, Ordering::AcqRel) == 1;
+        core::mem::forget(self);
+        match HELD.lock() {
+            Ok(mut held) if last => core::mem::take(&mut *held),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Drop for HoldQnnLog {
+    fn drop(&mut self) {
+        CREATING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn replay(held: Vec<(log::Level, String)>) {
+    for (level, text) in held {
+        log::log!(target: "qnn", level, "{text}");
+    }
+}
+
+/// The user this process runs as, for messages about device permissions.
+fn effective_user() -> String {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let name = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut f = line.split(':');
+                let name = f.next()?;
+                (f.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_owned())
+            })
+        });
+    match name {
+        Some(n) => format!("{n} (uid {uid})"),
+        None => format!("uid {uid}"),
+    }
+}
+
+/// What this machine has of FastRPC's device nodes, in a few words.
+fn fastrpc_devices() -> String {
+    let mut found: Vec<String> = std::fs::read_dir("/dev")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("fastrpc-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    if found.is_empty() {
+        return "this machine has no /dev/fastrpc-* device".into();
+    }
+    let usable: Vec<&String> = found
+        .iter()
+        .filter(|n| {
+            let path = std::ffi::CString::new(format!("/dev/{n}")).unwrap_or_default();
+            // SAFETY: a valid NUL-terminated path; access only checks permissions.
+            unsafe { libc::access(path.as_ptr(), libc::R_OK | libc::W_OK) == 0 }
+        })
+        .collect();
+    if usable.is_empty() {
+        format!("it cannot open /dev/{}", found.join(", /dev/"))
+    } else {
+        format!(
+            "it can open /dev/{}",
+            usable
+                .iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", /dev/")
+        )
+    }
+}
+
+/// The error for a backend that refused to start (off the board, or FastRPC unreachable).
+fn unavailable(
+    library: &Path,
+    operation: &'static str,
+    code: u64,
+    backend_message: Option<String>,
+    held: &[(log::Level, String)],
+) -> QnnError {
+    let mut library_says: Vec<String> = Vec::new();
+    for (level, text) in held {
+        log::debug!(target: "qnn", "({level}) {text}");
+        let text = text
+            .trim_start_matches("<E>")
+            .trim_start_matches("<W>")
+            .trim();
+        if *level == log::Level::Error
+            && library_says.len() < 2
+            && !text.is_empty()
+            && !library_says.iter().any(|t| t == text)
+        {
+            library_says.push(text.replace(['\n', '\r'], " "));
+        }
+    }
+    QnnError::HtpUnavailable(Box::new(HtpRefusal {
+        library: library.to_owned(),
+        operation,
+        code,
+        backend_message,
+        library_says,
+        user: effective_user(),
+        fastrpc: fastrpc_devices(),
+    }))
 }
 
 fn qnn_log_level() -> u32 {
@@ -102,16 +244,12 @@ impl Backend {
     /// the device.
     pub fn new(lib: Arc<QnnLibrary>) -> Result<Self, QnnError> {
         let core = &lib.core;
+        let hold = HoldQnnLog::start();
         let mut log_handle: Handle = core::ptr::null_mut();
         // SAFETY: the callback matches QnnLog_Callback_t and never unwinds.
-        let rc =
+        let log_rc =
             unsafe { (core.log_create)(Some(qnn_log_callback), qnn_log_level(), &mut log_handle) };
-        if rc != ffi::QNN_SUCCESS {
-            // Not fatal: without a logger QNN prints to stdout.
-            log::warn!(
-                "QNN logCreate failed with {}; QNN messages go to stdout",
-                rc & 0xFFFF
-            );
+        if log_rc != ffi::QNN_SUCCESS {
             log_handle = core::ptr::null_mut();
         }
         let mut backend: Handle = core::ptr::null_mut();
@@ -124,7 +262,34 @@ impl Backend {
                 // SAFETY: created above, freed once.
                 unsafe { (core.log_free)(log_handle) };
             }
-            return Err(e);
+            let held = hold.finish();
+            return Err(match e {
+                // The HTP backend starts only where it finds the SoC's cDSP through
+                // FastRPC: anything else is "not here", reported in one line.
+                QnnError::Call {
+                    code,
+                    backend_message,
+                    ..
+                } => unavailable(
+                    lib.backend_path(),
+                    "backendCreate",
+                    code,
+                    backend_message,
+                    &held,
+                ),
+                other => {
+                    replay(held);
+                    other
+                }
+            });
+        }
+        replay(hold.finish());
+        if log_rc != ffi::QNN_SUCCESS {
+            // Not fatal: without a logger QNN prints to stdout.
+            log::warn!(
+                "QNN logCreate failed with {}; QNN messages go to stdout",
+                log_rc & 0xFFFF
+            );
         }
         let mut device: Handle = core::ptr::null_mut();
         if let Some(create) = core.device_create {

@@ -88,6 +88,23 @@ impl Context {
             list.push(core::ptr::null());
             list.as_ptr()
         };
+        // QAIRT version coupling, known before the load: the build the binary records
+        // against the loaded libraries' (the parity gate settles what is only expected).
+        let built = binary.info().build_id.clone();
+        let libs = b.lib.build_id();
+        let coupling = crate::Coupling::of(built.as_deref(), libs.as_deref());
+        log::log!(
+            if coupling.expected_to_load() {
+                log::Level::Info
+            } else {
+                log::Level::Warn
+            },
+            "{}: compiled by QNN {}, libraries QNN {}: {}",
+            binary.path().display(),
+            built.as_deref().unwrap_or("unknown"),
+            libs.as_deref().unwrap_or("unknown"),
+            coupling.describe()
+        );
         let mut handle: Handle = core::ptr::null_mut();
         // SAFETY: the buffer is the whole mapped file, its exact size; the config list is
         // NULL or NULL-terminated and its configs (and what they point to) outlive the

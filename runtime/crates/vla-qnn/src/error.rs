@@ -51,6 +51,21 @@ pub fn error_meaning(code: u64) -> &'static str {
     }
 }
 
+/// Why the HTP backend did not start, with what to check (see [`QnnError::HtpUnavailable`]).
+#[derive(Debug)]
+pub struct HtpRefusal {
+    pub library: PathBuf,
+    pub operation: &'static str,
+    pub code: u64,
+    pub backend_message: Option<String>,
+    /// The library's own first error lines while it tried (deduplicated).
+    pub library_says: Vec<String>,
+    /// The user the process runs as ("vla (uid 990)").
+    pub user: String,
+    /// What the machine has of `/dev/fastrpc-*`, in a few words.
+    pub fastrpc: String,
+}
+
 /// Everything the binding can fail with.
 #[derive(Debug)]
 pub enum QnnError {
@@ -105,6 +120,10 @@ pub enum QnnError {
     },
     /// The backend lacks something this call needs (e.g. performance infrastructure).
     NotAvailable { what: &'static str, reason: String },
+    /// The HTP backend refused to start: no Snapdragon SoC / FastRPC session here (off
+    /// the board, or the FastRPC devices or libcdsprpc.so unreachable). Nothing was
+    /// loaded onto the NPU.
+    HtpUnavailable(Box<HtpRefusal>),
 }
 
 impl core::fmt::Display for QnnError {
@@ -168,8 +187,69 @@ impl core::fmt::Display for QnnError {
                 "graph {graph}: {found} {direction} buffers given, the graph has {expected}"
             ),
             QnnError::NotAvailable { what, reason } => write!(f, "{what} is not available: {reason}"),
+            QnnError::HtpUnavailable(r) => {
+                let HtpRefusal {
+                    library,
+                    operation,
+                    code,
+                    backend_message,
+                    library_says,
+                    user,
+                    fastrpc,
+                } = &**r;
+                // One line: what is missing, what the library said, what to check.
+                write!(
+                    f,
+                    "HTP backend unavailable, nothing loaded: no Snapdragon SoC / FastRPC session \
+                     ({operation} in {} failed with QNN error {code}",
+                    library.display()
+                )?;
+                if let Some(m) = backend_message {
+                    write!(f, ", {m}")?;
+                }
+                if !library_says.is_empty() {
+                    write!(f, "; the library says: {}", library_says.join("; "))?;
+                }
+                write!(
+                    f,
+                    "). Not running on an IQ-9075, or the FastRPC devices or libcdsprpc.so \
+                     are not reachable for user {user} ({fastrpc}): check the board, \
+                     /dev/fastrpc-cdsp* and its group, and that libcdsprpc.so.1 is installed"
+                )
+            }
         }
     }
 }
 
 impl std::error::Error for QnnError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn htp_refusal_is_one_line_naming_what_is_missing_and_what_to_check() {
+        let e = QnnError::HtpUnavailable(Box::new(HtpRefusal {
+            library: PathBuf::from("/usr/lib/libQnnHtp.so"),
+            operation: "backendCreate",
+            code: 4000,
+            backend_message: Some(
+                "QNN_BACKEND_ERROR_CANNOT_INITIALIZE: Backend failed to initialize".into(),
+            ),
+            library_says: vec![
+                "No Snapdragon SOC detected".into(),
+                "Failed to init router".into(),
+            ],
+            user: "vla (uid 990)".into(),
+            fastrpc: "this machine has no /dev/fastrpc-* device".into(),
+        }));
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(line.starts_with("HTP backend unavailable, nothing loaded: no Snapdragon SoC / FastRPC session (backendCreate in /usr/lib/libQnnHtp.so failed with QNN error 4000, QNN_BACKEND_ERROR_CANNOT_INITIALIZE"), "{line}");
+        assert!(
+            line.contains("the library says: No Snapdragon SOC detected; Failed to init router)"),
+            "{line}"
+        );
+        assert!(line.contains("Not running on an IQ-9075, or the FastRPC devices or libcdsprpc.so are not reachable for user vla (uid 990) (this machine has no /dev/fastrpc-* device)"), "{line}");
+    }
+}

@@ -29,11 +29,12 @@ pub mod ffi;
 mod group;
 mod library;
 mod perf;
+mod release;
 
 pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
-pub use error::{error_meaning, QnnError};
+pub use error::{error_meaning, HtpRefusal, QnnError};
 pub use group::{
     create_contexts, create_contexts_sharing, shared_spill_fill, ContextGroup, GroupError,
     SpillFillSharing,
@@ -45,3 +46,4 @@ pub use library::{
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
+pub use release::{Coupling, QairtRelease};
