@@ -195,7 +195,12 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
         String::from_utf8_lossy(&same.stderr)
     );
     assert!(same_out.contains(" 0 differ"), "{same_out}");
-    eprintln!("{}", same_out.lines().last().unwrap_or(""));
+    let summary = same_out
+        .lines()
+        .find(|l| l.contains("chunks compared"))
+        .unwrap_or("");
+    assert!(summary.contains("worst cosine 1.000000"), "{same_out}");
+    eprintln!("{summary}");
     let other = vlad(&[
         "replay",
         file.to_str().unwrap(),
