@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vla_policy::{Bundle, BundleParity, ObservationFile, Policy};
 
-fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
+pub(crate) fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
     let bundle = Bundle::open(dir)?;
     let (_, backend) = qnn_setup::load_backend(common)?;
     let t = Instant::now();

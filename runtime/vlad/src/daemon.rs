@@ -40,8 +40,8 @@ pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
 }
 
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
-/// golden (which also warms up every context).
-pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy), String> {
+/// golden (which also warms up every context). Also returns the end-to-end cosine.
+pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy, f64), String> {
     let bundle = Bundle::open(dir).map_err(|e| e.to_string())?;
     let mut policy = Policy::load(&bundle, backend).map_err(|e| e.to_string())?;
     let report = bundle.parity(&mut policy).map_err(|e| e.to_string())?;
@@ -64,7 +64,8 @@ pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy), Str
             dir.display()
         );
     }
-    Ok((bundle, policy))
+    let cosine = report.end_to_end.comparison.cosine;
+    Ok((bundle, policy, cosine))
 }
 
 /// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
@@ -109,7 +110,7 @@ pub struct PolicyEngine {
 
 impl PolicyEngine {
     fn try_load(&mut self, dir: &Path) -> Result<(), String> {
-        let (bundle, policy) = load_gated(&self.backend, dir)?;
+        let (bundle, policy, _) = load_gated(&self.backend, dir)?;
         let g = ring_geometry(&policy.geometry());
         if g != self.geometry {
             return Err(format!(
@@ -150,6 +151,22 @@ impl Engine for PolicyEngine {
 
     fn reload(&mut self) -> Result<String, String> {
         self.reload_policy()
+    }
+
+    fn component_names(&self) -> Vec<String> {
+        self.policy.as_ref().map_or_else(Vec::new, |p| {
+            p.timings().components.iter().map(|c| c.0.clone()).collect()
+        })
+    }
+
+    fn component_latencies(&self, out: &mut [u64]) -> usize {
+        let Some(p) = &self.policy else { return 0 };
+        let mut n = 0;
+        for (slot, c) in out.iter_mut().zip(&p.timings().components) {
+            *slot = c.1.as_nanos() as u64;
+            n += 1;
+        }
+        n
     }
 }
 
@@ -434,7 +451,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         )))
     });
     let t = Instant::now();
-    let (resolved, (bundle, policy), ota) = match &store {
+    let (resolved, (bundle, policy, gate_cosine), ota) = match &store {
         None => {
             let resolved = std::fs::canonicalize(&bundle_dir)
                 .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
@@ -463,14 +480,14 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 ),
                 Err(why) if start.trial_start.is_some() => {
                     log::error!("bundle {hash} on trial failed at start: {why}");
-                    let mut loaded: Option<(PathBuf, (Bundle, Policy))> = None;
+                    let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
                     store
                         .fail_trial(&why, &mut |d: &Path| {
                             loaded = Some((d.to_owned(), load_gated(&backend, d)?));
                             Ok(())
                         })
                         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
-                    let (dir, policy) = loaded.ok_or_else(|| {
+                    let (dir, loaded) = loaded.ok_or_else(|| {
                         Failure::Error(format!("{why}; no previous bundle to roll back to"))
                     })?;
                     let hash = store
@@ -479,7 +496,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                         .flatten()
                         .map(|c| c.0)
                         .unwrap_or_default();
-                    (dir, policy, Some(OtaLink::start(store, hash, false)?))
+                    (dir, loaded, Some(OtaLink::start(store, hash, false)?))
                 }
                 Err(why) => return Err(Failure::Error(why)),
             }
@@ -540,7 +557,37 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         extra_latency: c.extra_latency(),
     };
     let period = settings.period;
-    let lp = ControlLoop::start(settings.clone(), Box::new(engine))?;
+    // --- observability (issue 19): flight recorder and metrics textfile, when configured.
+    let manifest = engine
+        .bundle
+        .as_ref()
+        .map(|b| (b.manifest.name.clone(), b.manifest.version.clone()))
+        .unwrap_or_default();
+    let ota_state = match &engine.ota {
+        None => "none",
+        Some(o) if o.trial.on_trial() => "trial",
+        Some(_) => "committed",
+    };
+    let facts = crate::observe::BundleFacts {
+        name: manifest.0,
+        version: manifest.1,
+        hash: match &engine.ota {
+            Some(o) => o.trial.running_hash(),
+            None => crate::observe::manifest_hash(&engine.good),
+        },
+        path: engine.good.clone(),
+        parity_cosine: gate_cosine,
+        ota_state,
+    };
+    let mut observability =
+        crate::observe::start(&config, &settings, engine.component_names(), &facts)
+            .map_err(Failure::Error)?;
+    let usr1 = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone())
+        .map_err(|e| Failure::Error(format!("signal handler: {e}")))?;
+    let tap = observability.as_ref().map(|o| o.observer.tap());
+    // --- end observability
+    let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
     log::info!(
         "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
         1.0 / period.as_secs_f64(),
@@ -578,6 +625,15 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         {
             break;
         }
+        if usr1.swap(false, Ordering::Relaxed) {
+            match &observability {
+                Some(o) if config.recorder.is_some() => o.observer.request_recording(),
+                _ => log::warn!("SIGUSR1: no flight recorder configured (config `recorder`)"),
+            }
+        }
+        if let Some(o) = observability.as_mut() {
+            o.tick(lp.health(), false);
+        }
         if hup.swap(false, Ordering::Relaxed) {
             log::info!("SIGHUP: reloading bundle {}", bundle_dir.display());
             notify("STATUS=reloading bundle");
@@ -607,7 +663,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         }
     }
     notify("STOPPING=1");
+    if let Some(o) = observability.as_mut() {
+        o.tick(lp.health(), true);
+    }
     let report = lp.stop();
+    if let Some(o) = observability.take() {
+        o.observer.stop();
+    }
     if store.is_some() {
         let _ = std::fs::remove_file(ota_root.join("vlad.pid"));
     }

@@ -14,9 +14,11 @@ mod daemon;
 mod inspect;
 mod memory;
 mod notify;
+mod observe;
 mod ota_cmd;
 mod parity;
 mod qnn_setup;
+mod replay;
 mod simulate;
 
 use std::process::ExitCode;
@@ -30,6 +32,7 @@ commands:
   inspect <ctx.bin>                 SoC model, blob version, QNN build, graphs and tensors
   parity <ctx.bin> <io.npz>         run one context on the npz inputs, compare its outputs
   parity --bundle DIR               every context and the end-to-end golden of a bundle
+  replay FILE.mcap [--bundle DIR]   re-run a flight recording's observations, compare chunks (exit 3)
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         "run-once" => bundle_cmd::run_once(rest),
         "run" => daemon::run(rest),
         "simulate" => simulate::run(rest),
+        "replay" => replay::run(rest),
         "ota" => ota_cmd::run(rest),
         "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {

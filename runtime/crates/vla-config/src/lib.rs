@@ -336,6 +336,46 @@ pub struct Config {
     pub systemd: SystemdConfig,
     pub ota: OtaConfig,
     pub log: LogConfig,
+    /// `None`: no flight recorder (the default).
+    pub recorder: Option<RecorderConfig>,
+    /// `None`: no metrics textfile (the default).
+    pub metrics: Option<MetricsConfig>,
+}
+
+/// What the flight recorder keeps of the camera frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecorderFrames {
+    Off,
+    /// Every `recorder.downscale`-th pixel and row.
+    Downscaled,
+    /// Full resolution: what `vlad replay` needs.
+    Full,
+}
+
+impl RecorderFrames {
+    pub const NAMES: [&'static str; 3] = ["off", "downscaled", "full"];
+}
+
+/// The flight recorder (`recorder`): the last seconds of the loop, written as MCAP on a
+/// trigger.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecorderConfig {
+    pub directory: PathText,
+    pub history_s: f64,
+    pub max_chunks: u32,
+    pub frames: RecorderFrames,
+    pub downscale: u32,
+    pub max_mb: u32,
+    pub on_fault: bool,
+    /// 0: a long hold does not trigger a recording.
+    pub hold_limit_ms: u32,
+}
+
+/// The Prometheus textfile (`metrics`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsConfig {
+    pub textfile: PathText,
+    pub interval_ms: u32,
 }
 
 /// Which environment overrides [`Config::apply_overrides`] applied, for the start-up log.

@@ -96,6 +96,10 @@ pub(crate) struct RawConfig {
     pub systemd: RawSystemd,
     pub ota: RawOta,
     pub log: RawLog,
+    /// Absent or `null`: no flight recorder.
+    pub recorder: Option<RawRecorder>,
+    /// Absent or `null`: no metrics textfile.
+    pub metrics: Option<RawMetrics>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,4 +175,24 @@ pub(crate) struct RawOta {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLog {
     pub level: WordText,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRecorder {
+    pub directory: PathText,
+    pub history_s: Option<f64>,
+    pub max_chunks: Option<f64>,
+    pub frames: Option<WordText>,
+    pub downscale: Option<f64>,
+    pub max_mb: Option<f64>,
+    pub on_fault: Option<bool>,
+    pub hold_limit_ms: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawMetrics {
+    pub textfile: PathText,
+    pub interval_ms: Option<f64>,
 }

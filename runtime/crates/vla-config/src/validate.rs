@@ -7,12 +7,14 @@
 use serde_json_core::de::Error as JsonError;
 
 use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
-use crate::raw::{RawConfig, RawControl, RawOta, RawQnn, RawRealtime, RawRings, Text};
+use crate::raw::{
+    RawConfig, RawControl, RawMetrics, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings, Text,
+};
 use crate::track::TrackError;
 use crate::{
-    BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, NameText, OtaConfig, PathText,
-    QnnConfig, QnnPerformance, RealtimeConfig, RingsConfig, SystemdConfig, TriggerMode, TrustedKey,
-    MAX_CPU_INDEX,
+    BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, MetricsConfig, NameText,
+    OtaConfig, PathText, QnnConfig, QnnPerformance, RealtimeConfig, RecorderConfig, RecorderFrames,
+    RingsConfig, SystemdConfig, TriggerMode, TrustedKey, MAX_CPU_INDEX,
 };
 
 /// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
@@ -50,6 +52,8 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     let log = LogConfig {
         level: log_level(path(&["log", "level"]), &raw.log.level)?,
     };
+    let recorder = raw.recorder.as_ref().map(recorder).transpose()?;
+    let metrics = raw.metrics.as_ref().map(metrics).transpose()?;
     Ok(Config {
         qnn,
         bundle,
@@ -59,6 +63,8 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
         systemd,
         ota,
         log,
+        recorder,
+        metrics,
     })
 }
 
@@ -290,6 +296,71 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
             raw.max_trial_starts,
             1,
             100,
+        )?,
+    })
+}
+
+fn recorder(raw: &RawRecorder) -> Checked<RecorderConfig> {
+    let at = |k: &str| path(&["recorder", k]);
+    let history_s = raw.history_s.unwrap_or(10.0);
+    if !(history_s > 0.0 && history_s <= 600.0) {
+        return Err(ConfigError::invalid(
+            at("history_s"),
+            format_args!("a number in (0, 600]"),
+            Found::number(history_s),
+        ));
+    }
+    let frames = match &raw.frames {
+        None => RecorderFrames::Full,
+        Some(word) => match word.0.as_str() {
+            "off" => RecorderFrames::Off,
+            "downscaled" => RecorderFrames::Downscaled,
+            "full" => RecorderFrames::Full,
+            _ => {
+                return Err(ConfigError::invalid(
+                    at("frames"),
+                    format_args!("one of {}", RecorderFrames::NAMES.join(", ")),
+                    Found::text(&word.0),
+                ))
+            }
+        },
+    };
+    Ok(RecorderConfig {
+        directory: absolute_path(at("directory"), &raw.directory.0)?,
+        history_s,
+        max_chunks: whole(at("max_chunks"), raw.max_chunks.unwrap_or(64.0), 1, 10_000)?,
+        frames,
+        downscale: whole(at("downscale"), raw.downscale.unwrap_or(4.0), 2, 16)?,
+        max_mb: whole(at("max_mb"), raw.max_mb.unwrap_or(256.0), 1, 1_000_000)?,
+        on_fault: raw.on_fault.unwrap_or(true),
+        hold_limit_ms: whole(
+            at("hold_limit_ms"),
+            raw.hold_limit_ms.unwrap_or(2000.0),
+            0,
+            600_000,
+        )?,
+    })
+}
+
+fn metrics(raw: &RawMetrics) -> Checked<MetricsConfig> {
+    let at = |k: &str| path(&["metrics", k]);
+    let textfile = absolute_path(at("textfile"), &raw.textfile.0)?;
+    if !textfile.ends_with(".prom") {
+        return Err(ConfigError::invalid(
+            at("textfile"),
+            format_args!(
+                "a file name ending in .prom (node_exporter's textfile collector reads only those)"
+            ),
+            Found::text(&textfile),
+        ));
+    }
+    Ok(MetricsConfig {
+        textfile,
+        interval_ms: whole(
+            at("interval_ms"),
+            raw.interval_ms.unwrap_or(5000.0),
+            100,
+            60_000,
         )?,
     })
 }

@@ -716,3 +716,81 @@ fn bad_chunk_execution_fields_name_the_field() {
         assert_mentions(&message, parts);
     }
 }
+
+/// `device_json()` with `sections` (JSON members, comma-separated) before `"log"`.
+fn with_sections(sections: &str) -> String {
+    edit(
+        &device_json(),
+        "\"log\": {",
+        &format!("{sections}, \"log\": {{"),
+    )
+}
+
+#[test]
+fn recorder_and_metrics_are_off_by_default_and_take_their_defaults() {
+    let config = parse(&device_json()).unwrap();
+    assert!(config.recorder.is_none() && config.metrics.is_none());
+    let config = parse(&with_sections(
+        r#""recorder": {"directory": "/var/lib/vla/recordings"}, "metrics": {"textfile": "/var/lib/node_exporter/vlad.prom"}"#,
+    ))
+    .unwrap();
+    let r = config.recorder.unwrap();
+    assert_eq!(r.directory, "/var/lib/vla/recordings");
+    assert_eq!(
+        (r.history_s, r.max_chunks, r.max_mb, r.hold_limit_ms),
+        (10.0, 64, 256, 2000)
+    );
+    assert_eq!(r.frames, vla_config::RecorderFrames::Full);
+    assert!(r.on_fault);
+    assert_eq!(config.metrics.unwrap().interval_ms, 5000);
+}
+
+#[test]
+fn bad_recorder_and_metrics_fields_are_named() {
+    for (sections, field, mention) in [
+        (
+            r#""recorder": {"directory": "rel"}"#,
+            "recorder.directory",
+            "absolute path",
+        ),
+        (
+            r#""recorder": {"directory": "/r", "history_s": 0}"#,
+            "recorder.history_s",
+            "(0, 600]",
+        ),
+        (
+            r#""recorder": {"directory": "/r", "frames": "half"}"#,
+            "recorder.frames",
+            "off, downscaled, full",
+        ),
+        (
+            r#""recorder": {"directory": "/r", "downscale": 1}"#,
+            "recorder.downscale",
+            "2..=16",
+        ),
+        (
+            r#""recorder": {"directory": "/r", "max_chunks": 0.5}"#,
+            "recorder.max_chunks",
+            "1..=10000",
+        ),
+        (
+            r#""recorder": {"directory": "/r", "colour": 1}"#,
+            "recorder.colour",
+            "unknown field",
+        ),
+        (
+            r#""metrics": {"textfile": "/m/vlad.txt"}"#,
+            "metrics.textfile",
+            ".prom",
+        ),
+        (
+            r#""metrics": {"textfile": "/m/vlad.prom", "interval_ms": 10}"#,
+            "metrics.interval_ms",
+            "100..=60000",
+        ),
+    ] {
+        let (error, message) = error_of(&with_sections(sections));
+        assert_eq!(path_of(&error), field, "{message}");
+        assert_mentions(&message, &[mention]);
+    }
+}

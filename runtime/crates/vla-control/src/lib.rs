@@ -18,6 +18,7 @@ mod plan;
 mod rt;
 mod scheduler;
 mod stats;
+mod tap;
 
 pub use plan::{
     build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
@@ -26,6 +27,7 @@ pub use plan::{
 pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
 pub use stats::{Health, Histogram, LatencyWindow};
+pub use tap::{InferenceEvent, Tap, TickEvent};
 
 /// Inferences in the rolling latency window (LeRobot's RTC engine uses the last 100).
 pub const LATENCY_WINDOW: usize = 64;
@@ -64,6 +66,17 @@ pub trait Engine: Send + 'static {
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
     fn reload(&mut self) -> Result<String, String>;
+    /// Names of the components whose latencies [`Engine::component_latencies`] reports
+    /// (called once, before the loop starts).
+    fn component_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The last inference's per-component latencies into `out` (preallocated, one per
+    /// name); returns how many were written. Must not allocate.
+    fn component_latencies(&self, out: &mut [u64]) -> usize {
+        let _ = out;
+        0
+    }
 }
 
 /// Everything the loop needs to know, resolved from the config and the bundle.
@@ -194,6 +207,15 @@ pub fn sleep_until(deadline_ns: u64) {
 impl ControlLoop {
     /// Creates the action ring and starts the threads.
     pub fn start(settings: LoopSettings, engine: Box<dyn Engine>) -> Result<Self, ControlError> {
+        Self::start_with_tap(settings, engine, None)
+    }
+
+    /// [`ControlLoop::start`] with an observer of every inference and tick.
+    pub fn start_with_tap(
+        settings: LoopSettings,
+        engine: Box<dyn Engine>,
+        tap: Option<Arc<dyn Tap>>,
+    ) -> Result<Self, ControlError> {
         if settings.merge == MergeMode::Prefix && !engine.conditions_on_prefix() {
             return Err(ControlError::PrefixUnsupported);
         }
@@ -219,16 +241,17 @@ impl ControlLoop {
         }));
 
         let publisher = {
-            let (s, health, stop, mailbox, hb) = (
+            let (s, health, stop, mailbox, hb, tap) = (
                 settings.clone(),
                 health.clone(),
                 stop.clone(),
                 mailbox.clone(),
                 robot_heartbeat.clone(),
+                tap.clone(),
             );
             std::thread::Builder::new()
                 .name("vla-publisher".into())
-                .spawn(move || publisher_thread(s, writer, health, stop, mailbox, hb))
+                .spawn(move || publisher_thread(s, writer, health, stop, mailbox, hb, tap))
                 .map_err(ControlError::Thread)?
         };
         let inference = {
@@ -241,7 +264,7 @@ impl ControlLoop {
             );
             std::thread::Builder::new()
                 .name("vla-inference".into())
-                .spawn(move || inference_thread(s, engine, health, stop, reload, mailbox))
+                .spawn(move || inference_thread(s, engine, health, stop, reload, mailbox, tap))
                 .map_err(ControlError::Thread)?
         };
         let watch = {
@@ -334,6 +357,7 @@ fn publisher_thread(
     stop: Arc<AtomicBool>,
     mailbox: Arc<Mutex<Mailbox>>,
     robot_heartbeat: Arc<std::sync::atomic::AtomicU64>,
+    tap: Option<Arc<dyn Tap>>,
 ) -> Histograms {
     block_signals();
     pin_current_thread("publisher", &s.publisher_cpus);
@@ -368,9 +392,10 @@ fn publisher_thread(
         let late = now.saturating_sub(next);
         h.jitter.record(late);
         Health::set(&health.last_jitter_ns, late);
+        let mut missed = 0;
         if late >= period {
             // Overrun: skip the ticks whose deadlines already passed, and count them.
-            let missed = late / period;
+            missed = late / period;
             next += missed * period;
             health.missed_ticks.fetch_add(missed, Ordering::Relaxed);
         }
@@ -411,7 +436,8 @@ fn publisher_thread(
         }
         let beat = robot_heartbeat.load(Ordering::Relaxed);
         let robot_alive = beat != 0 && now.saturating_sub(beat) <= heartbeat_timeout;
-        match scheduler.tick(now, robot_alive, fault, &mut action) {
+        let decision = scheduler.tick(now, robot_alive, fault, &mut action);
+        match decision {
             Decision::Step(_) => {
                 Health::bump(&health.published_ok);
                 let age = now.saturating_sub(capture_of_current);
@@ -426,6 +452,15 @@ fn publisher_thread(
         Health::set(&health.chunk_in_play, scheduler.chunk_id());
         // The layout was fixed from the same geometry, so a publish cannot fail on length.
         let _ = writer.publish(&action);
+        if let Some(t) = &tap {
+            t.tick(&TickEvent {
+                now_ns: now,
+                decision,
+                action: &action,
+                robot_alive,
+                missed,
+            });
+        }
         Health::bump(&health.ticks);
         Health::set(&health.last_tick_ns, now);
         next += period;
@@ -447,6 +482,7 @@ fn inference_thread(
     stop: Arc<AtomicBool>,
     reload: Arc<AtomicBool>,
     mailbox: Arc<Mutex<Mailbox>>,
+    tap: Option<Arc<dyn Tap>>,
 ) -> Histogram {
     block_signals();
     pin_current_thread("inference", &s.inference_cpus);
@@ -489,6 +525,8 @@ fn inference_thread(
     let mut prev_actions = vec![0f32; actions.len()];
     let mut prev_capture = 0u64;
     let mut prefix_actions = vec![0f32; actions.len()];
+    // Per-component latencies for the tap, sized once from the engine's names.
+    let mut components = vec![0u64; engine.component_names().len()];
     while !stop.load(Ordering::Acquire) {
         Health::set(&health.inference_alive_ns, monotonic_ns());
         if reload.swap(false, Ordering::AcqRel) {
@@ -592,6 +630,7 @@ fn inference_thread(
                 build_prefix(&prev_actions, dims, offset, d, &mut prefix_actions)
             })
             .flatten();
+        let prefixed_call = prefix.is_some();
         let t0 = monotonic_ns();
         let result = match prefix {
             Some((frozen, overlap)) => {
@@ -605,6 +644,20 @@ fn inference_thread(
             None => engine.infer(&obs, &mut actions),
         };
         let t1 = monotonic_ns();
+        if let Some(t) = &tap {
+            let n = engine.component_latencies(&mut components);
+            t.inference(&InferenceEvent {
+                chunk_id: if result.is_ok() { chunk_id + 1 } else { 0 },
+                observation: &obs,
+                observation_seq: seq,
+                started_ns: t0,
+                done_ns: t1,
+                components_ns: &components[..n.min(components.len())],
+                actions: &actions,
+                ok: result.is_ok(),
+                prefixed: prefixed_call,
+            });
+        }
         match result {
             Ok(()) => {
                 consecutive_failures = 0;

@@ -1,0 +1,255 @@
+//! The recorder on the real control loop: a recording on request (what SIGUSR1 does in
+//! the daemon) and one on a fault, both complete, while the publisher thread allocates
+//! nothing (a counting global allocator watches the `vla-publisher` thread by kernel
+//! tid, as `vla-bench loop` does).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vla_control::{ControlLoop, Engine, LoopSettings, MergeMode, Trigger};
+use vla_recorder::{Frames, Observer, ObserverSettings, RecorderSettings};
+use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
+
+struct Counting;
+static WATCHED_TID: AtomicI32 = AtomicI32::new(0);
+static WATCHED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+fn count() {
+    let watched = WATCHED_TID.load(Ordering::Relaxed);
+    // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
+    if watched != 0 && unsafe { libc::gettid() } == watched {
+        WATCHED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const G: Geometry = Geometry {
+    cameras: 2,
+    height: 16,
+    width: 16,
+    channels: 3,
+    state_dims: 3,
+    action_dims: 2,
+    chunk_len: 8,
+};
+
+/// Fills the chunk from the observation's seed; fails while `failing` is set.
+struct Fake {
+    failing: Arc<AtomicBool>,
+}
+
+impl Engine for Fake {
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
+        std::thread::sleep(Duration::from_millis(3));
+        if self.failing.load(Ordering::Relaxed) {
+            return Err("injected failure".into());
+        }
+        for (i, a) in actions.iter_mut().enumerate() {
+            *a = (obs.seed % 97) as f32 * 0.01 + i as f32 * 0.001;
+        }
+        Ok(())
+    }
+    fn reload(&mut self) -> Result<String, String> {
+        Ok("fake".into())
+    }
+    fn component_names(&self) -> Vec<String> {
+        vec!["fake".into()]
+    }
+    fn component_latencies(&self, out: &mut [u64]) -> usize {
+        out[0] = 3_000_000;
+        1
+    }
+}
+
+fn publisher_tid() -> i32 {
+    for e in std::fs::read_dir("/proc/self/task").unwrap() {
+        let p = e.unwrap().path();
+        if std::fs::read_to_string(p.join("comm"))
+            .unwrap_or_default()
+            .trim()
+            == "vla-publisher"
+        {
+            return p.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no vla-publisher thread");
+}
+
+fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+#[test]
+fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
+    let tag = std::process::id();
+    let dir = std::env::temp_dir().join(format!("vla-recorder-test-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let settings = LoopSettings {
+        geometry: G,
+        observation_path: format!("/dev/shm/vla-rec-test-{tag}-obs").into(),
+        action_path: format!("/dev/shm/vla-rec-test-{tag}-act").into(),
+        action_slots: 64,
+        period: Duration::from_millis(10),
+        max_observation_age: Duration::from_millis(500),
+        max_chunk_age: Duration::from_millis(2000),
+        hold_after_chunk_end: Duration::from_millis(20),
+        action_valid: Duration::from_millis(30),
+        writer_heartbeat_timeout: Duration::from_millis(500),
+        publisher_priority: 0,
+        publisher_cpus: vec![],
+        inference_priority: 0,
+        inference_cpus: vec![],
+        fault_after_failures: 2,
+        merge: MergeMode::Skip,
+        trigger: Trigger::BackToBack,
+        chunk_period: Duration::from_millis(10),
+        initial_latency: None,
+    };
+    let observer = Observer::start(ObserverSettings {
+        geometry: G,
+        publish_period: settings.period,
+        components: vec!["fake".into()],
+        recorder: Some(RecorderSettings {
+            directory: dir.clone(),
+            history: Duration::from_secs(2),
+            max_chunks: 64,
+            frames: Frames::Full,
+            max_bytes: 50_000_000,
+            on_fault: true,
+            hold_limit: None,
+        }),
+        metadata: Default::default(),
+    })
+    .unwrap();
+    let mut writer = RingWriter::<Observation>::create(&settings.observation_path, G, 8).unwrap();
+    let failing = Arc::new(AtomicBool::new(false));
+    let lp = ControlLoop::start_with_tap(
+        settings.clone(),
+        Box::new(Fake {
+            failing: failing.clone(),
+        }),
+        Some(observer.tap()),
+    )
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let camera = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut obs = Observation::for_geometry(&G).unwrap();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                obs.seed = n;
+                for (i, b) in obs.frames.iter_mut().enumerate() {
+                    *b = (i as u64 + n) as u8;
+                }
+                obs.capture_time_ns = monotonic_ns();
+                writer.publish(&obs).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let recordings = || observer.stats().recordings.load(Ordering::Relaxed);
+    // Warm-up: chunks land and the publisher has run its first ticks.
+    assert!(wait_for(Duration::from_secs(20), || {
+        vla_control::Health::get(&lp.health().published_ok) > 20
+    }));
+    WATCHED_TID.store(publisher_tid(), Ordering::SeqCst);
+    let before = WATCHED_ALLOCATIONS.load(Ordering::SeqCst);
+    let ticks_before = vla_control::Health::get(&lp.health().ticks);
+    // Plain ticks first, then the two recordings, all watched.
+    std::thread::sleep(Duration::from_millis(300));
+
+    observer.request_recording();
+    assert!(wait_for(Duration::from_secs(20), || recordings() == 1));
+    failing.store(true, Ordering::Relaxed);
+    assert!(wait_for(Duration::from_secs(20), || recordings() == 2));
+    failing.store(false, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+
+    let allocations = WATCHED_ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let ticks = vla_control::Health::get(&lp.health().ticks) - ticks_before;
+    WATCHED_TID.store(0, Ordering::SeqCst);
+    stop.store(true, Ordering::Relaxed);
+    camera.join().unwrap();
+    let report = lp.stop();
+    let (dropped_ticks, dropped_chunks) = observer.dropped();
+    observer.stop();
+    assert!(ticks > 20, "{ticks} ticks watched");
+    assert_eq!(allocations, 0, "the publisher allocated over {ticks} ticks");
+    assert!(report.published_fault > 0);
+
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(
+        names.iter().any(|n| n.ends_with("-signal.mcap")),
+        "{names:?}"
+    );
+    let fault = names
+        .iter()
+        .find(|n| n.ends_with("-fault.mcap"))
+        .expect("a fault recording");
+    let rec = vla_recorder::read_recording(&dir.join(fault)).unwrap();
+    assert_eq!(rec.metadata["trigger"], "fault");
+    assert!(
+        rec.decisions.get("fault").copied().unwrap_or(0) >= 1,
+        "{:?}",
+        rec.decisions
+    );
+    assert!(
+        rec.chunks.iter().any(|c| !c.ok),
+        "the failed inferences are recorded"
+    );
+    let good: Vec<_> = rec.chunks.iter().filter(|c| c.ok).collect();
+    assert!(!good.is_empty());
+    for c in good {
+        let n = c.seed;
+        let expect: Vec<u8> = (0..G.frame_bytes().unwrap())
+            .map(|i| (i as u64 + n) as u8)
+            .collect();
+        assert_eq!(c.frames, expect, "frames of observation seed {n}");
+        assert_eq!(c.actions[0], (n % 97) as f32 * 0.01);
+    }
+    eprintln!(
+        "watched {ticks} ticks: {allocations} publisher allocations; dropped {dropped_ticks} ticks, {dropped_chunks} chunks; {fault}: {} bytes",
+        std::fs::metadata(dir.join(fault)).unwrap().len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
