@@ -168,11 +168,12 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         },
         chunk_rate_hz: match raw.chunk_rate_hz {
             None => None,
-            Some(r) if r > 0.0 && r <= hz => Some(r),
+            // Below 0.1 Hz a chunk step would last minutes and step times overflow.
+            Some(r) if (0.1..=hz).contains(&r) => Some(r),
             Some(r) => {
                 return Err(ConfigError::invalid(
                     path(&["control", "chunk_rate_hz"]),
-                    format_args!("a number in (0, control.publish_hz = {hz}], or null (off)"),
+                    format_args!("a number in [0.1, control.publish_hz = {hz}], or null (off)"),
                     Found::number(r),
                 ))
             }

@@ -698,7 +698,12 @@ fn bad_chunk_execution_fields_name_the_field() {
             "control.chunk_rate_hz",
             &["publish_hz = 20", "found 40"],
         ),
-        ("\"chunk_rate_hz\": 0", "control.chunk_rate_hz", &["(0, "]),
+        ("\"chunk_rate_hz\": 0", "control.chunk_rate_hz", &["[0.1, "]),
+        (
+            "\"chunk_rate_hz\": 1e-12",
+            "control.chunk_rate_hz",
+            &["[0.1, ", "found 0.000000000001"],
+        ),
         (
             "\"extra_latency_ms\": 0.5",
             "control.extra_latency_ms",

@@ -531,6 +531,9 @@ fn inference_thread(
         Health::set(&health.inference_alive_ns, monotonic_ns());
         if reload.swap(false, Ordering::AcqRel) {
             post(Event::Drop, None);
+            // Another bundle, another latency: the old samples would keep d (and the
+            // prefix's frozen steps, the trigger's lead) wrong for a whole window.
+            window.clear();
             cold = true;
             Health::bump(&health.reloads);
             match engine.reload() {

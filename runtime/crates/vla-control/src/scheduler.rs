@@ -159,7 +159,10 @@ impl Scheduler {
             // New step j is the old chunk's position j + offset: blend the steps both
             // have, from the first one still to be published.
             let last_old = (self.steps - 1) as f64;
-            let first = pos.ceil() as usize;
+            // On a slower time base `pos` can fall between rows: the first sample
+            // published interpolates rows floor(pos) and floor(pos) + 1, so the blend
+            // starts at floor(pos), not one row late.
+            let first = pos.floor() as usize;
             let n = (first..self.steps)
                 .take_while(|&j| j as f64 + offset <= last_old)
                 .count();
@@ -469,6 +472,30 @@ mod tests {
         };
         let (skip, fade) = (jump(MergeMode::Skip), jump(MergeMode::Crossfade));
         assert!(fade < skip, "crossfade seam {fade} vs skip {skip}");
+    }
+
+    #[test]
+    fn crossfade_on_a_slower_time_base_blends_from_the_row_being_sampled() {
+        // Chunk steps every 400 ms, published every 100 ms. Old chunk 1 (dim 0: 100, 102,
+        // ...) captured at 1000 ms; new chunk 2 (200, 202, ...) captured at 1200 ms (0.5
+        // steps later) lands at 1500 ms, at position 0.75: between new rows 0 and 1.
+        let (mut s, mut a) = setup_with(MergeMode::Crossfade, 400 * MS);
+        s.land(&chunk(1, 1000), 1000 * MS);
+        for t in 0..5u64 {
+            s.tick((1000 + 100 * t) * MS, true, false, &mut a);
+        }
+        assert_eq!(a.values[0], 102.0);
+        s.land(&chunk(2, 1200), 1500 * MS);
+        s.tick(1500 * MS, true, false, &mut a);
+        // Shared rows 0..=3 (old positions 0.5..=3.5), weights 1/5 .. 4/5: row 0 =
+        // 101 + (200 - 101) / 5, row 1 = 103 + (202 - 103) * 2 / 5, sampled at 0.75.
+        let (row0, row1) = (101.0 + 99.0 * 0.2, 103.0 + 99.0 * 0.4);
+        let want = row0 * 0.25 + row1 * 0.75;
+        assert!(
+            (a.values[0] - want).abs() < 1e-3,
+            "{} vs {want}",
+            a.values[0]
+        );
     }
 
     #[test]

@@ -132,6 +132,12 @@ impl LatencyWindow {
         self.len == 0
     }
 
+    /// Forgets every sample (a reload: the new bundle's latency is another one).
+    pub fn clear(&mut self) {
+        self.next = 0;
+        self.len = 0;
+    }
+
     /// The `q`-quantile of the samples in the window (nearest rank), `None` when empty.
     pub fn quantile_ns(&mut self, q: f64) -> Option<u64> {
         if self.len == 0 {
