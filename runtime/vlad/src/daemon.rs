@@ -135,6 +135,13 @@ impl Engine for PolicyEngine {
         true
     }
 
+    fn discrete_dims(&self) -> Vec<bool> {
+        self.policy
+            .as_ref()
+            .map(Policy::discrete_dims)
+            .unwrap_or_default()
+    }
+
     fn infer_with_prefix(
         &mut self,
         obs: &vla_ring::Observation,

@@ -109,10 +109,13 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     .spawn()
     .unwrap();
     let read_metrics = || std::fs::read_to_string(&textfile).unwrap_or_default();
-    // A few chunks published, then ask for a recording.
+    // A few chunks and enough ticks published (the history must hold >= 20 actions
+    // however fast this machine runs inferences), then ask for a recording.
     assert!(
         wait_until(Duration::from_secs(120), || {
-            metric(&read_metrics(), "vlad_inferences_total").is_some_and(|n| n >= 5.0)
+            let m = read_metrics();
+            metric(&m, "vlad_inferences_total").is_some_and(|n| n >= 5.0)
+                && metric(&m, "vlad_ticks_total").is_some_and(|n| n >= 60.0)
         }),
         "no inferences in the textfile: {}",
         read_metrics()

@@ -68,6 +68,12 @@ pub trait Engine: Send + 'static {
     fn reload(&mut self) -> Result<String, String>;
     /// Names of the components whose latencies [`Engine::component_latencies`] reports
     /// (called once, before the loop starts).
+    /// The action dims whose values are discrete commands (a binarized gripper), which
+    /// the loop must never interpolate or blend; asked once at start. Default: none.
+    fn discrete_dims(&self) -> Vec<bool> {
+        Vec::new()
+    }
+
     fn component_names(&self) -> Vec<String> {
         Vec::new()
     }
@@ -220,6 +226,7 @@ impl ControlLoop {
             return Err(ControlError::PrefixUnsupported);
         }
         let g = settings.geometry;
+        let discrete = engine.discrete_dims();
         let writer = RingWriter::<Action>::create(&settings.action_path, g, settings.action_slots)
             .map_err(ControlError::ActionRing)?;
         let health = Arc::new(Health::default());
@@ -241,30 +248,35 @@ impl ControlLoop {
         }));
 
         let publisher = {
-            let (s, health, stop, mailbox, hb, tap) = (
+            let (s, shared, hb, tap, discrete) = (
                 settings.clone(),
-                health.clone(),
-                stop.clone(),
-                mailbox.clone(),
+                Shared {
+                    health: health.clone(),
+                    stop: stop.clone(),
+                    mailbox: mailbox.clone(),
+                },
                 robot_heartbeat.clone(),
                 tap.clone(),
+                discrete.clone(),
             );
             std::thread::Builder::new()
                 .name("vla-publisher".into())
-                .spawn(move || publisher_thread(s, writer, health, stop, mailbox, hb, tap))
+                .spawn(move || publisher_thread(s, writer, shared, hb, tap, discrete))
                 .map_err(ControlError::Thread)?
         };
         let inference = {
-            let (s, health, stop, reload, mailbox) = (
+            let (s, shared, reload) = (
                 settings.clone(),
-                health.clone(),
-                stop.clone(),
+                Shared {
+                    health: health.clone(),
+                    stop: stop.clone(),
+                    mailbox: mailbox.clone(),
+                },
                 reload.clone(),
-                mailbox.clone(),
             );
             std::thread::Builder::new()
                 .name("vla-inference".into())
-                .spawn(move || inference_thread(s, engine, health, stop, reload, mailbox, tap))
+                .spawn(move || inference_thread(s, engine, shared, reload, tap, discrete))
                 .map_err(ControlError::Thread)?
         };
         let watch = {
@@ -350,15 +362,26 @@ pub fn operating_point(settings: &LoopSettings, latency_ns: u64) -> Option<Opera
     ))
 }
 
-fn publisher_thread(
-    s: LoopSettings,
-    mut writer: RingWriter<Action>,
+/// What the publisher and inference threads share.
+struct Shared {
     health: Arc<Health>,
     stop: Arc<AtomicBool>,
     mailbox: Arc<Mutex<Mailbox>>,
+}
+
+fn publisher_thread(
+    s: LoopSettings,
+    mut writer: RingWriter<Action>,
+    shared: Shared,
     robot_heartbeat: Arc<std::sync::atomic::AtomicU64>,
     tap: Option<Arc<dyn Tap>>,
+    discrete: Vec<bool>,
 ) -> Histograms {
+    let Shared {
+        health,
+        stop,
+        mailbox,
+    } = shared;
     block_signals();
     pin_current_thread("publisher", &s.publisher_cpus);
     set_fifo_priority("publisher", s.publisher_priority);
@@ -374,6 +397,7 @@ fn publisher_thread(
     };
     let heartbeat_timeout = s.writer_heartbeat_timeout.as_nanos() as u64;
     let mut scheduler = Scheduler::new(limits, g.chunk_len as usize, g.action_dims as usize);
+    scheduler.set_discrete(&discrete);
     let mut action = Action::for_geometry(&g);
     let mut landed = Chunk {
         actions: vec![0.0; (g.chunk_len * g.action_dims) as usize],
@@ -423,7 +447,6 @@ fn publisher_thread(
                         fault = true;
                     }
                 }
-                drop(m);
                 if landed.id != 0 {
                     let skipped = scheduler.land(&landed, now);
                     capture_of_current = landed.capture_ns;
@@ -432,6 +455,11 @@ fn publisher_thread(
                 } else {
                     scheduler.drop_chunk();
                 }
+                // Still under the mailbox lock: the inference thread reads "taken" and
+                // "in play" together (prefix mode continues the chunk in play), so it never
+                // sees the chunk taken but not yet in play and falls back to no prefix.
+                Health::set(&health.chunk_in_play, scheduler.chunk_id());
+                drop(m);
             }
         }
         let beat = robot_heartbeat.load(Ordering::Relaxed);
@@ -478,12 +506,16 @@ fn publisher_thread(
 fn inference_thread(
     s: LoopSettings,
     mut engine: Box<dyn Engine>,
-    health: Arc<Health>,
-    stop: Arc<AtomicBool>,
+    shared: Shared,
     reload: Arc<AtomicBool>,
-    mailbox: Arc<Mutex<Mailbox>>,
     tap: Option<Arc<dyn Tap>>,
+    discrete: Vec<bool>,
 ) -> Histogram {
+    let Shared {
+        health,
+        stop,
+        mailbox,
+    } = shared;
     block_signals();
     pin_current_thread("inference", &s.inference_cpus);
     set_fifo_priority("inference", s.inference_priority);
@@ -621,16 +653,26 @@ fn inference_thread(
         // Prefix mode: condition on the chunk posted last when the publisher plays it, or
         // plays its predecessor and has not taken it yet (it drops chunks on a silent
         // robot, a failure or a reload, and then there is nothing to continue).
-        let in_play = Health::get(&health.chunk_in_play);
-        let pending = || mailbox.try_lock().is_ok_and(|m| m.fresh);
-        let continues =
-            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && pending()));
+        // Both read under the mailbox lock, where the publisher takes a chunk and puts it
+        // in play in one step (it holds the lock for a copy and a landing, microseconds).
+        let continues = {
+            let m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let in_play = Health::get(&health.chunk_in_play);
+            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && m.fresh))
+        };
         let prefix = (s.merge == MergeMode::Prefix && continues)
             .then(|| {
                 let offset =
                     obs.capture_time_ns.saturating_sub(prev_capture) as f64 / step_ns as f64;
                 let d = delay_steps(estimate, step_ns);
-                build_prefix(&prev_actions, dims, offset, d, &mut prefix_actions)
+                build_prefix(
+                    &prev_actions,
+                    dims,
+                    &discrete,
+                    offset,
+                    d,
+                    &mut prefix_actions,
+                )
             })
             .flatten();
         let prefixed_call = prefix.is_some();

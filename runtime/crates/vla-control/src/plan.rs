@@ -139,8 +139,10 @@ pub fn trigger_at(
 }
 
 /// Row `pos` (fractional) of a `[steps, dims]` chunk, linearly interpolated; positions
-/// past the last row give the last row (the last real action, never zeros).
-pub fn sample_row(chunk: &[f32], dims: usize, pos: f64, out: &mut [f32]) {
+/// past the last row give the last row (the last real action, never zeros). A dim marked
+/// in `discrete` (a binarized gripper: open or close, nothing between) takes the nearer
+/// row instead; an empty mask marks none.
+pub fn sample_row(chunk: &[f32], dims: usize, pos: f64, discrete: &[bool], out: &mut [f32]) {
     let steps = chunk.len() / dims;
     let last = steps - 1;
     let pos = pos.max(0.0);
@@ -156,8 +158,16 @@ pub fn sample_row(chunk: &[f32], dims: usize, pos: f64, out: &mut [f32]) {
         return;
     }
     let b = &chunk[(i + 1) * dims..(i + 2) * dims];
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = x + (y - x) * frac;
+    for (k, ((o, &x), &y)) in out.iter_mut().zip(a).zip(b).enumerate() {
+        *o = if discrete.get(k).copied().unwrap_or(false) {
+            if frac >= 0.5 {
+                y
+            } else {
+                x
+            }
+        } else {
+            x + (y - x) * frac
+        };
     }
 }
 
@@ -179,6 +189,7 @@ pub struct Prefix<'a> {
 pub fn build_prefix(
     prev: &[f32],
     dims: usize,
+    discrete: &[bool],
     offset_steps: f64,
     d: u64,
     out: &mut [f32],
@@ -190,7 +201,7 @@ pub fn build_prefix(
     }
     let overlap = ((last - offset_steps).floor() as usize + 1).min(steps);
     for (j, row) in out.chunks_exact_mut(dims).enumerate() {
-        sample_row(prev, dims, j as f64 + offset_steps, row);
+        sample_row(prev, dims, j as f64 + offset_steps, discrete, row);
     }
     Some(((d as usize).min(overlap), overlap))
 }
@@ -254,9 +265,9 @@ mod tests {
     fn rows_interpolate_and_pad_with_the_last_real_action() {
         let chunk = [0.0, 10.0, 1.0, 11.0, 2.0, 12.0];
         let mut out = [0.0f32; 2];
-        sample_row(&chunk, 2, 0.5, &mut out);
+        sample_row(&chunk, 2, 0.5, &[], &mut out);
         assert_eq!(out, [0.5, 10.5]);
-        sample_row(&chunk, 2, 7.0, &mut out);
+        sample_row(&chunk, 2, 7.0, &[], &mut out);
         assert_eq!(out, [2.0, 12.0], "past the end: the last row, never zeros");
     }
 
@@ -265,11 +276,11 @@ mod tests {
         let prev: Vec<f32> = (0..5).map(|i| i as f32).collect();
         let mut out = [f32::NAN; 5];
         // New capture 2 steps into the previous chunk; d = 1.
-        assert_eq!(build_prefix(&prev, 1, 2.0, 1, &mut out), Some((1, 3)));
+        assert_eq!(build_prefix(&prev, 1, &[], 2.0, 1, &mut out), Some((1, 3)));
         assert_eq!(out, [2.0, 3.0, 4.0, 4.0, 4.0]);
         // d beyond the overlap freezes only what exists.
-        assert_eq!(build_prefix(&prev, 1, 3.0, 9, &mut out), Some((2, 2)));
-        assert_eq!(build_prefix(&prev, 1, 4.5, 1, &mut out), None);
+        assert_eq!(build_prefix(&prev, 1, &[], 3.0, 9, &mut out), Some((2, 2)));
+        assert_eq!(build_prefix(&prev, 1, &[], 4.5, 1, &mut out), None);
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub struct Scheduler {
     robot_lost_ns: u64,
     /// Chunks refused because they held NaN/Inf.
     pub non_finite_refused: u64,
+    /// Dims never interpolated or blended (see [`Scheduler::set_discrete`]).
+    discrete: Vec<bool>,
 }
 
 impl Scheduler {
@@ -96,6 +98,15 @@ impl Scheduler {
             last_chunk_id: 0,
             robot_lost_ns: 0,
             non_finite_refused: 0,
+            discrete: vec![false; dims],
+        }
+    }
+
+    /// Marks the dims whose values are discrete commands (a binarized gripper): they are
+    /// never interpolated between steps nor blended at a seam, only switched.
+    pub fn set_discrete(&mut self, mask: &[bool]) {
+        for (d, &m) in self.discrete.iter_mut().zip(mask) {
+            *d = m;
         }
     }
 
@@ -169,10 +180,25 @@ impl Scheduler {
             for k in 0..n {
                 let j = first + k;
                 let w = crossfade_weight(k, n);
-                sample_row(&self.previous, self.dims, j as f64 + offset, &mut self.row);
+                sample_row(
+                    &self.previous,
+                    self.dims,
+                    j as f64 + offset,
+                    &self.discrete,
+                    &mut self.row,
+                );
                 let new = &mut self.chunk.actions[j * self.dims..(j + 1) * self.dims];
-                for (v, &old) in new.iter_mut().zip(&self.row) {
-                    *v = old + (*v - old) * w;
+                for ((v, &old), &discrete) in new.iter_mut().zip(&self.row).zip(&self.discrete) {
+                    *v = if discrete {
+                        // Open or close, never half: the new command from mid-ramp on.
+                        if w >= 0.5 {
+                            *v
+                        } else {
+                            old
+                        }
+                    } else {
+                        old + (*v - old) * w
+                    };
                 }
             }
         }
@@ -227,7 +253,13 @@ impl Scheduler {
         self.pos += self.advance;
         let step = pos.floor() as usize;
         if step < self.steps {
-            sample_row(&self.chunk.actions, self.dims, pos, &mut self.last_values);
+            sample_row(
+                &self.chunk.actions,
+                self.dims,
+                pos,
+                &self.discrete,
+                &mut self.last_values,
+            );
             self.last_source_seq = self.chunk.source_obs_seq;
             self.last_chunk_id = self.chunk.id;
             out.values.copy_from_slice(&self.last_values);
@@ -496,6 +528,50 @@ mod tests {
             "{} vs {want}",
             a.values[0]
         );
+    }
+
+    #[test]
+    fn a_discrete_dim_is_switched_never_interpolated_or_blended() {
+        // Dim 1 is a binarized gripper: -1 in the old chunk, +1 in the new one.
+        let gripper = |id: u64, g: f32| Chunk {
+            actions: (0..10)
+                .map(|i| if i % 2 == 1 { g } else { (id * 100 + i) as f32 })
+                .collect(),
+            ..chunk(id, 1000)
+        };
+        // Slower time base (a quarter step per tick): dim 0 interpolates, dim 1 must not.
+        let (mut s, mut a) = setup_with(MergeMode::Crossfade, 400 * MS);
+        s.set_discrete(&[false, true]);
+        let mut old = gripper(1, -1.0);
+        old.actions[3] = 1.0; // step 1 closes
+        s.land(&old, 1000 * MS);
+        let mut g = vec![];
+        for t in 0..6u64 {
+            s.tick((1000 + 100 * t) * MS, true, false, &mut a);
+            g.push(a.values[1]);
+        }
+        assert_eq!(
+            g,
+            vec![-1.0, -1.0, 1.0, 1.0, 1.0, 1.0],
+            "nearest step, no -0.5/0/0.5"
+        );
+        // A crossfade seam: the gripper switches to the new chunk's command, never halfway.
+        let mut new = gripper(2, 1.0);
+        new.capture_ns = 1200 * MS;
+        s.land(&new, 1500 * MS);
+        for t in 0..12u64 {
+            s.tick((1500 + 100 * t) * MS, true, false, &mut a);
+            assert!(a.values[1] == -1.0 || a.values[1] == 1.0, "{:?}", a.values);
+        }
+        // Without the mark the same seam publishes values between the two commands.
+        let (mut s, mut a) = setup_with(MergeMode::Crossfade, 400 * MS);
+        s.land(&gripper(1, -1.0), 1000 * MS);
+        s.tick(1000 * MS, true, false, &mut a);
+        let mut new = gripper(2, 1.0);
+        new.capture_ns = 1200 * MS;
+        s.land(&new, 1500 * MS);
+        s.tick(1500 * MS, true, false, &mut a);
+        assert!(a.values[1] > -1.0 && a.values[1] < 1.0, "{:?}", a.values);
     }
 
     #[test]

@@ -171,6 +171,21 @@ impl Policy {
         }
     }
 
+    /// Which action dims are discrete commands, never to be interpolated or blended: a
+    /// binarized gripper (Fast-WAM's `gripper_binarize`: -1 or 1, nothing between).
+    /// MolmoAct2's gripper is continuous.
+    pub fn discrete_dims(&self) -> Vec<bool> {
+        match self {
+            Policy::MolmoAct2(p) => vec![false; p.settings.action_dims],
+            Policy::FastWam(p) => {
+                let dims = p.settings.action_dims;
+                (0..dims)
+                    .map(|d| p.settings.gripper_binarize && d + 1 == dims)
+                    .collect()
+            }
+        }
+    }
+
     /// One inference into `actions` (`chunk_len x action_dims`, de-normalized).
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
         match self {
