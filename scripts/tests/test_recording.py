@@ -1,0 +1,127 @@
+"""A flight recording and the metrics textfile read by the tools fleets use: the `mcap`
+package (what Foxglove's and ROS 2's Python tooling build on) and the Prometheus
+text-format parser. The daemon runs on the Fast-WAM fixture with `vlad simulate` as the
+robot; SIGUSR1 asks for a recording (docs/observability.md)."""
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mcap.reader import make_reader
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+# The closed-loop fixture: its observations carry camera frames (the open-loop one has none).
+BUNDLE = REPO / "golden" / "bundles" / "fastwam-closed-loop"
+
+
+def vlad_binary() -> Path:
+    for profile in ("debug", "release"):
+        path = REPO / "target" / profile / "vlad"
+        if path.exists():
+            return path
+    pytest.fail("no vlad binary: build it first (cargo build -p vlad; scripts/test.sh does)")
+
+
+def qnn_lib_dir() -> str:
+    lib = os.environ.get("VLA_QNN_LIB_DIR", "")
+    if not lib:
+        if os.environ.get("VLA_REQUIRE_QNN") == "1":
+            pytest.fail("VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set")
+        pytest.skip("VLA_QNN_LIB_DIR is not set (the HTP emulator is needed)")
+    return lib
+
+
+def metrics(path: Path) -> dict:
+    """Prometheus families by name, parsed by the reference parser (raises on bad text)."""
+    text = path.read_text() if path.exists() else ""
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, family: str, **labels) -> float:
+    fam = families.get(family)
+    for sample in fam.samples if fam else []:
+        if all(sample.labels.get(k) == v for k, v in labels.items()):
+            return sample.value
+    return -1.0
+
+
+def wait_until(what: str, timeout_s: float, ok) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if ok():
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_a_recording_reads_back_with_the_mcap_package_and_the_textfile_parses(tmp_path):
+    lib = qnn_lib_dir()
+    vlad = vlad_binary()
+    config = json.loads((REPO / "config" / "dev.json").read_text())
+    tag = f"{os.getpid()}"
+    config["bundle"]["path"] = str(BUNDLE)
+    config["rings"]["observation_path"] = f"/dev/shm/vlad-pyrec-{tag}-obs"
+    config["rings"]["action_path"] = f"/dev/shm/vlad-pyrec-{tag}-act"
+    config["control"].update({"publish_hz": 20.0, "max_chunk_age_ms": 60000, "max_observation_age_ms": 5000,
+                              "action_valid_ms": 1000, "writer_heartbeat_timeout_ms": 2000})
+    recordings, textfile = tmp_path / "recordings", tmp_path / "vlad.prom"
+    config["recorder"] = {"directory": str(recordings), "history_s": 30, "frames": "full", "max_chunks": 32,
+                          "hold_limit_ms": 0}
+    config["metrics"] = {"textfile": str(textfile), "interval_ms": 200}
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(config))
+    env = dict(os.environ, VLA_QNN_LIB_DIR=lib)
+    # Default dispositions for the signals the daemon relies on, whatever CI inherited.
+    restore = lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGHUP, signal.SIGUSR1)]  # noqa: E731
+    daemon = subprocess.Popen([str(vlad), "run", "--config", str(cfg), "--duration", "120"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=restore)
+    sim = subprocess.Popen([str(vlad), "simulate", "--config", str(cfg), "--duration", "90", "--camera-hz", "20"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until("5 inferences and 60 ticks in the textfile", 120, lambda: (
+            value(metrics(textfile), "vlad_inferences") >= 5 and value(metrics(textfile), "vlad_ticks") >= 60))
+        daemon.send_signal(signal.SIGUSR1)
+        wait_until("a recording", 30, lambda: any(recordings.glob("*.mcap")))
+        families = metrics(textfile)
+    finally:
+        sim.kill()
+        sim.wait()
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=60) == 0
+
+    # The textfile: what a scrape sees, typed as documented.
+    assert families["vlad_ticks"].type == "counter" and value(families, "vlad_ticks") >= 60
+    assert families["vlad_inference_seconds"].type == "histogram"
+    assert value(families, "vlad_published_actions", status="ok") > 0
+    assert value(families, "vlad_parity_passed") == 1
+    assert value(families, "vlad_bundle_info", name="fastwam-closed-loop-tiny") == 1
+
+    # The recording: every camera message is a foxglove.RawImage holding the frame the
+    # simulator wrote (the bundle's golden observation), byte for byte.
+    (file,) = list(recordings.glob("*.mcap"))
+    golden = np.load(BUNDLE / "golden" / "end_to_end.npz")
+    frames = golden["frames"]
+    seen = {}
+    with file.open("rb") as f:
+        reader = make_reader(f)
+        assert reader.get_summary() is not None, "complete file: summary section present"
+        for schema, channel, message in reader.iter_messages():
+            seen[channel.topic] = seen.get(channel.topic, 0) + 1
+            assert channel.message_encoding == "json"
+            body = json.loads(message.data)
+            if channel.topic.startswith("/vla/camera/"):
+                assert schema.name == "foxglove.RawImage"
+                cam = int(channel.topic.rsplit("/", 1)[1])
+                pixels = np.frombuffer(base64.b64decode(body["data"]), np.uint8)
+                img = pixels.reshape(body["height"], body["width"], 3)
+                assert body["encoding"] == "rgb8" and body["step"] == body["width"] * 3
+                np.testing.assert_array_equal(img, frames[cam])
+    assert seen.get("/vla/chunk", 0) >= 5 and seen.get("/vla/action", 0) >= 20, seen
+    assert any(t.startswith("/vla/camera/") for t in seen), seen
