@@ -43,6 +43,11 @@ import ota_fixtures  # noqa: E402
 # (config/demo-emulator.json).
 FASTWAM_CONTROL = ota_fixtures.FASTWAM_CONTROL
 
+# A hold longer than this triggers a flight recording (the silent-robot gaps last longer).
+RECORD_HOLD_MS = 1000
+# Recordings replayed after the soak (each reruns its observations on the emulator).
+REPLAYED = 2
+
 # RSS may grow by at most this much after warm-up (see docs/soak.md for the reasoning).
 RSS_BOUND_KIB = 1024
 
@@ -91,6 +96,10 @@ def make_config(base: dict, out: Path, root: Path, public: str, control: dict, t
     cfg["ota"]["max_trial_starts"] = 3
     cfg["systemd"] = {"notify": False, "watchdog": False}
     cfg["log"]["level"] = "info"
+    # The flight recorder (docs/observability.md): the injected faults (a silent robot, a
+    # firmware restart) leave recordings that `vlad replay` must reproduce.
+    cfg["recorder"] = {"directory": str(out / f"recordings-{tag}"), "history_s": 15, "frames": "full",
+                       "max_chunks": 64, "max_mb": 64, "on_fault": True, "hold_limit_ms": RECORD_HOLD_MS}
     path = out / f"vlad-{tag}.json"
     path.write_text(json.dumps(cfg, indent=2) + "\n")
     return path
@@ -657,6 +666,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
     check(m_rss.get("growth_kib", 0) <= bound_kib,
           f"RSS grew {m_rss.get('growth_kib', 0)} KiB after warm-up (bound {bound_kib} KiB)")
     check(bool(over_sim) and os_["received"] > 0, "the robot received nothing in the overrun phase")
+    recordings = replay_recordings(vlad, fixture, out / "recordings-main", check)
 
     # ---------------------------------------------------------------------- per-event view
     by_kind: dict[str, list[dict]] = {}
@@ -684,6 +694,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
         "rss": {"main": m_rss, "overrun": o_rss, "bound_kib": bound_kib,
                 "warmup_s": warmup_end - t0,
                 "series": [[round(t - t0, 1), tag, kib] for t, tag, kib in rss.samples]},
+        "recordings": recordings,
         "failures": failures,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -697,6 +708,28 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
     return 0
 
 
+def replay_recordings(vlad: Path, fixture: Path, directory: Path, check) -> dict:
+    """The recordings the main phase's faults left: at least one (the robot goes silent
+    longer than RECORD_HOLD_MS every cycle), each a complete file, the first REPLAYED
+    reproduced by `vlad replay` on the fixture (the soak's bundles are signed copies of it)."""
+    files = sorted(directory.glob("*.mcap"))
+    check(not list(directory.glob(".*")), f"a temporary recording was left in {directory}")
+    check(len(files) >= 1, f"no flight recording in {directory} after the injected faults")
+    triggers: dict[str, int] = {}
+    for f in files:
+        trigger = f.stem.rsplit("-", 1)[-1]
+        triggers[trigger] = triggers.get(trigger, 0) + 1
+    replays = []
+    for f in files[:REPLAYED]:
+        r = vlad_cmd(vlad, "replay", str(f), "--bundle", str(fixture), check=False)
+        lines = [ln for ln in r.stdout.splitlines() if ln.strip() and "# LIBNATIVE" not in ln]
+        last = next((ln for ln in reversed(lines) if "compared" in ln), lines[-1] if lines else "")
+        replays.append({"file": f.name, "exit": r.returncode, "summary": last})
+        check(r.returncode == 0, f"vlad replay {f.name} exit {r.returncode}: {last} {r.stderr.strip()[-300:]}")
+    return {"files": len(files), "triggers": triggers, "replays": replays,
+            "bytes": sum(f.stat().st_size for f in files)}
+
+
 def print_summary(s: dict) -> None:
     def f(v, spec=".1f"):
         return "-" if v is None else format(v, spec)
@@ -706,6 +739,11 @@ def print_summary(s: dict) -> None:
     print(f"\nsoak summary: {s['bundle']}, {s['duration_s']:.0f} s "
           f"(main {s['main_s']:.0f} s at {s['control']['publish_hz']:g} Hz, "
           f"overrun {s['overrun_s']:.0f} s at {s['overrun_control']['publish_hz']:g} Hz)")
+    rec = s.get("recordings") or {}
+    if rec:
+        replayed = "; ".join(f"{r['file']}: {r['summary']}" for r in rec["replays"])
+        print(f"  flight recordings {rec['files']} {rec['triggers']} ({rec['bytes']:,} bytes); "
+              f"replayed: {replayed}")
     rows = [("", "main", "overrun")]
 
     def both(label, fn, spec=".1f"):
