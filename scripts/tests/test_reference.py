@@ -175,6 +175,12 @@ def test_bundle_layout_is_complete():
             assert e2e["frames"].shape == (m["cameras"], m["frame_height"], m["frame_width"], 3)
             assert e2e["actions"].shape == (m["action_horizon"], m["action_dims"])
             assert (bundle / m["prompt"]).is_file()
+        elif "chain" in manifest["fastwam"]:
+            # Closed loop: the chain's per-instruction context tables; frames and state in.
+            c = manifest["fastwam"]["chain"]
+            assert (bundle / c["tables"]).is_file()
+            assert e2e["frames"].shape == (c["cameras"], c["frame_height"], c["frame_width"], 3)
+            assert e2e["state"].shape == (c["state_dims"],)
         else:
             assert (bundle / manifest["fastwam"]["world_model"]).is_file()
 
