@@ -5,32 +5,11 @@
 
 mod common;
 
-use common::Drained;
+use common::{qnn, repo, Drained};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-
-fn qnn() -> bool {
-    match std::env::var("VLA_QNN_LIB_DIR") {
-        Ok(d) if !d.is_empty() => true,
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            false
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 fn config(dir: &Path, tag: &str, merge: &str, extra_ms: u32) -> PathBuf {
     let mut v: serde_json::Value =

@@ -1,21 +1,12 @@
 //! `vlad inspect | parity | bench-context` end to end: the binary against the real QNN
 //! libraries and the golden fixtures, including every bad input the tools must survive.
 
+mod common;
+
+use common::qnn as qnn_available;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use vla_npz::{write_npz, Array, Npz};
-
-fn qnn_available() -> bool {
-    let set = std::env::var_os("VLA_QNN_LIB_DIR").is_some_and(|d| !d.is_empty());
-    if !set {
-        assert!(
-            std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-            "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-        );
-        eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-    }
-    set
-}
 
 fn bundle() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../golden/bundles/molmoact2-original")

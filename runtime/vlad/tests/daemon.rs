@@ -4,33 +4,12 @@
 
 mod common;
 
-use common::Drained;
+use common::{qnn_dir, repo, Drained};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vla_ring::{Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
-
-fn qnn_dir() -> Option<String> {
-    match std::env::var("VLA_QNN_LIB_DIR") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 /// A config for `bundle` with rings and files private to this test.
 fn write_config(dir: &Path, tag: &str, bundle: &str, hz: f64) -> PathBuf {

@@ -5,30 +5,11 @@
 
 mod common;
 
-use common::Drained;
+use common::{qnn, repo, Drained};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
-
-fn qnn() -> bool {
-    let ok = std::env::var_os("VLA_QNN_LIB_DIR").is_some_and(|d| !d.is_empty());
-    if !ok {
-        assert!(
-            std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-            "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-        );
-        eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-    }
-    ok
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 fn vlad(args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_vlad"))

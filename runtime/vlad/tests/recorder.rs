@@ -3,30 +3,12 @@
 //! MCAP file, `vlad replay` reproduces it on the same bundle and fails (exit 3) on
 //! another, and the textfile carries the loop's counters.
 
+mod common;
+
+use common::{qnn_dir, repo};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn qnn_dir() -> Option<String> {
-    match std::env::var("VLA_QNN_LIB_DIR") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 fn bundle(name: &str) -> String {
     repo()

@@ -3,17 +3,13 @@
 //! heartbeat, and the JSON report counts the `ok` actions a careless daemon made during
 //! it, an over-long validity window, an all-zero action and one that arrived expired.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::repo;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, RingWriter};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
 
 const MS: u64 = 1_000_000;
 

@@ -3,6 +3,9 @@
 //! Needs `VLA_QNN_LIB_DIR` (set by `scripts/test.sh`). Without it these tests report that
 //! they skipped, unless `VLA_REQUIRE_QNN=1`, which CI sets so a missing library fails.
 
+mod common;
+
+use common::lib_dir;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
@@ -16,20 +19,6 @@ static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn lib_dir() -> Option<PathBuf> {
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
 }
 
 fn bundle() -> PathBuf {

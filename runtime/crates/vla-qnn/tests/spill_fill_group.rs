@@ -4,6 +4,9 @@
 //! group for them; the group path itself is driven here with sizes given by hand.
 //! Needs `VLA_QNN_LIB_DIR`, as tests/emulator.rs.
 
+mod common;
+
+use common::lib_dir;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
@@ -11,20 +14,6 @@ use vla_qnn::{
     QnnLibrary, SpillFillSharing,
 };
 use vla_tensor::compare;
-
-fn lib_dir() -> Option<PathBuf> {
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
-}
 
 fn ctx_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../golden/bundles/molmoact2-original/ctx")
