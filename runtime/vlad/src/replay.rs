@@ -15,23 +15,6 @@ Re-runs every recorded observation through the bundle (default: the recording's 
 and compares each chunk with the recorded one. Exit 3 when a chunk disagrees
 (cosine below --min-cosine, default 0.9999, or max abs above --max-abs, default 1e-3).";
 
-fn compare(a: &[f32], b: &[f32]) -> (f64, f64) {
-    let (mut dot, mut na, mut nb, mut max_abs) = (0f64, 0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (f64::from(x), f64::from(y));
-        dot += x * y;
-        na += x * x;
-        nb += y * y;
-        max_abs = max_abs.max((x - y).abs());
-    }
-    let cosine = if na == 0.0 && nb == 0.0 {
-        1.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt()).max(f64::MIN_POSITIVE)
-    };
-    (cosine, max_abs)
-}
-
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
     let (mut file, mut bundle): (Option<PathBuf>, Option<PathBuf>) = (None, None);
@@ -121,7 +104,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             )));
         }
         policy.infer(&o, &mut actions)?;
-        let (cosine, max_abs) = compare(&actions, &c.actions);
+        let m = vla_tensor::compare(&actions, &c.actions, 0.0, 0.0);
+        let (cosine, max_abs) = (m.cosine, m.max_abs_diff);
         compared += 1;
         worst = (worst.0.min(cosine), worst.1.max(max_abs));
         let ok = cosine >= min_cosine && max_abs <= max_abs_limit;
