@@ -1,12 +1,13 @@
-//! The counting global allocator of `vla-bench`: every heap allocation of the process, and
-//! separately those made by one watched thread (by kernel thread id), so a benchmark can
+//! A counting global allocator: every heap allocation of the process, and separately
+//! those made by one watched thread (by kernel thread id), so a benchmark or a test can
 //! report allocations per inference or per control-loop tick (the target is zero after
-//! warm-up) without instrumenting the code it measures.
+//! warm-up) without instrumenting the code it measures. Linking this crate installs it
+//! (`#[global_allocator]`): only benchmarks and tests depend on it.
 //!
 //! The watched thread is named by its tid (`gettid`), not by a handle, because the thread
 //! to watch (the control loop's `vla-publisher`) is spawned inside `vla-control`, which
-//! hands out no handle: the benchmark finds its tid in `/proc/self/task` (see
-//! [`crate::loop_jitter`]). `gettid` is a syscall, so it is only made while a thread is
+//! hands out no handle: the caller finds its tid in `/proc/self/task` (vla-bench's
+//! `loop_jitter`, vla-recorder's publish-path test). `gettid` is a syscall, so it is only made while a thread is
 //! watched.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -78,7 +79,6 @@ pub fn watched_allocations() -> u64 {
 }
 
 /// Serializes the tests that watch a thread (there is one watched tid per process).
-#[cfg(test)]
 pub static WATCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[cfg(test)]

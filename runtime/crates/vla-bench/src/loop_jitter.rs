@@ -14,14 +14,13 @@
 //!   no thread handle, so the publisher is found by name: after `ControlLoop::start`, the
 //!   one entry of `/proc/self/task/*/comm` reading `vla-publisher` (the name the loop gives
 //!   its thread) is its kernel tid, and the counting allocator counts the allocations whose
-//!   caller's `gettid()` is that tid ([`crate::counting`]);
+//!   caller's `gettid()` is that tid ([`vla_alloc_count`]);
 //! - allocations per tick of the whole process after warm-up, for information (the
 //!   inference and watch threads may allocate on error and retry paths);
 //! - the scheduling policy the publisher actually got (from `/proc/self/task/TID/stat`),
 //!   and whether `mlockall` and `/dev/cpu_dma_latency` = 0 took effect, as cyclictest
 //!   `-m` does both.
 
-use crate::counting;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use vla_alloc_count as counting;
 use vla_control::{sleep_until, ControlLoop, Engine, Health, LoopReport, LoopSettings};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 

@@ -11,18 +11,17 @@
 //! `scripts/bench.sh` runs these next to the numpy / ONNX Runtime side and `vlad
 //! bench-bundle`, and renders one table.
 
-mod counting;
 mod host;
 mod loop_jitter;
 mod ring;
 mod stats;
 
-use counting::allocations;
 use lexopt::prelude::*;
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use vla_alloc_count::allocations;
 
 const USAGE: &str = "\
 usage: vla-bench <command> [options]

@@ -1,53 +1,14 @@
 //! The recorder on the real control loop: a recording on request (what SIGUSR1 does in
 //! the daemon) and one on a fault, both complete, while the publisher thread allocates
-//! nothing (a counting global allocator watches the `vla-publisher` thread by kernel
-//! tid, as `vla-bench loop` does).
+//! nothing (vla-alloc-count's counting global allocator watches the `vla-publisher`
+//! thread by kernel tid, as `vla-bench loop` does).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vla_control::{ControlLoop, Engine, LoopSettings, MergeMode, Trigger};
 use vla_recorder::{Frames, Observer, ObserverSettings, RecorderSettings};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
-
-struct Counting;
-static WATCHED_TID: AtomicI32 = AtomicI32::new(0);
-static WATCHED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-fn count() {
-    let watched = WATCHED_TID.load(Ordering::Relaxed);
-    // SAFETY: gettid takes no arguments, cannot fail and touches no memory of ours.
-    if watched != 0 && unsafe { libc::gettid() } == watched {
-        WATCHED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const G: Geometry = Geometry {
     cameras: 2,
@@ -187,8 +148,8 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
     assert!(wait_for(Duration::from_secs(20), || {
         vla_control::Health::get(&lp.health().published_ok) > 20
     }));
-    WATCHED_TID.store(publisher_tid(), Ordering::SeqCst);
-    let before = WATCHED_ALLOCATIONS.load(Ordering::SeqCst);
+    vla_alloc_count::watch(publisher_tid());
+    let before = vla_alloc_count::watched_allocations();
     let ticks_before = vla_control::Health::get(&lp.health().ticks);
     // Plain ticks first, then the two recordings, all watched.
     std::thread::sleep(Duration::from_millis(300));
@@ -200,9 +161,9 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
     failing.store(false, Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(200));
 
-    let allocations = WATCHED_ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let allocations = vla_alloc_count::watched_allocations() - before;
     let ticks = vla_control::Health::get(&lp.health().ticks) - ticks_before;
-    WATCHED_TID.store(0, Ordering::SeqCst);
+    vla_alloc_count::watch(0);
     stop.store(true, Ordering::Relaxed);
     camera.join().unwrap();
     let report = lp.stop();
