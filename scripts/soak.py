@@ -569,6 +569,13 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
             log(f"t+{ev.start - t0:6.1f} s {kind:9s} {'ok' if ev.ok else 'FAILED'} in "
                 f"{ev.done - ev.start:5.1f} s: {ev.detail}")
             if warmup_end is None and len(events) == len(cycle):
+                # Writing a flight recording is a code path too (its JSON and the MCAP
+                # writer's buffers on the recorder thread): one of a full history, asked
+                # for now, so that the first one a fault triggers later is not growth.
+                written = daemon.count("signal recording written")
+                daemon.proc.send_signal(signal.SIGUSR1)
+                if not wait_for(lambda: daemon.count("signal recording written") > written, 30, daemon):
+                    failures.append("SIGUSR1 did not produce a flight recording within 30 s")
                 # Every code path ran once: the allocator's pools and QNN's are at size.
                 warmup_end = time.time() + 5.0
             next_at = max(next_at + spacing, time.time() + 3.0)
@@ -709,16 +716,17 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
 
 
 def replay_recordings(vlad: Path, fixture: Path, directory: Path, check) -> dict:
-    """The recordings the main phase's faults left: at least one (the robot goes silent
-    longer than RECORD_HOLD_MS every cycle), each a complete file, the first REPLAYED
+    """The main phase's recordings: the warm-up's (SIGUSR1) and those its faults left, at
+    least one `hold` (the robot goes silent longer than RECORD_HOLD_MS every cycle), each a
+    complete file, the first REPLAYED
     reproduced by `vlad replay` on the fixture (the soak's bundles are signed copies of it)."""
     files = sorted(directory.glob("*.mcap"))
     check(not list(directory.glob(".*")), f"a temporary recording was left in {directory}")
-    check(len(files) >= 1, f"no flight recording in {directory} after the injected faults")
     triggers: dict[str, int] = {}
     for f in files:
         trigger = f.stem.rsplit("-", 1)[-1]
         triggers[trigger] = triggers.get(trigger, 0) + 1
+    check(triggers.get("hold", 0) >= 1, f"no hold recording in {directory} after the robot's silences")
     replays = []
     for f in files[:REPLAYED]:
         r = vlad_cmd(vlad, "replay", str(f), "--bundle", str(fixture), check=False)
