@@ -22,7 +22,7 @@ mod tap;
 
 pub use plan::{
     build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
-    Prefix, Trigger,
+    Prefix, TickGrid, Trigger,
 };
 pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
@@ -246,6 +246,12 @@ impl ControlLoop {
                 ..Chunk::default()
             },
         }));
+        let period_ns = settings.period.as_nanos() as u64;
+        let grid = TickGrid {
+            origin_ns: monotonic_ns() + period_ns,
+            period_ns,
+            step_ns: settings.chunk_period.max(settings.period).as_nanos() as u64,
+        };
 
         let publisher = {
             let (s, shared, hb, tap, discrete) = (
@@ -254,6 +260,7 @@ impl ControlLoop {
                     health: health.clone(),
                     stop: stop.clone(),
                     mailbox: mailbox.clone(),
+                    grid,
                 },
                 robot_heartbeat.clone(),
                 tap.clone(),
@@ -271,6 +278,7 @@ impl ControlLoop {
                     health: health.clone(),
                     stop: stop.clone(),
                     mailbox: mailbox.clone(),
+                    grid,
                 },
                 reload.clone(),
             );
@@ -367,6 +375,8 @@ struct Shared {
     health: Arc<Health>,
     stop: Arc<AtomicBool>,
     mailbox: Arc<Mutex<Mailbox>>,
+    /// The publisher's tick grid: the inference thread aligns a prefix with it.
+    grid: TickGrid,
 }
 
 fn publisher_thread(
@@ -381,6 +391,7 @@ fn publisher_thread(
         health,
         stop,
         mailbox,
+        grid,
     } = shared;
     block_signals();
     pin_current_thread("publisher", &s.publisher_cpus);
@@ -409,7 +420,9 @@ fn publisher_thread(
     };
     let mut fault = false;
     let mut capture_of_current = 0u64;
-    let mut next = monotonic_ns() + period;
+    // On the grid the inference thread plans prefixes with; a late thread start joins it
+    // at its next tick rather than counting the ticks before it as missed.
+    let mut next = grid.next_tick(monotonic_ns());
     loop {
         sleep_until(next);
         let now = monotonic_ns();
@@ -422,6 +435,8 @@ fn publisher_thread(
             missed = late / period;
             next += missed * period;
             health.missed_ticks.fetch_add(missed, Ordering::Relaxed);
+            // Steps stay on their times: the missed ticks' steps are gone, not delayed.
+            scheduler.skip_ticks(missed);
         }
         if stop.load(Ordering::Acquire) {
             break;
@@ -448,7 +463,9 @@ fn publisher_thread(
                     }
                 }
                 if landed.id != 0 {
-                    let skipped = scheduler.land(&landed, now);
+                    // The tick's deadline, not the wake-up time: positions on the grid do
+                    // not depend on wake-up jitter (and match the inference thread's plan).
+                    let skipped = scheduler.land(&landed, next);
                     capture_of_current = landed.capture_ns;
                     health.skipped_steps.fetch_add(skipped, Ordering::Relaxed);
                     Health::set(&health.non_finite_chunks, scheduler.non_finite_refused);
@@ -515,6 +532,7 @@ fn inference_thread(
         health,
         stop,
         mailbox,
+        grid,
     } = shared;
     block_signals();
     pin_current_thread("inference", &s.inference_cpus);
@@ -662,15 +680,17 @@ fn inference_thread(
         };
         let prefix = (s.merge == MergeMode::Prefix && continues)
             .then(|| {
-                let offset =
-                    obs.capture_time_ns.saturating_sub(prev_capture) as f64 / step_ns as f64;
-                let d = delay_steps(estimate, step_ns);
+                // Rows as the publisher plays them on its grid: the frozen rows are then
+                // exactly what the old chunk would publish at those ticks, the landing
+                // tick included (at the latency estimate), so the seam adds no jump.
+                let offset = grid.offset_steps(prev_capture, obs.capture_time_ns);
+                let frozen = grid.frozen_rows(obs.capture_time_ns, estimate);
                 build_prefix(
                     &prev_actions,
                     dims,
                     &discrete,
                     offset,
-                    d,
+                    frozen,
                     &mut prefix_actions,
                 )
             })

@@ -183,15 +183,16 @@ pub struct Prefix<'a> {
     pub overlap: usize,
 }
 
-/// Fills `out` (`[steps, dims]`) with `prev` shifted by `offset_steps` (the new capture's
-/// time in the previous chunk's steps); returns `(frozen, overlap)` with `frozen =
-/// min(d, overlap)`. `None` when the previous chunk has no step left at the new capture.
+/// Fills `out` (`[steps, dims]`) with `prev` shifted by `offset_steps` (the old chunk's
+/// position at the new chunk's step 0, [`TickGrid::offset_steps`]); returns `(frozen,
+/// overlap)` with `frozen` ([`TickGrid::frozen_rows`]) capped at the overlap. `None`
+/// when the previous chunk has no step left at the new capture.
 pub fn build_prefix(
     prev: &[f32],
     dims: usize,
     discrete: &[bool],
     offset_steps: f64,
-    d: u64,
+    frozen: usize,
     out: &mut [f32],
 ) -> Option<(usize, usize)> {
     let steps = prev.len() / dims;
@@ -203,7 +204,66 @@ pub fn build_prefix(
     for (j, row) in out.chunks_exact_mut(dims).enumerate() {
         sample_row(prev, dims, j as f64 + offset_steps, discrete, row);
     }
-    Some(((d as usize).min(overlap), overlap))
+    Some((frozen.min(overlap), overlap))
+}
+
+/// The publisher's tick grid: ticks at `origin + n * period` (absolute deadlines, so the
+/// phase never drifts), and on each tick a chunk's position is the whole ticks since its
+/// capture times `advance` (chunk steps per tick; 1 unless on the slower time base).
+/// Merging two chunks by this grid, not by their capture times, lines up exactly the
+/// values the publisher plays at the same tick.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TickGrid {
+    pub origin_ns: u64,
+    pub period_ns: u64,
+    /// Chunk step period (`>= period_ns`).
+    pub step_ns: u64,
+}
+
+impl TickGrid {
+    fn advance(&self) -> f64 {
+        self.period_ns as f64 / self.step_ns.max(self.period_ns).max(1) as f64
+    }
+
+    /// Whole ticks from `capture_ns` to the grid time `t_ns`, floored (negative before it).
+    fn ticks_since(&self, capture_ns: u64, t_ns: u64) -> i128 {
+        (i128::from(t_ns) - i128::from(capture_ns)).div_euclid(i128::from(self.period_ns.max(1)))
+    }
+
+    /// A chunk's position (chunk steps) at the grid time `t_ns`: what the publisher samples.
+    pub fn position(&self, capture_ns: u64, t_ns: u64) -> f64 {
+        self.ticks_since(capture_ns, t_ns).max(0) as f64 * self.advance()
+    }
+
+    /// The first grid time at or after `t_ns`.
+    pub fn next_tick(&self, t_ns: u64) -> u64 {
+        let p = self.period_ns.max(1);
+        if t_ns <= self.origin_ns {
+            return self.origin_ns;
+        }
+        self.origin_ns + (t_ns - self.origin_ns).div_ceil(p) * p
+    }
+
+    /// Position in the old chunk (captured at `old_capture_ns`) of the new chunk's step 0
+    /// (captured at `new_capture_ns`): on every tick, old position = new position + this.
+    /// A whole number of ticks, so without the slower time base a whole number of rows.
+    pub fn offset_steps(&self, old_capture_ns: u64, new_capture_ns: u64) -> f64 {
+        let t = self.origin_ns;
+        (self.ticks_since(old_capture_ns, t) - self.ticks_since(new_capture_ns, t)) as f64
+            * self.advance()
+    }
+
+    /// Rows of a chunk captured at `capture_ns` that a prefix must keep as they are when
+    /// the chunk is ready `latency_ns` after its capture: every row the old chunk plays
+    /// before the landing, and the rows the landing tick samples (so the first value
+    /// the new chunk publishes is the one the old chunk would have).
+    pub fn frozen_rows(&self, capture_ns: u64, latency_ns: u64) -> usize {
+        let land = self.next_tick(capture_ns.saturating_add(latency_ns));
+        let pos = self.position(capture_ns, land);
+        // Row `pos` itself, or on the slower time base both rows a fractional `pos`
+        // interpolates (floor and ceil).
+        pos.ceil() as usize + 1
+    }
 }
 
 /// Crossfade weight of the new chunk at overlap position `k` of `n`: `(k+1)/(n+1)`, so
@@ -275,12 +335,50 @@ mod tests {
     fn the_prefix_is_the_previous_chunk_shifted_to_the_new_capture_and_padded() {
         let prev: Vec<f32> = (0..5).map(|i| i as f32).collect();
         let mut out = [f32::NAN; 5];
-        // New capture 2 steps into the previous chunk; d = 1.
+        // New capture 2 steps into the previous chunk; 1 row frozen.
         assert_eq!(build_prefix(&prev, 1, &[], 2.0, 1, &mut out), Some((1, 3)));
         assert_eq!(out, [2.0, 3.0, 4.0, 4.0, 4.0]);
-        // d beyond the overlap freezes only what exists.
+        // Frozen rows beyond the overlap: only what exists.
         assert_eq!(build_prefix(&prev, 1, &[], 3.0, 9, &mut out), Some((2, 2)));
         assert_eq!(build_prefix(&prev, 1, &[], 4.5, 1, &mut out), None);
+    }
+
+    #[test]
+    fn the_grid_lines_up_what_two_chunks_publish_at_the_same_tick() {
+        // 50 ms ticks at 1000 + 50 n ms; chunks captured off the grid.
+        let g = TickGrid {
+            origin_ns: 1_000 * MS,
+            period_ns: 50 * MS,
+            step_ns: 50 * MS,
+        };
+        let (old, new) = (1_012 * MS, 1_118 * MS);
+        let off = g.offset_steps(old, new);
+        assert_eq!(
+            off, 2.0,
+            "a whole number of rows, not (118 - 12) / 50 = 2.12"
+        );
+        for tick in (1_150..1_600).step_by(50) {
+            let t = tick * MS;
+            assert_eq!(
+                g.position(old, t),
+                g.position(new, t) + off,
+                "tick {tick} ms"
+            );
+        }
+        // Ready 120 ms after capture (1238 ms): lands at 1250 ms, new position 2 (1250 - 1118
+        // = 132 ms, 2 whole ticks), so rows 0..=2 are kept.
+        assert_eq!(g.next_tick(1_238 * MS), 1_250 * MS);
+        assert_eq!(g.next_tick(1_250 * MS), 1_250 * MS);
+        assert_eq!(g.frozen_rows(new, 120 * MS), 3);
+        // Slower time base (4 ticks per step): position 0.5 at 2 ticks interpolates rows 0
+        // and 1, both kept.
+        let slow = TickGrid {
+            step_ns: 200 * MS,
+            ..g
+        };
+        assert_eq!(slow.position(new, 1_250 * MS), 0.5);
+        assert_eq!(slow.frozen_rows(new, 120 * MS), 2);
+        assert_eq!(slow.offset_steps(old, new), 0.5);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! What to publish at each tick, given the current chunk: pure logic, no clocks or I/O.
 //!
 //! Step k of a chunk is meant for `capture + k * dt` of the observation it came from
-//! (`dt` the publish period, or the slower chunk time base). When a chunk lands, the
+//! (`dt` the publish period, or the slower chunk time base), counted in whole ticks of
+//! the publisher's grid (its deadlines, not its wake-ups). When a chunk lands, the
 //! steps whose time has passed by that inference's measured latency are skipped; in
 //! `crossfade` mode the steps it shares with the chunk in play are blended first. After
 //! that the position advances by `period / dt` chunk steps per tick (one, unless on the
@@ -10,7 +11,7 @@
 //! chunk holding NaN/Inf or a silent robot publishes `hold`. Everything is preallocated
 //! at start.
 
-use crate::plan::{crossfade_weight, sample_row, MergeMode};
+use crate::plan::{crossfade_weight, sample_row, MergeMode, TickGrid};
 use vla_ring::{Action, ActionStatus};
 
 /// Limits of the schedule, in nanoseconds.
@@ -135,7 +136,14 @@ impl Scheduler {
         }
     }
 
-    /// Takes a new chunk at time `now_ns`; returns how many steps were skipped. A chunk
+    /// The publisher missed `n` ticks (an overrun): their steps are gone, the position
+    /// moves on so that every step keeps its time.
+    pub fn skip_ticks(&mut self, n: u64) {
+        self.pos += n as f64 * self.advance;
+    }
+
+    /// Takes a new chunk at the tick `now_ns` (its deadline on the publisher's grid);
+    /// returns how many steps were skipped. A chunk
     /// whose observation predates the robot's last silence is refused (the next one,
     /// from a fresh observation, lands instead), and so is one holding NaN/Inf.
     pub fn land(&mut self, chunk: &Chunk, now_ns: u64) -> u64 {
@@ -156,8 +164,14 @@ impl Scheduler {
             && self.have_chunk
             && chunk.capture_ns >= self.chunk.capture_ns
             && now_ns.saturating_sub(self.chunk.capture_ns) <= self.limits.max_chunk_age_ns;
-        let offset = chunk.capture_ns.saturating_sub(self.chunk.capture_ns) as f64
-            / self.chunk_period() as f64;
+        // The old chunk's position at the new one's step 0, counted in whole ticks as the
+        // publisher advances both: the blend then starts from the old value of this tick.
+        let grid = TickGrid {
+            origin_ns: now_ns,
+            period_ns: self.limits.period_ns,
+            step_ns: self.chunk_period(),
+        };
+        let offset = grid.offset_steps(self.chunk.capture_ns, chunk.capture_ns);
         if blend {
             self.previous.copy_from_slice(&self.chunk.actions);
         }
@@ -358,6 +372,56 @@ mod tests {
         assert_eq!(s.tick(1350 * MS, true, false, &mut a), Decision::Step(3));
         assert_eq!(s.tick(1450 * MS, true, false, &mut a), Decision::Step(4));
         assert_eq!(a.values, vec![108.0, 109.0]);
+    }
+
+    #[test]
+    fn missed_ticks_drop_their_steps_and_the_rest_keep_their_times() {
+        let (mut s, mut a) = setup();
+        s.land(&chunk(1, 1000), 1000 * MS);
+        assert_eq!(s.tick(1000 * MS, true, false, &mut a), Decision::Step(0));
+        // The ticks at 1100 and 1200 ms were missed: at 1300 ms it is step 3's time.
+        s.skip_ticks(2);
+        assert_eq!(s.tick(1300 * MS, true, false, &mut a), Decision::Step(3));
+    }
+
+    #[test]
+    fn a_prefix_aligned_on_the_grid_continues_exactly_what_the_old_chunk_publishes() {
+        use crate::plan::build_prefix;
+        let (mut s, mut a) = setup_with(MergeMode::Prefix, 100 * MS);
+        // Ticks at 1000 + 100 n ms; captures off the grid.
+        let grid = TickGrid {
+            origin_ns: 1000 * MS,
+            period_ns: 100 * MS,
+            step_ns: 100 * MS,
+        };
+        let old = chunk(1, 1030);
+        s.land(&old, 1100 * MS);
+        // A new observation at 1170 ms, ready 160 ms later (1330 ms): lands at 1400 ms.
+        let (capture, latency) = (1170 * MS, 160 * MS);
+        let offset = grid.offset_steps(old.capture_ns, capture);
+        let frozen = grid.frozen_rows(capture, latency);
+        let mut prefix = vec![0.0f32; 10];
+        let (frozen, _) = build_prefix(&old.actions, 2, &[], offset, frozen, &mut prefix).unwrap();
+        // What the old chunk alone would publish at 1100..=1400 ms.
+        let mut alone = Scheduler::new(s.limits, 5, 2);
+        alone.land(&old, 1100 * MS);
+        let mut expected = Vec::new();
+        for t in (1100..=1400).step_by(100) {
+            alone.tick(t * MS, true, false, &mut a);
+            expected.push(a.values.clone());
+        }
+        // The engine keeps the frozen rows; the rest is whatever it computed.
+        let mut new = chunk(2, 1170);
+        new.actions[..frozen * 2].copy_from_slice(&prefix[..frozen * 2]);
+        for t in (1100..1400).step_by(100) {
+            s.tick(t * MS, true, false, &mut a);
+        }
+        s.land(&new, 1400 * MS);
+        assert_eq!(s.tick(1400 * MS, true, false, &mut a), Decision::Step(2));
+        assert_eq!(
+            a.values, expected[3],
+            "the landing tick publishes the old chunk's value for that tick"
+        );
     }
 
     #[test]
