@@ -6,7 +6,7 @@ table (hold share, seam jump vs inside-chunk jump, action age) and writes JSON.
 
     scripts/chunk_sweep.py --vlad target/release/vlad --out build/bench/chunks
         [--bundle golden/bundles/fastwam] [--latencies 0.1,0.3,0.6,1.2] [--rates 5,10,20]
-        [--modes skip,crossfade,prefix] [--seconds 8] [--trigger back_to_back]
+        [--modes skip,crossfade,prefix,inpaint] [--seconds 8] [--trigger back_to_back]
         [--timeline-cell 0.3,20,prefix --timeline-png FILE]
 
 Emulator figures with injected latency: the emulator's own inference time is the floor
@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--bundle", default=str(repo / "golden/bundles/fastwam"))
     ap.add_argument("--latencies", default="0.1,0.3,0.6,1.2")
     ap.add_argument("--rates", default="5,10,20")
-    ap.add_argument("--modes", default="skip,crossfade,prefix")
+    ap.add_argument("--modes", default="skip,crossfade,prefix,inpaint")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--trigger", default="back_to_back")
     ap.add_argument("--base-ms", type=float, default=None,

@@ -106,6 +106,8 @@ pub struct PolicyEngine {
     votes: Option<vla_qnn::PerfGovernor>,
     /// `control.extra_latency_ms` (tests and benchmarks only).
     extra_latency: Duration,
+    /// How a prefix conditions the flow loop (`control.merge` prefix or inpaint).
+    prefix_method: vla_policy::PrefixMethod,
 }
 
 impl PolicyEngine {
@@ -152,6 +154,7 @@ impl Engine for PolicyEngine {
             actions: prefix.actions,
             frozen: prefix.frozen,
             overlap: prefix.overlap,
+            method: self.prefix_method,
         };
         self.run(obs, Some(&p), actions)
     }
@@ -542,6 +545,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             vla_config::Merge::Skip => vla_control::MergeMode::Skip,
             vla_config::Merge::Crossfade => vla_control::MergeMode::Crossfade,
             vla_config::Merge::Prefix => vla_control::MergeMode::Prefix,
+            vla_config::Merge::Inpaint => vla_control::MergeMode::Inpaint,
         },
         trigger: match c.trigger {
             vla_config::TriggerMode::BackToBack => vla_control::Trigger::BackToBack,
@@ -562,6 +566,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         geometry,
         votes,
         extra_latency: c.extra_latency(),
+        prefix_method: match c.merge {
+            vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
+            _ => vla_policy::PrefixMethod::VelocityMask,
+        },
     };
     let period = settings.period;
     // --- observability (issue 19): flight recorder and metrics textfile, when configured.

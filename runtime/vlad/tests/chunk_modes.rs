@@ -98,7 +98,7 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
         return;
     }
     let dir = scratch("modes");
-    for merge in ["skip", "crossfade", "prefix"] {
+    for merge in ["skip", "crossfade", "prefix", "inpaint"] {
         let cfg = config(&dir, merge, merge, 150);
         let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
             "run",

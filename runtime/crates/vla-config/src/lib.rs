@@ -191,16 +191,18 @@ pub enum Merge {
     Skip,
     Crossfade,
     Prefix,
+    Inpaint,
 }
 
 impl Merge {
-    pub const NAMES: [&'static str; 3] = ["skip", "crossfade", "prefix"];
+    pub const NAMES: [&'static str; 4] = ["skip", "crossfade", "prefix", "inpaint"];
 
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip" => Some(Merge::Skip),
             "crossfade" => Some(Merge::Crossfade),
             "prefix" => Some(Merge::Prefix),
+            "inpaint" => Some(Merge::Inpaint),
             _ => None,
         }
     }

@@ -146,7 +146,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
             Some(word) => Merge::parse(&word.0).ok_or_else(|| {
                 ConfigError::invalid(
                     path(&["control", "merge"]),
-                    format_args!("one of skip, crossfade, prefix"),
+                    format_args!("one of skip, crossfade, prefix, inpaint"),
                     Found::text(&word.0),
                 )
             })?,

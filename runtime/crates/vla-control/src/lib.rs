@@ -128,7 +128,7 @@ impl core::fmt::Display for ControlError {
             ControlError::Thread(e) => write!(f, "cannot start a loop thread: {e}"),
             ControlError::PrefixUnsupported => write!(
                 f,
-                "`control.merge` is prefix but this engine cannot condition on a prefix"
+                "`control.merge` is prefix or inpaint but this engine cannot condition on a prefix"
             ),
         }
     }
@@ -222,7 +222,7 @@ impl ControlLoop {
         engine: Box<dyn Engine>,
         tap: Option<Arc<dyn Tap>>,
     ) -> Result<Self, ControlError> {
-        if settings.merge == MergeMode::Prefix && !engine.conditions_on_prefix() {
+        if settings.merge.conditions_on_prefix() && !engine.conditions_on_prefix() {
             return Err(ControlError::PrefixUnsupported);
         }
         let g = settings.geometry;
@@ -678,7 +678,7 @@ fn inference_thread(
             let in_play = Health::get(&health.chunk_in_play);
             in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && m.fresh))
         };
-        let prefix = (s.merge == MergeMode::Prefix && continues)
+        let prefix = (s.merge.conditions_on_prefix() && continues)
             .then(|| {
                 // Rows as the publisher plays them on its grid: the frozen rows are then
                 // exactly what the old chunk would publish at those ticks, the landing

@@ -16,20 +16,28 @@ pub enum MergeMode {
     /// ramping from near 0 at the seam to 1 at the end of the overlap.
     Crossfade,
     /// The engine conditions the new chunk on the old one's remaining steps inside its
-    /// flow loop; it then lands like `Skip`.
+    /// flow loop (GR00T's velocity mask); it then lands like `Skip`.
     Prefix,
+    /// As `Prefix`, conditioned by inpainting the noised remaining steps instead.
+    Inpaint,
 }
 
 impl MergeMode {
-    pub const NAMES: [&'static str; 3] = ["skip", "crossfade", "prefix"];
+    pub const NAMES: [&'static str; 4] = ["skip", "crossfade", "prefix", "inpaint"];
 
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip" => Some(MergeMode::Skip),
             "crossfade" => Some(MergeMode::Crossfade),
             "prefix" => Some(MergeMode::Prefix),
+            "inpaint" => Some(MergeMode::Inpaint),
             _ => None,
         }
+    }
+
+    /// Whether the engine conditions each inference on the chunk in play.
+    pub fn conditions_on_prefix(self) -> bool {
+        matches!(self, MergeMode::Prefix | MergeMode::Inpaint)
     }
 
     pub fn as_str(self) -> &'static str {

@@ -519,7 +519,12 @@ mod tests {
         );
     }
 
-    const MODES: [MergeMode; 3] = [MergeMode::Skip, MergeMode::Crossfade, MergeMode::Prefix];
+    const MODES: [MergeMode; 4] = [
+        MergeMode::Skip,
+        MergeMode::Crossfade,
+        MergeMode::Prefix,
+        MergeMode::Inpaint,
+    ];
 
     #[test]
     fn crossfade_blends_the_shared_steps_with_a_ramp_and_keeps_the_rest() {

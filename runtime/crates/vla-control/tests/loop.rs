@@ -107,7 +107,12 @@ fn settings(tag: &str) -> LoopSettings {
     }
 }
 
-const MODES: [MergeMode; 3] = [MergeMode::Skip, MergeMode::Crossfade, MergeMode::Prefix];
+const MODES: [MergeMode; 4] = [
+    MergeMode::Skip,
+    MergeMode::Crossfade,
+    MergeMode::Prefix,
+    MergeMode::Inpaint,
+];
 
 fn publish_obs(w: &mut RingWriter<Observation>, obs: &mut Observation) -> u64 {
     obs.capture_time_ns = monotonic_ns();
@@ -234,7 +239,7 @@ fn fresh_steps_then_hold(mode: MergeMode) {
             "{mode:?} {a:?}"
         );
     }
-    if mode == MergeMode::Prefix {
+    if mode.conditions_on_prefix() {
         assert!(
             seen.calls.load(Ordering::Relaxed) > 0,
             "prefix mode conditions"

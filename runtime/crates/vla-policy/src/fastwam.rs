@@ -15,7 +15,7 @@ use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
 use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
-use crate::prefix::{ActionPrefix, PrefixBuffers};
+use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::Observation;
 pub use chain::{proprio_row, WorldModel};
 use norm::FastWamNormalizer;
@@ -338,20 +338,22 @@ impl FastWam {
                     count: bad,
                 });
             }
-            match prefix {
-                Some(_) => self.prefix.update(
-                    self.latents.as_f32_mut(),
-                    self.pred.as_f32(),
+            let (x, pred) = (self.latents.as_f32_mut(), self.pred.as_f32());
+            match prefix.map(|_| self.prefix.method()) {
+                Some(PrefixMethod::VelocityMask) => self.prefix.update(
+                    x,
+                    pred,
                     crate::manifest::StepOutput::Velocity,
                     (self.sigmas[i + 1] - self.sigmas[i]) as f32,
                     dims,
                 ),
-                None => wan_update(
-                    self.latents.as_f32_mut(),
-                    self.pred.as_f32(),
-                    self.sigmas[i],
-                    self.sigmas[i + 1],
-                ),
+                inpaint => {
+                    wan_update(x, pred, self.sigmas[i], self.sigmas[i + 1]);
+                    if inpaint.is_some() {
+                        // sigma runs 1 (noise) -> 0 (data): the noise left is sigma_next.
+                        self.prefix.inpaint(x, self.sigmas[i + 1] as f32, dims);
+                    }
+                }
             }
         }
         wan_actions(

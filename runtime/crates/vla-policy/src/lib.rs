@@ -35,7 +35,7 @@ pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAc
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
-pub use prefix::{prefix_mask, ActionPrefix};
+pub use prefix::{prefix_mask, ActionPrefix, PrefixMethod};
 pub use preprocess::Preprocessor;
 pub use prompt::{attention_bias, Instruction};
 

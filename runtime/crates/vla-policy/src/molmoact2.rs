@@ -24,7 +24,7 @@ use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
 use crate::noise::fill_gaussian;
 use crate::norm::{state_token_id, Normalizer};
-use crate::prefix::{ActionPrefix, PrefixBuffers};
+use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::preprocess::Preprocessor;
 use crate::prompt::PromptTables;
 use crate::Observation;
@@ -472,19 +472,19 @@ impl MolmoAct2 {
                         count: bad,
                     });
                 }
-                match prefix {
-                    Some(_) => {
-                        let x = self.trajectory.as_f32_mut();
+                let x = self.trajectory.as_f32_mut();
+                match prefix.map(|_| self.prefix.method()) {
+                    Some(PrefixMethod::VelocityMask) => {
                         self.prefix.update(x, out, m.step_output, dt, width)
                     }
-                    None => integrate_step(
-                        self.trajectory.as_f32_mut(),
-                        out,
-                        m.step_output,
-                        dt,
-                        width,
-                        dims,
-                    ),
+                    inpaint => {
+                        integrate_step(x, out, m.step_output, dt, width, dims);
+                        if inpaint.is_some() {
+                            // t runs 0 (noise) -> 1 (data); after this step t = (step + 1) / n.
+                            let noise_level = 1.0 - ((step + 1) as f64 / n as f64) as f32;
+                            self.prefix.inpaint(x, noise_level, width);
+                        }
+                    }
                 }
             }
             let x = self.trajectory.as_f32();

@@ -4,12 +4,14 @@
 //! stays nearer to it than an unconditioned chunk, and nothing non-finite comes out. The
 //! closed-loop Fast-WAM fixture has `gripper_map: libero`: its frozen gripper values only
 //! come back as the prefix's if the map (`-(2g - 1)`) is undone before normalizing.
+//! Inpainting runs on the two kinds of update it must work after (Wan Euler, and
+//! KeyStone's next-trajectory output with its candidates).
 
 mod common;
 
-use vla_policy::{ActionPrefix, Bundle, ObservationFile, Policy};
+use vla_policy::{ActionPrefix, Bundle, ObservationFile, Policy, PrefixMethod};
 
-fn conditioned(name: &str) {
+fn conditioned(name: &str, method: PrefixMethod) {
     let Some(backend) = common::backend() else {
         return;
     };
@@ -33,6 +35,7 @@ fn conditioned(name: &str) {
         actions: &prefix,
         frozen,
         overlap: h - shift,
+        method,
     };
     let mut out = vec![0f32; h * dims];
     // Another seed, as the next observation would have.
@@ -58,7 +61,7 @@ fn conditioned(name: &str) {
             .sum()
     };
     eprintln!(
-        "{name}: overlap distance to the prefix conditioned {:.4e}, unconditioned {:.4e}",
+        "{name} ({method:?}): overlap distance to the prefix conditioned {:.4e}, unconditioned {:.4e}",
         dist(&out),
         dist(&free)
     );
@@ -70,7 +73,12 @@ fn conditioned(name: &str) {
 
 #[test]
 fn fastwam_continues_the_prefix() {
-    conditioned("fastwam");
+    conditioned("fastwam", PrefixMethod::VelocityMask);
+}
+
+#[test]
+fn fastwam_inpainting_continues_the_prefix() {
+    conditioned("fastwam", PrefixMethod::Inpaint);
 }
 
 #[test]
@@ -82,15 +90,20 @@ fn fastwam_closed_loop_with_the_libero_gripper_map_continues_the_prefix() {
         !f.gripper_binarize,
         "a binarized gripper cannot be continued exactly"
     );
-    conditioned("fastwam-closed-loop");
+    conditioned("fastwam-closed-loop", PrefixMethod::VelocityMask);
 }
 
 #[test]
 fn molmoact2_velocity_continues_the_prefix() {
-    conditioned("molmoact2-lp-vtp-sd");
+    conditioned("molmoact2-lp-vtp-sd", PrefixMethod::VelocityMask);
 }
 
 #[test]
 fn drift_keystone_next_trajectory_continues_the_prefix() {
-    conditioned("molmoact2-drift-keystone");
+    conditioned("molmoact2-drift-keystone", PrefixMethod::VelocityMask);
+}
+
+#[test]
+fn drift_keystone_inpainting_continues_the_prefix() {
+    conditioned("molmoact2-drift-keystone", PrefixMethod::Inpaint);
 }
