@@ -265,13 +265,20 @@ pub fn molmoact2(
     let image_block: Vec<bool> = (0..s)
         .map(|r| (3..5 + d.image_tokens).contains(&r))
         .collect();
-    let instr = Instruction {
-        scaffold: synthetic(s * h, 3),
-        attention_bias: attention_bias(&valid, &image_block, f32::MIN),
-        encoder_mask: vec![1.0; s],
+    // As the real tables: every image position holds the patch token's row.
+    let mut scaffold = synthetic(s * h, 3);
+    let patch_row = scaffold[image_positions[0] * h..][..h].to_vec();
+    for &p in &image_positions {
+        scaffold[p * h..(p + 1) * h].copy_from_slice(&patch_row);
+    }
+    let instr = Instruction::new(
+        scaffold,
+        attention_bias(&valid, &image_block, f32::MIN),
+        vec![1.0; s],
         image_positions,
         state_positions,
-    };
+        h,
+    );
     let state_rows = synthetic(256 * h, 4);
     let state = synthetic(d.state_dims, 5);
     let mut state_ids = vec![0usize; d.state_dims];
@@ -308,8 +315,8 @@ pub fn molmoact2(
         .off_critical_path(),
         Step::new(
             "prompt rows",
-            "image rows = scaffold + embeds, state rows replaced",
-            embed_bytes * 3 + d.state_dims as u64 * row_bytes * 2,
+            "image rows = patch row + embeds, state rows replaced",
+            embed_bytes * 2 + d.state_dims as u64 * row_bytes * 2,
         ),
         Step::new(
             "chain guards",

@@ -29,6 +29,10 @@ pub struct Instruction {
     pub encoder_mask: Vec<f32>,
     pub image_positions: Vec<usize>,
     pub state_positions: Vec<usize>,
+    /// The row every image position of the scaffold holds, when they all hold the same
+    /// (the upstream layout: `wte[image_patch_id]`): the per-observation add then reads
+    /// one cached row instead of an image's worth of scaffold (see [`Instruction::new`]).
+    pub image_row: Option<Vec<f32>>,
 }
 
 pub struct PromptTables {
@@ -97,6 +101,39 @@ pub fn attention_bias(valid: &[u8], is_image: &[bool], blocked: f32) -> Vec<f32>
 }
 
 impl Instruction {
+    /// An instruction; finds the shared image row of its scaffold (`d` the hidden width).
+    pub fn new(
+        scaffold: Vec<f32>,
+        attention_bias: Vec<f32>,
+        encoder_mask: Vec<f32>,
+        image_positions: Vec<usize>,
+        state_positions: Vec<usize>,
+        d: usize,
+    ) -> Self {
+        let row = |p: usize| &scaffold[p * d..(p + 1) * d];
+        let image_row = image_positions.first().and_then(|&first| {
+            // Bit patterns, so that -0.0 and 0.0 or two NaN payloads never count as equal.
+            let same = |p: &usize| {
+                row(*p)
+                    .iter()
+                    .zip(row(first))
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            };
+            image_positions
+                .iter()
+                .all(same)
+                .then(|| row(first).to_vec())
+        });
+        Self {
+            scaffold,
+            attention_bias,
+            encoder_mask,
+            image_positions,
+            state_positions,
+            image_row,
+        }
+    }
+
     /// Writes the whole scaffold into `hidden` (`[S, D]`): done once when the instruction
     /// changes, since the text rows never change between observations.
     pub fn write_scaffold(&self, hidden: &mut [f32]) {
@@ -117,9 +154,13 @@ impl Instruction {
     ) {
         for (j, &pos) in self.image_positions.iter().enumerate() {
             let row = pos * d..(pos + 1) * d;
-            for ((h, s), e) in hidden[row.clone()]
+            let base = match &self.image_row {
+                Some(shared) => &shared[..],
+                None => &self.scaffold[row.clone()],
+            };
+            for ((h, s), e) in hidden[row]
                 .iter_mut()
-                .zip(&self.scaffold[row])
+                .zip(base)
                 .zip(&image_embeds[j * d..(j + 1) * d])
             {
                 *h = s + e;
@@ -240,13 +281,14 @@ impl PromptTables {
                     reason: format!("instruction {i}: encoder_mask admits padding row {p}"),
                 });
             }
-            instructions.push(Instruction {
-                attention_bias: attention_bias(v, &is_image, m.attention_blocked_value),
-                encoder_mask: encoder.iter().map(|&x| f32::from(x)).collect(),
+            instructions.push(Instruction::new(
                 scaffold,
+                attention_bias(v, &is_image, m.attention_blocked_value),
+                encoder.iter().map(|&x| f32::from(x)).collect(),
                 image_positions,
                 state_positions,
-            });
+                d,
+            ));
         }
         let state_token_rows = rows.iter().map(|x: &f16| x.to_f32()).collect();
         Ok(Self {
@@ -263,21 +305,38 @@ mod tests {
     #[test]
     fn observation_rows_are_added_or_replaced_and_text_rows_kept() {
         // S = 4, D = 2: [text, img, state, img]
-        let instr = Instruction {
-            scaffold: vec![1.0, 2.0, 10.0, 20.0, 5.0, 6.0, 30.0, 40.0],
-            attention_bias: vec![0.0; 16],
-            encoder_mask: vec![1.0; 4],
-            image_positions: vec![1, 3],
-            state_positions: vec![2],
+        let instr = |scaffold: Vec<f32>| {
+            Instruction::new(
+                scaffold,
+                vec![0.0; 16],
+                vec![1.0; 4],
+                vec![1, 3],
+                vec![2],
+                2,
+            )
         };
         let rows = [0.0, 0.0, 7.0, 8.0];
+        let distinct = instr(vec![1.0, 2.0, 10.0, 20.0, 5.0, 6.0, 30.0, 40.0]);
+        assert!(distinct.image_row.is_none());
         let mut hidden = vec![0.0; 8];
-        instr.write_scaffold(&mut hidden);
-        instr.embed_observation(&mut hidden, &[0.5, 0.25, 1.0, 2.0], &rows, &[1], 2);
+        distinct.write_scaffold(&mut hidden);
+        distinct.embed_observation(&mut hidden, &[0.5, 0.25, 1.0, 2.0], &rows, &[1], 2);
         assert_eq!(hidden, [1.0, 2.0, 10.5, 20.25, 7.0, 8.0, 31.0, 42.0]);
         // A second observation starts again from the scaffold, not from the last sum.
-        instr.embed_observation(&mut hidden, &[1.0, 1.0, 0.0, 0.0], &rows, &[0], 2);
+        distinct.embed_observation(&mut hidden, &[1.0, 1.0, 0.0, 0.0], &rows, &[0], 2);
         assert_eq!(hidden, [1.0, 2.0, 11.0, 21.0, 0.0, 0.0, 30.0, 40.0]);
+        // The upstream layout: every image row holds the patch token's row; one row is
+        // kept and the result is the same as from the full scaffold.
+        let shared = instr(vec![1.0, 2.0, 10.0, 20.0, 5.0, 6.0, 10.0, 20.0]);
+        assert_eq!(shared.image_row.as_deref(), Some(&[10.0, 20.0][..]));
+        let mut from_row = vec![0.0; 8];
+        shared.write_scaffold(&mut from_row);
+        shared.embed_observation(&mut from_row, &[0.5, 0.25, 1.0, 2.0], &rows, &[1], 2);
+        assert_eq!(from_row, [1.0, 2.0, 10.5, 20.25, 7.0, 8.0, 11.0, 22.0]);
+        // -0.0 and 0.0 add differently to -0.0: never merged.
+        assert!(instr(vec![0.0, 0.0, -0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            .image_row
+            .is_none());
     }
 
     #[test]
@@ -317,5 +376,9 @@ mod tests {
         );
         assert!(allowed(start, col), "and the <im_col> after them");
         assert!(!allowed(start - 1, first), "text before the image does not");
+        assert!(
+            tables.instructions.iter().all(|i| i.image_row.is_some()),
+            "the builder's tables hold wte[image_patch_id] at every patch position"
+        );
     }
 }
