@@ -19,9 +19,10 @@
 #   5  action ring vs pipe, write-to-visible across two processes (vla-bench ring)
 #   6  release binary sizes; allocations per inference (host glue) and per tick (loop)
 #   7  chunk execution sweep (issue 13): latency {0.1,0.3,0.6,1.2 s} x publish rate
-#      {5,10,20 Hz} x merge mode {skip,crossfade,prefix} on the Fast-WAM fixture, the
-#      latency injected with control.extra_latency_ms (scripts/chunk_sweep.py; ~7 min
-#      at BENCH_CHUNK_SECONDS=8)
+#      {5,10,20 Hz} x merge mode {skip,crossfade,prefix,inpaint} on the Fast-WAM
+#      fixture, the latency injected with control.extra_latency_ms, seam offsets from
+#      each cell's flight recording (scripts/chunk_sweep.py; ~10 min at
+#      BENCH_CHUNK_SECONDS=8)
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -165,7 +166,7 @@ if part 7; then
     step "7. chunk execution sweep: latency x rate x merge mode, ${chunk_seconds}s per cell"
     quiet "$py" scripts/chunk_sweep.py --vlad "$vlad" --out "$out/chunks" --seconds "$chunk_seconds" \
         --timeline-cell 0.3,20,skip --timeline-cell 0.3,20,crossfade --timeline-cell 0.3,20,prefix \
-        --timeline-dir "$out/chunks" >"$out/chunks.md"
+        --timeline-cell 0.3,20,inpaint --timeline-dir "$out/chunks" >"$out/chunks.md"
 fi
 
 step "table"

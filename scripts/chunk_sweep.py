@@ -11,9 +11,19 @@ table (hold share, seam jump vs inside-chunk jump, action age) and writes JSON.
 
 Emulator figures with injected latency: the emulator's own inference time is the floor
 of every cell (the extra latency is the target minus the measured base latency).
+
+Besides the simulator's jumps, each cell's flight recording (SIGUSR1 at its end) gives
+the **seam offset**: at every seam, the applied action minus the one the old chunk would
+have published at that tick (its next row), i.e. the discontinuity the switch itself
+adds on top of the trajectory's own step, from the second seam on in every mode (the
+first is start-up: the second inference starts before the first chunk is in play, so
+nothing can be continued yet). The tiny fixture's rows jump about as much inside a chunk
+as between chunks, so the jump alone cannot tell the modes apart.
 """
 import argparse, json, math, os, re, signal, subprocess, sys, time
 from pathlib import Path
+
+from mcap.reader import make_reader
 
 repo = Path(__file__).resolve().parent.parent
 
@@ -36,6 +46,8 @@ def base_config(bundle, tag, hz, mode, extra_ms, trigger):
     c["merge"] = mode
     c["trigger"] = trigger
     c["extra_latency_ms"] = int(extra_ms)
+    cfg["recorder"] = {"directory": f"/tmp/vla-sweep-{os.getpid()}-{tag}-rec", "history_s": 600,
+                       "max_chunks": 10000, "frames": "off", "on_fault": False}
     cfg["systemd"]["notify"] = False
     cfg["systemd"]["watchdog"] = False
     cfg["log"]["level"] = "info"
@@ -60,12 +72,23 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
         err_lines.append(line)
         if "operating point" in line:
             break
+    if daemon.poll() is not None:
+        raise SystemExit(f"cell {tag}: the daemon exited {daemon.returncode}:\n{''.join(err_lines)[-2000:]}")
     report = out / f"{tag}.sim.json"
     args = [vlad, "simulate", "--config", str(path), "--duration", str(seconds),
             "--camera-hz", "30", "--json", str(report)]
     if timeline:
         args += ["--timeline", str(timeline)]
     sim = subprocess.run(args, capture_output=True, text=True)
+    rec_dir = Path(cfg["recorder"]["directory"])
+    daemon.send_signal(signal.SIGUSR1)
+    deadline = time.time() + 30
+    while time.time() < deadline and not list(rec_dir.glob("*-signal.mcap")):
+        time.sleep(0.2)
+    offsets = seam_offsets(next(iter(rec_dir.glob("*-signal.mcap")), None))
+    for f in rec_dir.glob("*"):
+        f.unlink()
+    rec_dir.rmdir()
     daemon.send_signal(signal.SIGTERM)
     dout, derr = daemon.communicate(timeout=60)
     err_lines.append(derr)
@@ -87,9 +110,41 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
         "seam_jump_mean": r["motion"]["seam_jump_mean"],
         "inside_jump_max": r["motion"]["inside_jump_max"],
         "age_p50_ms": r["capture_to_applied_ms"]["p50"],
+        # From the second seam on (the first is start-up, see the module doc).
+        "seam_offset_max": max((o for o, _ in offsets[1:]), default=None), "seam_offset_mean":
+            sum(o for o, _ in offsets[1:]) / len(offsets[1:]) if offsets[1:] else None,
+        "seams_recorded": len(offsets), "first_seam_offset": offsets[0][0] if offsets else None,
+        "later_seams_unconditioned": sum(1 for _, p in offsets[1:] if not p),
         "ok": r["ok_applied"], "received": r["actions_received"],
         "ready_line": point,
     }
+
+
+def seam_offsets(path):
+    """Per seam in a recording: |applied - the old chunk's next row| (gripper excluded), and
+    whether the new chunk was conditioned on a prefix."""
+    if path is None:
+        raise SystemExit("the daemon wrote no flight recording on SIGUSR1")
+    chunks, ticks = {}, []
+    with open(path, "rb") as fh:
+        for _, channel, message in make_reader(fh).iter_messages():
+            d = json.loads(message.data)
+            if channel.topic == "/vla/chunk" and d["ok"]:
+                chunks[d["chunk_id"]] = (d["actions"], d["prefixed"])
+            elif channel.topic == "/vla/action":
+                ticks.append(d)
+    out, prev = [], None
+    for t in ticks:
+        if t["status"] != "ok":
+            prev = None
+            continue
+        if prev and prev["chunk_id"] != t["chunk_id"] and prev["chunk_id"] in chunks:
+            old = chunks[prev["chunk_id"]][0]
+            row = old[min(prev["step"] + 1 + t["missed_ticks"], len(old) - 1)]
+            prefixed = chunks.get(t["chunk_id"], (None, False))[1]
+            out.append((math.dist(t["values"][:-1], row[:-1]), prefixed))
+        prev = t
+    return out
 
 
 def main():
@@ -133,7 +188,8 @@ def main():
                 c = run_cell(a.vlad, a.bundle, out, lat, hz, mode, base, a.seconds, a.trigger, tl)
                 cells.append(c)
                 print(f"  {lat:.1f} s {hz:g} Hz {mode:9s} hold {c['hold_share']*100:5.1f}%  "
-                      f"seam max {c['seam_jump_max']:.3f}  inside max {c['inside_jump_max']:.3f}",
+                      f"seam offset max {fmt(c['seam_offset_max'])}  seam max {c['seam_jump_max']:.3f}  "
+                      f"inside max {c['inside_jump_max']:.3f}",
                       file=sys.stderr)
                 if tl and a.timeline_dir:
                     png = Path(a.timeline_dir) / f"{name}.png"
@@ -145,21 +201,28 @@ def main():
     print(table(cells, base, a))
 
 
+def fmt(v):
+    return "-" if v is None else f"{v:.3f}"
+
+
 def table(cells, base, a):
     lines = [f"Bundle `{Path(a.bundle).name}` on the HTP emulator, {a.seconds:g} s per cell, trigger "
              f"`{a.trigger}`, emulator base latency {base:.0f} ms (cells below it run at the base). "
              "Seam / inside: largest jump between consecutive applied actions at a chunk seam / "
-             "inside a chunk (Euclidean, gripper excluded).", "",
-             "| latency | Hz | d (H=%s) | mode | p95 ms | hold | seam max | seam mean | inside max | age p50 ms |" %
+             "inside a chunk (Euclidean, gripper excluded). Seam offset: at a seam, the applied action "
+             "minus the one the old chunk would have published at that tick (what the switch adds), "
+             "from the second seam on (the first is start-up).", "",
+             "| latency | Hz | d (H=%s) | mode | p95 ms | hold | seam offset max | seam offset mean | seam max | seam mean | inside max | age p50 ms |" %
              (cells[0]["ready_line"].split("of H ")[1].split(" ")[0] if cells and "of H " in cells[0]["ready_line"] else "?"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         lat_ms = c["latency_p95_ms"] or 0
         step_ms = 1000 / c["publish_hz"]
         d = math.ceil(lat_ms / step_ms) if lat_ms else "?"
         lines.append(
             f"| {c['latency_target_s']:.1f} s | {c['publish_hz']:g} | {d} | {c['mode']} | "
-            f"{lat_ms:.0f} | {c['hold_share']*100:.1f}% | {c['seam_jump_max']:.3f} | "
+            f"{lat_ms:.0f} | {c['hold_share']*100:.1f}% | {fmt(c['seam_offset_max'])} | "
+            f"{fmt(c['seam_offset_mean'])} | {c['seam_jump_max']:.3f} | "
             f"{c['seam_jump_mean']:.3f} | {c['inside_jump_max']:.3f} | {c['age_p50_ms']:.0f} |")
     return "\n".join(lines)
 

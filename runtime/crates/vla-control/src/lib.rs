@@ -619,17 +619,23 @@ fn inference_thread(
             continue;
         };
         let estimate = Health::get(&health.latency_estimate_ns);
-        if s.trigger != Trigger::BackToBack {
-            // A chunk posted but not yet taken says nothing yet about the chunk in play.
-            let untaken = mailbox.try_lock().map_or(true, |m| m.fresh);
-            let end = Health::get(&health.chunk_end_ns);
-            let wait = untaken
-                || trigger_at(s.trigger, end, estimate, step_ns)
-                    .is_some_and(|at| monotonic_ns() < at);
-            if wait {
-                std::thread::sleep(Duration::from_millis(1));
-                continue;
+        // A chunk posted but not yet taken says nothing yet about the chunk in play; and a
+        // conditioned inference started now would continue a chunk the next post may
+        // replace before it ever plays (latency under a tick), so prefix modes wait for
+        // the take (at most a tick) even back to back.
+        let untaken = || mailbox.try_lock().map_or(true, |m| m.fresh);
+        let wait = match s.trigger {
+            Trigger::BackToBack => s.merge.conditions_on_prefix() && untaken(),
+            Trigger::Remaining { .. } => {
+                let end = Health::get(&health.chunk_end_ns);
+                untaken()
+                    || trigger_at(s.trigger, end, estimate, step_ns)
+                        .is_some_and(|at| monotonic_ns() < at)
             }
+        };
+        if wait {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
         }
         let key = (r.writer_epoch(), r.published());
         if key.1 == 0 || key == last_seen {
@@ -668,7 +674,7 @@ fn inference_thread(
             Health::bump(&health.stale_observations);
             continue;
         }
-        // Prefix mode: condition on the chunk posted last when the publisher plays it, or
+        // Prefix modes: condition on the chunk posted last when the publisher plays it, or
         // plays its predecessor and has not taken it yet (it drops chunks on a silent
         // robot, a failure or a reload, and then there is nothing to continue).
         // Both read under the mailbox lock, where the publisher takes a chunk and puts it
