@@ -121,11 +121,15 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
 
 
 def seam_offsets(path):
-    """Per seam in a recording: |applied - the old chunk's next row| (gripper excluded), and
-    whether the new chunk was conditioned on a prefix."""
+    """Per seam in a recording: |applied - what the old chunk would have published at that
+    tick| (gripper excluded), and whether the new chunk was conditioned on a prefix. In
+    crossfade mode the old chunk as published is itself blended with its predecessor:
+    the blend (plan.rs/scheduler.rs: rows lined up by whole ticks, weight (k+1)/(n+1))
+    is replayed from the recorded raw chunks, and every value it predicts for a seam
+    must be the one published."""
+    chunks, ticks = {}, []
     if path is None:
         raise SystemExit("the daemon wrote no flight recording on SIGUSR1")
-    chunks, ticks = {}, []
     with open(path, "rb") as fh:
         for _, channel, message in make_reader(fh).iter_messages():
             d = json.loads(message.data)
@@ -133,16 +137,33 @@ def seam_offsets(path):
                 chunks[d["chunk_id"]] = (d["actions"], d["prefixed"])
             elif channel.topic == "/vla/action":
                 ticks.append(d)
+    crossfade = "crossfade" in str(path)
+    played = {}  # chunk id -> rows as published (crossfade: blended on landing)
     out, prev = [], None
     for t in ticks:
         if t["status"] != "ok":
             prev = None
             continue
-        if prev and prev["chunk_id"] != t["chunk_id"] and prev["chunk_id"] in chunks:
-            old = chunks[prev["chunk_id"]][0]
-            row = old[min(prev["step"] + 1 + t["missed_ticks"], len(old) - 1)]
-            prefixed = chunks.get(t["chunk_id"], (None, False))[1]
-            out.append((math.dist(t["values"][:-1], row[:-1]), prefixed))
+        cid = t["chunk_id"]
+        if cid not in played and cid in chunks:
+            rows = [list(r) for r in chunks[cid][0]]
+            if crossfade and prev and prev["chunk_id"] in played:
+                old = played[prev["chunk_id"]]
+                first = t["step"]
+                shift = prev["step"] + 1 + t["missed_ticks"] - first
+                n = max(0, min(len(rows) - first, len(old) - shift - first))
+                for k in range(n):
+                    w = (k + 1) / (n + 1)
+                    o = old[first + k + shift]
+                    rows[first + k][:-1] = [a + (b - a) * w for a, b in zip(o[:-1], rows[first + k][:-1])]
+            played[cid] = rows
+        if prev and prev["chunk_id"] != cid and prev["chunk_id"] in played and cid in played:
+            old = played[prev["chunk_id"]]
+            expected = old[min(prev["step"] + 1 + t["missed_ticks"], len(old) - 1)]
+            if crossfade and math.dist(played[cid][t["step"]][:-1], t["values"][:-1]) > 1e-4:
+                raise SystemExit(f"{path}: the crossfade replay disagrees with what was published "
+                                 f"at chunk {cid} step {t['step']}")
+            out.append((math.dist(t["values"][:-1], expected[:-1]), chunks[cid][1]))
         prev = t
     return out
 
@@ -165,6 +186,8 @@ def main():
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.timeline_dir:
+        Path(a.timeline_dir).mkdir(parents=True, exist_ok=True)
     base = a.base_ms
     if base is None:
         b = subprocess.run([a.vlad, "bench-bundle", "--bundle", a.bundle, "--iterations", "3"],
