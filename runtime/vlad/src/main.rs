@@ -5,6 +5,8 @@
 //! context). This module only parses the command line and maps errors to exit codes;
 //! each subcommand lives in its own module.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod bench_bundle;
 mod bundle_cmd;

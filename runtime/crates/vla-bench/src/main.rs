@@ -11,6 +11,9 @@
 //! `scripts/bench.sh` runs these next to the numpy / ONNX Runtime side and `vlad
 //! bench-bundle`, and renders one table.
 
+// `unsafe` only where a module allows it (the SCHED_FIFO call of `ring.rs`).
+#![deny(unsafe_code)]
+
 mod host;
 mod loop_jitter;
 mod ring;

@@ -7,6 +7,9 @@
 //! `vla-bench ring-reader` / `pipe-reader` (pinned to CPU 1) that prints its summary as
 //! one JSON line.
 
+// Real-time set-up of the reader thread (the SCHED_FIFO syscall).
+#![allow(unsafe_code)]
+
 use crate::stats::summary;
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;

@@ -14,6 +14,9 @@
 //!
 //! This crate knows the rings, not QNN or policies: the daemon provides the [`Engine`].
 
+// `unsafe` only in `rt.rs`, the real-time set-up.
+#![deny(unsafe_code)]
+
 mod plan;
 mod rt;
 mod scheduler;

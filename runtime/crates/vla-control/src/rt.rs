@@ -4,6 +4,9 @@
 //! it (no CAP_SYS_NICE, RLIMIT_RTPRIO 0, RT group scheduling, a container): the loop
 //! still runs, with worse jitter, and says so.
 
+// Real-time set-up: the SCHED_FIFO syscall nix does not wrap.
+#![allow(unsafe_code)]
+
 use nix::sched::{sched_setaffinity, CpuSet};
 use nix::unistd::Pid;
 

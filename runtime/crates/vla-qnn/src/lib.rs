@@ -21,6 +21,9 @@
 //! # Ok::<(), vla_qnn::QnnError>(())
 //! ```
 
+// `unsafe` only in the FFI modules, each of which allows it at its top.
+#![deny(unsafe_code)]
+
 mod backend;
 mod binary;
 mod context;

@@ -13,6 +13,8 @@
 //!
 //! This crate knows the rings and the loop, not QNN or policies: the daemon wires it.
 
+#![forbid(unsafe_code)]
+
 mod mcap_out;
 pub mod metrics;
 pub mod read;

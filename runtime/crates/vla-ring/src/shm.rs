@@ -2,6 +2,9 @@
 //! viewing it as the atomic header and atomic slot words of `layout.rs`. Everything above
 //! this module works with `&RingHeader` and `&[AtomicU64]` only.
 
+// Shared memory: the mapping and the views of it, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use core::sync::atomic::AtomicU64;
 use std::fs::File;
 use std::io;
