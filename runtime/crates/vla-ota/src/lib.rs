@@ -66,8 +66,8 @@ pub use manifest::{
 pub use signing::{keygen, read_secret_key, sign, PublicKey};
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
-    Activated, BundleInfo, GcReport, Health, Installed, Placement, RolledBack, SignalDaemon,
-    StartReport, Status, Store, Verdict, PID_FILE, STATE_FILE,
+    Activated, BundleInfo, GcReport, Installed, Placement, RolledBack, SignalDaemon, StartReport,
+    Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
 };
 pub use trial::{TrialRecorder, FLUSH_INTERVAL};
 pub use verify::{verify, VerifiedBundle};

@@ -98,7 +98,7 @@ pub struct RolledBack {
 
 /// Progress of the trial after [`Store::record_healthy`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Health {
+pub enum TrialProgress {
     /// The running bundle is not on trial (already committed, or not the current one).
     NotOnTrial,
     OnTrial {
@@ -840,29 +840,29 @@ impl Store {
     /// as [`Store::current`] returned when it was loaded). Reaching `trial_inferences`
     /// commits it. Counts nothing if `running` is not the bundle on trial, so a daemon
     /// still running an older bundle can never commit one it has not run.
-    pub fn record_healthy(&self, running: &str, n: u64) -> Result<Health, OtaError> {
+    pub fn record_healthy(&self, running: &str, n: u64) -> Result<TrialProgress, OtaError> {
         // Cheap check without the lock: the common case (committed) writes nothing.
         match self.read_state()? {
             Some(s) if s.trial.as_deref() == Some(running) => {}
-            _ => return Ok(Health::NotOnTrial),
+            _ => return Ok(TrialProgress::NotOnTrial),
         }
         let _lock = self.lock()?;
         let state = self.load_state(&mut Vec::new())?;
         if state.trial.as_deref() != Some(running) {
-            return Ok(Health::NotOnTrial);
+            return Ok(TrialProgress::NotOnTrial);
         }
         let needed = u64::from(self.settings.trial_inferences);
         let healthy = state.healthy_inferences.saturating_add(n);
         if healthy >= needed {
             return Ok(self
                 .commit_locked(state)?
-                .map_or(Health::NotOnTrial, Health::Committed));
+                .map_or(TrialProgress::NotOnTrial, TrialProgress::Committed));
         }
         self.write_state(&OtaState {
             healthy_inferences: healthy,
             ..state
         })?;
-        Ok(Health::OnTrial { healthy, needed })
+        Ok(TrialProgress::OnTrial { healthy, needed })
     }
 
     /// The daemon's verdict so far on the activated bundle `hash`. Reads the state file

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use vla_ota::{Health, OtaError, Placement, Store, Verdict};
+use vla_ota::{OtaError, Placement, Store, TrialProgress, Verdict};
 
 /// A store with bundle A installed, activated and committed; returns (store, A's hash).
 fn with_committed(root: &Path, sources: &Path) -> (Store, String) {
@@ -297,10 +297,13 @@ fn trial_commits_after_enough_healthy_inferences() {
         PathBuf::from("bundles").join(&a)
     );
     // Inferences of a bundle other than the trial one never count.
-    assert_eq!(store.record_healthy(&a, 100).unwrap(), Health::NotOnTrial);
+    assert_eq!(
+        store.record_healthy(&a, 100).unwrap(),
+        TrialProgress::NotOnTrial
+    );
     assert_eq!(
         store.record_healthy(&b, 2).unwrap(),
-        Health::OnTrial {
+        TrialProgress::OnTrial {
             healthy: 2,
             needed: 3
         }
@@ -314,10 +317,13 @@ fn trial_commits_after_enough_healthy_inferences() {
     );
     assert_eq!(
         store.record_healthy(&b, 1).unwrap(),
-        Health::Committed(b.clone())
+        TrialProgress::Committed(b.clone())
     );
     assert_eq!(store.verdict(&b).unwrap(), Verdict::Committed);
-    assert_eq!(store.record_healthy(&b, 1).unwrap(), Health::NotOnTrial);
+    assert_eq!(
+        store.record_healthy(&b, 1).unwrap(),
+        TrialProgress::NotOnTrial
+    );
     let state = store.status().unwrap().state;
     assert_eq!(
         (state.current.as_deref(), state.trial.as_deref()),
