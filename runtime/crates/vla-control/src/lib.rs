@@ -373,7 +373,7 @@ struct Shared {
 }
 
 fn publisher_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     mut writer: RingWriter<Action>,
     shared: Shared,
     robot_heartbeat: Arc<std::sync::atomic::AtomicU64>,
@@ -386,27 +386,31 @@ fn publisher_thread(
         mailbox,
     } = shared;
     block_signals();
-    pin_current_thread("publisher", &s.publisher_cpus);
-    set_fifo_priority("publisher", s.publisher_priority);
-    let g = s.geometry;
-    let period = s.period.as_nanos() as u64;
+    pin_current_thread("publisher", &settings.publisher_cpus);
+    set_fifo_priority("publisher", settings.publisher_priority);
+    let geometry = settings.geometry;
+    let period = settings.period.as_nanos() as u64;
     let limits = ScheduleLimits {
         period_ns: period,
-        max_chunk_age_ns: s.max_chunk_age.as_nanos() as u64,
-        hold_after_chunk_end_ns: s.hold_after_chunk_end.as_nanos() as u64,
-        action_valid_ns: s.action_valid.as_nanos() as u64,
-        chunk_period_ns: s.chunk_period.as_nanos() as u64,
-        merge: s.merge,
+        max_chunk_age_ns: settings.max_chunk_age.as_nanos() as u64,
+        hold_after_chunk_end_ns: settings.hold_after_chunk_end.as_nanos() as u64,
+        action_valid_ns: settings.action_valid.as_nanos() as u64,
+        chunk_period_ns: settings.chunk_period.as_nanos() as u64,
+        merge: settings.merge,
     };
-    let heartbeat_timeout = s.writer_heartbeat_timeout.as_nanos() as u64;
-    let mut scheduler = Scheduler::new(limits, g.chunk_len as usize, g.action_dims as usize);
+    let heartbeat_timeout = settings.writer_heartbeat_timeout.as_nanos() as u64;
+    let mut scheduler = Scheduler::new(
+        limits,
+        geometry.chunk_len as usize,
+        geometry.action_dims as usize,
+    );
     scheduler.set_discrete(&discrete);
-    let mut action = Action::for_geometry(&g);
+    let mut action = Action::for_geometry(&geometry);
     let mut landed = Chunk {
-        actions: vec![0.0; (g.chunk_len * g.action_dims) as usize],
+        actions: vec![0.0; (geometry.chunk_len * geometry.action_dims) as usize],
         ..Chunk::default()
     };
-    let mut h = Histograms {
+    let mut histograms = Histograms {
         jitter: Histogram::default(),
         freshness: Histogram::default(),
     };
@@ -417,7 +421,7 @@ fn publisher_thread(
         sleep_until(next);
         let now = monotonic_ns();
         let late = now.saturating_sub(next);
-        h.jitter.record(late);
+        histograms.jitter.record(late);
         Health::set(&health.last_jitter_ns, late);
         let mut missed = 0;
         if late >= period {
@@ -429,16 +433,16 @@ fn publisher_thread(
         if stop.load(Ordering::Acquire) {
             break;
         }
-        if let Ok(mut m) = mailbox.try_lock() {
-            if m.fresh {
-                m.fresh = false;
-                match m.event {
+        if let Ok(mut posted) = mailbox.try_lock() {
+            if posted.fresh {
+                posted.fresh = false;
+                match posted.event {
                     Event::Chunk => {
-                        landed.id = m.chunk.id;
-                        landed.source_obs_seq = m.chunk.source_obs_seq;
-                        landed.capture_ns = m.chunk.capture_ns;
-                        landed.done_ns = m.chunk.done_ns;
-                        landed.actions.copy_from_slice(&m.chunk.actions);
+                        landed.id = posted.chunk.id;
+                        landed.source_obs_seq = posted.chunk.source_obs_seq;
+                        landed.capture_ns = posted.chunk.capture_ns;
+                        landed.done_ns = posted.chunk.done_ns;
+                        landed.actions.copy_from_slice(&posted.chunk.actions);
                         fault = false;
                     }
                     Event::Drop => {
@@ -462,7 +466,7 @@ fn publisher_thread(
                 // "in play" together (prefix mode continues the chunk in play), so it never
                 // sees the chunk taken but not yet in play and falls back to no prefix.
                 Health::set(&health.chunk_in_play, scheduler.chunk_id());
-                drop(m);
+                drop(posted);
             }
         }
         let beat = robot_heartbeat.load(Ordering::Relaxed);
@@ -472,7 +476,7 @@ fn publisher_thread(
             Decision::Step(_) => {
                 Health::bump(&health.published_ok);
                 let age = now.saturating_sub(capture_of_current);
-                h.freshness.record(age);
+                histograms.freshness.record(age);
                 Health::set(&health.last_freshness_ns, age);
             }
             Decision::HoldLast => Health::bump(&health.published_ok),
@@ -483,8 +487,8 @@ fn publisher_thread(
         Health::set(&health.chunk_in_play, scheduler.chunk_id());
         // The layout was fixed from the same geometry, so a publish cannot fail on length.
         let _ = writer.publish(&action);
-        if let Some(t) = &tap {
-            t.tick(&TickEvent {
+        if let Some(tap) = &tap {
+            tap.tick(&TickEvent {
                 now_ns: now,
                 decision,
                 action: &action,
@@ -503,11 +507,11 @@ fn publisher_thread(
     scheduler.tick(monotonic_ns(), false, false, &mut action);
     let _ = writer.publish(&action);
     Health::bump(&health.published_hold);
-    h
+    histograms
 }
 
 fn inference_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     mut engine: Box<dyn Engine>,
     shared: Shared,
     reload: Arc<AtomicBool>,
@@ -520,38 +524,40 @@ fn inference_thread(
         mailbox,
     } = shared;
     block_signals();
-    pin_current_thread("inference", &s.inference_cpus);
-    set_fifo_priority("inference", s.inference_priority);
-    let g = s.geometry;
+    pin_current_thread("inference", &settings.inference_cpus);
+    set_fifo_priority("inference", settings.inference_priority);
+    let geometry = settings.geometry;
     let mut latency = Histogram::default();
-    let mut obs = match Observation::for_geometry(&g) {
-        Ok(o) => o,
-        Err(e) => {
-            log::error!("observation buffer for {g:?}: {e}");
+    let mut obs = match Observation::for_geometry(&geometry) {
+        Ok(buffer) => buffer,
+        Err(error) => {
+            log::error!("observation buffer for {geometry:?}: {error}");
             return latency;
         }
     };
-    let mut actions = vec![0f32; (g.chunk_len * g.action_dims) as usize];
+    let mut actions = vec![0f32; (geometry.chunk_len * geometry.action_dims) as usize];
     let post = |event: Event, chunk: Option<(&Observation, u64, &[f32], u64)>| {
-        let mut m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
-        m.event = event;
+        let mut slot = mailbox
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.event = event;
         if let Some((obs, seq, actions, id)) = chunk {
-            m.chunk.id = id;
-            m.chunk.source_obs_seq = seq;
-            m.chunk.capture_ns = obs.capture_time_ns;
-            m.chunk.done_ns = monotonic_ns();
-            m.chunk.actions.copy_from_slice(actions);
+            slot.chunk.id = id;
+            slot.chunk.source_obs_seq = seq;
+            slot.chunk.capture_ns = obs.capture_time_ns;
+            slot.chunk.done_ns = monotonic_ns();
+            slot.chunk.actions.copy_from_slice(actions);
         }
-        m.fresh = true;
+        slot.fresh = true;
     };
     let mut reader: Option<RingReader<Observation>> = None;
     let mut last_seen = (0u64, 0u64);
     let mut chunk_id = 0u64;
     let mut consecutive_failures = 0u32;
     let mut last_open_error = String::new();
-    let max_age = s.max_observation_age.as_nanos() as u64;
-    let step_ns = s.chunk_period.max(s.period).as_nanos() as u64;
-    let dims = g.action_dims as usize;
+    let max_age = settings.max_observation_age.as_nanos() as u64;
+    let step_ns = settings.chunk_period.max(settings.period).as_nanos() as u64;
+    let dims = geometry.action_dims as usize;
     let mut window = LatencyWindow::new(LATENCY_WINDOW);
     // The first inference after a start or a reload is the cold one: not in the window.
     let mut cold = true;
@@ -573,25 +579,25 @@ fn inference_thread(
             Health::bump(&health.reloads);
             match engine.reload() {
                 Ok(what) => log::info!("reloaded: {what}"),
-                Err(e) => log::error!("reload failed: {e}"),
+                Err(error) => log::error!("reload failed: {error}"),
             }
             continue;
         }
-        let Some(r) = reader.as_ref() else {
-            match RingReader::<Observation>::open(&s.observation_path, g) {
-                Ok(r) => {
+        let Some(ring) = reader.as_ref() else {
+            match RingReader::<Observation>::open(&settings.observation_path, geometry) {
+                Ok(opened) => {
                     log::info!(
                         "observation ring {} open (writer epoch {})",
-                        s.observation_path.display(),
-                        r.writer_epoch()
+                        settings.observation_path.display(),
+                        opened.writer_epoch()
                     );
-                    reader = Some(r);
+                    reader = Some(opened);
                     last_open_error.clear();
                 }
-                Err(e) => {
-                    let msg = e.to_string();
+                Err(error) => {
+                    let msg = error.to_string();
                     if msg != last_open_error {
-                        if e.is_retryable() {
+                        if error.is_retryable() {
                             log::info!("waiting for the observation ring: {msg}");
                         } else {
                             log::error!("observation ring refused: {msg}");
@@ -604,45 +610,45 @@ fn inference_thread(
             continue;
         };
         let estimate = Health::get(&health.latency_estimate_ns);
-        if s.trigger != Trigger::BackToBack {
+        if settings.trigger != Trigger::BackToBack {
             // A chunk posted but not yet taken says nothing yet about the chunk in play.
-            let untaken = mailbox.try_lock().map_or(true, |m| m.fresh);
+            let untaken = mailbox.try_lock().map_or(true, |slot| slot.fresh);
             let end = Health::get(&health.chunk_end_ns);
             let wait = untaken
-                || trigger_at(s.trigger, end, estimate, step_ns)
+                || trigger_at(settings.trigger, end, estimate, step_ns)
                     .is_some_and(|at| monotonic_ns() < at);
             if wait {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
             }
         }
-        let key = (r.writer_epoch(), r.published());
+        let key = (ring.writer_epoch(), ring.published());
         if key.1 == 0 || key == last_seen {
-            if matches!(r.is_replaced(), Ok(true)) {
+            if matches!(ring.is_replaced(), Ok(true)) {
                 log::warn!(
                     "observation ring {} was replaced; reopening",
-                    s.observation_path.display()
+                    settings.observation_path.display()
                 );
                 reader = None;
             }
             std::thread::sleep(Duration::from_millis(2));
             continue;
         }
-        let seq = match r.read_latest(&mut obs) {
+        let seq = match ring.read_latest(&mut obs) {
             Ok(seq) => seq,
-            Err(e @ vla_ring::ReadError::Incompatible { .. }) => {
+            Err(error @ vla_ring::ReadError::Incompatible { .. }) => {
                 // A writer restarted the segment in place with another layout: the reopen
                 // reports why it does not fit (or follows it, if it does).
                 log::warn!(
-                    "observation ring {}: {e}; reopening",
-                    s.observation_path.display()
+                    "observation ring {}: {error}; reopening",
+                    settings.observation_path.display()
                 );
                 reader = None;
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            Err(e) => {
-                log::debug!("observation read: {e}");
+            Err(error) => {
+                log::debug!("observation read: {error}");
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
@@ -659,21 +665,23 @@ fn inference_thread(
         // Both read under the mailbox lock, where the publisher takes a chunk and puts it
         // in play in one step (it holds the lock for a copy and a landing, microseconds).
         let continues = {
-            let m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = mailbox
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let in_play = Health::get(&health.chunk_in_play);
-            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && m.fresh))
+            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && slot.fresh))
         };
-        let prefix = (s.merge == MergeMode::Prefix && continues)
+        let prefix = (settings.merge == MergeMode::Prefix && continues)
             .then(|| {
                 let offset =
                     obs.capture_time_ns.saturating_sub(prev_capture) as f64 / step_ns as f64;
-                let d = delay_steps(estimate, step_ns);
+                let delay = delay_steps(estimate, step_ns);
                 build_prefix(
                     &prev_actions,
                     dims,
                     &discrete,
                     offset,
-                    d,
+                    delay,
                     &mut prefix_actions,
                 )
             })
@@ -682,25 +690,25 @@ fn inference_thread(
         let t0 = monotonic_ns();
         let result = match prefix {
             Some((frozen, overlap)) => {
-                let p = Prefix {
+                let conditioning = Prefix {
                     actions: &prefix_actions,
                     frozen,
                     overlap,
                 };
-                engine.infer_with_prefix(&obs, &p, &mut actions)
+                engine.infer_with_prefix(&obs, &conditioning, &mut actions)
             }
             None => engine.infer(&obs, &mut actions),
         };
         let t1 = monotonic_ns();
-        if let Some(t) = &tap {
-            let n = engine.component_latencies(&mut components);
-            t.inference(&InferenceEvent {
+        if let Some(tap) = &tap {
+            let filled = engine.component_latencies(&mut components);
+            tap.inference(&InferenceEvent {
                 chunk_id: if result.is_ok() { chunk_id + 1 } else { 0 },
                 observation: &obs,
                 observation_seq: seq,
                 started_ns: t0,
                 done_ns: t1,
-                components_ns: &components[..n.min(components.len())],
+                components_ns: &components[..filled.min(components.len())],
                 actions: &actions,
                 ok: result.is_ok(),
                 prefixed: prefixed_call,
@@ -725,11 +733,11 @@ fn inference_thread(
                 prev_capture = obs.capture_time_ns;
                 post(Event::Chunk, Some((&obs, seq, &actions, chunk_id)));
             }
-            Err(e) => {
+            Err(error) => {
                 consecutive_failures += 1;
                 Health::bump(&health.inference_failures);
-                log::error!("inference on observation {seq} failed: {e}");
-                let event = if consecutive_failures >= s.fault_after_failures {
+                log::error!("inference on observation {seq} failed: {error}");
+                let event = if consecutive_failures >= settings.fault_after_failures {
                     Event::Fault
                 } else {
                     Event::Drop
@@ -742,7 +750,7 @@ fn inference_thread(
 }
 
 fn watch_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     stop: Arc<AtomicBool>,
     heartbeat: Arc<std::sync::atomic::AtomicU64>,
 ) {
@@ -754,26 +762,26 @@ fn watch_thread(
     let mut robot_alive: Option<bool> = None;
     while !stop.load(Ordering::Acquire) {
         match &reader {
-            Some(r) => {
-                let beat = r.writer_heartbeat_ns();
+            Some(ring) => {
+                let beat = ring.writer_heartbeat_ns();
                 heartbeat.store(beat, Ordering::Relaxed);
-                let writer = r.writer_epoch();
+                let writer = ring.writer_epoch();
                 if writer != epoch {
                     if epoch != 0 {
                         log::warn!(
                             "robot firmware restarted: observation ring writer epoch {epoch} -> {writer} (writer pid {})",
-                            r.writer_pid()
+                            ring.writer_pid()
                         );
                     }
                     epoch = writer;
                 }
-                let age = r.heartbeat_age();
-                let alive = beat != 0 && age <= s.writer_heartbeat_timeout;
+                let age = ring.heartbeat_age();
+                let alive = beat != 0 && age <= settings.writer_heartbeat_timeout;
                 match (robot_alive, alive) {
                     (Some(true), false) => log::warn!(
                         "robot heartbeat lost: no observation or heartbeat for {} ms (limit {} ms); publishing hold",
                         age.as_millis(),
-                        s.writer_heartbeat_timeout.as_millis()
+                        settings.writer_heartbeat_timeout.as_millis()
                     ),
                     (Some(false), true) => {
                         log::info!("robot alive: observations or heartbeat arriving (writer epoch {writer})")
@@ -781,11 +789,15 @@ fn watch_thread(
                     _ => {}
                 }
                 robot_alive = Some(alive);
-                if matches!(r.is_replaced(), Ok(true)) {
+                if matches!(ring.is_replaced(), Ok(true)) {
                     reader = None;
                 }
             }
-            None => reader = RingReader::<Observation>::open(&s.observation_path, s.geometry).ok(),
+            None => {
+                reader =
+                    RingReader::<Observation>::open(&settings.observation_path, settings.geometry)
+                        .ok()
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
