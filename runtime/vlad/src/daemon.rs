@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings};
-use vla_ota::{OtaSettings, Store};
+use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
 
@@ -451,12 +451,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
     // leftovers of an interrupted update, and a crash loop on a bundle on trial.
     let ota_root = PathBuf::from(config.ota.root.as_str());
-    let store = (!overridden && bundle_dir == ota_root.join("current")).then(|| {
-        Arc::new(Store::new(OtaSettings::from_config(
-            &config.ota,
-            crate::ota_cmd::device_target(),
-        )))
-    });
+    let store = (!overridden && bundle_dir == ota_root.join("current"))
+        .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
     let t = Instant::now();
     let (resolved, (bundle, policy, gate_cosine), ota) = match &store {
         None => {

@@ -96,19 +96,6 @@ pub struct OtaSettings {
     pub target: DeviceTarget,
 }
 
-impl OtaSettings {
-    /// Settings from the validated `ota` section of the vlad configuration.
-    pub fn from_config(config: &vla_config::OtaConfig, target: DeviceTarget) -> Self {
-        OtaSettings {
-            root: PathBuf::from(config.root.as_str()),
-            trusted_keys: config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect(),
-            trial_inferences: config.trial_inferences,
-            max_trial_starts: config.max_trial_starts,
-            target,
-        }
-    }
-}
-
 /// How the daemon (or the CLI) brings a bundle into service and proves it works.
 ///
 /// The daemon's implementation publishes a hold, frees the old contexts, loads the new
