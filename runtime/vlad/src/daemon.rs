@@ -393,7 +393,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut config =
         vla_config::Config::load(&config_path).map_err(|e| Failure::Error(e.to_string()))?;
     config
-        .apply_env_overrides()
+        .apply_overrides(crate::qnn_setup::environment)
         .map_err(|e| Failure::Error(e.to_string()))?;
     if common.log_level.is_none() {
         common.log_level = Some(format!(
@@ -439,7 +439,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
         system_lib: config.qnn.system_lib.as_str().to_owned(),
-        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common))
+        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common)?)
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
     let backend = Backend::new(lib)?;

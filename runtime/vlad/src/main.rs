@@ -49,6 +49,7 @@ common options:
 ";
 
 /// How a command ended, beyond plain success.
+#[derive(Debug)]
 pub enum Failure {
     /// Bad command line: exit 2.
     Usage(String),

@@ -43,8 +43,7 @@ pub use group::{
     SpillFillSharing,
 };
 pub use library::{
-    lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API,
-    NEWEST_KNOWN_SYSTEM_API,
+    ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,

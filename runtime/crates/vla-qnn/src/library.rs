@@ -409,11 +409,3 @@ impl QnnLibrary {
         })
     }
 }
-
-/// The QNN library directory: `VLA_QNN_LIB_DIR` when set and non-empty, else `configured`.
-pub fn lib_dir_from_env(configured: &Path) -> PathBuf {
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => configured.to_owned(),
-    }
-}
