@@ -19,6 +19,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use vla_control::quantile;
 use vla_policy::{Bundle, ObservationFile, Policy};
 use vla_qnn::ContextBinary;
 
@@ -62,15 +63,6 @@ impl LoadMode {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// Nearest-rank `q`-quantile of samples (sorted in place).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 struct Options {

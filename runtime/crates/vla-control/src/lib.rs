@@ -29,7 +29,7 @@ pub use plan::{
 };
 pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
-pub use stats::{Health, Histogram, LatencyWindow};
+pub use stats::{nearest_rank, quantile, quantile_sorted, Health, Histogram, LatencyWindow};
 pub use tap::{InferenceEvent, Tap, TickEvent};
 
 /// Inferences in the rolling latency window (LeRobot's RTC engine uses the last 100).
