@@ -157,7 +157,7 @@ fn binaries_bytes(bundle: &Bundle) -> Result<u64, Failure> {
 
 /// Loads every context with `mode` and reports time and memory (run in a fresh child).
 fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value, Failure> {
-    let locked = mode == LoadMode::MmapLocked && memory::lock_on_fault();
+    let locked = mode == LoadMode::MmapLocked && vla_control::lock_memory_on_fault();
     let (lib, backend) = qnn_setup::load_backend(common)?;
     let before = Memory::read()?;
     let t = Instant::now();

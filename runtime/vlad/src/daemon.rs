@@ -431,7 +431,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
 
     let rt = &config.realtime;
     if rt.mlockall {
-        crate::memory::lock_on_fault();
+        vla_control::lock_memory_on_fault();
     }
     let overridden = bundle_override.is_some();
     let bundle_dir = bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));

@@ -11,8 +11,7 @@
 //! `scripts/bench.sh` runs these next to the numpy / ONNX Runtime side and `vlad
 //! bench-bundle`, and renders one table.
 
-// `unsafe` only where a module allows it (the SCHED_FIFO call of `ring.rs`).
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod host;
 mod loop_jitter;
