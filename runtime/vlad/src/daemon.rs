@@ -390,11 +390,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     let config_path =
         config_path.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-    let mut config =
-        vla_config::Config::load(&config_path).map_err(|e| Failure::Error(e.to_string()))?;
-    config
-        .apply_overrides(crate::qnn_setup::environment)
-        .map_err(|e| Failure::Error(e.to_string()))?;
+    let mut config = vla_config::Config::load(&config_path)?;
+    config.apply_overrides(crate::qnn_setup::environment)?;
     if common.log_level.is_none() {
         common.log_level = Some(format!(
             "{},qnn={}",
@@ -462,9 +459,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             (resolved, loaded, None)
         }
         Some(store) => {
-            let start = store
-                .on_start()
-                .map_err(|e| Failure::Error(e.to_string()))?;
+            let start = store.on_start()?;
             if let Some(r) = &start.rolled_back {
                 log::warn!("OTA: rolled back before loading: {r:?}");
             }

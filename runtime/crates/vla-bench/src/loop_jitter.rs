@@ -134,7 +134,14 @@ impl std::fmt::Display for LoopBenchError {
     }
 }
 
-impl std::error::Error for LoopBenchError {}
+impl std::error::Error for LoopBenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoopBenchError::Thread { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 /// Stands in for a policy: sleeps a fixed inference time, then derives the chunk from
 /// the observation (state plus a ramp per step), without allocating.

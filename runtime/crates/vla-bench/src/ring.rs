@@ -57,7 +57,14 @@ impl std::fmt::Display for RingBenchError {
     }
 }
 
-impl std::error::Error for RingBenchError {}
+impl std::error::Error for RingBenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RingBenchError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RingBenchError {
     let what = what.into();

@@ -137,7 +137,15 @@ impl core::fmt::Display for ControlError {
     }
 }
 
-impl std::error::Error for ControlError {}
+impl std::error::Error for ControlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ControlError::ActionRing(e) => Some(e),
+            ControlError::Thread(e) => Some(e),
+            ControlError::PrefixUnsupported => None,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {

@@ -93,7 +93,15 @@ impl core::fmt::Display for ParityError {
     }
 }
 
-impl std::error::Error for ParityError {}
+impl std::error::Error for ParityError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ParityError::Npz(e) => Some(e),
+            ParityError::Qnn(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<QnnError> for ParityError {
     fn from(e: QnnError) -> Self {
