@@ -482,7 +482,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                     store
                         .fail_trial(&why, &mut |d: &Path| {
                             loaded = Some((d.to_owned(), load_gated(&backend, d)?));
-                            Ok(())
+                            Ok::<(), String>(())
                         })
                         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
                     let (dir, loaded) = loaded.ok_or_else(|| {

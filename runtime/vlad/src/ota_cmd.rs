@@ -126,8 +126,8 @@ impl StoreOptions {
 
 fn gate_failure(e: OtaError) -> Failure {
     match e {
-        OtaError::GateFailed { .. } => Failure::Gate(e.to_string()),
-        other => Failure::Error(other.to_string()),
+        OtaError::GateFailed { .. } => Failure::Gate(crate::error_line(&e)),
+        other => other.into(),
     }
 }
 

@@ -14,13 +14,13 @@
 //! Every operation that changes anything holds an exclusive `flock` on `ota.lock`.
 
 use crate::durable;
-use crate::error::OtaError;
+use crate::error::{OtaError, SignalError};
 use crate::hex;
 use crate::manifest::{OtaManifest, MANIFEST_FILE, SIGNATURE_FILE};
 use crate::maps;
 use crate::state::{OtaState, RollbackRecord};
 use crate::verify::{verify, VerifiedBundle};
-use crate::{Activation, OtaSettings};
+use crate::{Activation, GateError, OtaSettings};
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -92,7 +92,8 @@ pub struct RolledBack {
     /// `None`: there was nothing to return to, so no bundle is current.
     pub to: Option<String>,
     pub reason: String,
-    /// The gate's refusal of the bundle rolled back to, if it was called and failed.
+    /// The gate's refusal of the bundle rolled back to (its one line), if it was called
+    /// and failed.
     pub gate_error: Option<String>,
 }
 
@@ -708,14 +709,16 @@ impl Store {
                     previous,
                 })
             }
-            Err(reason) => {
+            Err(refusal) => {
                 self.step("activate: gate failed");
+                let reason = refusal.to_string();
                 let rolled = self.roll_back_locked(next, &reason, Some(gate), true)?;
                 Err(OtaError::GateFailed {
                     hash,
                     reason,
                     rolled_back_to: rolled.to,
                     rollback_error: rolled.gate_error,
+                    refusal,
                 })
             }
         }
@@ -768,7 +771,10 @@ impl Store {
             to.as_deref().unwrap_or("nothing")
         );
         let gate_error = match (gate, &to) {
-            (Some(gate), Some(p)) => gate.reload_and_gate(&self.bundle_dir(p)).err(),
+            (Some(gate), Some(p)) => gate
+                .reload_and_gate(&self.bundle_dir(p))
+                .err()
+                .map(|refusal| refusal.to_string()),
             _ => None,
         };
         self.step("rollback: done");
@@ -1191,7 +1197,7 @@ impl<'a> SignalDaemon<'a> {
         }
     }
 
-    fn signal(&self) -> Result<String, String> {
+    fn signal(&self) -> Result<String, SignalError> {
         let pid_path = self.store.root().join(PID_FILE);
         let text = match std::fs::read_to_string(&pid_path) {
             Ok(t) => t,
@@ -1201,14 +1207,22 @@ impl<'a> SignalDaemon<'a> {
                     pid_path.display()
                 ))
             }
-            Err(e) => return Err(format!("reading {}: {e}", pid_path.display())),
+            Err(source) => {
+                return Err(SignalError::ReadPid {
+                    path: pid_path,
+                    source,
+                })
+            }
         };
-        let pid: i32 = text
-            .trim()
-            .parse()
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| format!("{}: `{}` is not a pid", pid_path.display(), text.trim()))?;
+        let pid: i32 =
+            text.trim()
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| SignalError::NotAPid {
+                    path: pid_path.clone(),
+                    text: text.trim().to_owned(),
+                })?;
         let comm_path = self.store.proc_root.join(pid.to_string()).join("comm");
         match std::fs::read_to_string(&comm_path) {
             Ok(comm) if comm.trim() == self.expected_comm => {}
@@ -1228,7 +1242,7 @@ impl<'a> SignalDaemon<'a> {
             }
         }
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGHUP)
-            .map_err(|e| format!("sending SIGHUP to pid {pid}: {e}"))?;
+            .map_err(|source| SignalError::Kill { pid, source })?;
         Ok(format!(
             "sent SIGHUP to {} (pid {pid}): it reloads and runs the parity gate",
             self.expected_comm
@@ -1237,8 +1251,8 @@ impl<'a> SignalDaemon<'a> {
 }
 
 impl Activation for SignalDaemon<'_> {
-    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), String> {
-        self.store.verify(bundle_dir).map_err(|e| e.to_string())?;
+    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), GateError> {
+        self.store.verify(bundle_dir)?;
         let outcome = self.signal()?;
         self.outcome = Some(outcome);
         Ok(())

@@ -212,11 +212,15 @@ fn gate_failure_rolls_back_to_the_previous_bundle() {
             reason,
             rolled_back_to,
             rollback_error,
+            refusal,
         } => {
             assert_eq!(hash, &b);
             assert!(reason.contains("0.91"));
             assert_eq!(rolled_back_to.as_deref(), Some(a.as_str()));
             assert!(rollback_error.is_none());
+            // The gate's own error comes back as the source, not only as text.
+            assert_eq!(refusal.to_string(), *reason);
+            assert!(std::error::Error::source(&e).is_some());
         }
         other => panic!("expected GateFailed, got {other}"),
     }
