@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use vla_alloc_count as counting;
-use vla_control::{sleep_until, ControlLoop, Engine, Health, LoopReport, LoopSettings};
+use vla_control::{
+    sleep_until, ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings,
+};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 
 /// The name `vla-control` gives its publisher thread.
@@ -151,7 +153,7 @@ struct SleepingEngine {
 }
 
 impl Engine for SleepingEngine {
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError> {
         std::thread::sleep(self.latency);
         let pixel = obs.frames.first().copied().unwrap_or(0) as f32 / 255.0;
         for (i, a) in actions.iter_mut().enumerate() {
@@ -162,7 +164,7 @@ impl Engine for SleepingEngine {
         Ok(())
     }
 
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<String, EngineError> {
         Ok("synthetic engine (sleeps, fills the chunk)".into())
     }
 }

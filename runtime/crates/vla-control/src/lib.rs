@@ -46,10 +46,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use vla_ring::{monotonic_ns, Action, Geometry, Observation, RingReader, RingWriter};
 
+/// An engine's failure: the engine's own typed error, boxed so the loop needs to know
+/// nothing of policies; its `source()` chain is kept for whoever reports it. Built only
+/// when an inference or a reload fails, never on a good tick.
+pub type EngineError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What runs a policy for the loop (implemented by the daemon).
 pub trait Engine: Send + 'static {
     /// One inference: `actions` is `chunk_len x action_dims`, preallocated.
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String>;
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError>;
     /// Whether [`Engine::infer_with_prefix`] really conditions on the prefix; the loop
     /// refuses `prefix` mode otherwise.
     fn conditions_on_prefix(&self) -> bool {
@@ -62,13 +67,13 @@ pub trait Engine: Send + 'static {
         obs: &Observation,
         prefix: &Prefix<'_>,
         actions: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         let _ = prefix;
         self.infer(obs, actions)
     }
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
-    fn reload(&mut self) -> Result<String, String>;
+    fn reload(&mut self) -> Result<String, EngineError>;
     /// Names of the components whose latencies [`Engine::component_latencies`] reports
     /// (called once, before the loop starts).
     /// The action dims whose values are discrete commands (a binarized gripper), which
