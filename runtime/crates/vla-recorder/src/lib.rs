@@ -23,7 +23,7 @@ mod spsc;
 
 pub use mcap_out::{SCHEMA_ACTION, SCHEMA_CHUNK, SCHEMA_OBSERVATION};
 pub use metrics::LatencyMetrics;
-pub use read::{read_recording, RecordedChunk, Recording};
+pub use read::{read_recording, RecordedChunk, Recording, RecordingError};
 pub use record::Frames;
 
 use record::{copy_frames, decision_code, ChunkRecord, History, TickRecord};
