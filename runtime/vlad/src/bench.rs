@@ -9,6 +9,7 @@ use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use vla_control::quantile_sorted;
 use vla_qnn::{Context, ContextBinary};
 
 const HELP: &str = "usage: vlad bench-context <ctx.bin> [--inputs io.npz] [--graph NAME] [--warmup 3] [--iterations 50] [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]";
@@ -40,15 +41,6 @@ pub fn vote_summary(
         None if mode == vla_qnn::PerformanceMode::Off => "off (no vote)".into(),
         None => format!("{mode} refused by the backend (see the log): no vote"),
     }
-}
-
-/// The `q`-quantile (nearest rank) of sorted samples.
-pub fn percentile(sorted: &[Duration], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
@@ -136,8 +128,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     );
     println!(
         "  steady over {iterations}: p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-        ms(percentile(&steady, 0.5)),
-        ms(percentile(&steady, 0.99)),
+        ms(quantile_sorted(&steady, 0.5).unwrap_or_default()),
+        ms(quantile_sorted(&steady, 0.99).unwrap_or_default()),
         ms(*steady.last().expect("iterations >= 1"))
     );
     Ok(())

@@ -19,6 +19,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use vla_control::quantile;
 use vla_policy::{Bundle, ObservationFile, Policy};
 use vla_qnn::ContextBinary;
 
@@ -62,15 +63,6 @@ impl LoadMode {
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-/// Nearest-rank `q`-quantile of samples (sorted in place).
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 struct Options {
@@ -165,7 +157,7 @@ fn binaries_bytes(bundle: &Bundle) -> Result<u64, Failure> {
 
 /// Loads every context with `mode` and reports time and memory (run in a fresh child).
 fn load_probe(common: &Common, bundle: &Bundle, mode: LoadMode) -> Result<Value, Failure> {
-    let locked = mode == LoadMode::MmapLocked && memory::lock_on_fault();
+    let locked = mode == LoadMode::MmapLocked && vla_control::lock_memory_on_fault();
     let (lib, backend) = qnn_setup::load_backend(common)?;
     let before = Memory::read()?;
     let t = Instant::now();
@@ -407,17 +399,11 @@ mod tests {
 
     #[test]
     fn heap_read_and_mapping_see_the_same_binary() {
-        let Some(dir) = std::env::var_os("VLA_QNN_LIB_DIR") else {
-            // CI sets VLA_REQUIRE_QNN=1: there a missing library is a failure, not a skip.
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("SKIPPED: VLA_QNN_LIB_DIR is not set");
+        let Some(dir) = vla_test_support::qnn_lib_dir() else {
             return;
         };
         let common = Common {
-            lib_dir: Some(PathBuf::from(dir)),
+            lib_dir: Some(dir),
             log_level: None,
         };
         let bin = Path::new(env!("CARGO_MANIFEST_DIR"))

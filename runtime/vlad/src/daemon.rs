@@ -10,6 +10,7 @@
 //! after a final `hold`.
 
 use crate::cli::{self, Common};
+use crate::gate::{load_gated, InferError, LoadError, Recovery, ReloadError};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
 use lexopt::prelude::*;
@@ -18,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings};
-use vla_ota::{OtaSettings, Store};
+use vla_control::{ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings};
+use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
 
@@ -37,35 +38,6 @@ pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
         action_dims: g.action_dims as u32,
         chunk_len: g.chunk_len as u32,
     }
-}
-
-/// Loads a bundle and gates it: every context against its golden and the end-to-end
-/// golden (which also warms up every context). Also returns the end-to-end cosine.
-pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy, f64), String> {
-    let bundle = Bundle::open(dir).map_err(|e| e.to_string())?;
-    let mut policy = Policy::load(&bundle, backend).map_err(|e| e.to_string())?;
-    let report = bundle.parity(&mut policy).map_err(|e| e.to_string())?;
-    if let Some(why) = report.failure_summary() {
-        return Err(format!(
-            "bundle {} failed its parity gate: {why}",
-            dir.display()
-        ));
-    }
-    log::info!(
-        "bundle {} ({} {}) gated: end-to-end cosine {:.6}",
-        dir.display(),
-        bundle.manifest.name,
-        bundle.manifest.version,
-        report.end_to_end.comparison.cosine
-    );
-    if report.open_loop {
-        log::warn!(
-            "bundle {} is OPEN LOOP: constant world model, its actions ignore the camera and the state",
-            dir.display()
-        );
-    }
-    let cosine = report.end_to_end.comparison.cosine;
-    Ok((bundle, policy, cosine))
 }
 
 /// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
@@ -111,15 +83,15 @@ pub struct PolicyEngine {
 }
 
 impl PolicyEngine {
-    fn try_load(&mut self, dir: &Path) -> Result<(), String> {
+    fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
         let (bundle, policy, _) = load_gated(&self.backend, dir)?;
-        let g = ring_geometry(&policy.geometry());
-        if g != self.geometry {
-            return Err(format!(
-                "bundle {} needs ring geometry {g:?}, the rings are {:?}",
-                dir.display(),
-                self.geometry
-            ));
+        let needs = ring_geometry(&policy.geometry());
+        if needs != self.geometry {
+            return Err(LoadError::Geometry {
+                dir: dir.to_owned(),
+                needs,
+                rings: self.geometry,
+            });
         }
         self.policy = Some(policy);
         self.bundle = Some(bundle);
@@ -129,8 +101,12 @@ impl PolicyEngine {
 }
 
 impl Engine for PolicyEngine {
-    fn infer(&mut self, obs: &vla_ring::Observation, actions: &mut [f32]) -> Result<(), String> {
-        self.run(obs, None, actions)
+    fn infer(
+        &mut self,
+        obs: &vla_ring::Observation,
+        actions: &mut [f32],
+    ) -> Result<(), EngineError> {
+        Ok(self.run(obs, None, actions)?)
     }
 
     fn conditions_on_prefix(&self) -> bool {
@@ -149,18 +125,18 @@ impl Engine for PolicyEngine {
         obs: &vla_ring::Observation,
         prefix: &vla_control::Prefix<'_>,
         actions: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         let p = vla_policy::ActionPrefix {
             actions: prefix.actions,
             frozen: prefix.frozen,
             overlap: prefix.overlap,
             method: self.prefix_method,
         };
-        self.run(obs, Some(&p), actions)
+        Ok(self.run(obs, Some(&p), actions)?)
     }
 
-    fn reload(&mut self) -> Result<String, String> {
-        self.reload_policy()
+    fn reload(&mut self) -> Result<String, EngineError> {
+        Ok(self.reload_policy()?)
     }
 
     fn component_names(&self) -> Vec<String> {
@@ -186,11 +162,8 @@ impl PolicyEngine {
         obs: &vla_ring::Observation,
         prefix: Option<&vla_policy::ActionPrefix<'_>>,
         actions: &mut [f32],
-    ) -> Result<(), String> {
-        let policy = self
-            .policy
-            .as_mut()
-            .ok_or("no policy loaded (the last reload failed)")?;
+    ) -> Result<(), InferError> {
+        let policy = self.policy.as_mut().ok_or(InferError::NoPolicy)?;
         let g = self.geometry;
         let o = vla_policy::Observation {
             cameras: g.cameras as usize,
@@ -206,7 +179,7 @@ impl PolicyEngine {
             Some(p) => policy.infer_with_prefix(&o, p, actions),
             None => policy.infer(&o, actions),
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(InferError::Policy)?;
         drop(vote);
         if !self.extra_latency.is_zero() {
             // Reproduces a slower NPU's operating point on the emulator (tests, benchmarks).
@@ -218,25 +191,35 @@ impl PolicyEngine {
         Ok(())
     }
 
-    fn reload_policy(&mut self) -> Result<String, String> {
+    fn reload_policy(&mut self) -> Result<String, ReloadError> {
         if let Some(store) = self.ota.as_ref().map(|o| o.store.clone()) {
             return self.reload_from_store(&store);
         }
-        let target = std::fs::canonicalize(&self.configured)
-            .map_err(|e| format!("bundle {}: {e}", self.configured.display()))?;
+        let target = std::fs::canonicalize(&self.configured).map_err(|source| {
+            ReloadError::Target(LoadError::Resolve {
+                path: self.configured.clone(),
+                source,
+            })
+        })?;
         let previous = self.good.clone();
         // The NPU cannot hold two sets of contexts: free the old ones first.
         self.policy = None;
         match self.try_load(&target) {
             Ok(()) => Ok(format!("bundle {}", target.display())),
-            Err(why) => {
+            Err(rejected) => {
                 log::error!(
-                    "new bundle rejected: {why}; reloading {}",
+                    "new bundle rejected: {rejected}; reloading {}",
                     previous.display()
                 );
                 match self.try_load(&previous) {
-                    Ok(()) => Err(format!("{why} (running {} again)", previous.display())),
-                    Err(again) => Err(format!("{why}; the previous bundle failed too: {again}")),
+                    Ok(()) => Err(ReloadError::Rejected {
+                        rejected: Box::new(rejected),
+                        recovery: Box::new(Recovery::RunningAgain(previous)),
+                    }),
+                    Err(again) => Err(ReloadError::PreviousFailed {
+                        rejected: Box::new(rejected),
+                        previous: Box::new(again),
+                    }),
                 }
             }
         }
@@ -246,11 +229,11 @@ impl PolicyEngine {
 impl PolicyEngine {
     /// SIGHUP under OTA: load what `current` names now; a bundle that fails to load or
     /// to pass its gate is rolled back by the store (which reloads the previous one here).
-    fn reload_from_store(&mut self, store: &Arc<Store>) -> Result<String, String> {
+    fn reload_from_store(&mut self, store: &Arc<Store>) -> Result<String, ReloadError> {
         let (hash, dir) = store
             .current()
-            .map_err(|e| e.to_string())?
-            .ok_or("the OTA store has no current bundle")?;
+            .map_err(ReloadError::Store)?
+            .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
         match self.try_load(&dir) {
             Ok(()) => {
@@ -259,9 +242,10 @@ impl PolicyEngine {
                 }
                 Ok(format!("bundle {hash}"))
             }
-            Err(why) => {
-                log::error!("bundle {hash} rejected: {why}");
-                let rolled = store.fail_trial(&why, &mut |d: &Path| self.try_load(d));
+            Err(rejected) => {
+                log::error!("bundle {hash} rejected: {rejected}");
+                let rolled =
+                    store.fail_trial(&rejected.to_string(), &mut |d: &Path| self.try_load(d));
                 let running = store.current().ok().flatten();
                 if let (Some(o), Some((h, _))) = (&self.ota, &running) {
                     o.trial.running(h.clone(), false);
@@ -270,15 +254,22 @@ impl PolicyEngine {
                     // Not on trial (no rollback target) or the rollback failed: load what
                     // ran before, whatever the store says.
                     let good = self.good.clone();
-                    self.try_load(&good).map_err(|again| {
-                        format!("{why}; the previous bundle failed too: {again}")
-                    })?;
+                    if let Err(again) = self.try_load(&good) {
+                        return Err(ReloadError::PreviousFailed {
+                            rejected: Box::new(rejected),
+                            previous: Box::new(again),
+                        });
+                    }
                 }
-                match rolled {
-                    Ok(Some(r)) => Err(format!("{why} (rolled back: {r:?})")),
-                    Ok(None) => Err(format!("{why} (running {} again)", self.good.display())),
-                    Err(e) => Err(format!("{why}; rollback: {e}")),
-                }
+                let recovery = match rolled {
+                    Ok(Some(r)) => Recovery::RolledBack(r),
+                    Ok(None) => Recovery::RunningAgain(self.good.clone()),
+                    Err(e) => Recovery::RollbackFailed(e),
+                };
+                Err(ReloadError::Rejected {
+                    rejected: Box::new(rejected),
+                    recovery: Box::new(recovery),
+                })
             }
         }
     }
@@ -393,11 +384,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     let config_path =
         config_path.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-    let mut config =
-        vla_config::Config::load(&config_path).map_err(|e| Failure::Error(e.to_string()))?;
-    config
-        .apply_env_overrides()
-        .map_err(|e| Failure::Error(e.to_string()))?;
+    let mut config = vla_config::Config::load(&config_path)?;
+    config.apply_overrides(crate::qnn_setup::environment)?;
     if common.log_level.is_none() {
         common.log_level = Some(format!(
             "{},qnn={}",
@@ -434,7 +422,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
 
     let rt = &config.realtime;
     if rt.mlockall {
-        crate::memory::lock_on_fault();
+        vla_control::lock_memory_on_fault();
     }
     let overridden = bundle_override.is_some();
     let bundle_dir = bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
@@ -442,7 +430,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
         system_lib: config.qnn.system_lib.as_str().to_owned(),
-        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common))
+        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common)?)
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
     let backend = Backend::new(lib)?;
@@ -454,24 +442,18 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
     // leftovers of an interrupted update, and a crash loop on a bundle on trial.
     let ota_root = PathBuf::from(config.ota.root.as_str());
-    let store = (!overridden && bundle_dir == ota_root.join("current")).then(|| {
-        Arc::new(Store::new(OtaSettings::from_config(
-            &config.ota,
-            crate::ota_cmd::device_target(),
-        )))
-    });
+    let store = (!overridden && bundle_dir == ota_root.join("current"))
+        .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
     let t = Instant::now();
     let (resolved, (bundle, policy, gate_cosine), ota) = match &store {
         None => {
             let resolved = std::fs::canonicalize(&bundle_dir)
                 .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
-            let loaded = load_gated(&backend, &resolved).map_err(Failure::Error)?;
+            let loaded = load_gated(&backend, &resolved)?;
             (resolved, loaded, None)
         }
         Some(store) => {
-            let start = store
-                .on_start()
-                .map_err(|e| Failure::Error(e.to_string()))?;
+            let start = store.on_start()?;
             if let Some(r) = &start.rolled_back {
                 log::warn!("OTA: rolled back before loading: {r:?}");
             }
@@ -492,9 +474,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                     log::error!("bundle {hash} on trial failed at start: {why}");
                     let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
                     store
-                        .fail_trial(&why, &mut |d: &Path| {
+                        .fail_trial(&why.to_string(), &mut |d: &Path| {
                             loaded = Some((d.to_owned(), load_gated(&backend, d)?));
-                            Ok(())
+                            Ok::<(), LoadError>(())
                         })
                         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
                     let (dir, loaded) = loaded.ok_or_else(|| {
@@ -508,7 +490,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                         .unwrap_or_default();
                     (dir, loaded, Some(OtaLink::start(store, hash, false)?))
                 }
-                Err(why) => return Err(Failure::Error(why)),
+                Err(why) => return Err(why.into()),
             }
         }
     };

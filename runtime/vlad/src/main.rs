@@ -5,12 +5,15 @@
 //! context). This module only parses the command line and maps errors to exit codes;
 //! each subcommand lives in its own module.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod bench_bundle;
 mod bundle_cmd;
 mod bundle_ota_cmd;
 mod cli;
 mod daemon;
+mod gate;
 mod inspect;
 mod memory;
 mod notify;
@@ -47,6 +50,7 @@ common options:
 ";
 
 /// How a command ended, beyond plain success.
+#[derive(Debug)]
 pub enum Failure {
     /// Bad command line: exit 2.
     Usage(String),
@@ -58,10 +62,29 @@ pub enum Failure {
     Pending(String),
 }
 
-impl<E: std::error::Error> From<E> for Failure {
+impl<E: std::error::Error + 'static> From<E> for Failure {
     fn from(e: E) -> Self {
-        Failure::Error(e.to_string())
+        Failure::Error(error_line(&e))
     }
+}
+
+/// `error` and its causes as the one line vlad prints: the error's own message, then each
+/// cause down its `source()` chain that the line does not name yet. This workspace's
+/// errors already name their cause in their message (`bundle X: component `vision`: ...`)
+/// and also hand it out through `source()` for code that matches on it; an error of
+/// another crate may leave its cause to `source()` alone, and it is still printed.
+pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }
 
 fn main() -> ExitCode {
@@ -110,5 +133,47 @@ fn main() -> ExitCode {
             eprintln!("vlad: still pending: {m}");
             ExitCode::from(4)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    #[derive(Debug)]
+    struct Outer {
+        names_its_cause: bool,
+        cause: std::io::Error,
+    }
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            if self.names_its_cause {
+                write!(f, "reading /x: {}", self.cause)
+            } else {
+                write!(f, "reading /x")
+            }
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.cause)
+        }
+    }
+
+    #[test]
+    fn the_line_names_every_cause_once() {
+        let cause = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let silent = Outer {
+            names_its_cause: false,
+            cause: cause(),
+        };
+        assert_eq!(error_line(&silent), "reading /x: no such file");
+        let naming = Outer {
+            names_its_cause: true,
+            cause: cause(),
+        };
+        assert_eq!(error_line(&naming), "reading /x: no such file");
     }
 }

@@ -1,31 +1,7 @@
-//! Locking the daemon's memory without pinning its context binaries, and reading back
-//! what is locked and resident.
-//!
-//! `mlockall(MCL_CURRENT | MCL_FUTURE)` populates and pins every mapping, including
-//! gigabytes of mapped context binaries on a real bundle. With `MCL_ONFAULT` a page is
-//! locked only once touched: the buffers the loop uses (all touched by the parity gate
-//! before the loop starts) stay locked, while the binaries, which `vla-qnn` unlocks when
-//! it maps them and unmaps once their contexts exist, are never pinned.
+//! Reading back what of the daemon's memory is locked and resident (the locking itself is
+//! `vla_control::lock_memory_on_fault`, with the rest of the real-time set-up).
 
 use crate::Failure;
-use nix::sys::mman::{mlockall, MlockAllFlags};
-
-/// `MCL_ONFAULT` (Linux 4.4+; the same value on x86_64 and aarch64), which nix 0.29 lacks.
-const MCL_ONFAULT: i32 = 4;
-
-/// Locks current and future pages as they are faulted in; one log line when refused.
-pub fn lock_on_fault() -> bool {
-    let flags = MlockAllFlags::MCL_CURRENT
-        | MlockAllFlags::MCL_FUTURE
-        | MlockAllFlags::from_bits_retain(MCL_ONFAULT);
-    match mlockall(flags) {
-        Ok(()) => true,
-        Err(e) => {
-            log::warn!("mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) refused ({e}); pages may be swapped or faulted in on the hot path (raise LimitMEMLOCK)");
-            false
-        }
-    }
-}
 
 /// Memory figures of this process, in bytes: `/proc/self/smaps_rollup` (RSS, PSS and its
 /// anonymous and file-backed parts) and `VmLck` from `/proc/self/status`.

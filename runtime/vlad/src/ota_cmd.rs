@@ -55,6 +55,18 @@ pub fn device_target() -> DeviceTarget {
     }
 }
 
+/// The store's settings from the validated `ota` section of the configuration: the
+/// daemon's job, so the store itself knows nothing of the config file.
+pub fn ota_settings(config: &vla_config::OtaConfig) -> OtaSettings {
+    OtaSettings {
+        root: PathBuf::from(config.root.as_str()),
+        trusted_keys: config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect(),
+        trial_inferences: config.trial_inferences,
+        max_trial_starts: config.max_trial_starts,
+        target: device_target(),
+    }
+}
+
 /// `--config`, `--root` and `--trusted-key`, shared with `vlad bundle verify`.
 #[derive(Default)]
 pub struct StoreOptions {
@@ -90,7 +102,7 @@ impl StoreOptions {
         let from_file = if self.config.is_some() || self.root.is_none() || Path::new(&path).exists()
         {
             let config = vla_config::Config::load(&path)?;
-            Some(OtaSettings::from_config(&config.ota, device_target()))
+            Some(ota_settings(&config.ota))
         } else {
             None
         };
@@ -114,8 +126,8 @@ impl StoreOptions {
 
 fn gate_failure(e: OtaError) -> Failure {
     match e {
-        OtaError::GateFailed { .. } => Failure::Gate(e.to_string()),
-        other => Failure::Error(other.to_string()),
+        OtaError::GateFailed { .. } => Failure::Gate(crate::error_line(&e)),
+        other => other.into(),
     }
 }
 

@@ -1,29 +1,47 @@
 //! Finding and loading the QNN libraries for a subcommand, and starting its HTP votes.
 //!
-//! The directory comes from `--lib-dir`, else `VLA_QNN_LIB_DIR`, else `/usr/lib` (where
-//! the device image installs QAIRT).
+//! The directory is resolved here, once per command, and handed to `vla-qnn`, which reads
+//! no environment: `--lib-dir`, else `VLA_QNN_LIB_DIR`, else the configuration's
+//! `qnn.lib_dir` (`vlad run`), else `/usr/lib` (where the device image installs QAIRT).
+//! The variable is read by [`environment`] only, and checked by `vla-config` the same way
+//! for every command: an absolute UTF-8 path; set but empty is an error, not "unset".
 
 use crate::cli::Common;
+use crate::Failure;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use vla_qnn::{Backend, LoadOptions, PerfGovernor, PerformanceMode, QnnError, QnnLibrary};
+use vla_qnn::{Backend, LoadOptions, PerfGovernor, PerformanceMode, QnnLibrary};
 
 pub const DEVICE_LIB_DIR: &str = "/usr/lib";
 
-pub fn lib_dir(common: &Common) -> PathBuf {
-    match &common.lib_dir {
-        Some(d) => d.clone(),
-        None => vla_qnn::lib_dir_from_env(std::path::Path::new(DEVICE_LIB_DIR)),
+/// The process environment as the configuration's override lookup
+/// (`Config::apply_overrides`): the one place vlad reads `VLA_QNN_LIB_DIR`.
+pub fn environment(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+/// The QNN library directory: `--lib-dir` (which `vlad run` fills from its configuration,
+/// the environment's override applied), else `VLA_QNN_LIB_DIR`, else [`DEVICE_LIB_DIR`].
+pub fn lib_dir(common: &Common) -> Result<PathBuf, Failure> {
+    if let Some(dir) = &common.lib_dir {
+        return Ok(dir.clone());
+    }
+    match environment(vla_config::QNN_LIB_DIR_ENV) {
+        Some(value) => Ok(PathBuf::from(
+            vla_config::qnn_lib_dir_override(&value)?.as_str(),
+        )),
+        None => Ok(PathBuf::from(DEVICE_LIB_DIR)),
     }
 }
 
-pub fn load_library(common: &Common) -> Result<Arc<QnnLibrary>, QnnError> {
-    let opts = LoadOptions::htp(lib_dir(common));
+pub fn load_library(common: &Common) -> Result<Arc<QnnLibrary>, Failure> {
+    let opts = LoadOptions::htp(lib_dir(common)?);
     Ok(Arc::new(QnnLibrary::load(&opts)?))
 }
 
-pub fn load_backend(common: &Common) -> Result<(Arc<QnnLibrary>, Backend), QnnError> {
+pub fn load_backend(common: &Common) -> Result<(Arc<QnnLibrary>, Backend), Failure> {
     let lib = load_library(common)?;
     let backend = Backend::new(lib.clone())?;
     Ok((lib, backend))

@@ -39,7 +39,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     let file = file.ok_or_else(|| Failure::Usage("replay needs FILE.mcap".into()))?;
     common.init_logging();
-    let rec = vla_recorder::read_recording(&file).map_err(Failure::Error)?;
+    let rec = vla_recorder::read_recording(&file)?;
     let dir = match bundle {
         Some(d) => d,
         None => rec

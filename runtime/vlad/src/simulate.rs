@@ -399,15 +399,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let config_path =
         config_path.ok_or_else(|| Failure::Usage("simulate needs --config FILE".into()))?;
     common.init_logging();
-    let config =
-        vla_config::Config::load(&config_path).map_err(|e| Failure::Error(e.to_string()))?;
+    let config = vla_config::Config::load(&config_path)?;
     let bundle =
         Bundle::open(bundle_dir.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str())))?;
     let m = &bundle.manifest;
     let geometry = crate::daemon::ring_geometry(&m.geometry());
     let source = ObservationFile::load(&obs_path.unwrap_or_else(|| bundle.path(&m.end_to_end)))?;
-    let mut obs =
-        Observation::for_geometry(&geometry).map_err(|e| Failure::Error(e.to_string()))?;
+    let mut obs = Observation::for_geometry(&geometry)?;
     if obs.frames.len() != source.frames.len() || obs.state.len() != source.state.len() {
         return Err(Failure::Error(format!(
             "observation file has {} frame bytes and {} state values; the bundle needs {} and {}",
@@ -427,8 +425,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let silence_limit_ns = config.control.writer_heartbeat_timeout().as_nanos() as u64;
     // Read before taking the ring over: the take-over overwrites the heartbeat.
     let previous = previous_writer(&obs_ring, geometry);
-    let mut writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)
-        .map_err(|e| Failure::Error(e.to_string()))?;
+    let mut writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)?;
     println!(
         "simulator: writing observations to {} at {camera_hz} Hz for {duration} s",
         obs_ring.display()
@@ -516,9 +513,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 }
                 obs.capture_time_ns = now;
                 obs.seed = source.seed.wrapping_add(written);
-                let seq = writer
-                    .publish(&obs)
-                    .map_err(|e| Failure::Error(e.to_string()))?;
+                let seq = writer.publish(&obs)?;
                 captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, now);
                 written += 1;
                 next_obs += period;

@@ -5,16 +5,18 @@
 
 mod common;
 
-use common::{qnn, repo, Drained};
+use common::{qnn, Drained};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use vla_test_support::repo_root;
 
 fn config(dir: &Path, tag: &str, merge: &str, extra_ms: u32) -> PathBuf {
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
-    v["bundle"]["path"] = repo()
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = repo_root()
         .join("golden/bundles/fastwam")
         .to_str()
         .unwrap()

@@ -4,18 +4,20 @@
 
 mod common;
 
-use common::{qnn_dir, repo, Drained};
+use common::{qnn_dir, Drained};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use vla_ring::{Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
+use vla_test_support::repo_root;
 
 /// A config for `bundle` with rings and files private to this test.
 fn write_config(dir: &Path, tag: &str, bundle: &str, hz: f64) -> PathBuf {
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
-    v["bundle"]["path"] = repo()
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = repo_root()
         .join("golden/bundles")
         .join(bundle)
         .to_str()

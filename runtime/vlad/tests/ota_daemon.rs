@@ -5,11 +5,12 @@
 
 mod common;
 
-use common::{qnn, repo, Drained};
+use common::{qnn, Drained};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
+use vla_test_support::repo_root;
 
 fn vlad(args: &[&str]) -> Output {
     let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
@@ -72,7 +73,8 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
 
     // Config: OTA mode (bundle.path = <root>/current), the fleet key trusted.
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
     v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
     v["ota"]["root"] = root.to_str().unwrap().into();
     v["ota"]["trusted_keys"] = serde_json::json!([public]);
@@ -88,7 +90,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     // Bundle A (the fixture) and B (same contexts, new version): both signed.
     let sign = |name: &str, edit: &dyn Fn(&Path)| {
         let dir = tmp.join(name);
-        copy_dir(&repo().join("golden/bundles/fastwam"), &dir);
+        copy_dir(&repo_root().join("golden/bundles/fastwam"), &dir);
         edit(&dir);
         ok(&["bundle", "pack", dir.to_str().unwrap()]);
         ok(&[
@@ -252,7 +254,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
 /// Copies the fixture bundle to `tmp/name` as `version`, packs, signs and installs it.
 fn signed_install(tmp: &Path, key: &Path, cfg: &str, name: &str, version: &str) -> String {
     let dir = tmp.join(name);
-    copy_dir(&repo().join("golden/bundles/fastwam"), &dir);
+    copy_dir(&repo_root().join("golden/bundles/fastwam"), &dir);
     let p = dir.join("bundle.json");
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     m["version"] = version.into();
@@ -296,7 +298,8 @@ fn an_install_during_a_trial_never_stalls_inference() {
     let key = tmp.join("fleet.key");
     let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
     v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
     v["ota"]["root"] = root.to_str().unwrap().into();
     v["ota"]["trusted_keys"] = serde_json::json!([public]);

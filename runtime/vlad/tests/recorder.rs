@@ -5,13 +5,14 @@
 
 mod common;
 
-use common::{qnn_dir, repo};
+use common::qnn_dir;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use vla_test_support::repo_root;
 
 fn bundle(name: &str) -> String {
-    repo()
+    repo_root()
         .join("golden/bundles")
         .join(name)
         .to_str()
@@ -51,7 +52,8 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     let recordings = dir.join("recordings");
     let textfile = dir.join("vlad.prom");
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
     v["bundle"]["path"] = bundle("fastwam").into();
     let tag = std::process::id();
     v["rings"]["observation_path"] = format!("/dev/shm/vlad-rec-{tag}-obs").into();

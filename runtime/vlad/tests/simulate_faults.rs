@@ -3,13 +3,11 @@
 //! heartbeat, and the JSON report counts the `ok` actions a careless daemon made during
 //! it, an over-long validity window, an all-zero action and one that arrived expired.
 
-mod common;
-
-use common::repo;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, RingWriter};
+use vla_test_support::repo_root;
 
 const MS: u64 = 1_000_000;
 
@@ -22,8 +20,9 @@ fn a_silent_robot_and_bad_ok_actions_are_counted_in_the_json_report() {
     let obs_ring = PathBuf::from(format!("/dev/shm/{tag}-obs"));
     let act_ring = PathBuf::from(format!("/dev/shm/{tag}-act"));
     let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo().join("config/dev.json")).unwrap()).unwrap();
-    v["bundle"]["path"] = repo()
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = repo_root()
         .join("golden/bundles/fastwam")
         .to_str()
         .unwrap()

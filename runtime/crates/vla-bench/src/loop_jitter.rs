@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use vla_alloc_count as counting;
-use vla_control::{sleep_until, ControlLoop, Engine, Health, LoopReport, LoopSettings};
+use vla_control::{
+    sleep_until, ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings,
+};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 
 /// The name `vla-control` gives its publisher thread.
@@ -134,7 +136,14 @@ impl std::fmt::Display for LoopBenchError {
     }
 }
 
-impl std::error::Error for LoopBenchError {}
+impl std::error::Error for LoopBenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoopBenchError::Thread { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 /// Stands in for a policy: sleeps a fixed inference time, then derives the chunk from
 /// the observation (state plus a ramp per step), without allocating.
@@ -144,7 +153,7 @@ struct SleepingEngine {
 }
 
 impl Engine for SleepingEngine {
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError> {
         std::thread::sleep(self.latency);
         let pixel = obs.frames.first().copied().unwrap_or(0) as f32 / 255.0;
         for (i, a) in actions.iter_mut().enumerate() {
@@ -155,7 +164,7 @@ impl Engine for SleepingEngine {
         Ok(())
     }
 
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<String, EngineError> {
         Ok("synthetic engine (sleeps, fills the chunk)".into())
     }
 }

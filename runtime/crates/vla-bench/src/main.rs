@@ -11,6 +11,8 @@
 //! `scripts/bench.sh` runs these next to the numpy / ONNX Runtime side and `vlad
 //! bench-bundle`, and renders one table.
 
+#![forbid(unsafe_code)]
+
 mod host;
 mod loop_jitter;
 mod ring;

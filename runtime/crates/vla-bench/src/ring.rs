@@ -8,8 +8,6 @@
 //! one JSON line.
 
 use crate::stats::summary;
-use nix::sched::{sched_setaffinity, CpuSet};
-use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -59,7 +57,14 @@ impl std::fmt::Display for RingBenchError {
     }
 }
 
-impl std::error::Error for RingBenchError {}
+impl std::error::Error for RingBenchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RingBenchError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RingBenchError {
     let what = what.into();
@@ -67,24 +72,19 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> RingBenchError 
 }
 
 /// Pins the calling thread to `cpu` when the machine has it (a hint; ignored otherwise),
-/// and with `VLA_BENCH_FIFO=<priority>` in the environment makes it SCHED_FIFO, as the
-/// runtime's real-time threads are. Returns whether SCHED_FIFO took effect.
+/// and with `VLA_BENCH_FIFO=<priority>` (1..=99) in the environment makes it SCHED_FIFO,
+/// with the runtime's own real-time set-up (`vla_control::rt`). Returns whether
+/// SCHED_FIFO took effect.
 pub fn pin(cpu: usize) -> bool {
-    let mut set = CpuSet::new();
-    if set.set(cpu).is_ok() {
-        let _ = sched_setaffinity(Pid::from_raw(0), &set);
-    }
+    let _ = vla_control::pin_current_thread("ring benchmark", &[cpu]);
     let Some(priority) = std::env::var("VLA_BENCH_FIFO")
         .ok()
-        .and_then(|v| v.parse::<i32>().ok())
+        .and_then(|v| v.parse::<u8>().ok())
+        .filter(|&p| p > 0)
     else {
         return false;
     };
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: plain syscall on the calling thread (pid 0) with a valid, initialized param.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    vla_control::set_fifo_priority("ring benchmark", priority)
 }
 
 fn busy_wait_until(deadline_ns: u64) {

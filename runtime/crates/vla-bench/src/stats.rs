@@ -1,14 +1,7 @@
-//! Order statistics over timing samples, shared by every benchmark here.
+//! Order statistics over timing samples, shared by every benchmark here: the runtime's
+//! nearest-rank quantile (`vla_control::quantile`) and the p50/p99/max summary built on it.
 
-/// Nearest-rank `q`-quantile of `samples` (sorted in place). 0.0 when empty.
-pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
-    if samples.is_empty() {
-        return 0.0;
-    }
-    samples.sort_by(f64::total_cmp);
-    let rank = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len());
-    samples[rank - 1]
-}
+pub use vla_control::quantile;
 
 /// p50, p99 and max of `samples`.
 pub fn summary(samples: &mut [f64]) -> (f64, f64, f64) {

@@ -16,8 +16,8 @@
 //! ```
 //! let json = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../config/vlad.json"))?;
 //! let mut config = vla_config::Config::from_json(&json)?;
-//! // At start-up, after loading: environment overrides (VLA_QNN_LIB_DIR).
-//! config.apply_env_overrides()?;
+//! // At start-up, after loading: environment overrides (the daemon passes its lookup).
+//! config.apply_overrides(|name| std::env::var_os(name))?;
 //! assert_eq!(config.control.publish_hz, 20.0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -33,7 +33,7 @@ mod raw;
 mod track;
 mod validate;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
@@ -434,13 +434,9 @@ impl Config {
         Config::from_json(&buffer[..len]).map_err(|e| e.with_origin(origin))
     }
 
-    /// [`Config::apply_overrides`] with the process environment: call once at start-up.
-    pub fn apply_env_overrides(&mut self) -> Result<AppliedOverrides, ConfigError> {
-        self.apply_overrides(|name| std::env::var_os(name))
-    }
-
-    /// Applies environment overrides, looking each variable up with `lookup` (pass
-    /// `|name| std::env::var_os(name)` at start-up; tests pass their own table).
+    /// Applies environment overrides, looking each variable up with `lookup` (the daemon
+    /// passes the process environment, once, at start-up; tests pass their own table).
+    /// This crate never reads the environment itself.
     ///
     /// - [`QNN_LIB_DIR_ENV`] (`VLA_QNN_LIB_DIR`) replaces `qnn.lib_dir`; the value must
     ///   pass the same check as the field (an absolute path, valid UTF-8). Set but empty
@@ -453,25 +449,32 @@ impl Config {
     ) -> Result<AppliedOverrides, ConfigError> {
         let mut applied = AppliedOverrides::new();
         if let Some(value) = lookup(QNN_LIB_DIR_ENV) {
-            let origin = Origin::Env(QNN_LIB_DIR_ENV);
-            let path = FieldPath::of(&["qnn", "lib_dir"]);
-            let Some(text) = value.to_str() else {
-                return Err(ConfigError::invalid(
-                    path,
-                    format_args!("a UTF-8 absolute path"),
-                    Found::Other(error::bounded(format_args!(
-                        "non-UTF-8 bytes {:?}",
-                        value.to_string_lossy()
-                    ))),
-                )
-                .with_origin(origin));
-            };
-            let lib_dir = validate::absolute_path(path, text).map_err(|e| e.with_origin(origin))?;
-            self.qnn.lib_dir = lib_dir;
+            self.qnn.lib_dir = qnn_lib_dir_override(&value)?;
             let _ = applied.push(QNN_LIB_DIR_ENV);
         }
         Ok(applied)
     }
+}
+
+/// Checks a value of [`QNN_LIB_DIR_ENV`] as it would replace `qnn.lib_dir`: an absolute
+/// UTF-8 path. Set but empty is an error, not "unset": an empty override is always a
+/// mistake. [`Config::apply_overrides`] uses it, and so do the commands that run without
+/// a configuration, so the variable has one meaning everywhere.
+pub fn qnn_lib_dir_override(value: &OsStr) -> Result<PathText, ConfigError> {
+    let origin = Origin::Env(QNN_LIB_DIR_ENV);
+    let path = FieldPath::of(&["qnn", "lib_dir"]);
+    let Some(text) = value.to_str() else {
+        return Err(ConfigError::invalid(
+            path,
+            format_args!("a UTF-8 absolute path"),
+            Found::Other(error::bounded(format_args!(
+                "non-UTF-8 bytes {:?}",
+                value.to_string_lossy()
+            ))),
+        )
+        .with_origin(origin));
+    };
+    validate::absolute_path(path, text).map_err(|e| e.with_origin(origin))
 }
 
 /// Runs the tracked deserialization and turns its failure into a [`ConfigError`].

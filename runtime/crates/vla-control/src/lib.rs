@@ -14,6 +14,9 @@
 //!
 //! This crate knows the rings, not QNN or policies: the daemon provides the [`Engine`].
 
+// `unsafe` only in `rt.rs`, the real-time set-up.
+#![deny(unsafe_code)]
+
 mod plan;
 mod rt;
 mod scheduler;
@@ -24,9 +27,9 @@ pub use plan::{
     build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
     Prefix, TickGrid, Trigger,
 };
-pub use rt::{lock_memory, pin_current_thread, set_fifo_priority};
+pub use rt::{lock_memory, lock_memory_on_fault, pin_current_thread, set_fifo_priority};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
-pub use stats::{Health, Histogram, LatencyWindow};
+pub use stats::{nearest_rank, quantile, quantile_sorted, Health, Histogram, LatencyWindow};
 pub use tap::{InferenceEvent, Tap, TickEvent};
 
 /// Inferences in the rolling latency window (LeRobot's RTC engine uses the last 100).
@@ -43,10 +46,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use vla_ring::{monotonic_ns, Action, Geometry, Observation, RingReader, RingWriter};
 
+/// An engine's failure: the engine's own typed error, boxed so the loop needs to know
+/// nothing of policies; its `source()` chain is kept for whoever reports it. Built only
+/// when an inference or a reload fails, never on a good tick.
+pub type EngineError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// What runs a policy for the loop (implemented by the daemon).
 pub trait Engine: Send + 'static {
     /// One inference: `actions` is `chunk_len x action_dims`, preallocated.
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String>;
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError>;
     /// Whether [`Engine::infer_with_prefix`] really conditions on the prefix; the loop
     /// refuses `prefix` mode otherwise.
     fn conditions_on_prefix(&self) -> bool {
@@ -59,13 +67,13 @@ pub trait Engine: Send + 'static {
         obs: &Observation,
         prefix: &Prefix<'_>,
         actions: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         let _ = prefix;
         self.infer(obs, actions)
     }
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
-    fn reload(&mut self) -> Result<String, String>;
+    fn reload(&mut self) -> Result<String, EngineError>;
     /// Names of the components whose latencies [`Engine::component_latencies`] reports
     /// (called once, before the loop starts).
     /// The action dims whose values are discrete commands (a binarized gripper), which
@@ -134,7 +142,15 @@ impl core::fmt::Display for ControlError {
     }
 }
 
-impl std::error::Error for ControlError {}
+impl std::error::Error for ControlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ControlError::ActionRing(e) => Some(e),
+            ControlError::Thread(e) => Some(e),
+            ControlError::PrefixUnsupported => None,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {
@@ -380,7 +396,7 @@ struct Shared {
 }
 
 fn publisher_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     mut writer: RingWriter<Action>,
     shared: Shared,
     robot_heartbeat: Arc<std::sync::atomic::AtomicU64>,
@@ -394,27 +410,31 @@ fn publisher_thread(
         grid,
     } = shared;
     block_signals();
-    pin_current_thread("publisher", &s.publisher_cpus);
-    set_fifo_priority("publisher", s.publisher_priority);
-    let g = s.geometry;
-    let period = s.period.as_nanos() as u64;
+    pin_current_thread("publisher", &settings.publisher_cpus);
+    set_fifo_priority("publisher", settings.publisher_priority);
+    let geometry = settings.geometry;
+    let period = settings.period.as_nanos() as u64;
     let limits = ScheduleLimits {
         period_ns: period,
-        max_chunk_age_ns: s.max_chunk_age.as_nanos() as u64,
-        hold_after_chunk_end_ns: s.hold_after_chunk_end.as_nanos() as u64,
-        action_valid_ns: s.action_valid.as_nanos() as u64,
-        chunk_period_ns: s.chunk_period.as_nanos() as u64,
-        merge: s.merge,
+        max_chunk_age_ns: settings.max_chunk_age.as_nanos() as u64,
+        hold_after_chunk_end_ns: settings.hold_after_chunk_end.as_nanos() as u64,
+        action_valid_ns: settings.action_valid.as_nanos() as u64,
+        chunk_period_ns: settings.chunk_period.as_nanos() as u64,
+        merge: settings.merge,
     };
-    let heartbeat_timeout = s.writer_heartbeat_timeout.as_nanos() as u64;
-    let mut scheduler = Scheduler::new(limits, g.chunk_len as usize, g.action_dims as usize);
+    let heartbeat_timeout = settings.writer_heartbeat_timeout.as_nanos() as u64;
+    let mut scheduler = Scheduler::new(
+        limits,
+        geometry.chunk_len as usize,
+        geometry.action_dims as usize,
+    );
     scheduler.set_discrete(&discrete);
-    let mut action = Action::for_geometry(&g);
+    let mut action = Action::for_geometry(&geometry);
     let mut landed = Chunk {
-        actions: vec![0.0; (g.chunk_len * g.action_dims) as usize],
+        actions: vec![0.0; (geometry.chunk_len * geometry.action_dims) as usize],
         ..Chunk::default()
     };
-    let mut h = Histograms {
+    let mut histograms = Histograms {
         jitter: Histogram::default(),
         freshness: Histogram::default(),
     };
@@ -427,7 +447,7 @@ fn publisher_thread(
         sleep_until(next);
         let now = monotonic_ns();
         let late = now.saturating_sub(next);
-        h.jitter.record(late);
+        histograms.jitter.record(late);
         Health::set(&health.last_jitter_ns, late);
         let mut missed = 0;
         if late >= period {
@@ -441,16 +461,16 @@ fn publisher_thread(
         if stop.load(Ordering::Acquire) {
             break;
         }
-        if let Ok(mut m) = mailbox.try_lock() {
-            if m.fresh {
-                m.fresh = false;
-                match m.event {
+        if let Ok(mut posted) = mailbox.try_lock() {
+            if posted.fresh {
+                posted.fresh = false;
+                match posted.event {
                     Event::Chunk => {
-                        landed.id = m.chunk.id;
-                        landed.source_obs_seq = m.chunk.source_obs_seq;
-                        landed.capture_ns = m.chunk.capture_ns;
-                        landed.done_ns = m.chunk.done_ns;
-                        landed.actions.copy_from_slice(&m.chunk.actions);
+                        landed.id = posted.chunk.id;
+                        landed.source_obs_seq = posted.chunk.source_obs_seq;
+                        landed.capture_ns = posted.chunk.capture_ns;
+                        landed.done_ns = posted.chunk.done_ns;
+                        landed.actions.copy_from_slice(&posted.chunk.actions);
                         fault = false;
                     }
                     Event::Drop => {
@@ -476,7 +496,7 @@ fn publisher_thread(
                 // "in play" together (prefix mode continues the chunk in play), so it never
                 // sees the chunk taken but not yet in play and falls back to no prefix.
                 Health::set(&health.chunk_in_play, scheduler.chunk_id());
-                drop(m);
+                drop(posted);
             }
         }
         let beat = robot_heartbeat.load(Ordering::Relaxed);
@@ -486,7 +506,7 @@ fn publisher_thread(
             Decision::Step(_) => {
                 Health::bump(&health.published_ok);
                 let age = now.saturating_sub(capture_of_current);
-                h.freshness.record(age);
+                histograms.freshness.record(age);
                 Health::set(&health.last_freshness_ns, age);
             }
             Decision::HoldLast => Health::bump(&health.published_ok),
@@ -497,8 +517,8 @@ fn publisher_thread(
         Health::set(&health.chunk_in_play, scheduler.chunk_id());
         // The layout was fixed from the same geometry, so a publish cannot fail on length.
         let _ = writer.publish(&action);
-        if let Some(t) = &tap {
-            t.tick(&TickEvent {
+        if let Some(tap) = &tap {
+            tap.tick(&TickEvent {
                 now_ns: now,
                 decision,
                 action: &action,
@@ -517,11 +537,11 @@ fn publisher_thread(
     scheduler.tick(monotonic_ns(), false, false, &mut action);
     let _ = writer.publish(&action);
     Health::bump(&health.published_hold);
-    h
+    histograms
 }
 
 fn inference_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     mut engine: Box<dyn Engine>,
     shared: Shared,
     reload: Arc<AtomicBool>,
@@ -535,38 +555,40 @@ fn inference_thread(
         grid,
     } = shared;
     block_signals();
-    pin_current_thread("inference", &s.inference_cpus);
-    set_fifo_priority("inference", s.inference_priority);
-    let g = s.geometry;
+    pin_current_thread("inference", &settings.inference_cpus);
+    set_fifo_priority("inference", settings.inference_priority);
+    let geometry = settings.geometry;
     let mut latency = Histogram::default();
-    let mut obs = match Observation::for_geometry(&g) {
-        Ok(o) => o,
-        Err(e) => {
-            log::error!("observation buffer for {g:?}: {e}");
+    let mut obs = match Observation::for_geometry(&geometry) {
+        Ok(buffer) => buffer,
+        Err(error) => {
+            log::error!("observation buffer for {geometry:?}: {error}");
             return latency;
         }
     };
-    let mut actions = vec![0f32; (g.chunk_len * g.action_dims) as usize];
+    let mut actions = vec![0f32; (geometry.chunk_len * geometry.action_dims) as usize];
     let post = |event: Event, chunk: Option<(&Observation, u64, &[f32], u64)>| {
-        let mut m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
-        m.event = event;
+        let mut slot = mailbox
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot.event = event;
         if let Some((obs, seq, actions, id)) = chunk {
-            m.chunk.id = id;
-            m.chunk.source_obs_seq = seq;
-            m.chunk.capture_ns = obs.capture_time_ns;
-            m.chunk.done_ns = monotonic_ns();
-            m.chunk.actions.copy_from_slice(actions);
+            slot.chunk.id = id;
+            slot.chunk.source_obs_seq = seq;
+            slot.chunk.capture_ns = obs.capture_time_ns;
+            slot.chunk.done_ns = monotonic_ns();
+            slot.chunk.actions.copy_from_slice(actions);
         }
-        m.fresh = true;
+        slot.fresh = true;
     };
     let mut reader: Option<RingReader<Observation>> = None;
     let mut last_seen = (0u64, 0u64);
     let mut chunk_id = 0u64;
     let mut consecutive_failures = 0u32;
     let mut last_open_error = String::new();
-    let max_age = s.max_observation_age.as_nanos() as u64;
-    let step_ns = s.chunk_period.max(s.period).as_nanos() as u64;
-    let dims = g.action_dims as usize;
+    let max_age = settings.max_observation_age.as_nanos() as u64;
+    let step_ns = settings.chunk_period.max(settings.period).as_nanos() as u64;
+    let dims = geometry.action_dims as usize;
     let mut window = LatencyWindow::new(LATENCY_WINDOW);
     // The first inference after a start or a reload is the cold one: not in the window.
     let mut cold = true;
@@ -588,25 +610,25 @@ fn inference_thread(
             Health::bump(&health.reloads);
             match engine.reload() {
                 Ok(what) => log::info!("reloaded: {what}"),
-                Err(e) => log::error!("reload failed: {e}"),
+                Err(error) => log::error!("reload failed: {error}"),
             }
             continue;
         }
-        let Some(r) = reader.as_ref() else {
-            match RingReader::<Observation>::open(&s.observation_path, g) {
-                Ok(r) => {
+        let Some(ring) = reader.as_ref() else {
+            match RingReader::<Observation>::open(&settings.observation_path, geometry) {
+                Ok(opened) => {
                     log::info!(
                         "observation ring {} open (writer epoch {})",
-                        s.observation_path.display(),
-                        r.writer_epoch()
+                        settings.observation_path.display(),
+                        opened.writer_epoch()
                     );
-                    reader = Some(r);
+                    reader = Some(opened);
                     last_open_error.clear();
                 }
-                Err(e) => {
-                    let msg = e.to_string();
+                Err(error) => {
+                    let msg = error.to_string();
                     if msg != last_open_error {
-                        if e.is_retryable() {
+                        if error.is_retryable() {
                             log::info!("waiting for the observation ring: {msg}");
                         } else {
                             log::error!("observation ring refused: {msg}");
@@ -623,13 +645,13 @@ fn inference_thread(
         // conditioned inference started now would continue a chunk the next post may
         // replace before it ever plays (latency under a tick), so prefix modes wait for
         // the take (at most a tick) even back to back.
-        let untaken = || mailbox.try_lock().map_or(true, |m| m.fresh);
-        let wait = match s.trigger {
-            Trigger::BackToBack => s.merge.conditions_on_prefix() && untaken(),
+        let untaken = || mailbox.try_lock().map_or(true, |slot| slot.fresh);
+        let wait = match settings.trigger {
+            Trigger::BackToBack => settings.merge.conditions_on_prefix() && untaken(),
             Trigger::Remaining { .. } => {
                 let end = Health::get(&health.chunk_end_ns);
                 untaken()
-                    || trigger_at(s.trigger, end, estimate, step_ns)
+                    || trigger_at(settings.trigger, end, estimate, step_ns)
                         .is_some_and(|at| monotonic_ns() < at)
             }
         };
@@ -637,33 +659,33 @@ fn inference_thread(
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        let key = (r.writer_epoch(), r.published());
+        let key = (ring.writer_epoch(), ring.published());
         if key.1 == 0 || key == last_seen {
-            if matches!(r.is_replaced(), Ok(true)) {
+            if matches!(ring.is_replaced(), Ok(true)) {
                 log::warn!(
                     "observation ring {} was replaced; reopening",
-                    s.observation_path.display()
+                    settings.observation_path.display()
                 );
                 reader = None;
             }
             std::thread::sleep(Duration::from_millis(2));
             continue;
         }
-        let seq = match r.read_latest(&mut obs) {
+        let seq = match ring.read_latest(&mut obs) {
             Ok(seq) => seq,
-            Err(e @ vla_ring::ReadError::Incompatible { .. }) => {
+            Err(error @ vla_ring::ReadError::Incompatible { .. }) => {
                 // A writer restarted the segment in place with another layout: the reopen
                 // reports why it does not fit (or follows it, if it does).
                 log::warn!(
-                    "observation ring {}: {e}; reopening",
-                    s.observation_path.display()
+                    "observation ring {}: {error}; reopening",
+                    settings.observation_path.display()
                 );
                 reader = None;
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            Err(e) => {
-                log::debug!("observation read: {e}");
+            Err(error) => {
+                log::debug!("observation read: {error}");
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
@@ -680,11 +702,13 @@ fn inference_thread(
         // Both read under the mailbox lock, where the publisher takes a chunk and puts it
         // in play in one step (it holds the lock for a copy and a landing, microseconds).
         let continues = {
-            let m = mailbox.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = mailbox
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let in_play = Health::get(&health.chunk_in_play);
-            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && m.fresh))
+            in_play != 0 && (in_play == chunk_id || (in_play + 1 == chunk_id && slot.fresh))
         };
-        let prefix = (s.merge.conditions_on_prefix() && continues)
+        let prefix = (settings.merge.conditions_on_prefix() && continues)
             .then(|| {
                 // Rows as the publisher plays them on its grid: the frozen rows are then
                 // exactly what the old chunk would publish at those ticks, the landing
@@ -705,25 +729,25 @@ fn inference_thread(
         let t0 = monotonic_ns();
         let result = match prefix {
             Some((frozen, overlap)) => {
-                let p = Prefix {
+                let conditioning = Prefix {
                     actions: &prefix_actions,
                     frozen,
                     overlap,
                 };
-                engine.infer_with_prefix(&obs, &p, &mut actions)
+                engine.infer_with_prefix(&obs, &conditioning, &mut actions)
             }
             None => engine.infer(&obs, &mut actions),
         };
         let t1 = monotonic_ns();
-        if let Some(t) = &tap {
-            let n = engine.component_latencies(&mut components);
-            t.inference(&InferenceEvent {
+        if let Some(tap) = &tap {
+            let filled = engine.component_latencies(&mut components);
+            tap.inference(&InferenceEvent {
                 chunk_id: if result.is_ok() { chunk_id + 1 } else { 0 },
                 observation: &obs,
                 observation_seq: seq,
                 started_ns: t0,
                 done_ns: t1,
-                components_ns: &components[..n.min(components.len())],
+                components_ns: &components[..filled.min(components.len())],
                 actions: &actions,
                 ok: result.is_ok(),
                 prefixed: prefixed_call,
@@ -748,11 +772,11 @@ fn inference_thread(
                 prev_capture = obs.capture_time_ns;
                 post(Event::Chunk, Some((&obs, seq, &actions, chunk_id)));
             }
-            Err(e) => {
+            Err(error) => {
                 consecutive_failures += 1;
                 Health::bump(&health.inference_failures);
-                log::error!("inference on observation {seq} failed: {e}");
-                let event = if consecutive_failures >= s.fault_after_failures {
+                log::error!("inference on observation {seq} failed: {error}");
+                let event = if consecutive_failures >= settings.fault_after_failures {
                     Event::Fault
                 } else {
                     Event::Drop
@@ -765,7 +789,7 @@ fn inference_thread(
 }
 
 fn watch_thread(
-    s: LoopSettings,
+    settings: LoopSettings,
     stop: Arc<AtomicBool>,
     heartbeat: Arc<std::sync::atomic::AtomicU64>,
 ) {
@@ -777,26 +801,26 @@ fn watch_thread(
     let mut robot_alive: Option<bool> = None;
     while !stop.load(Ordering::Acquire) {
         match &reader {
-            Some(r) => {
-                let beat = r.writer_heartbeat_ns();
+            Some(ring) => {
+                let beat = ring.writer_heartbeat_ns();
                 heartbeat.store(beat, Ordering::Relaxed);
-                let writer = r.writer_epoch();
+                let writer = ring.writer_epoch();
                 if writer != epoch {
                     if epoch != 0 {
                         log::warn!(
                             "robot firmware restarted: observation ring writer epoch {epoch} -> {writer} (writer pid {})",
-                            r.writer_pid()
+                            ring.writer_pid()
                         );
                     }
                     epoch = writer;
                 }
-                let age = r.heartbeat_age();
-                let alive = beat != 0 && age <= s.writer_heartbeat_timeout;
+                let age = ring.heartbeat_age();
+                let alive = beat != 0 && age <= settings.writer_heartbeat_timeout;
                 match (robot_alive, alive) {
                     (Some(true), false) => log::warn!(
                         "robot heartbeat lost: no observation or heartbeat for {} ms (limit {} ms); publishing hold",
                         age.as_millis(),
-                        s.writer_heartbeat_timeout.as_millis()
+                        settings.writer_heartbeat_timeout.as_millis()
                     ),
                     (Some(false), true) => {
                         log::info!("robot alive: observations or heartbeat arriving (writer epoch {writer})")
@@ -804,11 +828,15 @@ fn watch_thread(
                     _ => {}
                 }
                 robot_alive = Some(alive);
-                if matches!(r.is_replaced(), Ok(true)) {
+                if matches!(ring.is_replaced(), Ok(true)) {
                     reader = None;
                 }
             }
-            None => reader = RingReader::<Observation>::open(&s.observation_path, s.geometry).ok(),
+            None => {
+                reader =
+                    RingReader::<Observation>::open(&settings.observation_path, settings.geometry)
+                        .ok()
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
     }

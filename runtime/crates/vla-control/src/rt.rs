@@ -1,19 +1,50 @@
-//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall.
+//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall. The
+//! one implementation: the loop's threads, the daemon and the benchmarks all use it.
 //!
 //! Each step is optional and falls back with one clear log line when the system refuses
 //! it (no CAP_SYS_NICE, RLIMIT_RTPRIO 0, RT group scheduling, a container): the loop
 //! still runs, with worse jitter, and says so.
 
+// Real-time set-up: the SCHED_FIFO syscall nix does not wrap.
+#![allow(unsafe_code)]
+
 use nix::sched::{sched_setaffinity, CpuSet};
+use nix::sys::mman::{mlockall, MlockAllFlags};
 use nix::unistd::Pid;
+
+/// `MCL_ONFAULT` (Linux 4.4+; the same value on x86_64 and aarch64), which nix 0.29 lacks.
+const MCL_ONFAULT: i32 = 4;
 
 /// Locks current and future pages so the loop never page-faults on its buffers.
 pub fn lock_memory() -> bool {
-    use nix::sys::mman::{mlockall, MlockAllFlags};
-    match mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE) {
+    lock(
+        MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE,
+        "mlockall",
+    )
+}
+
+/// Locks current and future pages as they are faulted in (`MCL_ONFAULT`), for a process
+/// that maps large files it must not pin.
+///
+/// `mlockall(MCL_CURRENT | MCL_FUTURE)` populates and pins every mapping, including
+/// gigabytes of mapped context binaries on a real bundle. With `MCL_ONFAULT` a page is
+/// locked only once touched: the buffers the loop uses (all touched by the parity gate
+/// before the loop starts) stay locked, while the binaries, which `vla-qnn` unlocks when
+/// it maps them and unmaps once their contexts exist, are never pinned.
+pub fn lock_memory_on_fault() -> bool {
+    lock(
+        MlockAllFlags::MCL_CURRENT
+            | MlockAllFlags::MCL_FUTURE
+            | MlockAllFlags::from_bits_retain(MCL_ONFAULT),
+        "mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)",
+    )
+}
+
+fn lock(flags: MlockAllFlags, call: &str) -> bool {
+    match mlockall(flags) {
         Ok(()) => true,
         Err(e) => {
-            log::warn!("mlockall refused ({e}); pages may be swapped or faulted in on the hot path (raise LimitMEMLOCK)");
+            log::warn!("{call} refused ({e}); pages may be swapped or faulted in on the hot path (raise LimitMEMLOCK)");
             false
         }
     }

@@ -1,8 +1,29 @@
-//! Loop statistics: a fixed-size latency histogram (no growth, no allocation per sample),
-//! the rolling latency window behind the operating point, and the shared health counters
-//! the daemon reads for `STATUS=` and the watchdog.
+//! Loop statistics: the nearest-rank quantile every report and benchmark of the project
+//! uses, a fixed-size latency histogram (no growth, no allocation per sample), the rolling
+//! latency window behind the operating point, and the shared health counters the daemon
+//! reads for `STATUS=` and the watchdog.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The 1-based nearest rank of the `q`-quantile among `count` samples (`count` > 0):
+/// `ceil(q * count)`, at least 1 and at most `count`. The one definition of a quantile in
+/// the project: the histogram, the latency window, the daemon's reports and the
+/// benchmarks all rank with it.
+pub fn nearest_rank(q: f64, count: usize) -> usize {
+    ((q * count as f64).ceil() as usize).clamp(1, count)
+}
+
+/// The nearest-rank `q`-quantile of samples already sorted ascending; `None` when empty.
+pub fn quantile_sorted<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    (!sorted.is_empty()).then(|| sorted[nearest_rank(q, sorted.len()) - 1])
+}
+
+/// The nearest-rank `q`-quantile of timing samples, which it sorts in place (IEEE total
+/// order); 0.0 when there are none.
+pub fn quantile(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    quantile_sorted(samples, q).unwrap_or(0.0)
+}
 
 /// Log-linear buckets: 1 us resolution below 10 ms, then 10 us, 100 us, 1 ms and 10 ms
 /// resolution per decade up to 100 s, one overflow bucket above; the exact maximum is kept.
@@ -83,7 +104,7 @@ impl Histogram {
         if self.count == 0 {
             return 0;
         }
-        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        let rank = nearest_rank(q, self.count as usize) as u64;
         let mut seen = 0;
         for (b, n) in self.buckets.iter().enumerate() {
             seen += n;
@@ -145,7 +166,7 @@ impl LatencyWindow {
         }
         let s = &mut self.scratch[..self.len];
         s.copy_from_slice(&self.samples[..self.len]);
-        let rank = ((q * self.len as f64).ceil() as usize).clamp(1, self.len);
+        let rank = nearest_rank(q, self.len);
         Some(*s.select_nth_unstable(rank - 1).1)
     }
 }
@@ -196,6 +217,23 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nearest_rank_is_the_ceiling_clamped_to_the_samples() {
+        assert_eq!(nearest_rank(0.5, 100), 50);
+        assert_eq!(nearest_rank(0.99, 200), 198);
+        assert_eq!(nearest_rank(0.0, 7), 1);
+        assert_eq!(nearest_rank(1.0, 7), 7);
+        assert_eq!(quantile_sorted::<u64>(&[], 0.5), None);
+        assert_eq!(quantile_sorted(&[3u64, 5, 9], 0.5), Some(5));
+        let mut v = [4.0, f64::NAN, 1.0, 2.0];
+        assert_eq!(quantile(&mut v, 0.5), 2.0);
+        assert!(
+            quantile(&mut v, 1.0).is_nan(),
+            "NaN sorts last in total order"
+        );
+        assert_eq!(quantile(&mut [], 0.5), 0.0);
+    }
 
     #[test]
     fn quantiles_come_from_the_buckets() {

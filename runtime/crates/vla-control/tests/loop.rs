@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use vla_control::{ControlLoop, Engine, LoopSettings, MergeMode, Prefix, Trigger};
+use vla_control::{ControlLoop, Engine, EngineError, LoopSettings, MergeMode, Prefix, Trigger};
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
 
 const G: Geometry = Geometry {
@@ -50,7 +50,7 @@ impl Engine for Tracing {
         obs: &Observation,
         prefix: &Prefix<'_>,
         actions: &mut [f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), EngineError> {
         self.seen.calls.fetch_add(1, Ordering::Relaxed);
         let rows: Vec<f32> = prefix.actions.chunks(3).map(|r| r[0]).collect();
         let last = *rows.last().unwrap();
@@ -67,7 +67,7 @@ impl Engine for Tracing {
         self.infer(obs, actions)
     }
 
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError> {
         std::thread::sleep(self.latency);
         if self.fail.load(Ordering::Relaxed) {
             return Err("injected failure".into());
@@ -77,7 +77,7 @@ impl Engine for Tracing {
         }
         Ok(())
     }
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<String, EngineError> {
         Ok("same engine".into())
     }
 }

@@ -21,6 +21,8 @@
 //! # Ok::<(), vla_npz::NpzError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod array;
 mod dtype;
 mod error;

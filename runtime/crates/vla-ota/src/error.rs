@@ -103,9 +103,13 @@ pub enum OtaError {
     /// is now (`None`: no previous bundle, nothing is active).
     GateFailed {
         hash: String,
+        /// The gate's refusal as one line (what the state file records).
         reason: String,
         rolled_back_to: Option<String>,
+        /// The previous bundle's gate refusal, if it was called and failed too.
         rollback_error: Option<String>,
+        /// The gate's own error (its `source()`).
+        refusal: crate::GateError,
     },
     /// `rollback` with no previous bundle to return to.
     NoPrevious,
@@ -295,6 +299,7 @@ impl OtaError {
                 reason,
                 rolled_back_to,
                 rollback_error,
+                ..
             } => {
                 write!(f, "bundle {hash} failed its activation gate ({reason}); ")?;
                 match rolled_back_to {
@@ -320,7 +325,46 @@ impl std::error::Error for OtaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OtaError::Io { source, .. } => Some(source),
+            OtaError::GateFailed { refusal, .. } => Some(&**refusal),
             _ => None,
+        }
+    }
+}
+
+/// Why [`crate::SignalDaemon`] could not ask the daemon to reload (its gate's refusal).
+#[derive(Debug)]
+pub enum SignalError {
+    /// The pid file exists but cannot be read.
+    ReadPid {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The pid file does not hold a pid.
+    NotAPid { path: PathBuf, text: String },
+    /// `kill(pid, SIGHUP)` failed.
+    Kill { pid: i32, source: nix::errno::Errno },
+}
+
+impl fmt::Display for SignalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SignalError::ReadPid { path, source } => {
+                write!(f, "reading {}: {source}", path.display())
+            }
+            SignalError::NotAPid { path, text } => {
+                write!(f, "{}: `{text}` is not a pid", path.display())
+            }
+            SignalError::Kill { pid, source } => write!(f, "sending SIGHUP to pid {pid}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for SignalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SignalError::ReadPid { source, .. } => Some(source),
+            SignalError::NotAPid { .. } => None,
+            SignalError::Kill { source, .. } => Some(source),
         }
     }
 }

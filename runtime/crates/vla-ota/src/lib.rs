@@ -58,7 +58,7 @@ pub mod version;
 
 use std::path::{Path, PathBuf};
 
-pub use error::OtaError;
+pub use error::{OtaError, SignalError};
 pub use manifest::{
     pack, FileEntry, OtaManifest, MANIFEST_FILE, MANIFEST_FORMAT, MAX_MANIFEST_BYTES,
     SIGNATURE_FILE,
@@ -66,8 +66,8 @@ pub use manifest::{
 pub use signing::{keygen, read_secret_key, sign, PublicKey};
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
-    Activated, BundleInfo, GcReport, Health, Installed, Placement, RolledBack, SignalDaemon,
-    StartReport, Status, Store, Verdict, PID_FILE, STATE_FILE,
+    Activated, BundleInfo, GcReport, Installed, Placement, RolledBack, SignalDaemon, StartReport,
+    Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
 };
 pub use trial::{TrialRecorder, FLUSH_INTERVAL};
 pub use verify::{verify, VerifiedBundle};
@@ -96,30 +96,28 @@ pub struct OtaSettings {
     pub target: DeviceTarget,
 }
 
-impl OtaSettings {
-    /// Settings from the validated `ota` section of the vlad configuration.
-    pub fn from_config(config: &vla_config::OtaConfig, target: DeviceTarget) -> Self {
-        OtaSettings {
-            root: PathBuf::from(config.root.as_str()),
-            trusted_keys: config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect(),
-            trial_inferences: config.trial_inferences,
-            max_trial_starts: config.max_trial_starts,
-            target,
-        }
-    }
-}
+/// Why a gate refused a bundle: the gate's own typed error (the daemon's load or parity
+/// failure, [`SignalError`] for the CLI), boxed so the store needs to know nothing of
+/// either. Its message is what the state file records; [`OtaError::GateFailed`] hands
+/// the error itself back through `source()`.
+pub type GateError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// How the daemon (or the CLI) brings a bundle into service and proves it works.
 ///
 /// The daemon's implementation publishes a hold, frees the old contexts, loads the new
-/// ones from `bundle_dir` and runs the golden parity gate; an `Err` (a one-line reason)
-/// makes the store roll back and call the gate again for the previous bundle.
+/// ones from `bundle_dir` and runs the golden parity gate; an `Err` makes the store roll
+/// back and call the gate again for the previous bundle.
 pub trait Activation {
-    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), String>;
+    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), GateError>;
 }
 
-impl<F: FnMut(&Path) -> Result<(), String>> Activation for F {
-    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), String> {
-        self(bundle_dir)
+/// A closure is a gate; its error may be any error type (or a `String`).
+impl<F, E> Activation for F
+where
+    F: FnMut(&Path) -> Result<(), E>,
+    E: Into<GateError>,
+{
+    fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), GateError> {
+        self(bundle_dir).map_err(Into::into)
     }
 }

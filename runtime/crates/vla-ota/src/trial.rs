@@ -8,7 +8,7 @@
 //! is complete. If that thread waits minutes for the lock, the inferences keep running and
 //! the counts accumulate; the commit happens once the installer is done.
 
-use crate::{Health, Store};
+use crate::{Store, TrialProgress};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -158,12 +158,12 @@ fn flush(shared: &Shared) {
         return;
     }
     let done = match shared.store.record_healthy(&hash, n) {
-        Ok(Health::OnTrial { .. }) => false,
-        Ok(Health::Committed(h)) => {
+        Ok(TrialProgress::OnTrial { .. }) => false,
+        Ok(TrialProgress::Committed(h)) => {
             log::info!("bundle {h} passed its trial and is committed");
             true
         }
-        Ok(Health::NotOnTrial) => true,
+        Ok(TrialProgress::NotOnTrial) => true,
         Err(e) => {
             log::warn!("cannot record the trial's progress (retried): {e}");
             let running = shared.running.lock().unwrap_or_else(|p| p.into_inner());

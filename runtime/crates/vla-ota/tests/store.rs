@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use vla_ota::{Health, OtaError, Placement, Store, Verdict};
+use vla_ota::{OtaError, Placement, Store, TrialProgress, Verdict};
 
 /// A store with bundle A installed, activated and committed; returns (store, A's hash).
 fn with_committed(root: &Path, sources: &Path) -> (Store, String) {
@@ -212,11 +212,15 @@ fn gate_failure_rolls_back_to_the_previous_bundle() {
             reason,
             rolled_back_to,
             rollback_error,
+            refusal,
         } => {
             assert_eq!(hash, &b);
             assert!(reason.contains("0.91"));
             assert_eq!(rolled_back_to.as_deref(), Some(a.as_str()));
             assert!(rollback_error.is_none());
+            // The gate's own error comes back as the source, not only as text.
+            assert_eq!(refusal.to_string(), *reason);
+            assert!(std::error::Error::source(&e).is_some());
         }
         other => panic!("expected GateFailed, got {other}"),
     }
@@ -297,10 +301,13 @@ fn trial_commits_after_enough_healthy_inferences() {
         PathBuf::from("bundles").join(&a)
     );
     // Inferences of a bundle other than the trial one never count.
-    assert_eq!(store.record_healthy(&a, 100).unwrap(), Health::NotOnTrial);
+    assert_eq!(
+        store.record_healthy(&a, 100).unwrap(),
+        TrialProgress::NotOnTrial
+    );
     assert_eq!(
         store.record_healthy(&b, 2).unwrap(),
-        Health::OnTrial {
+        TrialProgress::OnTrial {
             healthy: 2,
             needed: 3
         }
@@ -314,10 +321,13 @@ fn trial_commits_after_enough_healthy_inferences() {
     );
     assert_eq!(
         store.record_healthy(&b, 1).unwrap(),
-        Health::Committed(b.clone())
+        TrialProgress::Committed(b.clone())
     );
     assert_eq!(store.verdict(&b).unwrap(), Verdict::Committed);
-    assert_eq!(store.record_healthy(&b, 1).unwrap(), Health::NotOnTrial);
+    assert_eq!(
+        store.record_healthy(&b, 1).unwrap(),
+        TrialProgress::NotOnTrial
+    );
     let state = store.status().unwrap().state;
     assert_eq!(
         (state.current.as_deref(), state.trial.as_deref()),
@@ -392,11 +402,7 @@ fn linked_install_shares_the_source_files_and_outlives_the_source() {
 fn root_run_operations_leave_files_to_the_owner_of_the_root() {
     use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var("VLA_REQUIRE_ALL_TESTS").as_deref() != Ok("1"),
-            "VLA_REQUIRE_ALL_TESTS=1 but not root: cannot check the root-run ownership"
-        );
-        eprintln!("SKIPPED: needs root to run as root and chown");
+        vla_test_support::cannot_run("not root: cannot check the root-run ownership");
         return;
     }
     let (uid, gid) = (4321, 4322);

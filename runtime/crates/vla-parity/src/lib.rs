@@ -5,6 +5,8 @@
 //! before anything runs; outputs are decoded to f32 and compared with the cosine gate
 //! (>= 0.9999 in the seeds), max abs diff and a within-tolerance ratio.
 
+#![forbid(unsafe_code)]
+
 use std::time::{Duration, Instant};
 use vla_npz::{DType, Npz};
 use vla_qnn::{Graph, IoBuffers, QnnError, TensorInfo};
@@ -91,7 +93,15 @@ impl core::fmt::Display for ParityError {
     }
 }
 
-impl std::error::Error for ParityError {}
+impl std::error::Error for ParityError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ParityError::Npz(e) => Some(e),
+            ParityError::Qnn(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 impl From<QnnError> for ParityError {
     fn from(e: QnnError) -> Self {

@@ -124,4 +124,12 @@ impl core::fmt::Display for PolicyError {
     }
 }
 
-impl std::error::Error for PolicyError {}
+impl std::error::Error for PolicyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PolicyError::Npz(e) => Some(e),
+            PolicyError::Qnn { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}

@@ -8,6 +8,8 @@
 //! The bundle layout and every step of the glue are specified in `docs/bundle-format.md`;
 //! `scripts/reference.py` implements the same contract independently in numpy.
 
+#![forbid(unsafe_code)]
+
 mod bundle;
 mod error;
 mod exec;

@@ -4,6 +4,9 @@
 //! backend before the log. Contexts hold an `Arc` of [`BackendInner`], so the handles here
 //! are freed only after the last context, whatever order the owner drops things in.
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use crate::error::{HtpRefusal, QnnError};
 use crate::ffi::{self, Handle};
 use crate::library::QnnLibrary;
@@ -246,20 +249,27 @@ impl Backend {
         let core = &lib.core;
         let hold = HoldQnnLog::start();
         let mut log_handle: Handle = core::ptr::null_mut();
-        // SAFETY: the callback matches QnnLog_Callback_t and never unwinds.
+        // SAFETY: `log_create` is a slot of the provider table that `QnnLibrary::load`
+        // checked against the core API version, and `lib` (held for this call) keeps the
+        // library mapped. The callback has QnnLog_Callback_t's signature and, being
+        // `extern "C"`, aborts rather than unwinds into QNN on a panic; `log_handle` is a
+        // local QNN writes once.
         let log_rc =
             unsafe { (core.log_create)(Some(qnn_log_callback), qnn_log_level(), &mut log_handle) };
         if log_rc != ffi::QNN_SUCCESS {
             log_handle = core::ptr::null_mut();
         }
         let mut backend: Handle = core::ptr::null_mut();
-        // SAFETY: NULL config is allowed; out-pointer valid.
+        // SAFETY: a slot of the checked provider table, as above. `log_handle` is the
+        // logger just created or NULL (both accepted), a NULL config list means QNN's
+        // defaults, and `backend` is a local QNN writes once.
         let rc = unsafe { (core.backend_create)(log_handle, core::ptr::null(), &mut backend) };
         if let Err(e) = lib.check(rc, "backendCreate", || {
             lib.backend_path().display().to_string()
         }) {
             if !log_handle.is_null() {
-                // SAFETY: created above, freed once.
+                // SAFETY: `log_handle` was created by `log_create` above and nothing else
+                // holds it (the backend that would have was not created); freed once here.
                 unsafe { (core.log_free)(log_handle) };
             }
             let held = hold.finish();
@@ -293,7 +303,9 @@ impl Backend {
         }
         let mut device: Handle = core::ptr::null_mut();
         if let Some(create) = core.device_create {
-            // SAFETY: NULL config is allowed; out-pointer valid.
+            // SAFETY: `create` is the provider's deviceCreate, a non-NULL slot of the checked
+            // table; `log_handle` is our logger or NULL, a NULL config list means the
+            // defaults, and `device` is a local QNN writes once.
             let rc = unsafe { create(log_handle, core::ptr::null(), &mut device) };
             if rc != ffi::QNN_SUCCESS {
                 // The HTP emulator and some platforms run without a device handle.

@@ -7,6 +7,9 @@
 //! dropped once a context exists: contexts are created without QNN's persistent-binary
 //! option, so the backend keeps its own copy of what it needs.
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use crate::error::QnnError;
 use crate::ffi::{self, binary_info as bi, data_type as dt, graph_info as gi, read_at, Handle};
 use crate::library::{ApiVersion, QnnLibrary};
@@ -264,7 +267,8 @@ pub(crate) fn read_binary_info(
 ) -> Result<BinaryInfo, QnnError> {
     let subject = || path.display().to_string();
     let mut handle: Handle = core::ptr::null_mut();
-    // SAFETY: out-pointer valid.
+    // SAFETY: `context_create` is a slot of the system provider table `QnnLibrary::load`
+    // checked, kept mapped by `lib` (borrowed for this call); `handle` is a local it writes.
     let rc = unsafe { (lib.system.context_create)(&mut handle) };
     lib.check(rc, "systemContextCreate", subject)?;
     let sys = SystemContext { lib, handle };

@@ -5,6 +5,9 @@
 //! tensor metadata here, before the call, and the tensor structs handed to QNN are built
 //! once per graph so execution itself allocates nothing.
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use crate::backend::{Backend, BackendInner};
 use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
 use crate::error::QnnError;

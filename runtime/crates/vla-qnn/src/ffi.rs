@@ -6,6 +6,9 @@
 //! except `Qnn_Tensor_t`, which we allocate ourselves as version 1 (the library accepts
 //! v1 and v2 alike) at its full v2 size so a library that peeks at v2 fields reads zeros.
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use core::ffi::{c_char, c_void};
 
 pub type ErrorHandle = u64;

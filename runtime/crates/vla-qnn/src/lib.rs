@@ -21,6 +21,9 @@
 //! # Ok::<(), vla_qnn::QnnError>(())
 //! ```
 
+// `unsafe` only in the FFI modules, each of which allows it at its top.
+#![deny(unsafe_code)]
+
 mod backend;
 mod binary;
 mod context;
@@ -40,8 +43,7 @@ pub use group::{
     SpillFillSharing,
 };
 pub use library::{
-    lib_dir_from_env, ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API,
-    NEWEST_KNOWN_SYSTEM_API,
+    ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,

@@ -4,6 +4,9 @@
 //! function pointers it needs out of them and keeps both libraries loaded for as long as
 //! any handle made from them exists (handles hold an `Arc<QnnLibrary>`).
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use crate::error::QnnError;
 use crate::ffi::{self, read_at, slot, sys_slot, GetProvidersFn};
 use core::ffi::{c_char, c_void, CStr};
@@ -176,7 +179,9 @@ fn providers(
         })?;
     let mut list: *const *const c_void = core::ptr::null();
     let mut count: u32 = 0;
-    // SAFETY: both out-pointers are valid for writes.
+    // SAFETY: `get` was resolved from `lib`, which the caller keeps loaded, with the
+    // signature QNN documents for `*_getProviders`; `list` and `count` are locals it
+    // writes. The array it returns is owned by the library, not by us.
     let rc = unsafe { get(&mut list, &mut count) };
     if rc != ffi::QNN_SUCCESS || list.is_null() || count == 0 {
         return Err(QnnError::LibraryLoad {
@@ -370,7 +375,9 @@ impl QnnLibrary {
     /// The backend's build id string (e.g. `v2.51.0...`).
     pub fn build_id(&self) -> Option<String> {
         let mut p: *const c_char = core::ptr::null();
-        // SAFETY: out-pointer valid; the returned string is owned by the library.
+        // SAFETY: a slot of the provider table checked in `load`; `self` keeps the library
+        // mapped. `p` is a local it writes; the string it points to is the library's and is
+        // copied out by `c_string` before `self` can be dropped.
         let rc = unsafe { (self.core.backend_get_build_id)(&mut p) };
         (rc == ffi::QNN_SUCCESS && !p.is_null()).then(|| c_string(p))
     }
@@ -387,7 +394,9 @@ impl QnnLibrary {
         }
         let backend_message = self.core.error_get_message.and_then(|f| {
             let mut p: *const c_char = core::ptr::null();
-            // SAFETY: out-pointer valid; the message is owned by the library.
+            // SAFETY: `f` is the provider's errorGetMessage, a non-NULL slot of the checked
+            // table; `rc` is an error handle the same library returned, `p` a local it
+            // writes; the message is the library's and `c_string` copies it at once.
             let ok = unsafe { f(rc, &mut p) } == ffi::QNN_SUCCESS;
             let m = c_string(p);
             (ok && !m.is_empty()).then_some(m)
@@ -398,13 +407,5 @@ impl QnnLibrary {
             code: rc & 0xFFFF,
             backend_message,
         })
-    }
-}
-
-/// The QNN library directory: `VLA_QNN_LIB_DIR` when set and non-empty, else `configured`.
-pub fn lib_dir_from_env(configured: &Path) -> PathBuf {
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => configured.to_owned(),
     }
 }

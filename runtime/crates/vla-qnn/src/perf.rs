@@ -10,6 +10,9 @@
 //! releaser calls it under a mutex the inference thread only `try_lock`s; when that fails
 //! (the releaser is mid-call), the releaser sees the inference and restores the vote.
 
+// FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use crate::backend::{Backend, BackendInner};
 use crate::error::QnnError;
 use crate::ffi::{self, htp_perf as hp, read_at, PowerConfig};
@@ -222,8 +225,9 @@ impl PerformanceVote {
             .device_get_infrastructure
             .ok_or_else(|| unavailable("the provider has no deviceGetInfrastructure".into()))?;
         let mut infra: *const c_void = core::ptr::null();
-        // SAFETY: valid out-pointer; the struct it receives is owned by the library, which
-        // `b.lib` keeps loaded.
+        // SAFETY: `get` is the provider's deviceGetInfrastructure, a non-NULL slot of the
+        // checked table, and `infra` a local it writes; the struct it points to is owned
+        // by the library, which `b.lib` (kept by the governor's backend) keeps loaded.
         let rc = unsafe { get(&mut infra) };
         b.lib.check(rc, "deviceGetInfrastructure", || {
             b.lib.backend_path().display().to_string()
@@ -249,7 +253,9 @@ impl PerformanceVote {
             return Err(unavailable("NULL power config functions".into()));
         };
         let mut id = 0u32;
-        // SAFETY: device 0 / core 0 exist on every HTP; valid out-pointer.
+        // SAFETY: `create` was read from the PERF infrastructure struct and checked
+        // non-NULL above; device 0 / core 0 exist on every HTP, and `id` is a local it
+        // writes.
         let rc = unsafe { create(0, 0, &mut id) };
         b.lib
             .check(rc, "createPowerConfigId", || "device 0, core 0".into())?;

@@ -3,15 +3,13 @@
 //! Needs `VLA_QNN_LIB_DIR` (set by `scripts/test.sh`). Without it these tests report that
 //! they skipped, unless `VLA_REQUIRE_QNN=1`, which CI sets so a missing library fails.
 
-mod common;
-
-use common::lib_dir;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
     ApiVersion, Backend, Context, ContextBinary, LoadOptions, QnnError, QnnLibrary, TensorKind,
 };
 use vla_tensor::{compare, ElementType};
+use vla_test_support::qnn_lib_dir;
 
 /// Tests in this process take turns with the library: the HTP emulator has crashed when
 /// several threads created backends and contexts at once (the daemon uses one backend).
@@ -43,7 +41,7 @@ fn load(dir: &Path) -> Arc<QnnLibrary> {
 #[test]
 fn reads_metadata_and_executes_with_parity() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     assert_eq!(lib.core_api().major, 2);
     let backend = Backend::new(lib.clone()).unwrap();
@@ -94,7 +92,7 @@ fn reads_metadata_and_executes_with_parity() {
 #[test]
 fn wrong_buffer_sizes_are_rejected_before_qnn_sees_them() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let binary = ContextBinary::open(&lib, vision_bin()).unwrap();
@@ -136,7 +134,7 @@ fn wrong_buffer_sizes_are_rejected_before_qnn_sees_them() {
 #[test]
 fn bad_binaries_get_clear_errors() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let tmp = scratch("bad");
@@ -204,7 +202,7 @@ fn bad_binaries_get_clear_errors() {
 #[test]
 fn wrong_graph_name_lists_the_graphs() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let binary = ContextBinary::open(&lib, vision_bin()).unwrap();
@@ -225,7 +223,7 @@ fn wrong_graph_name_lists_the_graphs() {
 #[test]
 fn a_graph_has_one_executable_handle_at_a_time() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let ctx = Context::create(&backend, ContextBinary::open(&lib, vision_bin()).unwrap()).unwrap();
@@ -252,7 +250,7 @@ fn a_graph_has_one_executable_handle_at_a_time() {
 #[test]
 fn a_binary_whose_inode_is_shared_is_copied_not_mapped() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let tmp = scratch("shared-inode");
@@ -283,7 +281,7 @@ fn a_binary_whose_inode_is_shared_is_copied_not_mapped() {
 #[test]
 fn api_version_requirement_names_found_and_needed() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let mut opts = LoadOptions::htp(&dir);
     opts.min_core_api = ApiVersion::new(2, 99, 0);
     let err = QnnLibrary::load(&opts).unwrap_err();
@@ -308,7 +306,7 @@ fn api_version_requirement_names_found_and_needed() {
 #[test]
 fn a_library_newer_than_the_known_layouts_is_refused_naming_its_version() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     // The emulator's libraries are QNN 2.51: core API 2.40, system API 1.15.
     let mut opts = LoadOptions::htp(&dir);
     opts.newest_core_api = ApiVersion::new(2, 39, 0);
@@ -373,7 +371,7 @@ fn missing_or_unloadable_libraries_are_named() {
 #[test]
 fn handles_outlive_their_owners_in_any_drop_order() {
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     let binary = ContextBinary::open(&lib, vision_bin()).unwrap();
@@ -393,7 +391,7 @@ fn performance_votes_are_made_released_and_refused() {
     use vla_qnn::ffi::PowerConfig;
     use vla_qnn::{PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList};
     let _turn = turn();
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = load(&dir);
     let backend = Backend::new(lib.clone()).unwrap();
     assert!(

@@ -28,20 +28,11 @@ impl std::ops::Deref for Held {
 
 fn library() -> Option<Held> {
     let turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(dir) if !dir.is_empty() => Some(Held {
-            lib: QnnLibrary::load(&LoadOptions::htp(dir)).unwrap(),
-            _turn: turn,
-        }),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
+    let dir = vla_test_support::qnn_lib_dir()?;
+    Some(Held {
+        lib: QnnLibrary::load(&LoadOptions::htp(dir)).unwrap(),
+        _turn: turn,
+    })
 }
 
 fn files(dir: &Path) -> Vec<PathBuf> {

@@ -4,9 +4,6 @@
 //! group for them; the group path itself is driven here with sizes given by hand.
 //! Needs `VLA_QNN_LIB_DIR`, as tests/emulator.rs.
 
-mod common;
-
-use common::lib_dir;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
@@ -14,6 +11,7 @@ use vla_qnn::{
     QnnLibrary, SpillFillSharing,
 };
 use vla_tensor::compare;
+use vla_test_support::qnn_lib_dir;
 
 fn ctx_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../golden/bundles/molmoact2-original/ctx")
@@ -51,7 +49,7 @@ fn vision_parity(contexts: &[Context]) {
 /// One test (the emulator is used by one thread of this process at a time).
 #[test]
 fn spill_fill_group_decision_refusal_and_fallback() {
-    let Some(dir) = lib_dir() else { return };
+    let Some(dir) = qnn_lib_dir() else { return };
     let lib = Arc::new(QnnLibrary::load(&LoadOptions::htp(&dir)).unwrap());
     let backend = Backend::new(lib.clone()).unwrap();
 

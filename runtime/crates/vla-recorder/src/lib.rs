@@ -13,6 +13,8 @@
 //!
 //! This crate knows the rings and the loop, not QNN or policies: the daemon wires it.
 
+#![forbid(unsafe_code)]
+
 mod mcap_out;
 pub mod metrics;
 pub mod read;
@@ -21,7 +23,7 @@ mod spsc;
 
 pub use mcap_out::{SCHEMA_ACTION, SCHEMA_CHUNK, SCHEMA_OBSERVATION};
 pub use metrics::LatencyMetrics;
-pub use read::{read_recording, RecordedChunk, Recording};
+pub use read::{read_recording, RecordedChunk, Recording, RecordingError};
 pub use record::Frames;
 
 use record::{copy_frames, decision_code, ChunkRecord, History, TickRecord};
@@ -292,7 +294,7 @@ impl Watch {
     }
 }
 
-fn recorder_thread(s: Arc<Shared>) {
+fn recorder_thread(shared: Arc<Shared>) {
     // Signals belong to the daemon's main thread.
     let _ = nix::sys::signal::pthread_sigmask(
         nix::sys::signal::SigmaskHow::SIG_BLOCK,
@@ -301,58 +303,66 @@ fn recorder_thread(s: Arc<Shared>) {
     );
     // Low priority by construction: this thread stays SCHED_OTHER (it never asks for more)
     // while the publisher is SCHED_FIFO on a device, so it cannot delay a tick.
-    let g = s.settings.geometry;
-    let rec = s.settings.recorder.clone();
-    let n = s.settings.components.len();
-    let history_ns = rec.as_ref().map_or(0, |r| r.history.as_nanos() as u64);
-    let tick_cap = rec.as_ref().map_or(1, |r| {
-        ((r.history.as_secs_f64() / s.settings.publish_period.as_secs_f64()).ceil() as usize).max(1)
+    let geometry = shared.settings.geometry;
+    let recorder = shared.settings.recorder.clone();
+    let component_count = shared.settings.components.len();
+    let history_ns = recorder
+        .as_ref()
+        .map_or(0, |recorder| recorder.history.as_nanos() as u64);
+    let tick_cap = recorder.as_ref().map_or(1, |recorder| {
+        ((recorder.history.as_secs_f64() / shared.settings.publish_period.as_secs_f64()).ceil()
+            as usize)
+            .max(1)
     });
-    let chunk_cap = rec.as_ref().map_or(1, |r| r.max_chunks.max(1));
-    let mut ticks = History::new(tick_cap, || TickRecord::for_geometry(&g));
-    let mut chunks = History::new(chunk_cap, || ChunkRecord::for_geometry(&g, s.frames, n));
+    let chunk_cap = recorder
+        .as_ref()
+        .map_or(1, |recorder| recorder.max_chunks.max(1));
+    let mut ticks = History::new(tick_cap, || TickRecord::for_geometry(&geometry));
+    let mut chunks = History::new(chunk_cap, || {
+        ChunkRecord::for_geometry(&geometry, shared.frames, component_count)
+    });
     let mut watch = Watch::default();
     let mut pending: Option<Trigger> = None;
     let mut counter = 0u32;
     loop {
-        let stopping = s.stop.load(Ordering::Acquire);
-        while s.chunks.pop(|c| {
-            if c.ok {
-                s.latency.record(
-                    c.done_ns.saturating_sub(c.started_ns),
-                    &c.components_ns[..c.components],
+        let stopping = shared.stop.load(Ordering::Acquire);
+        while shared.chunks.pop(|chunk| {
+            if chunk.ok {
+                shared.latency.record(
+                    chunk.done_ns.saturating_sub(chunk.started_ns),
+                    &chunk.components_ns[..chunk.components],
                 );
             }
-            if rec.is_some() {
-                chunks.push_slot().copy_from(c);
+            if recorder.is_some() {
+                chunks.push_slot().copy_from(chunk);
             }
         }) {}
-        while s.ticks.pop(|t| {
-            if let Some(r) = &rec {
-                if let Some(why) = watch.see(t, r) {
+        while shared.ticks.pop(|tick| {
+            if let Some(recorder) = &recorder {
+                if let Some(why) = watch.see(tick, recorder) {
                     pending = pending.or(Some(why));
                 }
-                ticks.push_slot().copy_from(t);
+                ticks.push_slot().copy_from(tick);
             }
         }) {}
-        if s.requested.swap(false, Ordering::AcqRel) {
+        if shared.requested.swap(false, Ordering::AcqRel) {
             pending = Some(Trigger::Signal);
         }
-        if let (Some(r), Some(why)) = (&rec, pending.take()) {
+        if let (Some(recorder), Some(why)) = (&recorder, pending.take()) {
             counter += 1;
-            let newest = ticks.iter().last().map_or(0, |t| t.now_ns);
+            let newest = ticks.iter().last().map_or(0, |tick| tick.now_ns);
             let from = newest.saturating_sub(history_ns);
-            let dropped = (s.ticks.dropped(), s.chunks.dropped());
+            let dropped = (shared.ticks.dropped(), shared.chunks.dropped());
             let meta = mcap_out::Meta {
                 trigger: why,
-                geometry: g,
-                frames: s.frames,
-                components: &s.settings.components,
-                extra: &s.settings.metadata,
-                history: r.history,
+                geometry,
+                frames: shared.frames,
+                components: &shared.settings.components,
+                extra: &shared.settings.metadata,
+                history: recorder.history,
                 dropped,
             };
-            match mcap_out::write_recording(r, counter, &meta, from, &ticks, &chunks) {
+            match mcap_out::write_recording(recorder, counter, &meta, from, &ticks, &chunks) {
                 Ok((path, bytes)) => {
                     log::warn!(
                         "flight recorder: {} recording written to {} ({bytes} bytes; dropped so far: {} ticks, {} chunks)",
@@ -361,21 +371,32 @@ fn recorder_thread(s: Arc<Shared>) {
                         dropped.0,
                         dropped.1
                     );
-                    s.stats.recordings.fetch_add(1, Ordering::Relaxed);
-                    s.stats.last_recording_bytes.store(bytes, Ordering::Relaxed);
-                    *s.last_path.lock().unwrap_or_else(|p| p.into_inner()) = Some(path);
-                    if let Err(e) = mcap_out::enforce_cap(&r.directory, r.max_bytes) {
+                    shared.stats.recordings.fetch_add(1, Ordering::Relaxed);
+                    shared
+                        .stats
+                        .last_recording_bytes
+                        .store(bytes, Ordering::Relaxed);
+                    *shared
+                        .last_path
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(path);
+                    if let Err(error) =
+                        mcap_out::enforce_cap(&recorder.directory, recorder.max_bytes)
+                    {
                         log::warn!(
-                            "flight recorder: size cap of {}: {e}",
-                            r.directory.display()
+                            "flight recorder: size cap of {}: {error}",
+                            recorder.directory.display()
                         );
                     }
                 }
-                Err(e) => {
-                    s.stats.recording_errors.fetch_add(1, Ordering::Relaxed);
+                Err(error) => {
+                    shared
+                        .stats
+                        .recording_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     log::error!(
-                        "flight recorder: cannot write a recording into {}: {e}",
-                        r.directory.display()
+                        "flight recorder: cannot write a recording into {}: {error}",
+                        recorder.directory.display()
                     );
                 }
             }

@@ -176,6 +176,15 @@ impl std::fmt::Display for WriteError {
     }
 }
 
+impl std::error::Error for WriteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WriteError::Io(_, e) => Some(e),
+            WriteError::Mcap(e) => Some(e),
+        }
+    }
+}
+
 impl From<mcap::McapError> for WriteError {
     fn from(e: mcap::McapError) -> Self {
         WriteError::Mcap(e)

@@ -3,7 +3,97 @@
 
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a recording could not be read back; each names the file.
+#[derive(Debug)]
+pub enum RecordingError {
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    Mcap {
+        path: PathBuf,
+        source: mcap::McapError,
+    },
+    /// A valid MCAP file without vlad's `vla.recording` metadata.
+    NotARecording { path: PathBuf },
+    /// A message whose payload is not the JSON vlad writes.
+    Message {
+        path: PathBuf,
+        topic: String,
+        sequence: u32,
+        source: serde_json::Error,
+    },
+    /// A camera message whose frame is not valid base64.
+    Frame {
+        path: PathBuf,
+        topic: String,
+        sequence: u32,
+        reason: String,
+    },
+    /// A chunk without the observation it was computed from.
+    MissingObservation { path: PathBuf, chunk: u32 },
+    /// An observation without its noise seed (it cannot be run again).
+    MissingSeed { path: PathBuf, observation: u32 },
+}
+
+impl std::fmt::Display for RecordingError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecordingError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            RecordingError::Mcap { path, source } => {
+                write!(f, "{}: not a valid MCAP file: {source}", path.display())
+            }
+            RecordingError::NotARecording { path } => write!(
+                f,
+                "{}: no vla.recording metadata: not a vlad recording",
+                path.display()
+            ),
+            RecordingError::Message {
+                path,
+                topic,
+                sequence,
+                source,
+            } => write!(
+                f,
+                "{}: {topic} message {sequence}: {source}",
+                path.display()
+            ),
+            RecordingError::Frame {
+                path,
+                topic,
+                sequence,
+                reason,
+            } => write!(
+                f,
+                "{}: {topic} message {sequence}: {reason}",
+                path.display()
+            ),
+            RecordingError::MissingObservation { path, chunk } => {
+                write!(f, "{}: chunk {chunk} has no observation", path.display())
+            }
+            RecordingError::MissingSeed { path, observation } => {
+                write!(
+                    f,
+                    "{}: observation {observation} has no seed",
+                    path.display()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RecordingError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RecordingError::Io { source, .. } => Some(source),
+            RecordingError::Mcap { source, .. } => Some(source),
+            RecordingError::Message { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
 
 /// One recorded inference, with what is needed to run it again.
 #[derive(Clone, Debug)]
@@ -73,9 +163,15 @@ fn floats(v: &Value) -> Vec<f32> {
 }
 
 /// Reads and checks a recording: every observation's camera frames and chunk present.
-pub fn read_recording(path: &Path) -> Result<Recording, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let err = |e: mcap::McapError| format!("{}: not a valid MCAP file: {e}", path.display());
+pub fn read_recording(path: &Path) -> Result<Recording, RecordingError> {
+    let bytes = std::fs::read(path).map_err(|source| RecordingError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let err = |source: mcap::McapError| RecordingError::Mcap {
+        path: path.to_owned(),
+        source,
+    };
     let mut rec = Recording::default();
     for m in mcap::read::LinearReader::new(&bytes).map_err(err)? {
         if let mcap::records::Record::Metadata(md) = m.map_err(err)? {
@@ -85,10 +181,9 @@ pub fn read_recording(path: &Path) -> Result<Recording, String> {
         }
     }
     if rec.metadata.is_empty() {
-        return Err(format!(
-            "{}: no vla.recording metadata: not a vlad recording",
-            path.display()
-        ));
+        return Err(RecordingError::NotARecording {
+            path: path.to_owned(),
+        });
     }
     // By MCAP sequence number (one per observation): observation, camera frames, chunk.
     let mut obs: HashMap<u32, Value> = HashMap::new();
@@ -97,8 +192,13 @@ pub fn read_recording(path: &Path) -> Result<Recording, String> {
     for m in mcap::MessageStream::new(&bytes).map_err(err)? {
         let m = m.map_err(err)?;
         let topic = m.channel.topic.as_str();
-        let v: Value = serde_json::from_slice(&m.data)
-            .map_err(|e| format!("{}: {topic} message {}: {e}", path.display(), m.sequence))?;
+        let v: Value =
+            serde_json::from_slice(&m.data).map_err(|source| RecordingError::Message {
+                path: path.to_owned(),
+                topic: topic.to_owned(),
+                sequence: m.sequence,
+                source,
+            })?;
         match topic {
             "/vla/observation" => {
                 obs.insert(m.sequence, v);
@@ -110,7 +210,14 @@ pub fn read_recording(path: &Path) -> Result<Recording, String> {
                 *rec.decisions.entry(d).or_default() += 1;
             }
             t if t.starts_with("/vla/camera/") => {
-                let data = base64_decode(v["data"].as_str().unwrap_or(""))?;
+                let data = base64_decode(v["data"].as_str().unwrap_or("")).map_err(|reason| {
+                    RecordingError::Frame {
+                        path: path.to_owned(),
+                        topic: t.to_owned(),
+                        sequence: m.sequence,
+                        reason,
+                    }
+                })?;
                 cams.entry(m.sequence)
                     .or_default()
                     .insert(t.to_owned(), data);
@@ -121,7 +228,10 @@ pub fn read_recording(path: &Path) -> Result<Recording, String> {
     for (seq, c) in chunks {
         let o = obs
             .get(&seq)
-            .ok_or_else(|| format!("{}: chunk {seq} has no observation", path.display()))?;
+            .ok_or_else(|| RecordingError::MissingObservation {
+                path: path.to_owned(),
+                chunk: seq,
+            })?;
         let mut frames = Vec::new();
         if let Some(by_topic) = cams.get(&seq) {
             // BTreeMap: /vla/camera/0, /vla/camera/1, ... in order (fewer than 10 cameras).
@@ -137,7 +247,10 @@ pub fn read_recording(path: &Path) -> Result<Recording, String> {
             seed: o["seed"]
                 .as_str()
                 .and_then(|s| s.parse().ok())
-                .ok_or_else(|| format!("{}: observation {seq} has no seed", path.display()))?,
+                .ok_or_else(|| RecordingError::MissingSeed {
+                    path: path.to_owned(),
+                    observation: seq,
+                })?,
             instruction_id: o["instruction_id"].as_u64().unwrap_or(0) as u32,
             state: floats(&o["state"]),
             frames,

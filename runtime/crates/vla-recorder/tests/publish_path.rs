@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{ControlLoop, Engine, LoopSettings, MergeMode, Trigger};
+use vla_control::{ControlLoop, Engine, EngineError, LoopSettings, MergeMode, Trigger};
 use vla_recorder::{Frames, Observer, ObserverSettings, RecorderSettings};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 
@@ -26,7 +26,7 @@ struct Fake {
 }
 
 impl Engine for Fake {
-    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), String> {
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError> {
         std::thread::sleep(Duration::from_millis(3));
         if self.failing.load(Ordering::Relaxed) {
             return Err("injected failure".into());
@@ -36,7 +36,7 @@ impl Engine for Fake {
         }
         Ok(())
     }
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<String, EngineError> {
         Ok("fake".into())
     }
     fn component_names(&self) -> Vec<String> {

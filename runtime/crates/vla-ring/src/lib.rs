@@ -104,6 +104,9 @@
 //!   cargo test -p vla-ring --target aarch64-unknown-linux-gnu` (the C test then skips:
 //!   the host `cc` cannot build for the target).
 
+// `unsafe` only in `shm.rs`, the one module that touches raw shared memory.
+#![deny(unsafe_code)]
+
 pub mod seqlock;
 
 #[cfg(not(loom))]

@@ -2,6 +2,9 @@
 //! viewing it as the atomic header and atomic slot words of `layout.rs`. Everything above
 //! this module works with `&RingHeader` and `&[AtomicU64]` only.
 
+// Shared memory: the mapping and the views of it, each block with its `SAFETY:` invariant.
+#![allow(unsafe_code)]
+
 use core::sync::atomic::AtomicU64;
 use std::fs::File;
 use std::io;
@@ -39,7 +42,7 @@ impl SharedMapping {
         // truncate the file. Changes are the point here and are only ever observed through
         // the atomics handed out below, never as plain Rust data. Truncation would fault
         // (SIGBUS): writers of this crate never shrink a segment in place, they replace
-        // it under a new inode (see `ring.rs`), so mapped readers keep their pages.
+        // it under a new inode (see `ring/writer.rs`), so mapped readers keep their pages.
         let map = unsafe { MmapOptions::new().len(len).populate().map_mut(file)? };
         Ok(SharedMapping {
             mapping: Mapping::ReadWrite(map),

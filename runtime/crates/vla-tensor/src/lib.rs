@@ -5,6 +5,8 @@
 //! while the host glue computes in f32; everything that crosses that boundary goes through
 //! [`encode_f32`] and [`decode_f32`], which check lengths instead of trusting them.
 
+#![forbid(unsafe_code)]
+
 mod buffer;
 mod convert;
 mod metrics;

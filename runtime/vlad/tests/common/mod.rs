@@ -1,5 +1,5 @@
-//! What vlad's integration tests share: the repository root, whether the QNN HTP emulator
-//! is there (a loud skip, a failure under `VLA_REQUIRE_QNN=1`), and a child process whose
+//! What vlad's integration tests share: the repository root and whether the QNN HTP
+//! emulator is there (both from `vla-test-support`), and a child process whose
 //! stdout and stderr are drained from the moment it starts, each by its own thread.
 //! Reading one pipe to EOF before the other deadlocks once the child fills the other
 //! pipe's buffer (64 KiB on Linux) and blocks writing it; a pipe nobody reads while the
@@ -7,32 +7,13 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 
-/// The repository root.
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .unwrap()
-}
-
-/// The QNN library directory (`VLA_QNN_LIB_DIR`), or `None` after saying the test is
-/// skipped; under `VLA_REQUIRE_QNN=1` (CI) a missing directory fails the test instead.
+/// The QNN library directory as text for configs and `--lib-dir`, or `None` after saying
+/// the test is skipped (`vla_test_support::qnn_lib_dir`'s rule).
 pub fn qnn_dir() -> Option<String> {
-    match std::env::var("VLA_QNN_LIB_DIR") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
+    vla_test_support::qnn_lib_dir().map(|dir| dir.display().to_string())
 }
 
 /// [`qnn_dir`] as a yes/no.

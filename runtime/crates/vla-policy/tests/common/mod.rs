@@ -22,31 +22,20 @@ impl std::ops::Deref for Qnn {
     }
 }
 
+/// The QNN backend, or `None` when the library is not there (`vla_test_support`'s rule).
 pub fn backend() -> Option<Qnn> {
-    match std::env::var_os("VLA_QNN_LIB_DIR") {
-        Some(d) if !d.is_empty() => {
-            let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let lib =
-                Arc::new(QnnLibrary::load(&LoadOptions::htp(PathBuf::from(d))).expect("load QNN"));
-            Some(Qnn {
-                backend: Backend::new(lib).expect("QNN backend"),
-                _turn: turn,
-            })
-        }
-        _ => {
-            assert!(
-                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
-                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
-            );
-            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
-            None
-        }
-    }
+    let dir = vla_test_support::qnn_lib_dir()?;
+    let turn = TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let lib = Arc::new(QnnLibrary::load(&LoadOptions::htp(dir)).expect("load QNN"));
+    Some(Qnn {
+        backend: Backend::new(lib).expect("QNN backend"),
+        _turn: turn,
+    })
 }
 
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../golden/bundles")
+    vla_test_support::repo_root()
+        .join("golden/bundles")
         .join(name)
 }
 

@@ -1,0 +1,217 @@
+//! What a slot carries: the [`Observation`] and [`Action`] records callers own and reuse,
+//! and how each is stored into and loaded from a slot ([`SlotItem`]).
+
+use crate::error::ConfigError;
+use crate::layout::{ActionSlotFixed, Geometry, ObservationSlotFixed, RingKind, RingLayout};
+use crate::seqlock::{PayloadReader, PayloadWriter};
+use core::mem::offset_of;
+
+/// What the firmware should do with an action step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ActionStatus {
+    /// Apply the values.
+    Ok = 0,
+    /// Hold the current position (e.g. the policy is not ready).
+    Hold = 1,
+    /// The runtime failed: stop safely.
+    Fault = 2,
+}
+
+impl ActionStatus {
+    pub fn from_raw(raw: u32) -> Option<ActionStatus> {
+        match raw {
+            0 => Some(ActionStatus::Ok),
+            1 => Some(ActionStatus::Hold),
+            2 => Some(ActionStatus::Fault),
+            _ => None,
+        }
+    }
+}
+
+/// One observation. Allocate once with [`Observation::for_geometry`] and reuse: reads copy
+/// into it and publishes copy out of it without allocating.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    /// Set by the writer on publish, by the reader on read.
+    pub seq: u64,
+    /// Set by the writer on publish, by the reader on read.
+    pub writer_epoch: u64,
+    pub capture_time_ns: u64,
+    pub seed: u64,
+    pub instruction_id: u32,
+    /// `state_dims` values.
+    pub state: Vec<f32>,
+    /// `cameras` frames one after another, each `height * width * channels` bytes, HWC.
+    pub frames: Vec<u8>,
+}
+
+impl Observation {
+    pub fn for_geometry(geometry: &Geometry) -> Result<Self, ConfigError> {
+        Ok(Observation {
+            seq: 0,
+            writer_epoch: 0,
+            capture_time_ns: 0,
+            seed: 0,
+            instruction_id: 0,
+            state: vec![0.0; geometry.state_dims as usize],
+            frames: vec![0; geometry.frame_bytes()?],
+        })
+    }
+}
+
+/// One step of an action chunk. Allocate once with [`Action::for_geometry`] and reuse.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Action {
+    /// Set by the writer on publish, by the reader on read.
+    pub seq: u64,
+    /// Set by the writer on publish, by the reader on read.
+    pub writer_epoch: u64,
+    pub source_obs_seq: u64,
+    pub made_time_ns: u64,
+    pub valid_until_ns: u64,
+    pub chunk_id: u64,
+    pub step_index: u32,
+    pub status: ActionStatus,
+    /// `action_dims` values.
+    pub values: Vec<f32>,
+}
+
+impl Action {
+    pub fn for_geometry(geometry: &Geometry) -> Self {
+        Action {
+            seq: 0,
+            writer_epoch: 0,
+            source_obs_seq: 0,
+            made_time_ns: 0,
+            valid_until_ns: 0,
+            chunk_id: 0,
+            step_index: 0,
+            status: ActionStatus::Hold,
+            values: vec![0.0; geometry.action_dims as usize],
+        }
+    }
+
+    /// Fail closed: only an `Ok` step that has not expired may be applied.
+    pub fn applicable_at(&self, now_ns: u64) -> bool {
+        self.status == ActionStatus::Ok && now_ns < self.valid_until_ns
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Observation {}
+    impl Sealed for super::Action {}
+}
+
+/// The two slot payloads, [`Observation`] and [`Action`].
+pub trait SlotItem: sealed::Sealed {
+    const KIND: RingKind;
+    #[doc(hidden)]
+    fn length_mismatch(&self, layout: &RingLayout) -> Option<(&'static str, usize, usize)>;
+    #[doc(hidden)]
+    fn store(&self, seq: u64, epoch: u64, layout: &RingLayout, out: &PayloadWriter<'_>);
+    /// Fills `self`; `Err(raw)` if a status word is not a known status.
+    #[doc(hidden)]
+    fn load(&mut self, layout: &RingLayout, from: &PayloadReader<'_>) -> Result<(), u32>;
+    #[doc(hidden)]
+    fn seq(&self) -> u64;
+}
+
+fn check_len(
+    field: &'static str,
+    expected: usize,
+    found: usize,
+) -> Option<(&'static str, usize, usize)> {
+    (expected != found).then_some((field, expected, found))
+}
+
+impl SlotItem for Observation {
+    const KIND: RingKind = RingKind::Observation;
+
+    fn length_mismatch(&self, layout: &RingLayout) -> Option<(&'static str, usize, usize)> {
+        check_len("state", layout.value_count(), self.state.len())
+            .or_else(|| check_len("frames", layout.frame_bytes, self.frames.len()))
+    }
+
+    fn store(&self, seq: u64, epoch: u64, layout: &RingLayout, out: &PayloadWriter<'_>) {
+        out.store_u64(offset_of!(ObservationSlotFixed, seq), seq);
+        out.store_u64(offset_of!(ObservationSlotFixed, writer_epoch), epoch);
+        out.store_u64(
+            offset_of!(ObservationSlotFixed, capture_time_ns),
+            self.capture_time_ns,
+        );
+        out.store_u64(offset_of!(ObservationSlotFixed, seed), self.seed);
+        out.store_u32_pair(
+            offset_of!(ObservationSlotFixed, instruction_id),
+            self.instruction_id,
+            0,
+        );
+        out.store_f32s(layout.values_offset, &self.state);
+        out.store_bytes(layout.frames_offset, &self.frames);
+    }
+
+    fn load(&mut self, layout: &RingLayout, from: &PayloadReader<'_>) -> Result<(), u32> {
+        self.seq = from.load_u64(offset_of!(ObservationSlotFixed, seq));
+        self.writer_epoch = from.load_u64(offset_of!(ObservationSlotFixed, writer_epoch));
+        self.capture_time_ns = from.load_u64(offset_of!(ObservationSlotFixed, capture_time_ns));
+        self.seed = from.load_u64(offset_of!(ObservationSlotFixed, seed));
+        self.instruction_id = from
+            .load_u32_pair(offset_of!(ObservationSlotFixed, instruction_id))
+            .0;
+        from.load_f32s(layout.values_offset, &mut self.state);
+        from.load_bytes(layout.frames_offset, &mut self.frames);
+        Ok(())
+    }
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl SlotItem for Action {
+    const KIND: RingKind = RingKind::Action;
+
+    fn length_mismatch(&self, layout: &RingLayout) -> Option<(&'static str, usize, usize)> {
+        check_len("values", layout.value_count(), self.values.len())
+    }
+
+    fn store(&self, seq: u64, epoch: u64, layout: &RingLayout, out: &PayloadWriter<'_>) {
+        out.store_u64(offset_of!(ActionSlotFixed, seq), seq);
+        out.store_u64(offset_of!(ActionSlotFixed, writer_epoch), epoch);
+        out.store_u64(
+            offset_of!(ActionSlotFixed, source_obs_seq),
+            self.source_obs_seq,
+        );
+        out.store_u64(offset_of!(ActionSlotFixed, made_time_ns), self.made_time_ns);
+        out.store_u64(
+            offset_of!(ActionSlotFixed, valid_until_ns),
+            self.valid_until_ns,
+        );
+        out.store_u64(offset_of!(ActionSlotFixed, chunk_id), self.chunk_id);
+        out.store_u32_pair(
+            offset_of!(ActionSlotFixed, step_index),
+            self.step_index,
+            self.status as u32,
+        );
+        out.store_f32s(layout.values_offset, &self.values);
+    }
+
+    fn load(&mut self, layout: &RingLayout, from: &PayloadReader<'_>) -> Result<(), u32> {
+        self.seq = from.load_u64(offset_of!(ActionSlotFixed, seq));
+        self.writer_epoch = from.load_u64(offset_of!(ActionSlotFixed, writer_epoch));
+        self.source_obs_seq = from.load_u64(offset_of!(ActionSlotFixed, source_obs_seq));
+        self.made_time_ns = from.load_u64(offset_of!(ActionSlotFixed, made_time_ns));
+        self.valid_until_ns = from.load_u64(offset_of!(ActionSlotFixed, valid_until_ns));
+        self.chunk_id = from.load_u64(offset_of!(ActionSlotFixed, chunk_id));
+        let (step_index, status) = from.load_u32_pair(offset_of!(ActionSlotFixed, step_index));
+        self.step_index = step_index;
+        from.load_f32s(layout.values_offset, &mut self.values);
+        self.status = ActionStatus::from_raw(status).ok_or(status)?;
+        Ok(())
+    }
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}

@@ -1,0 +1,46 @@
+//! What the test suites share (a dev-dependency only, never linked into vlad): where the
+//! repository is, where the QNN libraries are, and the one rule for a test that cannot
+//! run on this machine. Such a test says that it skipped and why; under
+//! `VLA_REQUIRE_QNN=1` (a missing QNN library) or `VLA_REQUIRE_ALL_TESTS=1` (anything
+//! else: no C compiler, no `unshare`, not root), which `scripts/test.sh` sets as CI does,
+//! it fails instead, so CI never passes a test that did not run.
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+
+/// The repository root (canonical).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../..")
+        .canonicalize()
+        .expect("the repository root")
+}
+
+/// The QNN library directory (`VLA_QNN_LIB_DIR`, as `scripts/test.sh` sets it), or `None`
+/// after saying the test is skipped; under `VLA_REQUIRE_QNN=1` a missing directory fails
+/// the test instead.
+pub fn qnn_lib_dir() -> Option<PathBuf> {
+    match std::env::var_os("VLA_QNN_LIB_DIR") {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => {
+            assert!(
+                std::env::var("VLA_REQUIRE_QNN").as_deref() != Ok("1"),
+                "VLA_REQUIRE_QNN=1 but VLA_QNN_LIB_DIR is not set"
+            );
+            eprintln!("skipped: VLA_QNN_LIB_DIR is not set");
+            None
+        }
+    }
+}
+
+/// A test that cannot run here for `reason` (e.g. "not root: cannot check the root-run
+/// ownership"): says it skipped; under `VLA_REQUIRE_ALL_TESTS=1` fails instead. The
+/// caller returns afterwards.
+pub fn cannot_run(reason: &str) {
+    assert!(
+        std::env::var("VLA_REQUIRE_ALL_TESTS").as_deref() != Ok("1"),
+        "VLA_REQUIRE_ALL_TESTS=1 but {reason}"
+    );
+    eprintln!("SKIPPED: {reason}");
+}

@@ -1,0 +1,182 @@
+//! Loading a bundle and holding it to its parity gate (`vlad run`, at start and on
+//! SIGHUP), and the typed errors of loading, reloading and inferring. Each names the
+//! bundle in its own line and hands its cause out through `source()`.
+
+use std::path::{Path, PathBuf};
+use vla_ota::{OtaError, RolledBack};
+use vla_policy::{Bundle, Policy, PolicyError};
+use vla_qnn::Backend;
+
+/// Why a bundle could not be brought into service.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The configured path does not resolve (a dangling link, a missing directory).
+    Resolve {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The bundle does not open, does not load, or cannot run its goldens.
+    Policy(PolicyError),
+    /// It ran its goldens and missed the parity gate.
+    Gate { dir: PathBuf, why: String },
+    /// It needs other rings than the ones the loop runs on.
+    Geometry {
+        dir: PathBuf,
+        needs: vla_ring::Geometry,
+        rings: vla_ring::Geometry,
+    },
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Resolve { path, source } => {
+                write!(f, "bundle {}: {source}", path.display())
+            }
+            LoadError::Policy(e) => e.fmt(f),
+            LoadError::Gate { dir, why } => {
+                write!(f, "bundle {} failed its parity gate: {why}", dir.display())
+            }
+            LoadError::Geometry { dir, needs, rings } => write!(
+                f,
+                "bundle {} needs ring geometry {needs:?}, the rings are {rings:?}",
+                dir.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LoadError::Resolve { source, .. } => Some(source),
+            LoadError::Policy(e) => Some(e),
+            LoadError::Gate { .. } | LoadError::Geometry { .. } => None,
+        }
+    }
+}
+
+impl From<PolicyError> for LoadError {
+    fn from(e: PolicyError) -> Self {
+        LoadError::Policy(e)
+    }
+}
+
+/// What runs after a new bundle was refused.
+#[derive(Debug)]
+pub enum Recovery {
+    /// The bundle that ran before, loaded again.
+    RunningAgain(PathBuf),
+    /// The OTA store rolled back (and the rollback target passed its gate).
+    RolledBack(RolledBack),
+    /// The store's rollback failed; what ran before was loaded again.
+    RollbackFailed(OtaError),
+}
+
+/// Why a reload (SIGHUP) did not bring the new bundle into service.
+#[derive(Debug)]
+pub enum ReloadError {
+    /// The configured bundle path does not resolve; nothing changed.
+    Target(LoadError),
+    /// The OTA store cannot say what is current.
+    Store(OtaError),
+    /// The OTA store has no current bundle.
+    NoCurrent,
+    /// The new bundle was refused; `recovery` says what runs now.
+    Rejected {
+        rejected: Box<LoadError>,
+        recovery: Box<Recovery>,
+    },
+    /// The new bundle was refused, and so was the one that ran before: nothing runs.
+    PreviousFailed {
+        rejected: Box<LoadError>,
+        previous: Box<LoadError>,
+    },
+}
+
+impl std::fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReloadError::Target(e) => e.fmt(f),
+            ReloadError::Store(e) => e.fmt(f),
+            ReloadError::NoCurrent => write!(f, "the OTA store has no current bundle"),
+            ReloadError::Rejected { rejected, recovery } => match recovery.as_ref() {
+                Recovery::RunningAgain(dir) => {
+                    write!(f, "{rejected} (running {} again)", dir.display())
+                }
+                Recovery::RolledBack(r) => write!(f, "{rejected} (rolled back: {r:?})"),
+                Recovery::RollbackFailed(e) => write!(f, "{rejected}; rollback: {e}"),
+            },
+            ReloadError::PreviousFailed { rejected, previous } => {
+                write!(f, "{rejected}; the previous bundle failed too: {previous}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ReloadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReloadError::Target(e) => Some(e),
+            ReloadError::Store(e) => Some(e),
+            ReloadError::NoCurrent => None,
+            ReloadError::Rejected { rejected, .. }
+            | ReloadError::PreviousFailed { rejected, .. } => Some(rejected.as_ref()),
+        }
+    }
+}
+
+/// Why an inference failed.
+#[derive(Debug)]
+pub enum InferError {
+    /// No policy is loaded: the last reload failed and so did the fallback.
+    NoPolicy,
+    Policy(PolicyError),
+}
+
+impl std::fmt::Display for InferError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InferError::NoPolicy => write!(f, "no policy loaded (the last reload failed)"),
+            InferError::Policy(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for InferError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            InferError::NoPolicy => None,
+            InferError::Policy(e) => Some(e),
+        }
+    }
+}
+
+/// Loads a bundle and gates it: every context against its golden and the end-to-end
+/// golden (which also warms up every context). Also returns the end-to-end cosine.
+pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy, f64), LoadError> {
+    let bundle = Bundle::open(dir)?;
+    let mut policy = Policy::load(&bundle, backend)?;
+    let report = bundle.parity(&mut policy)?;
+    if let Some(why) = report.failure_summary() {
+        return Err(LoadError::Gate {
+            dir: dir.to_owned(),
+            why,
+        });
+    }
+    log::info!(
+        "bundle {} ({} {}) gated: end-to-end cosine {:.6}",
+        dir.display(),
+        bundle.manifest.name,
+        bundle.manifest.version,
+        report.end_to_end.comparison.cosine
+    );
+    if report.open_loop {
+        log::warn!(
+            "bundle {} is OPEN LOOP: constant world model, its actions ignore the camera and the state",
+            dir.display()
+        );
+    }
+    let cosine = report.end_to_end.comparison.cosine;
+    Ok((bundle, policy, cosine))
+}
