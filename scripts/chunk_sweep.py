@@ -15,10 +15,8 @@ of every cell (the extra latency is the target minus the measured base latency).
 Besides the simulator's jumps, each cell's flight recording (SIGUSR1 at its end) gives
 the **seam offset**: at every seam, the applied action minus the one the old chunk would
 have published at that tick (its next row), i.e. the discontinuity the switch itself
-adds on top of the trajectory's own step, from the second seam on in every mode (the
-first is start-up: the second inference starts before the first chunk is in play, so
-nothing can be continued yet). The tiny fixture's rows jump about as much inside a chunk
-as between chunks, so the jump alone cannot tell the modes apart.
+adds on top of the trajectory's own step. The tiny fixture's rows jump about as much
+inside a chunk as between chunks, so the jump alone cannot tell the modes apart.
 """
 import argparse, json, math, os, re, signal, subprocess, sys, time
 from pathlib import Path
@@ -110,11 +108,10 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
         "seam_jump_mean": r["motion"]["seam_jump_mean"],
         "inside_jump_max": r["motion"]["inside_jump_max"],
         "age_p50_ms": r["capture_to_applied_ms"]["p50"],
-        # From the second seam on (the first is start-up, see the module doc).
-        "seam_offset_max": max((o for o, _ in offsets[1:]), default=None), "seam_offset_mean":
-            sum(o for o, _ in offsets[1:]) / len(offsets[1:]) if offsets[1:] else None,
+        "seam_offset_max": max((o for o, _ in offsets), default=None), "seam_offset_mean":
+            sum(o for o, _ in offsets) / len(offsets) if offsets else None,
         "seams_recorded": len(offsets), "first_seam_offset": offsets[0][0] if offsets else None,
-        "later_seams_unconditioned": sum(1 for _, p in offsets[1:] if not p),
+        "seams_unconditioned": sum(1 for _, p in offsets if not p),
         "ok": r["ok_applied"], "received": r["actions_received"],
         "ready_line": point,
     }
@@ -233,8 +230,7 @@ def table(cells, base, a):
              f"`{a.trigger}`, emulator base latency {base:.0f} ms (cells below it run at the base). "
              "Seam / inside: largest jump between consecutive applied actions at a chunk seam / "
              "inside a chunk (Euclidean, gripper excluded). Seam offset: at a seam, the applied action "
-             "minus the one the old chunk would have published at that tick (what the switch adds), "
-             "from the second seam on (the first is start-up).", "",
+             "minus the one the old chunk would have published at that tick (what the switch adds).", "",
              "| latency | Hz | d (H=%s) | mode | p95 ms | hold | seam offset max | seam offset mean | seam max | seam mean | inside max | age p50 ms |" %
              (cells[0]["ready_line"].split("of H ")[1].split(" ")[0] if cells and "of H " in cells[0]["ready_line"] else "?"),
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
