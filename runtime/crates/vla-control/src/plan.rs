@@ -238,9 +238,11 @@ impl TickGrid {
         (i128::from(t_ns) - i128::from(capture_ns)).div_euclid(i128::from(self.period_ns.max(1)))
     }
 
-    /// A chunk's position (chunk steps) at the grid time `t_ns`: what the publisher samples.
+    /// A chunk's position (chunk steps) at the grid time `t_ns`: what the publisher samples
+    /// (row 0 while it is negative, at a tick before the capture: a chunk ready between a
+    /// deadline and a late wake-up lands at that deadline, and stays on the grid).
     pub fn position(&self, capture_ns: u64, t_ns: u64) -> f64 {
-        self.ticks_since(capture_ns, t_ns).max(0) as f64 * self.advance()
+        self.ticks_since(capture_ns, t_ns) as f64 * self.advance()
     }
 
     /// The first grid time at or after `t_ns`.
@@ -263,8 +265,10 @@ impl TickGrid {
 
     /// Rows of a chunk captured at `capture_ns` that a prefix must keep as they are when
     /// the chunk is ready `latency_ns` after its capture: every row the old chunk plays
-    /// before the landing, and the rows the landing tick samples (so the first value
-    /// the new chunk publishes is the one the old chunk would have).
+    /// before the landing, and the rows the landing tick samples. Without the slower
+    /// time base the first value the new chunk publishes is then exactly the one the old
+    /// chunk would have; on it (fractional offsets) the frozen rows are themselves
+    /// interpolated from the old chunk, so the landing value is close, not exact.
     pub fn frozen_rows(&self, capture_ns: u64, latency_ns: u64) -> usize {
         let land = self.next_tick(capture_ns.saturating_add(latency_ns));
         let pos = self.position(capture_ns, land);

@@ -156,21 +156,22 @@ impl Scheduler {
             self.have_chunk = false;
             return 0;
         }
+        let grid = TickGrid {
+            origin_ns: now_ns,
+            period_ns: self.limits.period_ns,
+            step_ns: self.chunk_period(),
+        };
         // Whole ticks since the capture, in chunk steps: the same count a tick-by-tick
-        // advance would have reached.
-        let ticks = now_ns.saturating_sub(chunk.capture_ns) / self.limits.period_ns.max(1);
-        let pos = ticks as f64 * self.advance;
+        // advance reaches. Negative when the chunk is newer than this tick's deadline
+        // (ready between it and a late wake-up): it plays row 0 until the grid gets there,
+        // so it stays where the inference thread's prefixes expect it.
+        let pos = grid.position(chunk.capture_ns, now_ns);
         let blend = self.limits.merge == MergeMode::Crossfade
             && self.have_chunk
             && chunk.capture_ns >= self.chunk.capture_ns
             && now_ns.saturating_sub(self.chunk.capture_ns) <= self.limits.max_chunk_age_ns;
         // The old chunk's position at the new one's step 0, counted in whole ticks as the
         // publisher advances both: the blend then starts from the old value of this tick.
-        let grid = TickGrid {
-            origin_ns: now_ns,
-            period_ns: self.limits.period_ns,
-            step_ns: self.chunk_period(),
-        };
         let offset = grid.offset_steps(self.chunk.capture_ns, chunk.capture_ns);
         if blend {
             self.previous.copy_from_slice(&self.chunk.actions);
@@ -187,7 +188,7 @@ impl Scheduler {
             // On a slower time base `pos` can fall between rows: the first sample
             // published interpolates rows floor(pos) and floor(pos) + 1, so the blend
             // starts at floor(pos), not one row late.
-            let first = pos.floor() as usize;
+            let first = pos.max(0.0).floor() as usize;
             let n = (first..self.steps)
                 .take_while(|&j| j as f64 + offset <= last_old)
                 .count();
@@ -218,7 +219,7 @@ impl Scheduler {
         }
         self.have_chunk = true;
         self.pos = pos;
-        pos.floor() as u64
+        pos.max(0.0).floor() as u64
     }
 
     /// Drops the current chunk (inference failed, bundle reloading, robot gone).
@@ -382,6 +383,17 @@ mod tests {
         // The ticks at 1100 and 1200 ms were missed: at 1300 ms it is step 3's time.
         s.skip_ticks(2);
         assert_eq!(s.tick(1300 * MS, true, false, &mut a), Decision::Step(3));
+    }
+
+    #[test]
+    fn a_chunk_newer_than_its_landing_deadline_stays_on_the_grid() {
+        let (mut s, mut a) = setup();
+        // Captured at 1150 ms, landed by the tick due at 1100 ms that woke late: row 0
+        // at 1100 and at 1200 (50 ms after the capture), row 1 at 1300.
+        assert_eq!(s.land(&chunk(1, 1150), 1100 * MS), 0);
+        assert_eq!(s.tick(1180 * MS, true, false, &mut a), Decision::Step(0));
+        assert_eq!(s.tick(1200 * MS, true, false, &mut a), Decision::Step(0));
+        assert_eq!(s.tick(1300 * MS, true, false, &mut a), Decision::Step(1));
     }
 
     #[test]
