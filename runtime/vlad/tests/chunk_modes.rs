@@ -1,7 +1,8 @@
 //! Chunk execution through the daemon on the HTP emulator (Fast-WAM fixture, 20 Hz):
 //! the operating point at READY and the loud warning when `d >= H`, and every merge
 //! mode driving the moving simulator with real actions (figures printed, not gated:
-//! the sweep in `scripts/bench.sh` compares them).
+//! the sweep in `scripts/bench.sh` compares them), and the slower time base publishing
+//! its steps and the interpolated values between them.
 
 mod common;
 
@@ -144,5 +145,87 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
         );
         cleanup(&cfg);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_slower_time_base_publishes_the_steps_and_their_midpoints() {
+    if !qnn() {
+        return;
+    }
+    let dir = scratch("slow");
+    let cfg = config(&dir, "slow", "skip", 150);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    // 20 Hz publishing, chunk steps at 10 Hz: every other tick falls half way.
+    v["control"]["chunk_rate_hz"] = 10.0.into();
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "run",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--duration",
+        "60",
+    ]));
+    let timeline = dir.join("slow.csv");
+    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["simulate", "--config", cfg.to_str().unwrap()])
+        .args(["--duration", "6", "--camera-hz", "30"])
+        .args(["--timeline", timeline.to_str().unwrap()])
+        .output()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (_, _, err) = daemon.finish();
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stdout)
+    );
+    // t_s,status,chunk_id,step,v0..vN (the last dim is the binarized gripper: switched).
+    let rows: Vec<(String, u64, u64, Vec<f64>)> = std::fs::read_to_string(&timeline)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            let values: Vec<f64> = f[4..f.len() - 1]
+                .iter()
+                .map(|x| x.parse().unwrap())
+                .collect();
+            (
+                f[1].to_owned(),
+                f[2].parse().unwrap(),
+                f[3].parse().unwrap(),
+                values,
+            )
+        })
+        .collect();
+    // Three ticks of one chunk where the first two share a step index: chunk positions
+    // i, i + 0.5, i + 1, so the middle value is the mean of its neighbours.
+    let mut midpoints = 0;
+    for w in rows.windows(3) {
+        let [(sa, ca, ka, a), (sb, cb, kb, b), (sc, cc, kc, c)] = w else {
+            unreachable!()
+        };
+        let ok = [sa, sb, sc].iter().all(|s| *s == "ok");
+        if ok && ca == cb && cb == cc && ka == kb && *kc == ka + 1 {
+            for ((x, y), z) in a.iter().zip(b).zip(c) {
+                assert!(
+                    (y - (x + z) / 2.0).abs() <= 1e-4 * (1.0 + y.abs()),
+                    "chunk {ca} step {ka}: {y} is not half way between {x} and {z}"
+                );
+            }
+            midpoints += 1;
+        }
+    }
+    assert!(
+        midpoints >= 10,
+        "only {midpoints} interpolated steps in {} actions; daemon: {err}",
+        rows.len()
+    );
+    cleanup(&cfg);
     let _ = std::fs::remove_dir_all(&dir);
 }
