@@ -80,11 +80,13 @@ pub struct PolicyEngine {
     extra_latency: Duration,
     /// How a prefix conditions the flow loop (`control.merge` prefix or inpaint).
     prefix_method: vla_policy::PrefixMethod,
+    /// Reloads start the policy's helper threads as the first load did.
+    load_options: vla_policy::LoadOptions,
 }
 
 impl PolicyEngine {
     fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
-        let (bundle, policy, _) = load_gated(&self.backend, dir)?;
+        let (bundle, policy, _) = load_gated(&self.backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
             return Err(LoadError::Geometry {
@@ -444,12 +446,27 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let ota_root = PathBuf::from(config.ota.root.as_str());
     let store = (!overridden && bundle_dir == ota_root.join("current"))
         .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
+    // The inference thread waits on the policy's helper (the non-finite scans): it runs
+    // pinned and prioritised as the inference thread, or it could be starved by anything
+    // of normal priority while a SCHED_FIFO thread waits on it (priority inversion).
+    let load_options = {
+        let (cpus, priority): (Vec<usize>, u8) = (
+            rt.inference_cpus.iter().map(|&c| c as usize).collect(),
+            rt.inference_priority,
+        );
+        vla_policy::LoadOptions {
+            helper_setup: Some(Arc::new(move |name: &str| {
+                vla_control::pin_current_thread(name, &cpus);
+                vla_control::set_fifo_priority(name, priority);
+            })),
+        }
+    };
     let t = Instant::now();
     let (resolved, (bundle, policy, gate_cosine), ota) = match &store {
         None => {
             let resolved = std::fs::canonicalize(&bundle_dir)
                 .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
-            let loaded = load_gated(&backend, &resolved)?;
+            let loaded = load_gated(&backend, &resolved, &load_options)?;
             (resolved, loaded, None)
         }
         Some(store) => {
@@ -464,7 +481,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 ota_root.join("vlad.pid"),
                 format!("{}\n", std::process::id()),
             );
-            match load_gated(&backend, &dir) {
+            match load_gated(&backend, &dir, &load_options) {
                 Ok(loaded) => (
                     dir,
                     loaded,
@@ -475,7 +492,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                     let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
                     store
                         .fail_trial(&why.to_string(), &mut |d: &Path| {
-                            loaded = Some((d.to_owned(), load_gated(&backend, d)?));
+                            loaded = Some((d.to_owned(), load_gated(&backend, d, &load_options)?));
                             Ok::<(), LoadError>(())
                         })
                         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
@@ -548,6 +565,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         geometry,
         votes,
         extra_latency: c.extra_latency(),
+        load_options,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
             _ => vla_policy::PrefixMethod::VelocityMask,

@@ -154,9 +154,13 @@ impl std::error::Error for InferError {
 
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
 /// golden (which also warms up every context). Also returns the end-to-end cosine.
-pub fn load_gated(backend: &Backend, dir: &Path) -> Result<(Bundle, Policy, f64), LoadError> {
+pub fn load_gated(
+    backend: &Backend,
+    dir: &Path,
+    options: &vla_policy::LoadOptions,
+) -> Result<(Bundle, Policy, f64), LoadError> {
     let bundle = Bundle::open(dir)?;
-    let mut policy = Policy::load(&bundle, backend)?;
+    let mut policy = Policy::load_with(&bundle, backend, options)?;
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {

@@ -229,3 +229,83 @@ fn the_slower_time_base_publishes_the_steps_and_their_midpoints() {
     cleanup(&cfg);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Cpus_allowed_list` of each thread of `pid`, by thread name.
+fn thread_affinities(pid: u32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if let Some(cpus) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        {
+            out.push((comm.trim().to_owned(), cpus.trim().to_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_scan_helper_the_inference_thread_waits_on_is_set_up_like_it() {
+    if !qnn() {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpus - 1;
+    let dir = scratch("helper");
+    let cfg = config(&dir, "helper", "skip", 0);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    // MolmoAct2 runs its non-finite scans on a helper thread (`vla-guard`).
+    v["bundle"]["path"] = repo_root()
+        .join("golden/bundles/molmoact2-lp-vtp-sd")
+        .to_str()
+        .unwrap()
+        .into();
+    v["realtime"]["inference_cpus"] = serde_json::json!([cpu]);
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let daemon = Drained::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "60"])
+            .env("NOTIFY_SOCKET", &sock_path),
+    );
+    let pid = nix::unistd::Pid::from_raw(daemon.id() as i32);
+    let mut buf = [0u8; 1024];
+    let mut ready = false;
+    // Until READY, while the daemon lives (a generous bound, not a timing assertion).
+    for _ in 0..300 {
+        match sock.recv(&mut buf) {
+            Ok(n) if String::from_utf8_lossy(&buf[..n]).contains("READY=1") => {
+                ready = true;
+                break;
+            }
+            _ if nix::sys::signal::kill(pid, None).is_err() => break,
+            _ => {}
+        }
+    }
+    let threads = thread_affinities(daemon.id());
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let (_, _, err) = daemon.finish();
+    assert!(ready, "no READY: {err}");
+    let of = |name: &str| {
+        threads
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| panic!("no {name} thread in {threads:?}"))
+    };
+    assert_eq!(of("vla-inference"), cpu.to_string(), "{threads:?}");
+    assert_eq!(
+        of("vla-guard"),
+        of("vla-inference"),
+        "the helper is pinned as the inference thread: {threads:?}"
+    );
+    cleanup(&cfg);
+    let _ = std::fs::remove_dir_all(&dir);
+}

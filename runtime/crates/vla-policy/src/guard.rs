@@ -6,6 +6,11 @@
 //! chunk is handed out, which is discarded when a scan found any (still fail closed). A
 //! scan carries a tag the pipeline maps back to the component and tensor it names.
 //!
+//! The inference thread waits on the helper's verdicts, so the helper must run with the
+//! same scheduling (a device runs the inference thread SCHED_FIFO, pinned): whoever loads
+//! the policy passes a [`HelperSetup`] the helper runs first ([`crate::LoadOptions`]);
+//! this crate itself knows nothing of real-time set-up.
+//!
 //! One scan is outstanding at a time. The buffers are shared by `Arc`: the helper drops
 //! its clones before it answers, so after a verdict the pipeline again owns them alone
 //! and writes them in place (`Arc::make_mut` without a copy). Channels of capacity one
@@ -17,6 +22,9 @@ use std::sync::Arc;
 use vla_tensor::AlignedBuf;
 
 type Job = (usize, Arc<AlignedBuf>, Option<Arc<AlignedBuf>>);
+
+/// Run first on every helper thread a policy starts (pinning, priority), given its name.
+pub type HelperSetup = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// The result of one scan: the caller's tag and how many NaN/Inf values it found
 /// (`usize::MAX` when the helper died mid-scan: counted as failed).
@@ -41,12 +49,15 @@ fn scan_now(a: &AlignedBuf, b: Option<&AlignedBuf>) -> usize {
 }
 
 impl ScanGuard {
-    pub fn start() -> std::io::Result<Self> {
+    pub fn start(setup: Option<HelperSetup>) -> std::io::Result<Self> {
         let (to_helper, jobs) = sync_channel::<Job>(1);
         let (answer, verdicts) = sync_channel::<usize>(1);
         let helper = std::thread::Builder::new()
             .name("vla-guard".into())
             .spawn(move || {
+                if let Some(setup) = setup {
+                    setup("vla-guard");
+                }
                 while let Ok((_, a, b)) = jobs.recv() {
                     let bad = scan_now(&a, b.as_deref());
                     drop((a, b));
@@ -134,7 +145,7 @@ mod tests {
 
     #[test]
     fn scans_beside_the_caller_and_returns_the_buffers() {
-        let mut g = ScanGuard::start().unwrap();
+        let mut g = ScanGuard::start(None).unwrap();
         assert_eq!(g.verdict(), None, "nothing outstanding");
         let (mut k, v) = (buf(&[1.0, 2.0]), buf(&[3.0, f32::NAN, f32::INFINITY]));
         assert_eq!(g.scan(7, &k, Some(&v)), None);
@@ -148,5 +159,27 @@ mod tests {
         assert_eq!(g.scan(3, &clean, Some(&clean)), None);
         assert_eq!(g.verdict(), Some(Verdict { tag: 3, bad: 0 }));
         assert_eq!(g.verdict(), None);
+    }
+
+    #[test]
+    fn the_helper_runs_the_loaders_setup_on_itself_before_any_scan() {
+        use std::sync::Mutex;
+        // (the name the set-up was given, the thread it ran on)
+        type Calls = Mutex<Vec<(String, Option<String>)>>;
+        let seen: Arc<Calls> = Arc::default();
+        let record = seen.clone();
+        let setup: super::HelperSetup = Arc::new(move |name: &str| {
+            let thread = std::thread::current().name().map(str::to_owned);
+            record.lock().unwrap().push((name.to_owned(), thread));
+        });
+        let mut g = ScanGuard::start(Some(setup)).unwrap();
+        let k = buf(&[1.0]);
+        assert_eq!(g.scan(1, &k, None), None);
+        assert_eq!(g.verdict(), Some(Verdict { tag: 1, bad: 0 }));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [("vla-guard".to_owned(), Some("vla-guard".to_owned()))],
+            "once, on the helper thread itself"
+        );
     }
 }

@@ -15,6 +15,7 @@ mod error;
 mod exec;
 mod fastwam;
 mod guard;
+pub use guard::HelperSetup;
 mod keystone;
 pub mod manifest;
 mod molmoact2;
@@ -152,6 +153,14 @@ impl Manifest {
 }
 
 /// A loaded, resident policy.
+/// How [`Policy::load_with`] sets up what it starts.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Run first on each helper thread (the non-finite scans' `vla-guard`), which the
+    /// inference thread waits on: give it the inference thread's pinning and priority.
+    pub helper_setup: Option<guard::HelperSetup>,
+}
+
 pub enum Policy {
     MolmoAct2(Box<MolmoAct2>),
     FastWam(Box<FastWam>),
@@ -160,8 +169,19 @@ pub enum Policy {
 impl Policy {
     /// Opens the bundle and makes every context resident.
     pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
+        Self::load_with(bundle, backend, &LoadOptions::default())
+    }
+
+    /// [`Policy::load`] with options (the helper threads' set-up).
+    pub fn load_with(
+        bundle: &Bundle,
+        backend: &Backend,
+        options: &LoadOptions,
+    ) -> Result<Self, PolicyError> {
         Ok(match bundle.manifest.policy {
-            PolicyKind::Molmoact2 => Policy::MolmoAct2(Box::new(MolmoAct2::load(bundle, backend)?)),
+            PolicyKind::Molmoact2 => {
+                Policy::MolmoAct2(Box::new(MolmoAct2::load(bundle, backend, options)?))
+            }
             PolicyKind::Fastwam => Policy::FastWam(Box::new(FastWam::load(bundle, backend)?)),
         })
     }

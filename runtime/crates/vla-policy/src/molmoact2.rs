@@ -121,7 +121,11 @@ fn poison(fault: &Option<String>, component: &str, buf: &mut AlignedBuf) {
 }
 
 impl MolmoAct2 {
-    pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
+    pub fn load(
+        bundle: &Bundle,
+        backend: &Backend,
+        options: &crate::LoadOptions,
+    ) -> Result<Self, PolicyError> {
         let m = bundle
             .manifest
             .molmoact2
@@ -229,9 +233,11 @@ impl MolmoAct2 {
             split_kv_bytes: numel(&kv_split) * 4,
             k_ctx: Arc::new(f32s(numel(&k_ctx_shape))),
             v_ctx: Arc::new(f32s(numel(&v_ctx_shape))),
-            guard: ScanGuard::start().map_err(|e| PolicyError::Thread {
-                name: "vla-guard",
-                reason: e.to_string(),
+            guard: ScanGuard::start(options.helper_setup.clone()).map_err(|e| {
+                PolicyError::Thread {
+                    name: "vla-guard",
+                    reason: e.to_string(),
+                }
             })?,
             trajectory: f32s(numel(&traj)),
             step_out: f32s(numel(&traj)),
