@@ -447,9 +447,19 @@ impl PerfGovernor {
     pub fn inference(&self) -> InferenceVote<'_> {
         let s = &self.shared;
         s.busy.store(true, Ordering::SeqCst);
-        if let Ok(mut voted) = s.voted.try_lock() {
-            if !*voted {
-                *voted = s.apply(&s.high, &s.votes);
+        match s.voted.try_lock() {
+            Ok(mut voted) => {
+                if !*voted {
+                    *voted = s.apply(&s.high, &s.votes);
+                }
+            }
+            // Held by the releaser mid-call (it re-checks `busy` before it lets go) or by
+            // anyone else (`is_voted`): wake the releaser so that it votes for this
+            // inference either way, instead of leaving it to run at the relaxed clock.
+            Err(_) => {
+                if let Some(r) = &self.releaser {
+                    r.thread().unpark();
+                }
             }
         }
         InferenceVote { governor: self }
