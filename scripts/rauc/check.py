@@ -34,7 +34,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-from ota_fixtures import FASTWAM_CONTROL, FixtureError, hex64, signed_policy_bundle  # noqa: E402
+from ota_fixtures import (FASTWAM_CONTROL, FixtureError, daemon_config, hex64,  # noqa: E402
+                          signed_policy_bundle)
 
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
 SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
@@ -255,15 +256,8 @@ def main() -> int:
     # repository, so hard links between them are possible, as on the device's data partition.
     ota_root = Path("/run/vla-check/ota")
     rauc_repo = ota_root / "rauc"
-    cfg = json.loads((REPO / "config/dev.json").read_text())
-    cfg["qnn"]["lib_dir"] = os.environ["VLA_QNN_LIB_DIR"]
-    cfg["bundle"]["path"] = str(ota_root / "current")
-    cfg["rings"]["observation_path"] = "/dev/shm/vla-check-obs"
-    cfg["rings"]["action_path"] = "/dev/shm/vla-check-act"
-    cfg["control"] = dict(FASTWAM_CONTROL)
-    cfg["ota"].update(root=str(ota_root), trusted_keys=[public], trial_inferences=1, max_trial_starts=3)
-    cfg["systemd"] = {"notify": False, "watchdog": False}
-    cfg["log"]["level"] = "info"
+    cfg = daemon_config(json.loads((REPO / "config/dev.json").read_text()), ota_root, public,
+                        "vla-check", FASTWAM_CONTROL, trial_inferences=1, max_trial_starts=3)
     config = work / "vlad.json"
     config.write_text(json.dumps(cfg, indent=2) + "\n")
 
