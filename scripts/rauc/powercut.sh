@@ -12,9 +12,6 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo_root"
-scripts/setup.sh >/dev/null
-export VLA_QNN_LIB_DIR="$(cat build/qnn-lib-dir)"
-
 . scripts/rauc/vm-setup.sh
 vm_apt_packages qemu-system-x86 busybox-static cpio e2fsprogs
 kernel_dir=build/rauc-check/kernel

@@ -1,9 +1,15 @@
 # Set-up shared by the scripts that boot the qemu VM (scripts/rauc/check.sh,
-# scripts/rauc/powercut.sh); sourced, not run. Idempotent, cached in build/.
+# scripts/rauc/powercut.sh); sourced, not run, from the repository root under
+# `set -euo pipefail`. Runs scripts/setup.sh and exports VLA_QNN_LIB_DIR (the emulator's
+# libraries, which the VM reads from this machine), then offers (idempotent, cached in
+# build/):
 #   vm_apt_packages PKG...   installs the Debian packages that are missing
 #   vm_kernel DIR            Debian's current bookworm kernel package unpacked in DIR
 #                            (DIR/vmlinuz, DIR/root/lib/modules/...)
-# Callers set `set -euo pipefail` and run from the repository root.
+
+scripts/setup.sh >/dev/null
+VLA_QNN_LIB_DIR="$(cat build/qnn-lib-dir)"
+export VLA_QNN_LIB_DIR
 
 vm_sudo=()
 [[ $(id -u) -eq 0 ]] || vm_sudo=(sudo)
