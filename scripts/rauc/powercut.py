@@ -125,7 +125,10 @@ def prepare(vlad: Path, kernel_dir: Path, out: Path, work: Path) -> Setup:
         vlad_cmd(vlad, "ota", "commit", *root)
     disk = out / "ota-disk.img"
     disk.unlink(missing_ok=True)
-    p = subprocess.run(["mkfs.ext4", "-q", "-F", "-L", "vla-ota", "-d", str(stage),
+    mkfs = shutil.which("mkfs.ext4") or shutil.which("mkfs.ext4", path="/usr/sbin:/sbin")
+    if mkfs is None:
+        raise RunError("mkfs.ext4 not found (Debian package e2fsprogs)")
+    p = subprocess.run([mkfs, "-q", "-F", "-L", "vla-ota", "-d", str(stage),
                         "-E", "lazy_itable_init=0,lazy_journal_init=0", str(disk), "64M"],
                        capture_output=True, text=True)
     if p.returncode != 0:
