@@ -1,12 +1,14 @@
 """Fixtures for the scripts that exercise the daemon with updates (the soak, the RAUC
-check): the Fast-WAM control timing on the emulator, and signed policy bundles (a fixture
-bundle copied under a new version, packed and signed with vlad, and optionally given an
-end-to-end golden its contexts disagree with, so that the bundle is signed and intact and
-only the daemon's parity gate can refuse it)."""
+check, the power-cut run): the Fast-WAM control timing on the emulator, the daemon's
+configuration over an OTA store, and signed policy bundles (a fixture bundle copied under
+a new version, packed and signed with vlad, and optionally given an end-to-end golden its
+contexts disagree with, so that the bundle is signed and intact and only the daemon's
+parity gate can refuse it)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +27,25 @@ FASTWAM_CONTROL = {
     "action_valid_ms": 200,
     "writer_heartbeat_timeout_ms": 500,
 }
+
+
+def daemon_config(base: dict, ota_root: Path, public: str, rings: str, control: dict,
+                  trial_inferences: int, max_trial_starts: int = 3) -> dict:
+    """`base` (a parsed config/*.json) for a daemon running the OTA store at `ota_root`
+    (`bundle.path` its `current` link) with the fleet key `public`, the rings
+    /dev/shm/<rings>-obs and -act, the emulator's libraries (VLA_QNN_LIB_DIR), `control`,
+    no systemd, log level info."""
+    cfg = json.loads(json.dumps(base))
+    cfg["qnn"]["lib_dir"] = os.environ["VLA_QNN_LIB_DIR"]
+    cfg["bundle"]["path"] = str(ota_root / "current")
+    cfg["rings"]["observation_path"] = f"/dev/shm/{rings}-obs"
+    cfg["rings"]["action_path"] = f"/dev/shm/{rings}-act"
+    cfg["control"] = dict(control)
+    cfg["ota"].update(root=str(ota_root), trusted_keys=[public], trial_inferences=trial_inferences,
+                      max_trial_starts=max_trial_starts)
+    cfg["systemd"] = {"notify": False, "watchdog": False}
+    cfg["log"]["level"] = "info"
+    return cfg
 
 
 class FixtureError(Exception):

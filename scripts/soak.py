@@ -84,18 +84,8 @@ def hex64(text: str) -> str:
 
 
 def make_config(base: dict, out: Path, root: Path, public: str, control: dict, tag: str) -> Path:
-    cfg = json.loads(json.dumps(base))
-    cfg["qnn"]["lib_dir"] = os.environ["VLA_QNN_LIB_DIR"]
-    cfg["bundle"]["path"] = str(root / "current")
-    cfg["rings"]["observation_path"] = f"/dev/shm/vla-soak-{os.getpid()}-obs"
-    cfg["rings"]["action_path"] = f"/dev/shm/vla-soak-{os.getpid()}-act"
-    cfg["control"] = dict(control)
-    cfg["ota"]["root"] = str(root)
-    cfg["ota"]["trusted_keys"] = [public]
-    cfg["ota"]["trial_inferences"] = 5
-    cfg["ota"]["max_trial_starts"] = 3
-    cfg["systemd"] = {"notify": False, "watchdog": False}
-    cfg["log"]["level"] = "info"
+    cfg = ota_fixtures.daemon_config(base, root, public, f"vla-soak-{os.getpid()}", control,
+                                     trial_inferences=5, max_trial_starts=3)
     # The flight recorder (docs/observability.md): the injected faults (a silent robot, a
     # firmware restart) leave recordings that `vlad replay` must reproduce.
     cfg["recorder"] = {"directory": str(out / f"recordings-{tag}"), "history_s": 15, "frames": "full",

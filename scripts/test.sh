@@ -4,7 +4,8 @@
 #   the Python fixture tests, the aarch64 build with its QNN-free tests under qemu,
 #   the aarch64 vlad on Qualcomm's aarch64 QNN libraries under qemu,
 #   the release binary's dynamic dependencies, the layer/unit checks, fleet OTA through
-#   real RAUC in a qemu VM, and a short fault-injecting soak.
+#   real RAUC in a qemu VM, power cuts under the OTA store in that VM, and a short
+#   fault-injecting soak.
 # Builds are cached in the repo's target/ directory.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,6 +67,9 @@ scripts/check_layer.sh
 
 step "fleet OTA through real RAUC: policy artifact, handlers, the daemon's verdict (qemu VM)"
 scripts/rauc/check.sh
+
+step "power cuts under the OTA store at the block level: 3 cuts (qemu VM, docs/powercut.md)"
+scripts/rauc/powercut.sh --cuts 3
 
 step "short soak: the daemon under injected faults (docs/soak.md)"
 scripts/soak.sh

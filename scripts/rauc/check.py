@@ -22,10 +22,8 @@ Exits 1 with the reasons if any check fails.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,15 +32,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
-from ota_fixtures import FASTWAM_CONTROL, FixtureError, hex64, signed_policy_bundle  # noqa: E402
+from ota_fixtures import (FASTWAM_CONTROL, FixtureError, daemon_config, hex64,  # noqa: E402
+                          signed_policy_bundle)
+
+sys.path.insert(0, str(REPO / "scripts/rauc"))
+import vm  # noqa: E402
 
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
 SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
 FIXTURE = REPO / "golden/bundles/fastwam"
 PROBE_FILE = "ctx/action_step_socid77_archv73.bin"
-# Modules RAUC needs (loop, squashfs, dm-verity) and the 9p shares; dependencies are
-# resolved from each module's own modinfo.
-WANTED_MODULES = ["virtio_pci", "9pnet_virtio", "9p", "loop", "squashfs", "dm_verity"]
+# Modules RAUC needs besides the 9p shares; dependencies are resolved from each module's
+# own modinfo.
+RAUC_MODULES = ["loop", "squashfs", "dm_verity"]
 COMPATIBLE = "vla-check"
 
 
@@ -86,80 +88,8 @@ def rauc_bundle(rauc: Path, out: Path, name: str, policy: Path, version: str,
 
 # ------------------------------------------------------------------------------ the VM
 
-def modinfo(path: Path) -> dict[str, str]:
-    data = path.read_bytes()
-    info = {}
-    for key in (b"name", b"depends"):
-        m = re.search(rb"(?:^|\x00)" + key + rb"=([^\x00]*)\x00", data)
-        if m:
-            info[key.decode()] = m.group(1).decode()
-    return info
-
-
-def module_order(modules_root: Path) -> list[Path]:
-    by_name: dict[str, Path] = {}
-    for ko in modules_root.rglob("*.ko"):
-        by_name[ko.stem.replace("-", "_")] = ko
-    order: list[Path] = []
-    seen: set[str] = set()
-
-    def visit(name: str) -> None:
-        name = name.replace("-", "_")
-        if name in seen:
-            return
-        seen.add(name)
-        path = by_name.get(name)
-        if path is None:
-            return  # built into the kernel
-        for dep in filter(None, modinfo(path).get("depends", "").split(",")):
-            visit(dep)
-        order.append(path)
-
-    for m in WANTED_MODULES:
-        if m.replace("-", "_") not in by_name:
-            raise SystemExit(f"rauc-check: kernel module {m} not found under {modules_root}")
-        visit(m)
-    return order
-
-
-def initramfs(kernel_dir: Path, work: Path, out: Path) -> Path:
-    root = out / "initramfs"
-    shutil.rmtree(root, ignore_errors=True)
-    (root / "bin").mkdir(parents=True)
-    (root / "modules").mkdir()
-    shutil.copy("/bin/busybox", root / "bin/busybox")
-    shutil.copy(REPO / "scripts/rauc/vm-init.sh", root / "init")
-    os.chmod(root / "init", 0o755)
-    modules_root = next((kernel_dir / "root/lib/modules").iterdir())
-    names = []
-    for ko in module_order(modules_root):
-        shutil.copy(ko, root / "modules" / ko.name)
-        names.append(ko.name)
-    (root / "modules/order").write_text("\n".join(names) + "\n")
-    (root / "work-path").write_text(str(work) + "\n")
-    files = subprocess.run(["find", ".", "-print0"], cwd=root, capture_output=True, check=True).stdout
-    cpio = subprocess.run(["cpio", "--null", "-o", "-H", "newc", "--quiet"], cwd=root,
-                          input=files, capture_output=True, check=True).stdout
-    image = out / "initramfs.cpio.gz"
-    image.write_bytes(gzip.compress(cpio, 1))
-    log(f"initramfs: busybox and {len(names)} modules ({', '.join(n[:-3] for n in names)})")
-    return image
-
-
 def boot(kernel_dir: Path, image: Path, work: Path, out: Path, timeout: float) -> float:
-    # Software emulation (TCG), always: nested KVM on these shared machines hangs before
-    # the kernel prints a line. QEMU 7.2's TCG has AVX2, which the HTP emulator uses.
-    cmd = [
-        "qemu-system-x86_64", "-machine", "q35", "-m", "6144", "-smp", "2",
-        "-accel", "tcg", "-cpu", "max",
-        "-kernel", str(kernel_dir / "vmlinuz"), "-initrd", str(image),
-        "-append", "console=ttyS0 panic=-1 loglevel=6",
-        "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
-        # The host's / spans several file systems (proc, sys, tmpfs...) whose inode numbers
-        # collide: without remapping, the guest mistakes /proc for /sys.
-        "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-        "-virtfs", f"local,path={work},mount_tag=work,security_model=none",
-    ]
+    cmd = vm.qemu_command(kernel_dir, image, work)
     log("booting the VM (qemu TCG)")
     start = time.monotonic()
     with open(out / "console.log", "w") as console:
@@ -255,15 +185,8 @@ def main() -> int:
     # repository, so hard links between them are possible, as on the device's data partition.
     ota_root = Path("/run/vla-check/ota")
     rauc_repo = ota_root / "rauc"
-    cfg = json.loads((REPO / "config/dev.json").read_text())
-    cfg["qnn"]["lib_dir"] = os.environ["VLA_QNN_LIB_DIR"]
-    cfg["bundle"]["path"] = str(ota_root / "current")
-    cfg["rings"]["observation_path"] = "/dev/shm/vla-check-obs"
-    cfg["rings"]["action_path"] = "/dev/shm/vla-check-act"
-    cfg["control"] = dict(FASTWAM_CONTROL)
-    cfg["ota"].update(root=str(ota_root), trusted_keys=[public], trial_inferences=1, max_trial_starts=3)
-    cfg["systemd"] = {"notify": False, "watchdog": False}
-    cfg["log"]["level"] = "info"
+    cfg = daemon_config(json.loads((REPO / "config/dev.json").read_text()), ota_root, public,
+                        "vla-check", FASTWAM_CONTROL, trial_inferences=1, max_trial_starts=3)
     config = work / "vlad.json"
     config.write_text(json.dumps(cfg, indent=2) + "\n")
 
@@ -325,7 +248,11 @@ def main() -> int:
         f"PROBE_FILE={PROBE_FILE}",
     ]) + "\n")
 
-    image = initramfs(kernel_dir, work, out)
+    try:
+        image, modules = vm.initramfs(kernel_dir, work, out, RAUC_MODULES)
+    except vm.VmError as e:
+        raise SystemExit(f"rauc-check: {e}")
+    log(f"initramfs: busybox and {len(modules)} modules ({', '.join(modules)})")
     seconds = boot(kernel_dir, image, work, out, a.timeout)
     results = work / "results"
     log(f"VM ran {seconds:.1f} s")

@@ -17,22 +17,9 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo_root"
-scripts/setup.sh >/dev/null
-export VLA_QNN_LIB_DIR="$(cat build/qnn-lib-dir)"
-
-sudo_cmd=()
-[[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
-apt_packages=(qemu-system-x86 busybox-static squashfs-tools cpio meson ninja-build pkgconf
-    libglib2.0-dev libssl-dev openssl xz-utils)
-missing=()
-for p in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "rauc-check: installing Debian packages: ${missing[*]}"
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+. scripts/rauc/vm-setup.sh
+vm_apt_packages qemu-system-x86 busybox-static squashfs-tools cpio meson ninja-build pkgconf \
+    libglib2.0-dev libssl-dev openssl xz-utils
 
 # RAUC 1.13 (the first release with artifact repositories; Debian bookworm ships 1.8).
 rauc_version=1.13
@@ -61,23 +48,8 @@ if [[ ! -x $rauc_bin ]]; then
         ninja -C build >/dev/null)
 fi
 
-# Debian's current bookworm kernel (the archive keeps only the current ABI's package).
 kernel_dir=build/rauc-check/kernel
-if [[ ! -f $kernel_dir/vmlinuz ]]; then
-    kernel_package() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
-    package=$(kernel_package)
-    if [[ -z $package ]]; then
-        "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        package=$(kernel_package)
-    fi
-    [[ -n $package ]] || { echo "rauc-check: no linux-image package found by apt" >&2; exit 1; }
-    echo "rauc-check: fetching kernel package $package"
-    rm -rf "$kernel_dir" && mkdir -p "$kernel_dir/deb"
-    (cd "$kernel_dir/deb" && apt-get download -q "$package" >/dev/null 2>&1)
-    dpkg-deb -x "$kernel_dir"/deb/*.deb "$kernel_dir/root"
-    cp "$kernel_dir"/root/boot/vmlinuz-* "$kernel_dir/vmlinuz"
-    rm -rf "$kernel_dir/deb"
-fi
+vm_kernel "$kernel_dir"
 
 cargo build --release --locked -p vlad 2>&1 | tail -1
 target_dir="${CARGO_TARGET_DIR:-target}"

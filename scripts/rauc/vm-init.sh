@@ -1,8 +1,9 @@
 #!/bin/busybox sh
-# /init of the RAUC check VM (scripts/rauc/check.py packs it with busybox and the kernel
-# modules RAUC needs): load the modules, mount the host's root file system (read-only)
-# and the check's work directory (read-write) over 9p, give them fresh proc, sys, dev,
-# shm and run, run the scenario chrooted there, power off.
+# /init of the check VM (scripts/rauc/vm.py packs it with busybox and the kernel modules
+# the scenario needs: the RAUC check, the power-cut run): load the modules, mount the
+# host's root file system (read-only) and the check's work directory (read-write) over
+# 9p, give them fresh proc, sys, dev, shm and run, run the scenario chrooted there
+# (<work>/inside.sh), power off.
 /bin/busybox mkdir -p /bin /proc /sys /dev /host
 /bin/busybox --install -s /bin
 mount -t proc proc /proc

@@ -1,0 +1,136 @@
+"""The power-cut run's judge (scripts/rauc/powercut.py) on boot records made here: a
+clean boot passes, and each kind of loss the run exists to find fails it."""
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rauc"))
+import powercut  # noqa: E402
+
+A, B, C = "a" * 64, "b" * 64, "c" * 64
+KNOWN = {A, B, C}
+
+
+def state(current, previous=None, trial=None, healthy=0):
+    return json.dumps({"format": 1, "current": current, "previous": previous, "trial": trial,
+                       "trial_starts": 1 if trial else 0, "healthy_inferences": healthy,
+                       "last_rollback": None})
+
+
+def write_boot(d: Path, current=B, previous=A, trial=None, bundles=(A, B), before=None) -> Path:
+    """A boot directory as powercut-inside.sh leaves it after a clean check."""
+    (d / "verify").mkdir(parents=True)
+    for name in ("mount-replay", "fsck", "mount"):
+        (d / f"{name}.rc").write_text("0\n")
+        (d / f"{name}.out").write_text("")
+    files = {
+        "check-finished": "done\n", "daemon-state": "running\n", "robot-ok": "3\n",
+        "daemon.log": "INFO vlad::daemon] running: publishing at 1.0 Hz\n",
+        "after.status.rc": "0\n", "after.status": f"current:  {current}\n",
+        "after.state": state(current, previous, trial),
+        "after.root": "bundles\ncurrent\nprevious\nota-state.json\nota.lock\nvlad.pid\n",
+        "after.bundles": "\n".join(bundles) + "\n",
+        "after.links": f"current bundles/{current}\nprevious "
+                       + (f"bundles/{previous}" if previous else "(none)") + "\n",
+        "verify-current.rc": "0\n", "verify-current.out": f"content hash {current}\n",
+        "before.status": "", "before.root": "bundles\ncurrent\nprevious\nota-state.json\n",
+        "before.bundles": "\n".join(bundles) + "\n",
+        "before.state": before if before is not None else state(current, previous, trial),
+    }
+    for name, text in files.items():
+        (d / name).write_text(text)
+    for h in bundles:
+        (d / "verify" / f"{h}.rc").write_text("0\n")
+        (d / "verify" / f"{h}.out").write_text(f"content hash {h}\n")
+    return d
+
+
+def problems(d: Path, expect=None) -> list[str]:
+    return powercut.judge_boot(d, KNOWN, expect)[0]
+
+
+def test_a_clean_boot_passes(tmp_path):
+    assert problems(write_boot(tmp_path)) == []
+
+
+def test_leftovers_after_recovery_fail(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "after.bundles").write_text(f"{A}\n{B}\n.staging-{C}-123\n")
+    assert any("leftovers after recovery" in p for p in problems(d))
+    d2 = write_boot(tmp_path / "tmp-file")
+    (d2 / "after.root").write_text("bundles\ncurrent\nota-state.json\n.ota-state.json.tmp-77\n")
+    assert any("leftovers after recovery" in p for p in problems(d2))
+
+
+def test_leftovers_the_cut_left_are_reported_as_cleaned(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "before.bundles").write_text(f"{A}\n{B}\n.trash-{C}-9\n")
+    found, facts = powercut.judge_boot(d, KNOWN, None)
+    assert found == [] and facts["cleaned"] == [f"bundles/.trash-{C}-9"]
+
+
+def test_state_and_links_must_agree(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "after.links").write_text(f"current bundles/{A}\nprevious bundles/{A}\n")
+    assert any("link `current`" in p for p in problems(d))
+
+
+def test_a_bundle_that_does_not_verify_fails(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "verify" / f"{A}.rc").write_text("1\n")
+    assert any(f"stored bundle {A[:12]} does not verify" in p for p in problems(d))
+    (d / "verify-current.rc").write_text("1\n")
+    assert any("`current` does not verify" in p for p in problems(d))
+
+
+def test_a_damaged_file_system_or_a_daemon_that_did_not_serve_fails(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "fsck.rc").write_text("4\n")
+    (d / "robot-ok").write_text("0\n")
+    found = problems(d)
+    assert any("e2fsck" in p for p in found) and any("ok actions" in p for p in found)
+
+
+def test_an_unfinished_check_fails(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "check-finished").unlink()
+    assert problems(d) == ["the check did not finish (see the console log)"]
+
+
+@pytest.mark.parametrize("phase, before, lost", [
+    # An acknowledged activation must survive: the state still naming the old bundle is a loss.
+    ("activate", state(A, None), True),
+    ("activate", state(B, A, trial=B), False),
+    # An acknowledged commit must survive.
+    ("commit", state(B, A, trial=B, healthy=1), True),
+    ("commit", state(B, A), False),
+    # The trial's acknowledged healthy inference must survive.
+    ("trial", state(B, A, trial=B, healthy=0), True),
+    ("trial", state(B, A, trial=B, healthy=1), False),
+])
+def test_what_the_loop_acknowledged_must_survive(tmp_path, phase, before, lost):
+    d = write_boot(tmp_path, before=before)
+    found = problems(d, powercut.Expectation(phase=phase, hash=B))
+    assert any("did not survive" in p or "was lost" in p for p in found) == lost, found
+
+
+def test_an_acknowledged_install_and_gc_must_survive(tmp_path):
+    d = write_boot(tmp_path)
+    (d / "before.bundles").write_text(f"{B}\n")
+    assert any("installed bundle is missing" in p
+               for p in problems(d, powercut.Expectation(phase="install", hash=A)))
+    d2 = write_boot(tmp_path / "gc", bundles=(A, B, C))
+    assert any("gc's removal did not survive" in p
+               for p in problems(d2, powercut.Expectation(phase="gc", hash=B)))
+    # ...unless gc said it kept it, or the next install had begun writing it.
+    assert problems(d2, powercut.Expectation(phase="gc", hash=B, kept_by_gc={C})) == []
+    assert problems(d2, powercut.Expectation(phase="gc", hash=B, adding=C)) == []
+
+
+def test_the_plan_aims_at_every_phase_each_round():
+    targets = [t for t, _ in powercut.plan(random.Random(7), 10)]
+    assert sorted(targets[:5]) == sorted(powercut.PHASES) == sorted(targets[5:])
