@@ -47,6 +47,32 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
+/// Runs the daemon on `config` and `vlad simulate` (6 s, camera at 30 Hz, plus `extra`
+/// arguments) against it, then stops the daemon: the simulator's output and the daemon's
+/// stderr.
+fn drive(config: &Path, extra: &[&str]) -> (std::process::Output, String) {
+    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--duration",
+        "60",
+    ]));
+    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["simulate", "--config", config.to_str().unwrap()])
+        .args(["--duration", "6", "--camera-hz", "30"])
+        .args(extra)
+        .output()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (_, _, err) = daemon.finish();
+    (sim, err)
+}
+
 fn cleanup(config: &Path) {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(config).unwrap()).unwrap();
     for k in ["observation_path", "action_path"] {
@@ -103,26 +129,8 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
     let dir = scratch("modes");
     for merge in ["skip", "crossfade", "prefix", "inpaint"] {
         let cfg = config(&dir, merge, merge, 150);
-        let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
-            "run",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--duration",
-            "60",
-        ]));
         let report = dir.join(format!("{merge}.sim.json"));
-        let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
-            .args(["simulate", "--config", cfg.to_str().unwrap()])
-            .args(["--duration", "6", "--camera-hz", "30"])
-            .args(["--json", report.to_str().unwrap()])
-            .output()
-            .unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(daemon.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let (_, _, err) = daemon.finish();
+        let (sim, err) = drive(&cfg, &["--json", report.to_str().unwrap()]);
         let out = String::from_utf8_lossy(&sim.stdout);
         assert!(sim.status.success(), "{merge}: {out}");
         assert!(err.contains(&format!("merge {merge}")), "{merge}: {err}");
@@ -159,26 +167,8 @@ fn the_slower_time_base_publishes_the_steps_and_their_midpoints() {
     // 20 Hz publishing, chunk steps at 10 Hz: every other tick falls half way.
     v["control"]["chunk_rate_hz"] = 10.0.into();
     std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
-        "run",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--duration",
-        "60",
-    ]));
     let timeline = dir.join("slow.csv");
-    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["simulate", "--config", cfg.to_str().unwrap()])
-        .args(["--duration", "6", "--camera-hz", "30"])
-        .args(["--timeline", timeline.to_str().unwrap()])
-        .output()
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let (_, _, err) = daemon.finish();
+    let (sim, err) = drive(&cfg, &["--timeline", timeline.to_str().unwrap()]);
     assert!(
         sim.status.success(),
         "{}",
