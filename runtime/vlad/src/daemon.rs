@@ -423,6 +423,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
 
     let rt = &config.realtime;
+    // Before anything large is allocated: reloads then give their buffers back.
+    vla_control::fix_large_allocations();
     if rt.mlockall {
         vla_control::lock_memory_on_fault();
     }

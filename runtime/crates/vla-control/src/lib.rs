@@ -27,7 +27,9 @@ pub use plan::{
     build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
     Prefix, TickGrid, Trigger,
 };
-pub use rt::{lock_memory, lock_memory_on_fault, pin_current_thread, set_fifo_priority};
+pub use rt::{
+    fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, set_fifo_priority,
+};
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
 pub use stats::{nearest_rank, quantile, quantile_sorted, Health, Histogram, LatencyWindow};
 pub use tap::{InferenceEvent, Tap, TickEvent};

@@ -1,4 +1,5 @@
-//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall. The
+//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall, the
+//! allocator's large-allocation threshold. The
 //! one implementation: the loop's threads, the daemon and the benchmarks all use it.
 //!
 //! Each step is optional and falls back with one clear log line when the system refuses
@@ -14,6 +15,22 @@ use nix::unistd::Pid;
 
 /// `MCL_ONFAULT` (Linux 4.4+; the same value on x86_64 and aarch64), which nix 0.29 lacks.
 const MCL_ONFAULT: i32 = 4;
+
+/// Large allocations (>= 128 KiB) each get their own mapping, returned to the system when
+/// freed. glibc otherwise raises its mmap threshold after the first large free, so a
+/// reload's multi-MB buffers (a bundle's contexts, a gate that fails and is dropped) come
+/// from the heap and stay there as fragments: RSS that a fleet daemon never gives back.
+/// Allocations happen at load and reload only, never on the hot path. False (and one
+/// log line) when glibc refuses.
+pub fn fix_large_allocations() -> bool {
+    // SAFETY: mallopt only sets an allocator parameter; glibc serializes it with
+    // allocations, and a valid option/value pair cannot corrupt its state.
+    let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024) } == 1;
+    if !ok {
+        log::warn!("mallopt(M_MMAP_THRESHOLD) refused; large buffers freed at a reload may stay in the heap");
+    }
+    ok
+}
 
 /// Locks current and future pages so the loop never page-faults on its buffers.
 pub fn lock_memory() -> bool {
