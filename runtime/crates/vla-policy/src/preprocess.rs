@@ -1,17 +1,21 @@
 //! Camera frames (RGB8) -> `pixel_values`: resize, normalize, patchify in one pass.
 //!
 //! The interpolation taps depend only on the frame and crop sizes, so they are computed
-//! once at load, along x flattened to one tap pair and weight pair per output value. Per
-//! inference, each source row that an output row needs is interpolated along x once into
-//! a scratch row (consecutive output rows share source rows), and each
-//! output row is then one contiguous lerp along y plus the normalize per value, written
-//! straight into the vision context's input buffer in patch order, `P` pixels at a time.
-//! The arithmetic is the contract's, operation by operation (x first, then y), so the
-//! values are bit-identical to the per-pixel formula. Against PyTorch itself (whose AVX
-//! kernels sum the four taps in another order) about one value in 10^5 lands at an
-//! exact .5 tie on the other side: one uint8 level (tests/upstream.rs bounds it). As upstream (torchvision `Resize`
-//! on the uint8 frame, `antialias=False`), the interpolated value is rounded back to a
-//! uint8 (half to even) before it is scaled: the vision tower was trained on those.
+//! once at load. Per inference, each source row that an output row needs is converted to
+//! f32 and interpolated along x once into a scratch row (consecutive output rows share
+//! source rows), one output pixel (its three channels) per step; each output row is then
+//! one contiguous lerp along y plus the normalize per value, written straight into the
+//! vision context's input buffer in patch order, `P` pixels at a time. The arithmetic is
+//! the contract's, operation by operation (x first, then y), so the values are
+//! bit-identical to the per-pixel formula. Against PyTorch itself (whose AVX kernels sum
+//! the four taps in another order) about one value in 10^5 lands at an exact .5 tie on
+//! the other side: one uint8 level (tests/upstream.rs bounds it). As upstream
+//! (torchvision `Resize` on the uint8 frame, `antialias=False`), the interpolated value
+//! is rounded back to a uint8 (half to even) before it is scaled: the vision tower was
+//! trained on those.
+//!
+//! The output splits into [`Part`]s of whole patch rows, each a contiguous range of the
+//! buffer with its own scratch, so two threads can fill one buffer ([`Preprocessor::halves`]).
 
 /// 2^23: adding it to an f32 in [0, 2^23) leaves no fraction bits, so the hardware's
 /// round-to-nearest-even rounds the value to an integer, and subtracting it is exact.
@@ -24,11 +28,20 @@ const ROUND_MAGIC: f32 = 8_388_608.0;
 /// pixel (rounding is monotonic and both bounds are integers; the interpolated value is
 /// never negative anyway), and in [0, 255] the add/subtract of [`ROUND_MAGIC`] is exactly
 /// round-half-even. Unlike `round_ties_even`, which is a libm call on baseline x86_64
-/// (no SSE4.1), it vectorizes, with the clamp and the division, over a row.
+/// (no SSE4.1), it vectorizes, with the clamp, over a row.
+///
+/// The division is done without dividing (a vector divide was a third of the whole
+/// preprocess): for an integer `k` in [0, 255], `a = k * 65793` (`0x010101`, exact:
+/// below 2^24) is `k / 255 * 2^24` truncated after three repeats of `k`'s byte, and
+/// `a + a * 2^-24` (one rounding) carries the fourth, which decides every rounding of
+/// the 24-bit quotient; times 2^-23 (exact) it is `k / 255 * 2`. The test
+/// `the_division_free_scale_is_bit_identical_for_every_pixel` checks all 256 pixels
+/// against `k / 255.0 * 2.0 - 1.0`.
 #[inline]
 fn to_unit(v: f32) -> f32 {
     let pixel = (v.clamp(0.0, 255.0) + ROUND_MAGIC) - ROUND_MAGIC;
-    pixel / 255.0 * 2.0 - 1.0
+    let a = pixel * 65_793.0;
+    (a + a * (1.0 / 16_777_216.0)) * (1.0 / 8_388_608.0) - 1.0
 }
 
 /// One axis of a half-pixel bilinear resize: source taps and weights per output index.
@@ -65,36 +78,59 @@ impl AxisTaps {
     }
 }
 
-/// The x taps per output value (`crop * 3` of them): the byte offsets in a source row
-/// of the left and right pixel's channel and their weights `1 - fx` and `fx`, so the
-/// interpolation of a row is one flat loop with no per-pixel index arithmetic.
+/// The x taps per output pixel: the offset of its left source pixel in a source row of
+/// f32 values and the weights `1 - fx`, `fx` of it and its right neighbour. The right
+/// tap is always the next pixel: the source row is padded with a copy of its last pixel,
+/// which is what the clamped right tap at the edge reads.
 #[derive(Clone, Debug)]
 struct RowTaps {
     left: Vec<u32>,
-    right: Vec<u32>,
-    w_left: Vec<f32>,
-    w_right: Vec<f32>,
+    weights: Vec<[f32; 2]>,
 }
 
 impl RowTaps {
     fn new(xs: &AxisTaps) -> Self {
-        let n = xs.i0.len() * 3;
-        let mut t = RowTaps {
-            left: Vec::with_capacity(n),
-            right: Vec::with_capacity(n),
-            w_left: Vec::with_capacity(n),
-            w_right: Vec::with_capacity(n),
-        };
-        for x in 0..xs.i0.len() {
-            for c in 0..3 {
-                t.left.push((xs.i0[x] * 3 + c) as u32);
-                t.right.push((xs.i1[x] * 3 + c) as u32);
-                t.w_left.push(1.0 - xs.frac[x]);
-                t.w_right.push(xs.frac[x]);
-            }
+        debug_assert!(xs
+            .i0
+            .iter()
+            .zip(&xs.i1)
+            .all(|(&l, &r)| r == l || r == l + 1));
+        RowTaps {
+            left: xs.i0.iter().map(|&i| (i * 3) as u32).collect(),
+            weights: xs.frac.iter().map(|&f| [1.0 - f, f]).collect(),
         }
-        t
     }
+}
+
+/// One thread's scratch: the source row as f32 (plus the padding pixel and one value
+/// so each pixel reads four), and two source rows interpolated along x (`crop * 3`
+/// values, plus one so each pixel writes four) with which source row each holds.
+#[derive(Clone, Debug)]
+struct Scratch {
+    line: Vec<f32>,
+    rows: [Vec<f32>; 2],
+    row_ids: [Option<(usize, usize)>; 2],
+}
+
+impl Scratch {
+    fn new(width: usize, crop: usize) -> Self {
+        Self {
+            line: vec![0.0; (width + 1) * 3 + 1],
+            rows: [vec![0.0; crop * 3 + 1], vec![0.0; crop * 3 + 1]],
+            row_ids: [None; 2],
+        }
+    }
+}
+
+/// The geometry and taps every part shares.
+#[derive(Clone, Debug)]
+struct Taps {
+    height: usize,
+    width: usize,
+    crop: usize,
+    patch: usize,
+    ys: AxisTaps,
+    xs: RowTaps,
 }
 
 /// Turns `cameras` frames of `height x width x 3` into `[1, cameras, G*G, P*P*3]`.
@@ -103,87 +139,78 @@ pub struct Preprocessor {
     pub cameras: usize,
     pub height: usize,
     pub width: usize,
-    crop: usize,
-    patch: usize,
-    ys: AxisTaps,
-    row_taps: RowTaps,
-    /// Source rows interpolated along x (`crop * 3` values each) and which source row of
-    /// which camera each holds.
-    rows: [Vec<f32>; 2],
-    row_ids: [Option<(usize, usize)>; 2],
+    taps: Taps,
+    scratch: [Scratch; 2],
 }
 
-impl Preprocessor {
-    pub fn new(cameras: usize, height: usize, width: usize, crop: usize, patch: usize) -> Self {
-        Self {
-            cameras,
-            height,
-            width,
-            crop,
-            patch,
-            ys: AxisTaps::new(height, crop),
-            row_taps: RowTaps::new(&AxisTaps::new(width, crop)),
-            rows: [vec![0.0; crop * 3], vec![0.0; crop * 3]],
-            row_ids: [None; 2],
-        }
-    }
+/// Whole patch rows `first..first + n` of the output, counted across cameras (camera
+/// `c`'s patch row `r` is `c * G + r`), into their contiguous range of the buffer.
+pub struct Part<'a> {
+    taps: &'a Taps,
+    scratch: &'a mut Scratch,
+    frames: &'a [u8],
+    out: &'a mut [f32],
+    first: usize,
+}
 
+impl Taps {
     /// Makes the scratch rows hold source rows `i0` (top) and `i1` (bottom) of camera
     /// `cam`, interpolated along x. Moving down the image, the old bottom row is usually
     /// the new top one: it is swapped in rather than recomputed.
-    fn prepare_rows(&mut self, cam: usize, i0: usize, i1: usize, img: &[u8]) {
+    fn prepare_rows(&self, s: &mut Scratch, cam: usize, i0: usize, i1: usize, img: &[u8]) {
         let (top, bottom) = (Some((cam, i0)), Some((cam, i1)));
-        if self.row_ids[0] != top && self.row_ids[1] == top {
-            self.rows.swap(0, 1);
-            self.row_ids.swap(0, 1);
+        if s.row_ids[0] != top && s.row_ids[1] == top {
+            s.rows.swap(0, 1);
+            s.row_ids.swap(0, 1);
         }
+        let n = self.width * 3;
         for (slot, want, src) in [(0, top, i0), (1, bottom, i1)] {
-            if self.row_ids[slot] == want {
+            if s.row_ids[slot] == want {
                 continue;
             }
-            let line = &img[src * self.width * 3..(src + 1) * self.width * 3];
-            let t = &self.row_taps;
-            for ((((out, &l), &r), &wl), &wr) in self.rows[slot]
-                .iter_mut()
-                .zip(&t.left)
-                .zip(&t.right)
-                .zip(&t.w_left)
-                .zip(&t.w_right)
-            {
-                *out = line[l as usize] as f32 * wl + line[r as usize] as f32 * wr;
+            for (f, &b) in s.line.iter_mut().zip(&img[src * n..(src + 1) * n]) {
+                *f = f32::from(b);
             }
-            self.row_ids[slot] = want;
+            s.line.copy_within(n - 3..n, n);
+            // Four values in, four out per pixel (the fourth is the next pixel's first,
+            // overwritten by it), so each pixel is one short vector operation. The taps
+            // are copied out before the store: the compiler cannot tell the line from the
+            // row, and would keep every load after the previous store.
+            let (line, row) = (&s.line[..], &mut s.rows[slot][..]);
+            for (x, (&l, &[wl, wr])) in self.xs.left.iter().zip(&self.xs.weights).enumerate() {
+                let l = l as usize;
+                let a: [f32; 4] = line[l..l + 4].try_into().expect("padded line");
+                let b: [f32; 4] = line[l + 3..l + 7].try_into().expect("padded line");
+                let o: &mut [f32; 4] = (&mut row[x * 3..x * 3 + 4]).try_into().expect("padded row");
+                for c in 0..4 {
+                    o[c] = a[c] * wl + b[c] * wr;
+                }
+            }
+            s.row_ids[slot] = want;
         }
     }
+}
 
-    /// Bytes of one observation's frames.
-    pub fn frames_len(&self) -> usize {
-        self.cameras * self.height * self.width * 3
-    }
-
-    /// Values of `pixel_values`.
-    pub fn output_len(&self) -> usize {
-        self.cameras * self.crop * self.crop * 3
-    }
-
-    /// `frames` must be `frames_len()` bytes and `out` `output_len()` values (checked by
-    /// the caller, which reports the geometry error).
-    pub fn run(&mut self, frames: &[u8], out: &mut [f32]) {
-        let (h, w, crop, p) = (self.height, self.width, self.crop, self.patch);
+impl Part<'_> {
+    /// Fills the part's patch rows.
+    pub fn run(self) {
+        let t = self.taps;
+        let (h, w, crop, p) = (t.height, t.width, t.crop, t.patch);
         let grid = crop / p;
         let (patch_len, seg) = (p * p * 3, p * 3);
+        let block = grid * patch_len;
         // Frames change every call: never trust rows cached from the previous one.
-        self.row_ids = [None; 2];
-        for cam in 0..self.cameras {
-            let img = &frames[cam * h * w * 3..(cam + 1) * h * w * 3];
-            let dst = &mut out[cam * crop * crop * 3..(cam + 1) * crop * crop * 3];
-            for y in 0..crop {
-                let (i0, i1, fy) = (self.ys.i0[y], self.ys.i1[y], self.ys.frac[y]);
-                self.prepare_rows(cam, i0, i1, img);
-                let (top, bottom) = (&self.rows[0], &self.rows[1]);
-                let (py, dy) = (y / p, y % p);
+        self.scratch.row_ids = [None; 2];
+        for (k, dst) in self.out.chunks_exact_mut(block).enumerate() {
+            let (cam, py) = ((self.first + k) / grid, (self.first + k) % grid);
+            let img = &self.frames[cam * h * w * 3..(cam + 1) * h * w * 3];
+            for dy in 0..p {
+                let y = py * p + dy;
+                let (i0, i1, fy) = (t.ys.i0[y], t.ys.i1[y], t.ys.frac[y]);
+                t.prepare_rows(self.scratch, cam, i0, i1, img);
+                let (top, bottom) = (&self.scratch.rows[0], &self.scratch.rows[1]);
                 for px in 0..grid {
-                    let at = (py * grid + px) * patch_len + dy * seg;
+                    let at = px * patch_len + dy * seg;
                     let src = px * seg..(px + 1) * seg;
                     for ((d, t), b) in dst[at..at + seg]
                         .iter_mut()
@@ -195,6 +222,61 @@ impl Preprocessor {
                 }
             }
         }
+    }
+}
+
+impl Preprocessor {
+    pub fn new(cameras: usize, height: usize, width: usize, crop: usize, patch: usize) -> Self {
+        Self {
+            cameras,
+            height,
+            width,
+            taps: Taps {
+                height,
+                width,
+                crop,
+                patch,
+                ys: AxisTaps::new(height, crop),
+                xs: RowTaps::new(&AxisTaps::new(width, crop)),
+            },
+            scratch: [Scratch::new(width, crop), Scratch::new(width, crop)],
+        }
+    }
+
+    /// Bytes of one observation's frames.
+    pub fn frames_len(&self) -> usize {
+        self.cameras * self.height * self.width * 3
+    }
+
+    /// Values of `pixel_values`.
+    pub fn output_len(&self) -> usize {
+        self.cameras * self.taps.crop * self.taps.crop * 3
+    }
+
+    /// `frames` must be `frames_len()` bytes and `out` `output_len()` values (checked by
+    /// the caller, which reports the geometry error).
+    pub fn run(&mut self, frames: &[u8], out: &mut [f32]) {
+        let (a, b) = self.halves(frames, out);
+        a.run();
+        b.run();
+    }
+
+    /// The output in two parts of whole patch rows (half each, the second one larger
+    /// when the count is odd), to run on two threads. Same contract as [`Self::run`].
+    pub fn halves<'a>(&'a mut self, frames: &'a [u8], out: &'a mut [f32]) -> (Part<'a>, Part<'a>) {
+        let t = &self.taps;
+        let grid = t.crop / t.patch;
+        let first = self.cameras * grid / 2;
+        let (lo, hi) = out.split_at_mut(first * grid * t.patch * t.patch * 3);
+        let [s0, s1] = &mut self.scratch;
+        let part = |scratch, out, first| Part {
+            taps: t,
+            scratch,
+            frames,
+            out,
+            first,
+        };
+        (part(s0, lo, 0), part(s1, hi, first))
     }
 }
 
@@ -253,16 +335,57 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_division_free_scale_is_bit_identical_for_every_pixel() {
+        for k in 0..=255u8 {
+            let v = f32::from(k);
+            assert_eq!(
+                to_unit(v).to_bits(),
+                (v / 255.0 * 2.0 - 1.0).to_bits(),
+                "pixel {k}"
+            );
+        }
+    }
+
+    #[test]
+    fn halves_on_two_threads_fill_what_one_run_fills() {
+        // Odd patch-row counts too: one camera of 3 patch rows splits 1 + 2.
+        for (cams, h, w, crop, p) in [(2, 256, 256, 378, 14), (1, 40, 30, 21, 7), (3, 9, 9, 4, 2)] {
+            let mut pre = Preprocessor::new(cams, h, w, crop, p);
+            let frames: Vec<u8> = (0..pre.frames_len() as u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+                .collect();
+            let mut once = vec![0f32; pre.output_len()];
+            pre.run(&frames, &mut once);
+            let mut split = vec![f32::NAN; pre.output_len()];
+            let (a, b) = pre.halves(&frames, &mut split);
+            std::thread::scope(|s| {
+                s.spawn(|| b.run());
+                a.run();
+            });
+            assert!(
+                once.iter()
+                    .zip(&split)
+                    .all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{cams} x {h}x{w} -> {crop}"
+            );
+        }
+    }
+
     /// The contract's formula, one output value at a time.
     fn per_pixel(pre: &Preprocessor, frames: &[u8]) -> Vec<f32> {
-        let (h, w, crop, p) = (pre.height, pre.width, pre.crop, pre.patch);
+        let (h, w, crop, p) = (pre.height, pre.width, pre.taps.crop, pre.taps.patch);
         let xs = AxisTaps::new(w, crop);
         let grid = crop / p;
         let mut out = vec![0f32; pre.output_len()];
         for cam in 0..pre.cameras {
             let img = &frames[cam * h * w * 3..];
             for y in 0..crop {
-                let (r0, r1, fy) = (pre.ys.i0[y] * w * 3, pre.ys.i1[y] * w * 3, pre.ys.frac[y]);
+                let (r0, r1, fy) = (
+                    pre.taps.ys.i0[y] * w * 3,
+                    pre.taps.ys.i1[y] * w * 3,
+                    pre.taps.ys.frac[y],
+                );
                 for x in 0..crop {
                     let (c0, c1, fx) = (xs.i0[x] * 3, xs.i1[x] * 3, xs.frac[x]);
                     let at = cam * crop * crop * 3
@@ -283,7 +406,13 @@ mod tests {
     #[test]
     fn row_cached_resize_is_bit_identical_to_the_per_pixel_formula() {
         // Up- and down-scaling, two cameras, reused across calls with new frames.
-        for (h, w, crop, p) in [(48, 64, 56, 14), (256, 256, 378, 14), (30, 20, 14, 7)] {
+        for (h, w, crop, p) in [
+            (48, 64, 56, 14),
+            (256, 256, 378, 14),
+            (30, 20, 14, 7),
+            (480, 640, 378, 14),
+            (2, 4, 2, 1),
+        ] {
             let mut pre = Preprocessor::new(2, h, w, crop, p);
             for seed in [1u32, 2] {
                 let frames: Vec<u8> = (0..pre.frames_len() as u32)
