@@ -125,12 +125,17 @@ impl Evictor {
 }
 
 /// memcpy of 64 MiB (twice the L3 here), sampled through the run: the machine is shared,
-/// so the floor uses the best rate seen, the most demanding one.
+/// so the floor uses the best rate seen, the most demanding one. Also sampled as two
+/// halves on two threads (the pipeline's fork), to show what a second core adds to the
+/// bandwidth the two-thread steps share.
 pub struct Memcpy {
     src: Vec<u8>,
     dst: Vec<u8>,
+    fork: vla_fork::Fork,
     /// Bytes moved per second of each sample (a copy of n bytes reads n and writes n).
     pub rates: Vec<f64>,
+    /// The same, the copy split in halves across the caller and the fork's helper.
+    pub two_thread_rates: Vec<f64>,
 }
 
 impl Memcpy {
@@ -142,22 +147,41 @@ impl Memcpy {
         Self {
             src,
             dst,
+            fork: vla_fork::Fork::start("vla-bench-copy", || {}).expect("start a copy helper"),
             rates: Vec::with_capacity(1024),
+            two_thread_rates: Vec::with_capacity(1024),
         }
     }
 
     pub fn sample(&mut self, reps: usize) {
+        let bytes = (2 * self.src.len()) as f64;
         for _ in 0..reps {
             let t = Instant::now();
             self.dst.copy_from_slice(black_box(&self.src));
             black_box(&self.dst);
-            self.rates
-                .push((2 * self.src.len()) as f64 / t.elapsed().as_secs_f64());
+            self.rates.push(bytes / t.elapsed().as_secs_f64());
+            let half = self.src.len() / 2;
+            let (d0, d1) = self.dst.split_at_mut(half);
+            let (s0, s1) = self.src.split_at(half);
+            let t = Instant::now();
+            self.fork
+                .join(
+                    || d0.copy_from_slice(black_box(s0)),
+                    || d1.copy_from_slice(black_box(s1)),
+                )
+                .expect("copy halves");
+            black_box(&self.dst);
+            self.two_thread_rates
+                .push(bytes / t.elapsed().as_secs_f64());
         }
     }
 
     pub fn best(&self) -> f64 {
         self.rates.iter().copied().fold(0.0, f64::max)
+    }
+
+    pub fn best_two_threads(&self) -> f64 {
+        self.two_thread_rates.iter().copied().fold(0.0, f64::max)
     }
 
     pub fn median(&self) -> f64 {
@@ -294,6 +318,13 @@ pub fn molmoact2(
     let state_norm = Normalizer::new(&quantile_norm(d.state_dims, -2.0, 2.0), d.state_dims);
     let action_norm = Normalizer::new(&quantile_norm(d.action_dims, -1.0, 1.0), d.action_dims);
     let mut evict = Evictor::new();
+    // The pipeline's second helper: half of the preprocess and of the prompt rows.
+    let mut fork = vla_fork::Fork::start("vla-fork", || {}).expect("start the vla-fork helper");
+    // The same two steps on one thread, timed in the same iterations for comparison.
+    let mut one_thread = [
+        Vec::with_capacity(iterations + 1),
+        Vec::with_capacity(iterations + 1),
+    ];
 
     let kv_bytes = (d.splits * d.layers_per_split * s * d.kv_width) as u64 * F32 * 2;
     let pv_bytes = pixel_values.len() as u64 * F32;
@@ -304,18 +335,12 @@ pub fn molmoact2(
     let mut steps = [
         Step::new(
             "preprocess",
-            "frames -> resize, normalize, patchify -> pixel_values",
+            "frames -> resize, normalize, patchify -> pixel_values; half on the vla-fork helper",
             pre.frames_len() as u64 + pv_bytes,
         ),
         Step::new(
-            "vision guard",
-            "non-finite scan of image_embeds, off the critical path (helper thread, during the prompt rows and split 0)",
-            embed_bytes,
-        )
-        .off_critical_path(),
-        Step::new(
             "prompt rows",
-            "image rows = patch row + embeds, state rows replaced",
+            "image rows = patch row + embeds (counting NaN/Inf: vision's guard), state rows replaced; half on the vla-fork helper",
             embed_bytes * 2 + d.state_dims as u64 * row_bytes * 2,
         ),
         Step::new(
@@ -357,20 +382,34 @@ pub fn molmoact2(
     for iteration in 0..=iterations {
         let warm = iteration > 0;
         let ((), count) = counting(allocs, || {
+            one_thread[0].push(cold(&mut evict, || pre.run(&frames, &mut pixel_values)));
             time(&mut steps[0], &mut evict, || {
-                pre.run(&frames, &mut pixel_values)
+                pre.run_on(&mut fork, &frames, &mut pixel_values)
+                    .expect("preprocess halves")
             });
-            time(&mut steps[1], &mut evict, || {
-                black_box(count_non_finite(&image_embeds));
-            });
-            time(&mut steps[2], &mut evict, || {
+            one_thread[1].push(cold(&mut evict, || {
                 state_token_ids(&state_norm, &state, &mut state_ids);
-                instr.embed_observation(
+                black_box(instr.embed_observation(
                     &mut prompt_hidden,
                     &image_embeds,
                     &state_rows,
                     &state_ids,
                     h,
+                ));
+            }));
+            time(&mut steps[1], &mut evict, || {
+                state_token_ids(&state_norm, &state, &mut state_ids);
+                black_box(
+                    instr
+                        .embed_observation_on(
+                            &mut fork,
+                            &mut prompt_hidden,
+                            &image_embeds,
+                            &state_rows,
+                            &state_ids,
+                            h,
+                        )
+                        .expect("prompt row halves"),
                 );
             });
             // Each split's output is fresh from the NPU: every scan starts cold.
@@ -381,12 +420,12 @@ pub fn molmoact2(
                     })
                 })
                 .sum();
-            steps[3].samples.push(chain);
-            steps[4].samples.push(0.0);
-            time(&mut steps[5], &mut evict, || {
+            steps[2].samples.push(chain);
+            steps[3].samples.push(0.0);
+            time(&mut steps[4], &mut evict, || {
                 black_box(count_non_finite(&k_ctx) + count_non_finite(&v_ctx));
             });
-            time(&mut steps[6], &mut evict, || {
+            time(&mut steps[5], &mut evict, || {
                 initial_trajectory(7, &mut trajectory, d.action_width, d.action_dims);
                 for _ in 0..n {
                     black_box(count_non_finite(&step_out));
@@ -403,7 +442,7 @@ pub fn molmoact2(
                     row.copy_from_slice(&trajectory[r * d.action_width..][..d.action_dims]);
                 }
             });
-            time(&mut steps[7], &mut evict, || {
+            time(&mut steps[6], &mut evict, || {
                 action_norm.denormalize_into(&chunk, &mut actions);
                 black_box(&actions);
             });
@@ -424,6 +463,7 @@ pub fn molmoact2(
             critical.push(total - off_path);
         } else {
             steps.iter_mut().for_each(|s| s.samples.clear());
+            one_thread.iter_mut().for_each(Vec::clear);
         }
     }
     // Once per instruction (not per inference): scaffold into the prompt buffer and the bias.
@@ -461,6 +501,10 @@ pub fn molmoact2(
         "kv_bytes_not_copied": kv_bytes,
         "once_per_instruction_ms": once_ms,
         "allocations_per_inference": allocations as f64 / iterations as f64,
+        "one_thread_p50_ms": {
+            "preprocess": summary(&mut one_thread[0]).0,
+            "prompt rows": summary(&mut one_thread[1]).0,
+        },
     })
 }
 

@@ -108,6 +108,7 @@ fn run() -> Result<(), String> {
                 "memcpy_bytes_per_s": mem.best(),
                 "memcpy_bytes_per_s_median": mem.median(),
                 "memcpy_samples": mem.rates.len(),
+                "memcpy_two_threads_bytes_per_s": mem.best_two_threads(),
                 "variants": variants,
             })
         }

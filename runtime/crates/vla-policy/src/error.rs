@@ -62,6 +62,11 @@ pub enum PolicyError {
         name: &'static str,
         reason: String,
     },
+    /// A host step's half on a helper thread did not complete (`step` names it).
+    Helper {
+        step: &'static str,
+        error: vla_fork::HelperFailed,
+    },
 }
 
 /// Text taken from a bundle file (a field name, a path, a parser message quoting them),
@@ -120,6 +125,7 @@ impl core::fmt::Display for PolicyError {
                 "component `{component}` output `{tensor}` holds {count} NaN/Inf values; no action published"
             ),
             PolicyError::Thread { name, reason } => write!(f, "cannot start thread {name}: {reason}"),
+            PolicyError::Helper { step, error } => write!(f, "{step}: {error}; no action published"),
         }
     }
 }
@@ -129,6 +135,7 @@ impl std::error::Error for PolicyError {
         match self {
             PolicyError::Npz(e) => Some(e),
             PolicyError::Qnn { error, .. } => Some(error),
+            PolicyError::Helper { error, .. } => Some(error),
             _ => None,
         }
     }

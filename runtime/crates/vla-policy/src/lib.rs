@@ -156,8 +156,9 @@ impl Manifest {
 /// How [`Policy::load_with`] sets up what it starts.
 #[derive(Clone, Default)]
 pub struct LoadOptions {
-    /// Run first on each helper thread (the non-finite scans' `vla-guard`), which the
-    /// inference thread waits on: give it the inference thread's pinning and priority.
+    /// Run first on each helper thread (the non-finite scans' `vla-guard`, MolmoAct2's
+    /// `vla-fork` for half of the preprocess and prompt rows), which the inference
+    /// thread waits on: give it the inference thread's pinning and priority.
     pub helper_setup: Option<guard::HelperSetup>,
 }
 

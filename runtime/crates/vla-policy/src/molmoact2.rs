@@ -8,10 +8,16 @@
 //! buffers, each split's keys and values land in place in the action_context inputs, and
 //! k_ctx/v_ctx are the action_step inputs. One inference allocates nothing. The NaN/Inf
 //! scans of the contexts' outputs run on a helper thread (`guard`) while the next context
-//! executes: image_embeds during the prompt rows and split 0, each split's hidden_out
-//! during the next split (the last one during action_context), k_ctx/v_ctx during the
-//! flow loop. Each verdict is collected before the buffer is written again and before the
-//! chunk is handed out, and a failed one names its component.
+//! executes: each split's hidden_out during the next split (the last one during
+//! action_context), k_ctx/v_ctx during the flow loop. Each verdict is collected before the
+//! buffer is written again and before the chunk is handed out, and a failed one names its
+//! component. image_embeds is checked by the prompt-row pass that reads it anyway.
+//!
+//! The two host steps before split 0 (preprocess, prompt rows) each split into halves
+//! writing disjoint parts of their buffer; a second helper (`vla-fork`) runs one half
+//! while the inference thread runs the other. Both helpers get the loader's set-up
+//! (pinning, priority): give the inference threads at least two CPUs, or the halves run
+//! one after the other.
 //!
 //! The host steps between contexts are public functions so the benchmarks time the code
 //! the pipeline runs.
@@ -27,9 +33,10 @@ use crate::norm::{state_token_id, Normalizer};
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::preprocess::Preprocessor;
 use crate::prompt::PromptTables;
-use crate::Observation;
+use crate::{LoadOptions, Observation};
 use std::sync::Arc;
 use std::time::Instant;
+use vla_fork::Fork;
 use vla_qnn::Backend;
 use vla_tensor::AlignedBuf;
 
@@ -48,12 +55,12 @@ pub struct MolmoAct2 {
     pub(crate) action_step: LoadedGraph,
     step_io: ([usize; 6], [usize; 1]),
     pixel_values: AlignedBuf,
-    /// The buffers below in an `Arc` are shared with the guard's helper while it scans
-    /// them, i.e. while the next context runs (`guard`).
-    image_embeds: Arc<AlignedBuf>,
+    image_embeds: AlignedBuf,
     /// Split 0's input: the scaffold of `prompt_instruction` plus the observation rows.
     prompt_hidden: AlignedBuf,
     prompt_instruction: Option<u32>,
+    /// The buffers below in an `Arc` are shared with the guard's helper while it scans
+    /// them, i.e. while the next context runs (`guard`).
     hidden: [Arc<AlignedBuf>; 2],
     keys: AlignedBuf,
     values: AlignedBuf,
@@ -61,6 +68,8 @@ pub struct MolmoAct2 {
     k_ctx: Arc<AlignedBuf>,
     v_ctx: Arc<AlignedBuf>,
     guard: ScanGuard,
+    /// Runs half of the preprocess and of the prompt rows.
+    fork: Fork,
     trajectory: AlignedBuf,
     step_out: AlignedBuf,
     timestep: AlignedBuf,
@@ -111,6 +120,21 @@ pub fn integrate_step(
     }
 }
 
+/// The helper that runs half of the preprocess and of the prompt rows, set up like the
+/// guard's (it too is waited on by the inference thread).
+fn start_fork(options: &LoadOptions) -> Result<Fork, PolicyError> {
+    let setup = options.helper_setup.clone();
+    Fork::start("vla-fork", move || {
+        if let Some(setup) = setup {
+            setup("vla-fork");
+        }
+    })
+    .map_err(|e| PolicyError::Thread {
+        name: "vla-fork",
+        reason: e.to_string(),
+    })
+}
+
 /// Writes NaN into `buf` when `fault` names `component` (fault-injection builds only).
 fn poison(fault: &Option<String>, component: &str, buf: &mut AlignedBuf) {
     if cfg!(feature = "fault-injection") && fault.as_deref() == Some(component) {
@@ -124,7 +148,7 @@ impl MolmoAct2 {
     pub fn load(
         bundle: &Bundle,
         backend: &Backend,
-        options: &crate::LoadOptions,
+        options: &LoadOptions,
     ) -> Result<Self, PolicyError> {
         let m = bundle
             .manifest
@@ -224,7 +248,7 @@ impl MolmoAct2 {
             context_io: ([ck, cv], [kc, vc]),
             step_io: ([st, ts, sk, sv, em, ip], [nt]),
             pixel_values: f32s(m.cameras * grid * grid * m.patch_size * m.patch_size * 3),
-            image_embeds: Arc::new(f32s(m.image_tokens * d)),
+            image_embeds: f32s(m.image_tokens * d),
             prompt_hidden: f32s(s * d),
             prompt_instruction: None,
             hidden: [Arc::new(f32s(s * d)), Arc::new(f32s(s * d))],
@@ -239,6 +263,7 @@ impl MolmoAct2 {
                     reason: e.to_string(),
                 }
             })?,
+            fork: start_fork(options)?,
             trajectory: f32s(numel(&traj)),
             step_out: f32s(numel(&traj)),
             timestep: f32s(1),
@@ -333,22 +358,23 @@ impl MolmoAct2 {
         let instr = &self.prompt.instructions[obs.instruction_id as usize];
 
         // Vision.
-        self.pre.run(obs.frames, self.pixel_values.as_f32_mut());
+        self.pre
+            .run_on(&mut self.fork, obs.frames, self.pixel_values.as_f32_mut())
+            .map_err(|error| PolicyError::Helper {
+                step: "preprocess",
+                error,
+            })?;
         let t = Instant::now();
         let (vi, vo) = self.vision_io;
         self.vision
             .graph
             .execute(
                 &ordered(vi, [self.pixel_values.as_bytes()]),
-                // Unique here (no scan outstanding): no copy is made.
-                &mut ordered_mut(vo, [Arc::make_mut(&mut self.image_embeds).as_bytes_mut()]),
+                &mut ordered_mut(vo, [self.image_embeds.as_bytes_mut()]),
             )
             .map_err(Self::qnn("vision"))?;
         self.timings.add(0, t.elapsed());
-        poison(&self.fault, "vision", Arc::make_mut(&mut self.image_embeds));
-        // Scanned during the prompt rows and split 0; verdict after split 0.
-        let previous = self.guard.scan(0, &self.image_embeds, None);
-        self.fail_on(previous)?;
+        poison(&self.fault, "vision", &mut self.image_embeds);
 
         // Prompt: scaffold (once per instruction) + image embeds (added) + state rows
         // (replaced).
@@ -357,13 +383,21 @@ impl MolmoAct2 {
             self.prompt_instruction = Some(obs.instruction_id);
         }
         state_token_ids(&self.state_norm, obs.state, &mut self.state_ids);
-        instr.embed_observation(
-            self.prompt_hidden.as_f32_mut(),
-            self.image_embeds.as_f32(),
-            &self.prompt.state_token_rows,
-            &self.state_ids,
-            m.hidden,
-        );
+        // The pass that adds image_embeds counts the non-finite sums: vision's guard.
+        let bad = instr
+            .embed_observation_on(
+                &mut self.fork,
+                self.prompt_hidden.as_f32_mut(),
+                self.image_embeds.as_f32(),
+                &self.prompt.state_token_rows,
+                &self.state_ids,
+                m.hidden,
+            )
+            .map_err(|error| PolicyError::Helper {
+                step: "prompt rows",
+                error,
+            })?;
+        self.fail_on(Some(Verdict { tag: 0, bad }))?;
 
         // LLM chain: split 0 reads the prompt buffer, then the hidden state ping-pongs;
         // KV written in place into the action_context inputs.

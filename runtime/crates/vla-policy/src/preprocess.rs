@@ -15,7 +15,9 @@
 //! trained on those.
 //!
 //! The output splits into [`Part`]s of whole patch rows, each a contiguous range of the
-//! buffer with its own scratch, so two threads can fill one buffer ([`Preprocessor::halves`]).
+//! buffer with its own scratch, so two threads can fill one buffer ([`Preprocessor::run_on`]).
+
+use vla_fork::{Fork, HelperFailed};
 
 /// 2^23: adding it to an f32 in [0, 2^23) leaves no fraction bits, so the hardware's
 /// round-to-nearest-even rounds the value to an integer, and subtracting it is exact.
@@ -259,6 +261,17 @@ impl Preprocessor {
         let (a, b) = self.halves(frames, out);
         a.run();
         b.run();
+    }
+
+    /// [`Self::run`] with the second half on `fork`'s helper.
+    pub fn run_on(
+        &mut self,
+        fork: &mut Fork,
+        frames: &[u8],
+        out: &mut [f32],
+    ) -> Result<(), HelperFailed> {
+        let (a, b) = self.halves(frames, out);
+        fork.join(|| a.run(), || b.run()).map(|((), ())| ())
     }
 
     /// The output in two parts of whole patch rows (half each, the second one larger
