@@ -66,9 +66,9 @@ daemon=$!
     --json "$out/robot.json" > "$out/robot.out" 2> "$out/robot.log" &
 robot=$!
 # The daemon writes its pid file after recovery, before it loads (a stale one names
-# another pid).
+# another pid; the file is `pid boot_id start_ticks`).
 i=0
-until [ "$(cat "$OTA_ROOT/vlad.pid" 2>/dev/null)" = "$daemon" ]; do
+until [ "$(cut -d' ' -f1 "$OTA_ROOT/vlad.pid" 2>/dev/null)" = "$daemon" ]; do
     if ! kill -0 "$daemon" 2>/dev/null || [ $i -ge "$WAIT_S" ]; then break; fi
     sleep 1; i=$((i + 1))
 done

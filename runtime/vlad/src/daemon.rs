@@ -479,10 +479,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             let (hash, dir) = start.current.clone().ok_or_else(|| {
                 Failure::Error(format!("no bundle is installed in {}", ota_root.display()))
             })?;
-            let _ = std::fs::write(
-                ota_root.join("vlad.pid"),
-                format!("{}\n", std::process::id()),
-            );
+            if let Err(e) = store.record_daemon() {
+                log::warn!(
+                    "cannot write {}: {e}; `vlad ota activate` cannot signal this daemon",
+                    ota_root.join(vla_ota::PID_FILE).display()
+                );
+            }
             match load_gated(&backend, &dir, &load_options) {
                 Ok(loaded) => (
                     dir,

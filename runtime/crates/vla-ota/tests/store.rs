@@ -640,6 +640,46 @@ fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
     );
     assert!(daemon.try_wait().unwrap().is_none(), "sleep must still run");
 
+    // The full record: pid, boot id, start time. A record from another boot, or whose
+    // pid now names a process started at another time (pid reuse), is stale even though
+    // the comm matches.
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", daemon.id())).unwrap();
+    let start: u64 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let daemon_pid = daemon.id();
+    let write = |boot: &str, start: u64| {
+        std::fs::write(
+            root.join(vla_ota::PID_FILE),
+            format!("{daemon_pid} {} {start}\n", boot.trim()),
+        )
+        .unwrap()
+    };
+    // (Each activation changes `current`: activating the current bundle calls no gate.)
+    for (bundle, record_boot, record_start, why) in [
+        (
+            &c,
+            "00000000-0000-0000-0000-000000000000",
+            start,
+            "earlier boot",
+        ),
+        (&b, boot.as_str(), start + 1, "started after"),
+    ] {
+        write(record_boot, record_start);
+        let mut gate = vla_ota::SignalDaemon::new(&store, "sleep");
+        store.activate(bundle, &mut gate).unwrap();
+        let outcome = gate.outcome.clone().unwrap();
+        assert!(
+            outcome.contains(why) && outcome.contains("not signalled"),
+            "{outcome}"
+        );
+        assert!(daemon.try_wait().unwrap().is_none(), "sleep must still run");
+    }
+    write(&boot, start);
     let mut gate = vla_ota::SignalDaemon::new(&store, "sleep");
     store.activate(&c, &mut gate).unwrap();
     assert!(gate.outcome.clone().unwrap().contains("sent SIGHUP"));
@@ -651,6 +691,34 @@ fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
     let mut gate = vla_ota::SignalDaemon::new(&store, "vlad");
     store.activate(&b, &mut gate).unwrap();
     assert!(gate.outcome.unwrap().contains("next start"));
+}
+
+#[test]
+fn the_daemon_record_names_this_process_in_this_boot_and_replaces_the_old_one() {
+    let tmp = TempDir::new("store-record");
+    let root = tmp.join("root");
+    let (store, _a) = with_committed(&root, &tmp.join("src"));
+    std::fs::write(root.join(vla_ota::PID_FILE), "").unwrap();
+    store.record_daemon().unwrap();
+    let text = std::fs::read_to_string(root.join(vla_ota::PID_FILE)).unwrap();
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(fields.len(), 3, "{text:?}");
+    assert_eq!(fields[0], std::process::id().to_string());
+    assert_eq!(fields[1], boot.trim());
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let start = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap();
+    assert_eq!(fields[2], start);
+    assert!(text.ends_with('\n'));
+    let leftovers: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
 #[test]

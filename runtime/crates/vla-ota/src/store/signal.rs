@@ -1,10 +1,54 @@
 //! The CLI's activation gate: verify the bundle again and ask the running daemon to
-//! reload it (SIGHUP), which runs the real parity gate.
+//! reload it (SIGHUP), which runs the real parity gate; and the pid file that names the
+//! daemon to it.
+//!
+//! The pid file lives under the OTA root, on storage that survives reboots, and SIGHUP
+//! ends most programs, so a pid is only signalled when it provably still is the daemon
+//! that wrote it: the file holds the pid, the boot id and the process's start time
+//! (`pid boot_id start_ticks`), and it is replaced by a rename, so a power cut leaves the
+//! old file or the new one, never a partial one. A file from an earlier boot, or a pid
+//! now held by a process started later (pid reuse: after a reboot the pid of a `vlad
+//! simulate` or of this very CLI may match), is stale and not signalled, as is a pid
+//! whose `comm` is not the daemon's. A file with the pid alone (older daemons) gets the
+//! `comm` check only.
 
 use super::{Store, PID_FILE};
 use crate::error::SignalError;
 use crate::{Activation, GateError};
+use std::io::Write;
 use std::path::Path;
+
+/// What `<proc_root>/sys/kernel/random/boot_id` and `<proc_root>/<pid>/stat` say about
+/// a process: the boot it runs in and its start time (clock ticks after boot).
+fn identity(proc_root: &Path, pid: u32) -> Option<(String, u64)> {
+    let boot = std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id")).ok()?;
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    // Fields after `comm`, which is in parentheses and may itself hold spaces or `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // Field 22 of stat is the start time; `rest` starts at field 3.
+    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some((boot.trim().to_owned(), start))
+}
+
+impl Store {
+    /// Names the calling process as the running daemon in `<root>/vlad.pid` (see the
+    /// module doc), written to a temporary file and renamed over the old one.
+    pub fn record_daemon(&self) -> std::io::Result<()> {
+        let pid = std::process::id();
+        let line = match identity(&self.proc_root, pid) {
+            Some((boot, start)) => format!("{pid} {boot} {start}\n"),
+            None => format!("{pid}\n"),
+        };
+        let path = self.root().join(PID_FILE);
+        let tmp = self.root().join(format!(".{PID_FILE}.tmp"));
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(line.as_bytes())?;
+        // The content reaches the disk before the rename can: after a power cut the
+        // name holds a whole line, old or new.
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    }
+}
 
 /// The activation gate of the `vlad ota activate` command, which runs outside the
 /// daemon: verifies the bundle again, then asks the running daemon to reload by sending
@@ -46,15 +90,31 @@ impl<'a> SignalDaemon<'a> {
                 })
             }
         };
-        let pid: i32 =
-            text.trim()
-                .parse()
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| SignalError::NotAPid {
-                    path: pid_path.clone(),
-                    text: text.trim().to_owned(),
-                })?;
+        let mut fields = text.split_whitespace();
+        let pid: i32 = fields
+            .next()
+            .and_then(|p| p.parse().ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| SignalError::NotAPid {
+                path: pid_path.clone(),
+                text: text.trim().to_owned(),
+            })?;
+        if let (Some(boot), Some(start)) = (fields.next(), fields.next()) {
+            let stale = |why: &str| {
+                Ok(format!(
+                    "pid {pid} from {} {why}: stale pid file, not signalled; the daemon loads the bundle at its next start",
+                    pid_path.display()
+                ))
+            };
+            match identity(&self.store.proc_root, pid as u32) {
+                None => return stale("is not running"),
+                Some((now, _)) if now != boot => return stale("was written in an earlier boot"),
+                Some((_, started)) if start.parse() != Ok(started) => {
+                    return stale("now names a process started after the daemon that wrote it")
+                }
+                Some(_) => {}
+            }
+        }
         let comm_path = self.store.proc_root.join(pid.to_string()).join("comm");
         match std::fs::read_to_string(&comm_path) {
             Ok(comm) if comm.trim() == self.expected_comm => {}
