@@ -13,12 +13,12 @@
 //!
 //! One scan is outstanding at a time. The buffers are shared by `Arc`: the helper drops
 //! its clones before it answers, so after a verdict the pipeline again owns them alone
-//! and writes them in place (`Arc::make_mut` without a copy). Channels of capacity one
-//! are preallocated: a steady-state scan allocates nothing.
+//! and writes them in place (`Arc::make_mut` without a copy). Two slots of capacity one
+//! under a mutex carry a job there and a verdict back: a scan allocates nothing, and
+//! neither does a wait.
 
 use crate::exec::count_non_finite;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use vla_tensor::AlignedBuf;
 
 type Job = (usize, Arc<AlignedBuf>, Option<Arc<AlignedBuf>>);
@@ -34,9 +34,82 @@ pub(crate) struct Verdict {
     pub bad: usize,
 }
 
+/// A slot of capacity one between the inference thread and the helper: a mutex and a
+/// condition variable, whose waits never allocate (a std channel's first blocking wait
+/// on a thread, or on a channel, does: after a reload or on the inference thread's first
+/// wait that would be on the critical path).
+struct Mailbox<T> {
+    slot: Mutex<(Option<T>, bool)>,
+    changed: Condvar,
+}
+
+impl<T> Mailbox<T> {
+    fn new() -> Self {
+        Self {
+            slot: Mutex::new((None, false)),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<T>, bool)> {
+        // Nothing panics while holding the lock: a poisoned lock holds a valid slot.
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `item` in the empty slot; gives it back when the mailbox is closed.
+    fn put(&self, item: T) -> Result<(), T> {
+        let mut slot = self.lock();
+        if slot.1 {
+            return Err(item);
+        }
+        slot.0 = Some(item);
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// Waits for an item; `None` once the mailbox is closed and empty.
+    fn take(&self) -> Option<T> {
+        let mut slot = self.lock();
+        loop {
+            if let Some(item) = slot.0.take() {
+                return Some(item);
+            }
+            if slot.1 {
+                return None;
+            }
+            slot = self
+                .changed
+                .wait(slot)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn close(&self) {
+        self.lock().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+struct Mailboxes {
+    jobs: Mailbox<Job>,
+    verdicts: Mailbox<usize>,
+}
+
+/// Closes both mailboxes when the helper ends, also by unwinding mid-scan: the pipeline
+/// then sees no verdict (counted as failed) and scans inline from then on.
+struct CloseOnExit(Arc<Mailboxes>);
+
+impl Drop for CloseOnExit {
+    fn drop(&mut self) {
+        self.0.jobs.close();
+        self.0.verdicts.close();
+    }
+}
+
 pub(crate) struct ScanGuard {
-    to_helper: Option<SyncSender<Job>>,
-    verdicts: Receiver<usize>,
+    mail: Arc<Mailboxes>,
+    /// False once the helper is gone: scans run inline.
+    helper_alive: bool,
     /// The tag of the scan handed out and not yet collected.
     pending: Option<usize>,
     /// The verdict when the helper is gone and the scan ran inline.
@@ -50,25 +123,29 @@ fn scan_now(a: &AlignedBuf, b: Option<&AlignedBuf>) -> usize {
 
 impl ScanGuard {
     pub fn start(setup: Option<HelperSetup>) -> std::io::Result<Self> {
-        let (to_helper, jobs) = sync_channel::<Job>(1);
-        let (answer, verdicts) = sync_channel::<usize>(1);
+        let mail = Arc::new(Mailboxes {
+            jobs: Mailbox::new(),
+            verdicts: Mailbox::new(),
+        });
+        let theirs = mail.clone();
         let helper = std::thread::Builder::new()
             .name("vla-guard".into())
             .spawn(move || {
+                let mail = CloseOnExit(theirs);
                 if let Some(setup) = setup {
                     setup("vla-guard");
                 }
-                while let Ok((_, a, b)) = jobs.recv() {
+                while let Some((_, a, b)) = mail.0.jobs.take() {
                     let bad = scan_now(&a, b.as_deref());
                     drop((a, b));
-                    if answer.send(bad).is_err() {
+                    if mail.0.verdicts.put(bad).is_err() {
                         break;
                     }
                 }
             })?;
         Ok(Self {
-            to_helper: Some(to_helper),
-            verdicts,
+            mail,
+            helper_alive: true,
             pending: None,
             inline: None,
             helper: Some(helper),
@@ -85,15 +162,12 @@ impl ScanGuard {
         b: Option<&Arc<AlignedBuf>>,
     ) -> Option<Verdict> {
         let previous = self.verdict();
-        let sent = match &self.to_helper {
-            Some(tx) => tx.send((tag, a.clone(), b.cloned())).is_ok(),
-            None => false,
-        };
+        let sent = self.helper_alive && self.mail.jobs.put((tag, a.clone(), b.cloned())).is_ok();
         if sent {
             self.pending = Some(tag);
         } else {
             // No helper (it died): scan here rather than not at all.
-            self.to_helper = None;
+            self.helper_alive = false;
             self.inline = Some(Verdict {
                 tag,
                 bad: scan_now(a, b.map(|b| &**b)),
@@ -109,12 +183,12 @@ impl ScanGuard {
             return Some(v);
         }
         let tag = self.pending.take()?;
-        let bad = match self.verdicts.recv() {
-            Ok(bad) => bad,
+        let bad = match self.mail.verdicts.take() {
+            Some(bad) => bad,
             // The helper died mid-scan (its clones were dropped while unwinding): count
             // the scan as failed, fail closed, and scan inline from now on.
-            Err(_) => {
-                self.to_helper = None;
+            None => {
+                self.helper_alive = false;
                 usize::MAX
             }
         };
@@ -124,7 +198,7 @@ impl ScanGuard {
 
 impl Drop for ScanGuard {
     fn drop(&mut self) {
-        self.to_helper = None;
+        self.mail.jobs.close();
         if let Some(h) = self.helper.take() {
             let _ = h.join();
         }
@@ -159,6 +233,42 @@ mod tests {
         assert_eq!(g.scan(3, &clean, Some(&clean)), None);
         assert_eq!(g.verdict(), Some(Verdict { tag: 3, bad: 0 }));
         assert_eq!(g.verdict(), None);
+    }
+
+    #[test]
+    fn waiting_for_a_verdict_allocates_nothing_on_the_inference_thread() {
+        use vla_alloc_count::{current_tid, watch, watched_allocations, WATCH_LOCK};
+        let _lock = WATCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = ScanGuard::start(None).unwrap();
+        // 16 MB: each scan takes long enough that the next call waits for its verdict.
+        let (big, other) = (buf(&vec![0.0; 1 << 22]), buf(&vec![1.0; 1 << 22]));
+        // This test's thread is fresh: the waits below are its first.
+        watch(current_tid());
+        let before = watched_allocations();
+        for tag in 0..6 {
+            let b = if tag % 2 == 0 { &big } else { &other };
+            let previous = g.scan(tag, b, None);
+            assert_eq!(previous.map(|v| v.tag), tag.checked_sub(1));
+        }
+        assert_eq!(g.verdict(), Some(Verdict { tag: 5, bad: 0 }));
+        let n = watched_allocations() - before;
+        watch(0);
+        assert_eq!(n, 0, "allocations on the waiting thread");
+    }
+
+    #[test]
+    fn a_dead_helper_means_inline_scans_still_failing_closed() {
+        let setup: super::HelperSetup = Arc::new(|_: &str| panic!("helper set-up failed"));
+        let mut g = ScanGuard::start(Some(setup)).unwrap();
+        while !g.helper.as_ref().unwrap().is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let bad = buf(&[f32::NAN, 1.0]);
+        assert_eq!(g.scan(3, &bad, None), None);
+        assert_eq!(g.verdict(), Some(Verdict { tag: 3, bad: 1 }));
+        let clean = buf(&[0.0]);
+        assert_eq!(g.scan(4, &clean, None), None);
+        assert_eq!(g.verdict(), Some(Verdict { tag: 4, bad: 0 }));
     }
 
     #[test]
