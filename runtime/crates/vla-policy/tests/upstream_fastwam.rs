@@ -54,8 +54,8 @@ fn dims_of(key: &str) -> ((usize, usize), (usize, usize)) {
 fn resize(src: &[u8], (h, w): (usize, usize), (oh, ow): (usize, usize), o: PassOrder) -> Vec<u8> {
     let mut r = PillowBilinear::new(h, w, oh, ow, (0, 0, oh, ow), o);
     let mut out = vec![0u8; oh * ow * 3];
-    r.run(src, |y, x, rgb| {
-        out[(y * ow + x) * 3..][..3].copy_from_slice(&rgb)
+    r.run(src, false, |y, row| {
+        out[y * ow * 3..][..ow * 3].copy_from_slice(row)
     });
     out
 }
@@ -120,8 +120,8 @@ fn center_crop_resize_matches_upstream() {
             PassOrder::HorizontalFirst,
         );
         let mut out = vec![0u8; ch * cw * 3];
-        r.run(&u8s(&g, &format!("src_{h}x{w}")), |y, x, rgb| {
-            out[(y * cw + x) * 3..][..3].copy_from_slice(&rgb)
+        r.run(&u8s(&g, &format!("src_{h}x{w}")), false, |y, row| {
+            out[y * cw * 3..][..cw * 3].copy_from_slice(row)
         });
         assert_eq!(out, u8s(&g, key), "{key}");
     }

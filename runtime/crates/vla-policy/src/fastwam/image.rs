@@ -23,6 +23,19 @@ struct Taps {
     count: Vec<usize>,
     ksize: usize,
     weights: Vec<i32>,
+    /// The same taps packed for the horizontal pass (see [`Packed`]).
+    packed: Option<Packed>,
+}
+
+/// Taps packed to one width `k` (the largest count): each output's window moved left
+/// where it would run past the end of the source, its weights at their sources and zero
+/// elsewhere. Adding zero changes no integer sum, so the values stay Pillow's, and with a
+/// width known at compile time a pixel's taps are a fixed, unrolled sequence.
+#[derive(Clone, Debug)]
+struct Packed {
+    k: usize,
+    first: Vec<usize>,
+    weights: Vec<i32>,
 }
 
 impl Taps {
@@ -37,6 +50,7 @@ impl Taps {
             count: vec![0; n_out],
             ksize,
             weights: vec![0; n_out * ksize],
+            packed: None,
         };
         let mut w = vec![0f64; ksize];
         for o in 0..n_out {
@@ -68,16 +82,128 @@ impl Taps {
         t
     }
 
-    /// One output value from `n` source values `at(i)`, rounded and clipped to uint8.
-    #[inline]
-    fn apply(&self, o: usize, at: impl Fn(usize) -> u8) -> u8 {
-        let mut acc: i32 = 1 << (PRECISION_BITS - 1);
-        let k = &self.weights[o * self.ksize..];
-        for (j, &w) in k.iter().enumerate().take(self.count[o]) {
-            acc += i32::from(at(self.first[o] + j)) * w;
+    /// These taps with [`Packed`] ones for the horizontal pass over `n_in` source pixels.
+    fn packed(mut self, n_in: usize) -> Self {
+        let n_out = self.first.len();
+        let k = self.count.iter().copied().max().unwrap_or(0);
+        let mut p = Packed {
+            k,
+            first: vec![0; n_out],
+            weights: vec![0; n_out * k],
+        };
+        for o in 0..n_out {
+            let first = self.first[o].min(n_in - k);
+            let shift = self.first[o] - first;
+            p.first[o] = first;
+            p.weights[o * k + shift..][..self.count[o]].copy_from_slice(self.of(o));
         }
-        (acc >> PRECISION_BITS).clamp(0, 255) as u8
+        self.packed = Some(p);
+        self
     }
+
+    /// The fixed-point weights of output `o`.
+    #[inline]
+    fn of(&self, o: usize) -> &[i32] {
+        &self.weights[o * self.ksize..o * self.ksize + self.count[o]]
+    }
+
+    /// One row of a horizontal pass: outputs `start..` (as many as `out` holds pixels) of
+    /// an RGB8 row, the three channels of a pixel accumulated together.
+    fn horizontal(&self, row: &[u8], start: usize, out: &mut [u8]) {
+        match self.packed.as_ref().map(|p| p.k) {
+            Some(1) => self.horizontal_packed::<1>(row, start, out),
+            Some(2) => self.horizontal_packed::<2>(row, start, out),
+            Some(3) => self.horizontal_packed::<3>(row, start, out),
+            Some(4) => self.horizontal_packed::<4>(row, start, out),
+            Some(5) => self.horizontal_packed::<5>(row, start, out),
+            Some(6) => self.horizontal_packed::<6>(row, start, out),
+            _ => self.horizontal_any(row, start, out),
+        }
+    }
+
+    fn horizontal_packed<const K: usize>(&self, row: &[u8], start: usize, out: &mut [u8]) {
+        let p = self.packed.as_ref().expect("packed taps");
+        for (x, px) in out.chunks_exact_mut(3).enumerate() {
+            let o = start + x;
+            let w: &[i32; K] = p.weights[o * K..(o + 1) * K].try_into().expect("K taps");
+            let src = &row[p.first[o] * 3..p.first[o] * 3 + 3 * K];
+            let mut acc = [ROUNDING; 3];
+            for (j, &w) in w.iter().enumerate() {
+                for c in 0..3 {
+                    acc[c] += i32::from(src[j * 3 + c]) * w;
+                }
+            }
+            for c in 0..3 {
+                px[c] = clip8(acc[c]);
+            }
+        }
+    }
+
+    /// [`Taps::horizontal`] for any tap count (strong shrinks).
+    fn horizontal_any(&self, row: &[u8], start: usize, out: &mut [u8]) {
+        for (x, px) in out.chunks_exact_mut(3).enumerate() {
+            let o = start + x;
+            let mut acc = [ROUNDING; 3];
+            for (&w, p) in self
+                .of(o)
+                .iter()
+                .zip(row[self.first[o] * 3..].chunks_exact(3))
+            {
+                for c in 0..3 {
+                    acc[c] += i32::from(p[c]) * w;
+                }
+            }
+            for c in 0..3 {
+                px[c] = clip8(acc[c]);
+            }
+        }
+    }
+
+    /// The taps of the same resize of the mirrored axis (`n_in` source values): output
+    /// `o` reads the mirror images of its source indices, with its weights in reverse
+    /// order. Integer sums do not depend on the order, so a turned frame resized with
+    /// mirrored taps gives, bit for bit, what the turned copy would.
+    fn mirrored(&self, n_in: usize) -> Self {
+        let mut m = self.clone();
+        m.packed = None;
+        for o in 0..self.first.len() {
+            m.first[o] = n_in - self.first[o] - self.count[o];
+            let k = o * self.ksize;
+            m.weights[k..k + self.count[o]].reverse();
+        }
+        m
+    }
+
+    /// Output row `o` of a vertical pass: each value is a weighted sum of the values at
+    /// the same place in source rows `first..` (`row(i)` is source row `i`), so the pass
+    /// is a few contiguous multiply-adds over whole rows (`acc` is scratch, one per value).
+    fn vertical<'a>(
+        &self,
+        o: usize,
+        row: impl Fn(usize) -> &'a [u8],
+        acc: &mut [i32],
+        out: &mut [u8],
+    ) {
+        acc.fill(ROUNDING);
+        for (j, &w) in self.of(o).iter().enumerate() {
+            for (a, &v) in acc.iter_mut().zip(row(self.first[o] + j)) {
+                *a += i32::from(v) * w;
+            }
+        }
+        for (d, &a) in out.iter_mut().zip(acc.iter()) {
+            *d = clip8(a);
+        }
+    }
+}
+
+/// Pillow's rounding offset (half of one unit of the fixed-point weights).
+const ROUNDING: i32 = 1 << (PRECISION_BITS - 1);
+
+/// Pillow's `clip8`: the accumulator back to uint8 (sums of non-negative taps are exact
+/// in i32: at most 255 * 2^22 * ksize-normalized weights < 2^31).
+#[inline]
+fn clip8(acc: i32) -> u8 {
+    (acc >> PRECISION_BITS).clamp(0, 255) as u8
 }
 
 /// Which of Pillow's two separable passes runs first.
@@ -94,17 +220,23 @@ pub enum PassOrder {
 /// the window `[top, top + crop_h) x [left, left + crop_w)` of the resized image.
 #[derive(Clone, Debug)]
 pub struct PillowBilinear {
-    src_h: usize,
     src_w: usize,
     top: usize,
     left: usize,
     crop_h: usize,
     crop_w: usize,
+    src_h: usize,
     ys: Taps,
     xs: Taps,
+    /// `xs` for a frame turned by 180 degrees, read unturned.
+    xs_turned: Taps,
     vertical_first: bool,
     /// The first pass's output (uint8, as in Pillow).
     temp: Vec<u8>,
+    /// The vertical pass's accumulators, one per value of a row.
+    acc: Vec<i32>,
+    /// One output row of the crop window (RGB8).
+    row: Vec<u8>,
 }
 
 impl PillowBilinear {
@@ -126,17 +258,21 @@ impl PillowBilinear {
         } else {
             vec![0; src_h * crop_w * 3]
         };
+        let xs = Taps::new(src_w, out_w);
         Self {
-            src_h,
             src_w,
             top,
             left,
             crop_h,
             crop_w,
+            src_h,
             ys: Taps::new(src_h, out_h),
-            xs: Taps::new(src_w, out_w),
+            xs_turned: xs.mirrored(src_w).packed(src_w),
+            xs: xs.packed(src_w),
             vertical_first,
             temp,
+            acc: vec![0; src_w.max(crop_w) * 3],
+            row: vec![0; crop_w * 3],
         }
     }
 
@@ -145,50 +281,39 @@ impl PillowBilinear {
         self.vertical_first
     }
 
-    /// Resizes `src` (`src_h x src_w x 3`) and calls `put(y, x, rgb)` for every pixel of
-    /// the crop window.
-    pub fn run(&mut self, src: &[u8], mut put: impl FnMut(usize, usize, [u8; 3])) {
-        let (sw, cw, ch) = (self.src_w, self.crop_w, self.crop_h);
-        let px = |img: &[u8], row_len: usize, y: usize, x: usize, c: usize| {
-            img[(y * row_len + x) * 3 + c]
+    /// Resizes `src` (`src_h x src_w x 3`), turned by 180 degrees first when `turned`
+    /// (as `img[::-1, ::-1]`: without a copy, by reading rows from the bottom and the
+    /// mirrored x taps), and calls `put(y, row)` for every row of the crop window
+    /// (`crop_w` RGB8 pixels).
+    pub fn run(&mut self, src: &[u8], turned: bool, mut put: impl FnMut(usize, &[u8])) {
+        let (sw, cw, ch, h) = (self.src_w * 3, self.crop_w * 3, self.crop_h, self.src_h);
+        // Row `i` of the (turned) frame, in source order within the row.
+        let source = |i: usize| {
+            let i = if turned { h - 1 - i } else { i };
+            &src[i * sw..(i + 1) * sw]
         };
+        let xs = if turned { &self.xs_turned } else { &self.xs };
+        let acc = &mut self.acc;
         if self.vertical_first {
-            for y in 0..ch {
-                for x in 0..sw {
-                    for c in 0..3 {
-                        self.temp[(y * sw + x) * 3 + c] =
-                            self.ys.apply(self.top + y, |i| px(src, sw, i, x, c));
-                    }
-                }
+            // The vertical pass keeps each row's order: a turned frame's rows stay
+            // mirrored until the mirrored x taps read them.
+            for (y, t) in self.temp.chunks_exact_mut(sw).enumerate() {
+                self.ys.vertical(self.top + y, source, &mut acc[..sw], t);
             }
-            for y in 0..ch {
-                for x in 0..cw {
-                    let mut rgb = [0u8; 3];
-                    for (c, v) in rgb.iter_mut().enumerate() {
-                        *v = self
-                            .xs
-                            .apply(self.left + x, |i| px(&self.temp, sw, y, i, c));
-                    }
-                    put(y, x, rgb);
-                }
+            for (y, t) in self.temp.chunks_exact(sw).enumerate().take(ch) {
+                xs.horizontal(t, self.left, &mut self.row);
+                put(y, &self.row);
             }
         } else {
-            for y in 0..self.src_h {
-                for x in 0..cw {
-                    for c in 0..3 {
-                        self.temp[(y * cw + x) * 3 + c] =
-                            self.xs.apply(self.left + x, |i| px(src, sw, y, i, c));
-                    }
-                }
+            for (y, t) in self.temp.chunks_exact_mut(cw).enumerate() {
+                xs.horizontal(source(y), self.left, t);
             }
+            let temp = &self.temp;
             for y in 0..ch {
-                for x in 0..cw {
-                    let mut rgb = [0u8; 3];
-                    for (c, v) in rgb.iter_mut().enumerate() {
-                        *v = self.ys.apply(self.top + y, |i| px(&self.temp, cw, i, x, c));
-                    }
-                    put(y, x, rgb);
-                }
+                let rows = |i: usize| &temp[i * cw..(i + 1) * cw];
+                self.ys
+                    .vertical(self.top + y, rows, &mut acc[..cw], &mut self.row);
+                put(y, &self.row);
             }
         }
     }
@@ -220,8 +345,6 @@ pub struct FastWamImage {
     pub cam_w: usize,
     rotate: Vec<bool>,
     resize: PillowBilinear,
-    /// One camera frame turned by 180 degrees.
-    turned: Vec<u8>,
 }
 
 impl FastWamImage {
@@ -248,7 +371,6 @@ impl FastWamImage {
                 (top, left, ch, cw),
                 PassOrder::HorizontalFirst,
             ),
-            turned: vec![0; fh * fw * 3],
         }
     }
 
@@ -266,22 +388,14 @@ impl FastWamImage {
         let (ch, width) = (self.cam_h, self.cameras * self.cam_w);
         let scale = (2.0f64 / 255.0) as f32;
         for cam in 0..self.cameras {
-            let mut src = &frames[cam * n..(cam + 1) * n];
-            if self.rotate[cam] {
-                // img[::-1, ::-1]: pixel order reversed, each pixel's RGB kept.
-                for (dst, px) in self
-                    .turned
-                    .chunks_exact_mut(3)
-                    .zip(src.chunks_exact(3).rev())
-                {
-                    dst.copy_from_slice(px);
-                }
-                src = &self.turned;
-            }
-            let x0 = cam * self.cam_w;
-            self.resize.run(src, |y, x, rgb| {
-                for (c, v) in rgb.into_iter().enumerate() {
-                    out[(c * ch + y) * width + x0 + x] = f32::from(v) * scale - 1.0;
+            let src = &frames[cam * n..(cam + 1) * n];
+            let (x0, cw) = (cam * self.cam_w, self.cam_w);
+            self.resize.run(src, self.rotate[cam], |y, row| {
+                for c in 0..3 {
+                    let plane = &mut out[(c * ch + y) * width + x0..][..cw];
+                    for (d, px) in plane.iter_mut().zip(row.chunks_exact(3)) {
+                        *d = f32::from(px[c]) * scale - 1.0;
+                    }
                 }
             });
         }
@@ -305,8 +419,8 @@ mod tests {
         let img: Vec<u8> = (0..4 * 4 * 3).map(|i| (i * 7 % 256) as u8).collect();
         let mut r = PillowBilinear::new(4, 4, 4, 4, (0, 0, 4, 4), PassOrder::HorizontalFirst);
         let mut out = vec![0u8; 48];
-        r.run(&img, |y, x, rgb| {
-            out[(y * 4 + x) * 3..][..3].copy_from_slice(&rgb)
+        r.run(&img, false, |y, row| {
+            out[y * 12..][..12].copy_from_slice(row)
         });
         assert_eq!(out, img);
         // 1x4 -> 1x2 (shrink by 2): support 2, taps at distance 0.5 and 1.5 weigh
@@ -314,12 +428,57 @@ mod tests {
         let row: Vec<u8> = [0u8, 100, 200, 40].iter().flat_map(|v| [*v; 3]).collect();
         let mut r = PillowBilinear::new(1, 4, 1, 2, (0, 0, 1, 2), PassOrder::HorizontalFirst);
         let mut got = [0u8; 2];
-        r.run(&row, |_, x, rgb| got[x] = rgb[0]);
+        r.run(&row, false, |_, out| got = [out[0], out[3]]);
         // centre 1.0: taps x=0 (d 0.25 -> 0.75), x=1 (0.25 -> 0.75), x=2 (0.75 -> 0.25):
         // (0*.75 + 100*.75 + 200*.25) / 1.75 = 71.43 -> 71.
         // centre 3.0: x=1 (0.75 -> 0.25), x=2 (0.25 -> .75), x=3 (.25 -> .75):
         // (25 + 150 + 30) / 1.75 = 117.1 -> 117.
         assert_eq!(got, [71, 117]);
+    }
+
+    #[test]
+    fn a_turned_run_is_the_run_of_the_turned_copy_bit_for_bit() {
+        // Shrinks (both orders, the second vertical first under Pillow 13), a stretch,
+        // crops off centre, odd sizes.
+        let cases = [
+            (
+                (256, 256),
+                (224, 224),
+                (0, 0, 224, 224),
+                PassOrder::HorizontalFirst,
+            ),
+            (
+                (40, 48),
+                (32, 38),
+                (0, 3, 32, 32),
+                PassOrder::HorizontalFirst,
+            ),
+            ((61, 23), (17, 20), (2, 1, 13, 17), PassOrder::Pillow13),
+            ((9, 7), (15, 11), (1, 2, 12, 8), PassOrder::HorizontalFirst),
+        ];
+        for ((h, w), (oh, ow), crop, order) in cases {
+            let src: Vec<u8> = (0..h * w * 3)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 11) as u8)
+                .collect();
+            let turned: Vec<u8> = src.chunks_exact(3).rev().flatten().copied().collect();
+            let mut r = PillowBilinear::new(h, w, oh, ow, crop, order);
+            let run = |r: &mut PillowBilinear, img: &[u8], t: bool| {
+                let mut rows = Vec::new();
+                r.run(img, t, |y, row| rows.push((y, row.to_vec())));
+                rows
+            };
+            let want = run(&mut r, &turned, false);
+            assert_eq!(
+                run(&mut r, &src, true),
+                want,
+                "{h}x{w} -> {oh}x{ow} {crop:?} {order:?}"
+            );
+            assert_ne!(run(&mut r, &src, false), want, "the turn changes something");
+        }
+        assert!(
+            PillowBilinear::new(61, 23, 17, 20, (2, 1, 13, 17), PassOrder::Pillow13)
+                .vertical_first()
+        );
     }
 
     #[test]
