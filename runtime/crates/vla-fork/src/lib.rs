@@ -82,8 +82,26 @@ enum State {
     Running,
     /// The helper's answer: true when the half ran to completion.
     Done(bool),
+    /// The helper ended before it took the job handed out: the caller runs it.
+    Returned,
     /// The `Fork` is dropped: the helper ends.
     Closed,
+}
+
+/// The slot's state, and whether the helper thread has ended (for good: every later
+/// join runs both halves on the caller).
+struct Inner {
+    state: State,
+    gone: bool,
+}
+
+/// What the caller learns about its job.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The helper ran it: to completion (true) or it panicked (false).
+    Ran(bool),
+    /// The helper ended without taking it: the closure is untouched.
+    Returned,
 }
 
 /// A mutex and two condition variables rather than channels: waiting on them never
@@ -92,40 +110,42 @@ enum State {
 /// critical path). Only the caller and the helper lock it, each for a few instructions;
 /// both run with the same set-up.
 struct Slot {
-    state: Mutex<State>,
+    inner: Mutex<Inner>,
     to_helper: Condvar,
     to_caller: Condvar,
 }
 
 impl Slot {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // Nothing panics while holding the lock: a poisoned lock holds a valid state.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes the answer if there is one.
-    fn try_answer(&self) -> Option<bool> {
-        let mut state = self.lock();
-        match *state {
-            State::Done(ran) => {
-                *state = State::Idle;
-                Some(ran)
-            }
-            _ => None,
-        }
+    /// Takes the answer from `inner` if there is one.
+    fn take(inner: &mut Inner) -> Option<Answer> {
+        let answer = match inner.state {
+            State::Done(ran) => Answer::Ran(ran),
+            State::Returned => Answer::Returned,
+            _ => return None,
+        };
+        inner.state = State::Idle;
+        Some(answer)
+    }
+
+    fn try_answer(&self) -> Option<Answer> {
+        Self::take(&mut self.lock())
     }
 
     /// Waits for the answer.
-    fn answer(&self) -> bool {
-        let mut state = self.lock();
+    fn answer(&self) -> Answer {
+        let mut inner = self.lock();
         loop {
-            if let State::Done(ran) = *state {
-                *state = State::Idle;
-                return ran;
+            if let Some(answer) = Self::take(&mut inner) {
+                return answer;
             }
-            state = self
+            inner = self
                 .to_caller
-                .wait(state)
+                .wait(inner)
                 .unwrap_or_else(PoisonError::into_inner);
         }
     }
@@ -146,7 +166,7 @@ struct Wait<'a> {
 }
 
 impl Wait<'_> {
-    fn answer(mut self) -> bool {
+    fn answer(mut self) -> Answer {
         self.pending = false;
         // The halves take about as long, so the answer is usually close: poll for it
         // (yielding, so that with one CPU the helper runs at once) rather than sleep,
@@ -154,8 +174,8 @@ impl Wait<'_> {
         // critical path (~0.05-0.1 ms measured in a VM).
         let polled = Instant::now();
         while polled.elapsed() < POLL_ANSWER {
-            if let Some(ran) = self.slot.try_answer() {
-                return ran;
+            if let Some(answer) = self.slot.try_answer() {
+                return answer;
             }
             std::thread::yield_now();
         }
@@ -171,34 +191,53 @@ impl Drop for Wait<'_> {
     }
 }
 
+/// Marks the helper gone when its thread ends, however it ends (a set-up or a payload
+/// that panics outside the job's `catch_unwind` included), and answers a job left in
+/// the slot, so no caller waits for a thread that is not there.
+struct Gone<'a>(&'a Slot);
+
+impl Drop for Gone<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.0.lock();
+        inner.gone = true;
+        inner.state = match std::mem::replace(&mut inner.state, State::Idle) {
+            State::Job(_) => State::Returned,
+            State::Running => State::Done(false),
+            other => other,
+        };
+        drop(inner);
+        self.0.to_caller.notify_one();
+    }
+}
+
 fn helper(slot: &Slot) {
     loop {
         let job = {
-            let mut state = slot.lock();
+            let mut inner = slot.lock();
             loop {
-                match std::mem::replace(&mut *state, State::Running) {
+                match std::mem::replace(&mut inner.state, State::Running) {
                     State::Job(job) => break job,
                     State::Closed => return,
-                    other => *state = other,
+                    other => inner.state = other,
                 }
-                state = slot
+                inner = slot
                     .to_helper
-                    .wait(state)
+                    .wait(inner)
                     .unwrap_or_else(PoisonError::into_inner);
             }
         };
         let Job(f) = job;
         let ran = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: `join` keeps the closure alive and untouched until it has taken the
-            // answer stored below; the closure is `Send`, so running it on this thread is
-            // allowed, and nothing else runs it meanwhile.
+            // answer stored below (or by `Gone`); the closure is `Send`, so running it on
+            // this thread is allowed, and nothing else runs it meanwhile.
             #[allow(unsafe_code)]
             unsafe {
                 (*f)()
             }
         }))
         .is_ok();
-        *slot.lock() = State::Done(ran);
+        slot.lock().state = State::Done(ran);
         slot.to_caller.notify_one();
     }
 }
@@ -210,7 +249,10 @@ impl Fork {
         setup: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Self> {
         let slot = Arc::new(Slot {
-            state: Mutex::new(State::Idle),
+            inner: Mutex::new(Inner {
+                state: State::Idle,
+                gone: false,
+            }),
             to_helper: Condvar::new(),
             to_caller: Condvar::new(),
         });
@@ -218,6 +260,7 @@ impl Fork {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                let _gone = Gone(&theirs);
                 setup();
                 helper(&theirs);
             })?;
@@ -246,9 +289,18 @@ impl Fork {
                 result = Some(f());
             }
         };
-        let alive = self.thread.as_ref().is_some_and(|t| !t.is_finished());
-        let ran = if alive {
-            *self.slot.lock() = State::Job(Job::erase(&mut call));
+        // Handed out under the lock that `Gone` takes: a job is either seen by the
+        // helper's exit (and returned) or never handed out.
+        let handed = {
+            let mut inner = self.slot.lock();
+            if inner.gone {
+                false
+            } else {
+                inner.state = State::Job(Job::erase(&mut call));
+                true
+            }
+        };
+        let ran = if handed {
             self.slot.to_helper.notify_one();
             let wait = Wait {
                 slot: &self.slot,
@@ -257,8 +309,13 @@ impl Fork {
             let a = here();
             // `call` (and what it borrows) lives on this frame until the function
             // returns, after this answer.
-            let ran = wait.answer();
-            (a, ran)
+            match wait.answer() {
+                Answer::Ran(ran) => (a, ran),
+                Answer::Returned => {
+                    call();
+                    (a, true)
+                }
+            }
         } else {
             call();
             (here(), true)
@@ -272,7 +329,7 @@ impl Fork {
 
 impl Drop for Fork {
     fn drop(&mut self) {
-        *self.slot.lock() = State::Closed;
+        self.slot.lock().state = State::Closed;
         self.slot.to_helper.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -353,6 +410,25 @@ mod tests {
             "the panic unwound past a closure the helper was still running"
         );
         assert_eq!(f.join(|| 3, || 4).unwrap(), (3, 4));
+    }
+
+    #[test]
+    fn a_helper_that_dies_before_taking_the_job_hands_it_back() {
+        // The helper's set-up fails while a join waits on it (the job is in the slot),
+        // and again after it is gone: both halves run on the caller, no one waits.
+        let mut f = Fork::start("vla-fork-dies", || {
+            std::thread::sleep(Duration::from_millis(100));
+            panic!("set-up failed");
+        })
+        .unwrap();
+        let caller = std::thread::current().id();
+        let (a, b) = f.join(|| 1, || (2, std::thread::current().id())).unwrap();
+        assert_eq!((a, b), (1, (2, caller)), "ran on the caller");
+        assert_eq!(f.join(|| 3, || 4).unwrap(), (3, 4));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            f.join(|| panic!("caller's half"), || 5)
+        }));
+        assert!(r.is_err(), "the caller's panic still propagates");
     }
 
     #[test]

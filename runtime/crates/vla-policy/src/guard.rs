@@ -62,6 +62,7 @@ impl<T> Mailbox<T> {
         if slot.1 {
             return Err(item);
         }
+        debug_assert!(slot.0.is_none(), "one item at a time");
         slot.0 = Some(item);
         self.changed.notify_one();
         Ok(())
@@ -84,9 +85,23 @@ impl<T> Mailbox<T> {
         }
     }
 
+    /// Closes the mailbox; an item still in it can be taken.
     fn close(&self) {
         self.lock().1 = true;
         self.changed.notify_all();
+    }
+
+    /// Closes the mailbox and drops an item still in it (outside the lock): a job left
+    /// behind by a helper that died would keep its buffers' clones, and the pipeline's
+    /// next `Arc::make_mut` would copy the buffer.
+    fn close_discarding(&self) {
+        let left = {
+            let mut slot = self.lock();
+            slot.1 = true;
+            slot.0.take()
+        };
+        self.changed.notify_all();
+        drop(left);
     }
 }
 
@@ -101,7 +116,7 @@ struct CloseOnExit(Arc<Mailboxes>);
 
 impl Drop for CloseOnExit {
     fn drop(&mut self) {
-        self.0.jobs.close();
+        self.0.jobs.close_discarding();
         self.0.verdicts.close();
     }
 }
@@ -198,7 +213,7 @@ impl ScanGuard {
 
 impl Drop for ScanGuard {
     fn drop(&mut self) {
-        self.mail.jobs.close();
+        self.mail.jobs.close_discarding();
         if let Some(h) = self.helper.take() {
             let _ = h.join();
         }
@@ -269,6 +284,32 @@ mod tests {
         let clean = buf(&[0.0]);
         assert_eq!(g.scan(4, &clean, None), None);
         assert_eq!(g.verdict(), Some(Verdict { tag: 4, bad: 0 }));
+    }
+
+    #[test]
+    fn a_helper_dying_with_a_job_waiting_fails_it_and_lets_go_of_the_buffer() {
+        let setup: super::HelperSetup = Arc::new(|_: &str| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            panic!("helper set-up failed");
+        });
+        let mut g = ScanGuard::start(Some(setup)).unwrap();
+        let mut k = buf(&[1.0, 2.0]);
+        // Handed out while the helper is still in its set-up (or, if this thread was
+        // slower than 100 ms, scanned inline: then the verdict is clean).
+        assert_eq!(g.scan(7, &k, None), None);
+        let v = g.verdict().unwrap();
+        assert_eq!(v.tag, 7);
+        assert!(v.bad == usize::MAX || v.bad == 0, "{v:?}");
+        assert!(
+            Arc::get_mut(&mut k).is_some(),
+            "no clone of the buffer is left behind"
+        );
+        assert_eq!(g.scan(8, &k, None), None);
+        assert_eq!(
+            g.verdict(),
+            Some(Verdict { tag: 8, bad: 0 }),
+            "inline from now on"
+        );
     }
 
     #[test]

@@ -228,7 +228,12 @@ impl Part<'_> {
 }
 
 impl Preprocessor {
+    /// `crop` must be a whole number of patches (the manifest checks it for bundles).
     pub fn new(cameras: usize, height: usize, width: usize, crop: usize, patch: usize) -> Self {
+        assert!(
+            patch > 0 && crop % patch == 0,
+            "crop {crop} is not a whole number of {patch}-pixel patches"
+        );
         Self {
             cameras,
             height,

@@ -13,40 +13,39 @@
 //! `comm` check only.
 
 use super::{Store, PID_FILE};
-use crate::error::SignalError;
+use crate::durable;
+use crate::error::{OtaError, SignalError};
 use crate::{Activation, GateError};
-use std::io::Write;
 use std::path::Path;
 
-/// What `<proc_root>/sys/kernel/random/boot_id` and `<proc_root>/<pid>/stat` say about
-/// a process: the boot it runs in and its start time (clock ticks after boot).
-fn identity(proc_root: &Path, pid: u32) -> Option<(String, u64)> {
+/// This boot's id (`<proc_root>/sys/kernel/random/boot_id`).
+fn boot_id(proc_root: &Path) -> Option<String> {
     let boot = std::fs::read_to_string(proc_root.join("sys/kernel/random/boot_id")).ok()?;
+    Some(boot.trim().to_owned())
+}
+
+/// When process `pid` started (clock ticks after boot, field 22 of its `stat`).
+fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
     // Fields after `comm`, which is in parentheses and may itself hold spaces or `)`.
     let rest = &stat[stat.rfind(')')? + 1..];
-    // Field 22 of stat is the start time; `rest` starts at field 3.
-    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
-    Some((boot.trim().to_owned(), start))
+    // `rest` starts at field 3.
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 impl Store {
     /// Names the calling process as the running daemon in `<root>/vlad.pid` (see the
-    /// module doc), written to a temporary file and renamed over the old one.
-    pub fn record_daemon(&self) -> std::io::Result<()> {
+    /// module doc), written to a temporary file, made durable and renamed over the old
+    /// one.
+    pub fn record_daemon(&self) -> Result<(), OtaError> {
         let pid = std::process::id();
-        let line = match identity(&self.proc_root, pid) {
-            Some((boot, start)) => format!("{pid} {boot} {start}\n"),
-            None => format!("{pid}\n"),
+        let line = match (boot_id(&self.proc_root), start_ticks(&self.proc_root, pid)) {
+            (Some(boot), Some(start)) => format!("{pid} {boot} {start}\n"),
+            _ => format!("{pid}\n"),
         };
-        let path = self.root().join(PID_FILE);
-        let tmp = self.root().join(format!(".{PID_FILE}.tmp"));
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(line.as_bytes())?;
-        // The content reaches the disk before the rename can: after a power cut the
-        // name holds a whole line, old or new.
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        durable::write_atomic(&self.root().join(PID_FILE), line.as_bytes(), &mut |s| {
+            self.step(s)
+        })
     }
 }
 
@@ -106,13 +105,15 @@ impl<'a> SignalDaemon<'a> {
                     pid_path.display()
                 ))
             };
-            match identity(&self.store.proc_root, pid as u32) {
-                None => return stale("is not running"),
-                Some((now, _)) if now != boot => return stale("was written in an earlier boot"),
-                Some((_, started)) if start.parse() != Ok(started) => {
+            // What this process cannot read is not judged: the comm check below still is.
+            if boot_id(&self.store.proc_root).is_some_and(|now| now != boot) {
+                return stale("was written in an earlier boot");
+            }
+            match start_ticks(&self.store.proc_root, pid as u32) {
+                Some(started) if start.parse() != Ok(started) => {
                     return stale("now names a process started after the daemon that wrote it")
                 }
-                Some(_) => {}
+                _ => {}
             }
         }
         let comm_path = self.store.proc_root.join(pid.to_string()).join("comm");

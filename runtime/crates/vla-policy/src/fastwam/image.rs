@@ -8,9 +8,11 @@
 //! scale when shrinking (so it antialiases), 22-bit fixed-point weights, two separable
 //! passes each rounded to uint8, in the [`PassOrder`] of the Pillow release. Fast-WAM uses
 //! Pillow 12.0.0's (upstream pins `pillow==12.0.0`): horizontal first, always. Pillow 13
-//! runs some shrinks vertical first, which changes the rounding. Taps are computed once at load; per frame only the cropped
-//! output is computed (every output pixel depends only on its taps, so skipping the
-//! cropped-away pixels changes no value) into preallocated scratch.
+//! runs some shrinks vertical first, which changes the rounding. Taps are computed once
+//! at load; per frame only the cropped output is computed (every output pixel depends
+//! only on its taps, so skipping the cropped-away pixels changes no value) into
+//! preallocated scratch. A turned camera is not copied: its rows are read from the bottom
+//! and the x taps mirrored, which gives the same integer sums.
 
 /// Pillow's `PRECISION_BITS` for 8-bit images.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
