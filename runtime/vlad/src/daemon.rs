@@ -460,6 +460,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             helper_setup: Some(Arc::new(move |name: &str| {
                 vla_control::pin_current_thread(name, &cpus);
                 vla_control::set_fifo_priority(name, priority);
+                vla_control::prefault_stack();
             })),
         }
     };

@@ -28,7 +28,8 @@ pub use plan::{
     Prefix, TickGrid, Trigger,
 };
 pub use rt::{
-    fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, set_fifo_priority,
+    fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, prefault_stack,
+    set_fifo_priority,
 };
 pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
 pub use stats::{nearest_rank, quantile, quantile_sorted, Health, Histogram, LatencyWindow};
@@ -414,6 +415,7 @@ fn publisher_thread(
     block_signals();
     pin_current_thread("publisher", &settings.publisher_cpus);
     set_fifo_priority("publisher", settings.publisher_priority);
+    prefault_stack();
     let geometry = settings.geometry;
     let period = settings.period.as_nanos() as u64;
     let limits = ScheduleLimits {
@@ -559,6 +561,7 @@ fn inference_thread(
     block_signals();
     pin_current_thread("inference", &settings.inference_cpus);
     set_fifo_priority("inference", settings.inference_priority);
+    prefault_stack();
     let geometry = settings.geometry;
     let mut latency = Histogram::default();
     let mut obs = match Observation::for_geometry(&geometry) {

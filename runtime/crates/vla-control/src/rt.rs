@@ -1,5 +1,5 @@
-//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall, the
-//! allocator's large-allocation threshold. The
+//! Real-time set-up of a thread and the process: SCHED_FIFO, CPU affinity, mlockall, a
+//! prefaulted stack, the allocator's large-allocation threshold. The
 //! one implementation: the loop's threads, the daemon and the benchmarks all use it.
 //!
 //! Each step is optional and falls back with one clear log line when the system refuses
@@ -88,6 +88,23 @@ pub fn pin_current_thread(what: &str, cpus: &[usize]) -> bool {
     }
 }
 
+/// Bytes of stack [`prefault_stack`] touches: far more than the loop's threads use (a
+/// few KiB) and far less than a thread's stack (2 MiB by default).
+pub const STACK_PREFAULT: usize = 128 * 1024;
+
+/// Touches [`STACK_PREFAULT`] bytes of the calling thread's stack now, so that under
+/// `mlockall(MCL_FUTURE | MCL_ONFAULT)` ([`lock_memory_on_fault`]) those pages are faulted
+/// in and locked at start-up rather than on the first deep call of the hot path (a page
+/// fault there is microseconds, more with the page cache under pressure).
+#[inline(never)]
+pub fn prefault_stack() {
+    let mut stack = [0u8; STACK_PREFAULT];
+    for page in stack.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&mut stack);
+}
+
 /// Puts the calling thread under SCHED_FIFO at `priority` (0: leave SCHED_OTHER).
 pub fn set_fifo_priority(what: &str, priority: u8) -> bool {
     if priority == 0 {
@@ -104,5 +121,60 @@ pub fn set_fifo_priority(what: &str, priority: u8) -> bool {
         let e = std::io::Error::last_os_error();
         log::warn!("{what}: SCHED_FIFO priority {priority} refused ({e}); running SCHED_OTHER (needs CAP_SYS_NICE or LimitRTPRIO)");
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Minor page faults of the calling thread so far (field 10 of its `stat`), read into
+    /// a buffer on the stack: a heap allocation could fault in a page of the thread's
+    /// malloc arena and be counted.
+    fn minor_faults() -> u64 {
+        use std::io::Read;
+        let mut buf = [0u8; 1024];
+        let mut f = std::fs::File::open("/proc/thread-self/stat").expect("/proc/thread-self/stat");
+        let n = f.read(&mut buf).expect("read stat");
+        let stat = std::str::from_utf8(&buf[..n]).expect("ASCII");
+        let rest = &stat[stat.rfind(')').expect("comm") + 1..];
+        rest.split_whitespace()
+            .nth(7)
+            .expect("minflt")
+            .parse()
+            .expect("a count")
+    }
+
+    /// Writes one byte per page of 96 KiB of stack (inside what the prefault touches).
+    #[inline(never)]
+    fn use_stack() {
+        let mut deep = [0u8; 96 * 1024];
+        for page in deep.chunks_mut(4096) {
+            page[0] = 2;
+        }
+        std::hint::black_box(&mut deep);
+    }
+
+    #[test]
+    fn a_prefaulted_stack_takes_no_page_faults_when_used() {
+        let faults_after = |prefault: bool| {
+            std::thread::spawn(move || {
+                if prefault {
+                    super::prefault_stack();
+                }
+                minor_faults();
+                let before = minor_faults();
+                use_stack();
+                minor_faults() - before
+            })
+            .join()
+            .unwrap()
+        };
+        // A fresh thread faults its stack pages in as it first uses them (unless the
+        // kernel backed the stack with a huge page), a prefaulted one did so before.
+        let fresh = faults_after(false);
+        assert_eq!(
+            faults_after(true),
+            0,
+            "faults after the prefault (fresh thread: {fresh})"
+        );
     }
 }
