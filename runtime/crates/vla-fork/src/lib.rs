@@ -1,11 +1,12 @@
-//! Fork-join onto one preallocated helper thread.
+//! Fork-join onto one preallocated helper thread, and the [`Mailbox`] such helpers are
+//! handed their work through.
 //!
 //! The inference thread's host steps between contexts (the preprocess, the prompt rows)
 //! are loops that split into two halves writing disjoint parts of one buffer.
 //! [`Fork::join`] runs one half on the calling thread and the other on the helper and
 //! returns when both are done. Like `std::thread::scope`, the halves borrow the caller's
 //! data; unlike it, the thread is started once (at load), so a join spawns nothing and
-//! allocates nothing: one slot under a mutex carries a pointer there and a verdict back.
+//! allocates nothing: one [`Mailbox`] carries a pointer there, another the answer back.
 //!
 //! The caller waits on the helper, so the helper must run like the caller (a device runs
 //! the inference thread SCHED_FIFO, pinned): [`Fork::start`] runs the owner's set-up on
@@ -74,25 +75,85 @@ impl fmt::Display for HelperFailed {
 
 impl std::error::Error for HelperFailed {}
 
-/// What the one slot between the caller and the helper holds.
-enum State {
-    Idle,
-    /// Handed out by `join`, not yet taken by the helper.
-    Job(Job),
-    Running,
-    /// The helper's answer: true when the half ran to completion.
-    Done(bool),
-    /// The helper ended before it took the job handed out: the caller runs it.
-    Returned,
-    /// The `Fork` is dropped: the helper ends.
-    Closed,
+/// A slot of capacity one between two threads: a mutex and a condition variable rather
+/// than a channel, since waiting on them never allocates, where a std channel's first
+/// blocking wait on a thread, or on a channel, does (on the inference thread that first
+/// wait can come late, e.g. under load or after a reload, on the critical path). Only two
+/// threads use one, each for a few instructions under the lock; it is closed when either
+/// side is gone.
+pub struct Mailbox<T> {
+    slot: Mutex<(Option<T>, bool)>,
+    changed: Condvar,
 }
 
-/// The slot's state, and whether the helper thread has ended (for good: every later
-/// join runs both halves on the caller).
-struct Inner {
-    state: State,
-    gone: bool,
+impl<T> Default for Mailbox<T> {
+    fn default() -> Self {
+        Self {
+            slot: Mutex::new((None, false)),
+            changed: Condvar::new(),
+        }
+    }
+}
+
+impl<T> Mailbox<T> {
+    fn lock(&self) -> MutexGuard<'_, (Option<T>, bool)> {
+        // Nothing panics while holding the lock: a poisoned lock holds a valid slot.
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `item` in the empty slot (one item at a time); gives it back when the
+    /// mailbox is closed.
+    pub fn put(&self, item: T) -> Result<(), T> {
+        let mut slot = self.lock();
+        if slot.1 {
+            return Err(item);
+        }
+        debug_assert!(slot.0.is_none(), "one item at a time");
+        slot.0 = Some(item);
+        drop(slot);
+        self.changed.notify_one();
+        Ok(())
+    }
+
+    /// The item, if there is one now.
+    pub fn try_take(&self) -> Option<T> {
+        self.lock().0.take()
+    }
+
+    /// Waits for an item; `None` once the mailbox is closed and empty.
+    pub fn take(&self) -> Option<T> {
+        let mut slot = self.lock();
+        loop {
+            if let Some(item) = slot.0.take() {
+                return Some(item);
+            }
+            if slot.1 {
+                return None;
+            }
+            slot = self
+                .changed
+                .wait(slot)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Closes the mailbox; an item still in it can be taken.
+    pub fn close(&self) {
+        self.lock().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// Closes the mailbox and hands back an item still in it, which no one can take
+    /// from it any more.
+    pub fn close_taking(&self) -> Option<T> {
+        let left = {
+            let mut slot = self.lock();
+            slot.1 = true;
+            slot.0.take()
+        };
+        self.changed.notify_all();
+        left
+    }
 }
 
 /// What the caller learns about its job.
@@ -100,72 +161,35 @@ struct Inner {
 enum Answer {
     /// The helper ran it: to completion (true) or it panicked (false).
     Ran(bool),
-    /// The helper ended without taking it: the closure is untouched.
+    /// The helper ended before it took it: the closure is untouched.
     Returned,
 }
 
-/// A mutex and two condition variables rather than channels: waiting on them never
-/// allocates, where a channel's first blocking wait on a thread or a channel does (so a
-/// join that waits for the first time late, e.g. under load, would allocate on the
-/// critical path). Only the caller and the helper lock it, each for a few instructions;
-/// both run with the same set-up.
-struct Slot {
-    inner: Mutex<Inner>,
-    to_helper: Condvar,
-    to_caller: Condvar,
-}
-
-impl Slot {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        // Nothing panics while holding the lock: a poisoned lock holds a valid state.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes the answer from `inner` if there is one.
-    fn take(inner: &mut Inner) -> Option<Answer> {
-        let answer = match inner.state {
-            State::Done(ran) => Answer::Ran(ran),
-            State::Returned => Answer::Returned,
-            _ => return None,
-        };
-        inner.state = State::Idle;
-        Some(answer)
-    }
-
-    fn try_answer(&self) -> Option<Answer> {
-        Self::take(&mut self.lock())
-    }
-
-    /// Waits for the answer.
-    fn answer(&self) -> Answer {
-        let mut inner = self.lock();
-        loop {
-            if let Some(answer) = Self::take(&mut inner) {
-                return answer;
-            }
-            inner = self
-                .to_caller
-                .wait(inner)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
+/// The two mailboxes between a caller and its helper. When the helper ends, both are
+/// closed and every later join runs both halves on the caller.
+#[derive(Default)]
+struct Slots {
+    jobs: Mailbox<Job>,
+    answers: Mailbox<Answer>,
 }
 
 /// One helper thread, started once, that runs half of each [`Fork::join`].
 pub struct Fork {
     name: &'static str,
-    slot: Arc<Slot>,
+    slots: Arc<Slots>,
     thread: Option<JoinHandle<()>>,
 }
 
 /// Waits for the helper's answer when dropped before [`Wait::answer`]: a panic in the
 /// caller's half must not unwind past what the helper still borrows.
 struct Wait<'a> {
-    slot: &'a Slot,
+    slots: &'a Slots,
     pending: bool,
 }
 
 impl Wait<'_> {
+    /// The answer; a helper that ended while running the job (its answers closed with
+    /// none given) counts as failed.
     fn answer(mut self) -> Answer {
         self.pending = false;
         // The halves take about as long, so the answer is usually close: poll for it
@@ -174,71 +198,54 @@ impl Wait<'_> {
         // critical path (~0.05-0.1 ms measured in a VM).
         let polled = Instant::now();
         while polled.elapsed() < POLL_ANSWER {
-            if let Some(answer) = self.slot.try_answer() {
+            if let Some(answer) = self.slots.answers.try_take() {
                 return answer;
             }
             std::thread::yield_now();
         }
-        self.slot.answer()
+        self.slots.answers.take().unwrap_or(Answer::Ran(false))
     }
 }
 
 impl Drop for Wait<'_> {
     fn drop(&mut self) {
         if self.pending {
-            self.slot.answer();
+            self.slots.answers.take();
         }
     }
 }
 
-/// Marks the helper gone when its thread ends, however it ends (a set-up or a payload
-/// that panics outside the job's `catch_unwind` included), and answers a job left in
-/// the slot, so no caller waits for a thread that is not there.
-struct Gone<'a>(&'a Slot);
+/// Closes both mailboxes when the helper's thread ends, however it ends (a set-up or a
+/// payload that panics outside the job's `catch_unwind` included). A job it never took
+/// is answered as returned, so no caller waits for a thread that is not there, and no
+/// job lands after it.
+struct Gone<'a>(&'a Slots);
 
 impl Drop for Gone<'_> {
     fn drop(&mut self) {
-        let mut inner = self.0.lock();
-        inner.gone = true;
-        inner.state = match std::mem::replace(&mut inner.state, State::Idle) {
-            State::Job(_) => State::Returned,
-            State::Running => State::Done(false),
-            other => other,
-        };
-        drop(inner);
-        self.0.to_caller.notify_one();
+        if self.0.jobs.close_taking().is_some() {
+            let _ = self.0.answers.put(Answer::Returned);
+        }
+        self.0.answers.close();
     }
 }
 
-fn helper(slot: &Slot) {
-    loop {
-        let job = {
-            let mut inner = slot.lock();
-            loop {
-                match std::mem::replace(&mut inner.state, State::Running) {
-                    State::Job(job) => break job,
-                    State::Closed => return,
-                    other => inner.state = other,
-                }
-                inner = slot
-                    .to_helper
-                    .wait(inner)
-                    .unwrap_or_else(PoisonError::into_inner);
-            }
-        };
-        let Job(f) = job;
+fn helper(slots: &Slots) {
+    while let Some(Job(f)) = slots.jobs.take() {
         let ran = catch_unwind(AssertUnwindSafe(|| {
-            // SAFETY: `join` keeps the closure alive and untouched until it has taken the
-            // answer stored below (or by `Gone`); the closure is `Send`, so running it on
-            // this thread is allowed, and nothing else runs it meanwhile.
+            // SAFETY: `join` keeps the closure alive and untouched until it has the
+            // answer put below (or sees the answers closed by `Gone`); the closure is
+            // `Send`, so running it on this thread is allowed, and nothing else runs it
+            // meanwhile.
             #[allow(unsafe_code)]
             unsafe {
                 (*f)()
             }
         }))
         .is_ok();
-        slot.lock().state = State::Done(ran);
-        slot.to_caller.notify_one();
+        if slots.answers.put(Answer::Ran(ran)).is_err() {
+            return;
+        }
     }
 }
 
@@ -248,15 +255,8 @@ impl Fork {
         name: &'static str,
         setup: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Self> {
-        let slot = Arc::new(Slot {
-            inner: Mutex::new(Inner {
-                state: State::Idle,
-                gone: false,
-            }),
-            to_helper: Condvar::new(),
-            to_caller: Condvar::new(),
-        });
-        let theirs = slot.clone();
+        let slots = Arc::new(Slots::default());
+        let theirs = slots.clone();
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
@@ -266,7 +266,7 @@ impl Fork {
             })?;
         Ok(Self {
             name,
-            slot,
+            slots,
             thread: Some(thread),
         })
     }
@@ -289,21 +289,12 @@ impl Fork {
                 result = Some(f());
             }
         };
-        // Handed out under the lock that `Gone` takes: a job is either seen by the
-        // helper's exit (and returned) or never handed out.
-        let handed = {
-            let mut inner = self.slot.lock();
-            if inner.gone {
-                false
-            } else {
-                inner.state = State::Job(Job::erase(&mut call));
-                true
-            }
-        };
+        // Refused once the helper has ended (`Gone` closed the jobs); a job put before
+        // that is handed back as returned.
+        let handed = self.slots.jobs.put(Job::erase(&mut call)).is_ok();
         let ran = if handed {
-            self.slot.to_helper.notify_one();
             let wait = Wait {
-                slot: &self.slot,
+                slots: &self.slots,
                 pending: true,
             };
             let a = here();
@@ -329,8 +320,7 @@ impl Fork {
 
 impl Drop for Fork {
     fn drop(&mut self) {
-        self.slot.lock().state = State::Closed;
-        self.slot.to_helper.notify_one();
+        self.slots.jobs.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -13,12 +13,13 @@
 //!
 //! One scan is outstanding at a time. The buffers are shared by `Arc`: the helper drops
 //! its clones before it answers, so after a verdict the pipeline again owns them alone
-//! and writes them in place (`Arc::make_mut` without a copy). Two slots of capacity one
-//! under a mutex carry a job there and a verdict back: a scan allocates nothing, and
-//! neither does a wait.
+//! and writes them in place (`Arc::make_mut` without a copy). Two `vla_fork::Mailbox`es
+//! carry a job there and a verdict back: a scan allocates nothing, and neither does a
+//! wait.
 
 use crate::exec::count_non_finite;
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::Arc;
+use vla_fork::Mailbox;
 use vla_tensor::AlignedBuf;
 
 type Job = (usize, Arc<AlignedBuf>, Option<Arc<AlignedBuf>>);
@@ -34,89 +35,22 @@ pub(crate) struct Verdict {
     pub bad: usize,
 }
 
-/// A slot of capacity one between the inference thread and the helper: a mutex and a
-/// condition variable, whose waits never allocate (a std channel's first blocking wait
-/// on a thread, or on a channel, does: after a reload or on the inference thread's first
-/// wait that would be on the critical path).
-struct Mailbox<T> {
-    slot: Mutex<(Option<T>, bool)>,
-    changed: Condvar,
-}
-
-impl<T> Mailbox<T> {
-    fn new() -> Self {
-        Self {
-            slot: Mutex::new((None, false)),
-            changed: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<T>, bool)> {
-        // Nothing panics while holding the lock: a poisoned lock holds a valid slot.
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Puts `item` in the empty slot; gives it back when the mailbox is closed.
-    fn put(&self, item: T) -> Result<(), T> {
-        let mut slot = self.lock();
-        if slot.1 {
-            return Err(item);
-        }
-        debug_assert!(slot.0.is_none(), "one item at a time");
-        slot.0 = Some(item);
-        self.changed.notify_one();
-        Ok(())
-    }
-
-    /// Waits for an item; `None` once the mailbox is closed and empty.
-    fn take(&self) -> Option<T> {
-        let mut slot = self.lock();
-        loop {
-            if let Some(item) = slot.0.take() {
-                return Some(item);
-            }
-            if slot.1 {
-                return None;
-            }
-            slot = self
-                .changed
-                .wait(slot)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-
-    /// Closes the mailbox; an item still in it can be taken.
-    fn close(&self) {
-        self.lock().1 = true;
-        self.changed.notify_all();
-    }
-
-    /// Closes the mailbox and drops an item still in it (outside the lock): a job left
-    /// behind by a helper that died would keep its buffers' clones, and the pipeline's
-    /// next `Arc::make_mut` would copy the buffer.
-    fn close_discarding(&self) {
-        let left = {
-            let mut slot = self.lock();
-            slot.1 = true;
-            slot.0.take()
-        };
-        self.changed.notify_all();
-        drop(left);
-    }
-}
-
+/// A job there, a verdict back ([`Mailbox`]: waiting on it never allocates).
+#[derive(Default)]
 struct Mailboxes {
     jobs: Mailbox<Job>,
     verdicts: Mailbox<usize>,
 }
 
 /// Closes both mailboxes when the helper ends, also by unwinding mid-scan: the pipeline
-/// then sees no verdict (counted as failed) and scans inline from then on.
+/// then sees no verdict (counted as failed) and scans inline from then on. A job left
+/// behind is dropped (outside the lock): it would keep its buffers' clones, and the
+/// pipeline's next `Arc::make_mut` would copy the buffer.
 struct CloseOnExit(Arc<Mailboxes>);
 
 impl Drop for CloseOnExit {
     fn drop(&mut self) {
-        self.0.jobs.close_discarding();
+        drop(self.0.jobs.close_taking());
         self.0.verdicts.close();
     }
 }
@@ -138,10 +72,7 @@ fn scan_now(a: &AlignedBuf, b: Option<&AlignedBuf>) -> usize {
 
 impl ScanGuard {
     pub fn start(setup: Option<HelperSetup>) -> std::io::Result<Self> {
-        let mail = Arc::new(Mailboxes {
-            jobs: Mailbox::new(),
-            verdicts: Mailbox::new(),
-        });
+        let mail = Arc::new(Mailboxes::default());
         let theirs = mail.clone();
         let helper = std::thread::Builder::new()
             .name("vla-guard".into())
@@ -213,7 +144,7 @@ impl ScanGuard {
 
 impl Drop for ScanGuard {
     fn drop(&mut self) {
-        self.mail.jobs.close_discarding();
+        drop(self.mail.jobs.close_taking());
         if let Some(h) = self.helper.take() {
             let _ = h.join();
         }
