@@ -25,19 +25,6 @@ struct Taps {
     count: Vec<usize>,
     ksize: usize,
     weights: Vec<i32>,
-    /// The same taps packed for the horizontal pass (see [`Packed`]).
-    packed: Option<Packed>,
-}
-
-/// Taps packed to one width `k` (the largest count): each output's window moved left
-/// where it would run past the end of the source, its weights at their sources and zero
-/// elsewhere. Adding zero changes no integer sum, so the values stay Pillow's, and with a
-/// width known at compile time a pixel's taps are a fixed, unrolled sequence.
-#[derive(Clone, Debug)]
-struct Packed {
-    k: usize,
-    first: Vec<usize>,
-    weights: Vec<i32>,
 }
 
 impl Taps {
@@ -52,7 +39,6 @@ impl Taps {
             count: vec![0; n_out],
             ksize,
             weights: vec![0; n_out * ksize],
-            packed: None,
         };
         let mut w = vec![0f64; ksize];
         for o in 0..n_out {
@@ -84,25 +70,6 @@ impl Taps {
         t
     }
 
-    /// These taps with [`Packed`] ones for the horizontal pass over `n_in` source pixels.
-    fn packed(mut self, n_in: usize) -> Self {
-        let n_out = self.first.len();
-        let k = self.count.iter().copied().max().unwrap_or(0);
-        let mut p = Packed {
-            k,
-            first: vec![0; n_out],
-            weights: vec![0; n_out * k],
-        };
-        for o in 0..n_out {
-            let first = self.first[o].min(n_in - k);
-            let shift = self.first[o] - first;
-            p.first[o] = first;
-            p.weights[o * k + shift..][..self.count[o]].copy_from_slice(self.of(o));
-        }
-        self.packed = Some(p);
-        self
-    }
-
     /// The fixed-point weights of output `o`.
     #[inline]
     fn of(&self, o: usize) -> &[i32] {
@@ -112,37 +79,6 @@ impl Taps {
     /// One row of a horizontal pass: outputs `start..` (as many as `out` holds pixels) of
     /// an RGB8 row, the three channels of a pixel accumulated together.
     fn horizontal(&self, row: &[u8], start: usize, out: &mut [u8]) {
-        match self.packed.as_ref().map(|p| p.k) {
-            Some(1) => self.horizontal_packed::<1>(row, start, out),
-            Some(2) => self.horizontal_packed::<2>(row, start, out),
-            Some(3) => self.horizontal_packed::<3>(row, start, out),
-            Some(4) => self.horizontal_packed::<4>(row, start, out),
-            Some(5) => self.horizontal_packed::<5>(row, start, out),
-            Some(6) => self.horizontal_packed::<6>(row, start, out),
-            _ => self.horizontal_any(row, start, out),
-        }
-    }
-
-    fn horizontal_packed<const K: usize>(&self, row: &[u8], start: usize, out: &mut [u8]) {
-        let p = self.packed.as_ref().expect("packed taps");
-        for (x, px) in out.chunks_exact_mut(3).enumerate() {
-            let o = start + x;
-            let w: &[i32; K] = p.weights[o * K..(o + 1) * K].try_into().expect("K taps");
-            let src = &row[p.first[o] * 3..p.first[o] * 3 + 3 * K];
-            let mut acc = [ROUNDING; 3];
-            for (j, &w) in w.iter().enumerate() {
-                for c in 0..3 {
-                    acc[c] += i32::from(src[j * 3 + c]) * w;
-                }
-            }
-            for c in 0..3 {
-                px[c] = clip8(acc[c]);
-            }
-        }
-    }
-
-    /// [`Taps::horizontal`] for any tap count (strong shrinks).
-    fn horizontal_any(&self, row: &[u8], start: usize, out: &mut [u8]) {
         for (x, px) in out.chunks_exact_mut(3).enumerate() {
             let o = start + x;
             let mut acc = [ROUNDING; 3];
@@ -167,7 +103,6 @@ impl Taps {
     /// mirrored taps gives, bit for bit, what the turned copy would.
     fn mirrored(&self, n_in: usize) -> Self {
         let mut m = self.clone();
-        m.packed = None;
         for o in 0..self.first.len() {
             m.first[o] = n_in - self.first[o] - self.count[o];
             let k = o * self.ksize;
@@ -269,8 +204,8 @@ impl PillowBilinear {
             crop_w,
             src_h,
             ys: Taps::new(src_h, out_h),
-            xs_turned: xs.mirrored(src_w).packed(src_w),
-            xs: xs.packed(src_w),
+            xs_turned: xs.mirrored(src_w),
+            xs,
             vertical_first,
             temp,
             acc: vec![0; src_w.max(crop_w) * 3],
