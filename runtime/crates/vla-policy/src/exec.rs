@@ -23,17 +23,20 @@ pub fn ordered_mut<'a, const N: usize>(
     out.map(|o| o.expect("graph positions are a permutation"))
 }
 
-/// NaN and Inf values in `v`. Their exponent bits are all ones, so with the sign masked
-/// off their bit pattern exceeds `f32::MAX`'s: an integer compare that vectorizes, where
-/// `is_finite` per value does not, so scanning a large output runs at memory speed.
-pub fn count_non_finite(v: &[f32]) -> usize {
+/// 1 when `x` is NaN or Inf, else 0. Their exponent bits are all ones, so with the sign
+/// masked off their bit pattern exceeds `f32::MAX`'s: an integer compare that vectorizes,
+/// where `is_finite` per value does not, so counting over a large output runs at memory
+/// speed.
+#[inline]
+pub(crate) fn non_finite(x: f32) -> u32 {
     const MAX_FINITE: u32 = 0x7f7f_ffff;
+    u32::from(x.to_bits() & 0x7fff_ffff > MAX_FINITE)
+}
+
+/// NaN and Inf values in `v` (see [`non_finite`]).
+pub fn count_non_finite(v: &[f32]) -> usize {
     v.chunks(1 << 20)
-        .map(|c| {
-            c.iter()
-                .map(|x| u32::from(x.to_bits() & 0x7fff_ffff > MAX_FINITE))
-                .sum::<u32>() as usize
-        })
+        .map(|c| c.iter().map(|&x| non_finite(x)).sum::<u32>() as usize)
         .sum()
 }
 

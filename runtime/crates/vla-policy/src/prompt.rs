@@ -14,6 +14,7 @@
 //! would be shifted.
 
 use crate::error::PolicyError;
+use crate::exec::non_finite;
 use crate::manifest::MolmoAct2Settings;
 use half::f16;
 use std::path::Path;
@@ -213,7 +214,6 @@ impl Instruction {
         image_embeds: &[f32],
         d: usize,
     ) -> usize {
-        const MAX_FINITE: u32 = 0x7f7f_ffff;
         let held = first..first + rows.len() / d;
         let mut bad = 0;
         for (j, &pos) in self.image_positions.iter().enumerate() {
@@ -225,14 +225,14 @@ impl Instruction {
                 None => &self.scaffold[pos * d..(pos + 1) * d],
             };
             let at = (pos - first) * d;
-            // The integer compare of count_non_finite, on the value just written.
+            // Counted on the value just written, while it is in a register.
             bad += rows[at..at + d]
                 .iter_mut()
                 .zip(base)
                 .zip(&image_embeds[j * d..(j + 1) * d])
                 .map(|((h, s), e)| {
                     *h = s + e;
-                    u32::from(h.to_bits() & 0x7fff_ffff > MAX_FINITE)
+                    non_finite(*h)
                 })
                 .sum::<u32>() as usize;
         }
