@@ -65,6 +65,9 @@ nvidia-nccl-cu13==2.28.9
 nvidia-nvjitlink==13.0.88
 nvidia-nvshmem-cu13==3.4.5
 nvidia-nvtx==13.0.85
+onnx==1.23.2
+ml_dtypes==0.6.0
+protobuf==7.36.2
 packaging==26.4
 pillow==12.0.0
 pydantic==2.14.4
