@@ -147,14 +147,37 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
 }
 
 const RUN_ONCE_HELP: &str =
-    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N] [--lib-dir DIR]
+    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N] [--out FILE.npz] [--lib-dir DIR]
 The observation npz holds frames (uint8 [cameras,H,W,3]), state (f32), instruction_id and seed,
-like a bundle's golden/end_to_end.npz.";
+like a bundle's golden/end_to_end.npz. --out writes the chunk (f32 `actions` [H, A]) and, for
+KeyStone, `keystone_choice` (i32 [1]), for comparing against a reference.";
+
+/// The chunk of `run-once --out` as an npz (`actions`, and `keystone_choice` when chosen).
+fn write_chunk(
+    path: &Path,
+    actions: &[f32],
+    rows: usize,
+    dims: usize,
+    choice: Option<usize>,
+) -> Result<(), Failure> {
+    let failed =
+        |e: vla_npz::NpzError| Failure::Error(format!("cannot write {}: {e}", path.display()));
+    let mut arrays =
+        vec![vla_npz::Array::from_f32("actions", &[rows, dims], actions).map_err(failed)?];
+    if let Some(c) = choice {
+        let c = i32::try_from(c)
+            .map_err(|_| Failure::Error(format!("KeyStone choice {c} out of range")))?;
+        arrays.push(vla_npz::Array::from_i32("keystone_choice", &[1], &[c]).map_err(failed)?);
+    }
+    let refs: Vec<&vla_npz::Array> = arrays.iter().collect();
+    vla_npz::write_npz(path, &refs).map_err(failed)
+}
 
 pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
     let (mut dir, mut obs_path): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut seed, mut instruction): (Option<u64>, Option<u32>) = (None, None);
+    let mut out: Option<PathBuf> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -166,6 +189,7 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
             Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
             Long("seed") => seed = Some(cli::number(&mut p, "--seed")?),
             Long("instruction") => instruction = Some(cli::number(&mut p, "--instruction")?),
+            Long("out") => out = Some(cli::value(&mut p)?.into()),
             Short('h') | Long("help") => {
                 println!("{RUN_ONCE_HELP}");
                 return Ok(());
@@ -202,6 +226,15 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
     }
     if let Some(c) = policy.keystone_choice() {
         println!("KeyStone chose candidate {c}");
+    }
+    if let Some(path) = &out {
+        write_chunk(
+            path,
+            &actions,
+            g.chunk_len,
+            g.action_dims,
+            policy.keystone_choice(),
+        )?;
     }
     let t = policy.timings();
     println!("latency (second inference):");

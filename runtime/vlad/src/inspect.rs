@@ -11,6 +11,7 @@ use vla_qnn::{data_type_name, BinaryInfo, ContextBinary, Coupling, TensorInfo, T
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
     let mut path: Option<PathBuf> = None;
+    let mut json = false;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -18,9 +19,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 let name = name.to_owned();
                 common.take(&name, &mut p)?;
             }
+            Long("json") => json = true,
             Value(v) if path.is_none() => path = Some(v.into()),
             Short('h') | Long("help") => {
-                println!("usage: vlad inspect <ctx.bin> [--lib-dir DIR]");
+                println!("usage: vlad inspect <ctx.bin> [--json] [--lib-dir DIR]");
                 return Ok(());
             }
             other => return Err(cli::unexpected(other)),
@@ -30,6 +32,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     common.init_logging();
     let lib = qnn_setup::load_library(&common)?;
     let binary = ContextBinary::open(&lib, &path)?;
+    if json {
+        println!(
+            "{}",
+            render_json(&binary, binary.info(), lib.build_id().as_deref())
+        );
+        return Ok(());
+    }
     print!("{}", render(&binary, binary.info()));
     print!(
         "{}",
@@ -66,6 +75,49 @@ pub fn render_coupling(info: &BinaryInfo, library_build: Option<&str>) -> String
         library_build.unwrap_or("unknown"),
         coupling.describe()
     )
+}
+
+/// The same facts for programs (the release importer): one JSON object, tensors with their
+/// dims and element type (`null` where this runtime cannot execute it).
+pub fn render_json(
+    binary: &ContextBinary,
+    info: &BinaryInfo,
+    library_build: Option<&str>,
+) -> String {
+    let tensors = |list: &[TensorInfo]| -> Vec<serde_json::Value> {
+        list.iter()
+            .map(|t| {
+                serde_json::json!({
+                    "name": t.name,
+                    "shape": t.dims,
+                    "dtype": t.element.map(|e| e.to_string()),
+                    "qnn_data_type": data_type_name(t.data_type),
+                })
+            })
+            .collect()
+    };
+    let graphs: Vec<serde_json::Value> = info
+        .graphs
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "name": g.name,
+                "inputs": tensors(&g.inputs),
+                "outputs": tensors(&g.outputs),
+                "spill_fill_bytes": g.spill_fill_bytes,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "file": binary.path().display().to_string(),
+        "bytes": binary.size(),
+        "soc_model": info.soc_model,
+        "blob_version": info.blob_version.map(|v| v.to_string()),
+        "build_id": info.build_id,
+        "library_build": library_build,
+        "graphs": graphs,
+    })
+    .to_string()
 }
 
 /// The human-readable report (also used by tests).

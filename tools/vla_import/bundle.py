@@ -1,0 +1,106 @@
+"""Assembling a MolmoAct2 bundle (docs/bundle-format.md) from what the other modules read, and
+writing it atomically: everything goes into a temporary sibling directory that is renamed onto
+the output only when every check passed."""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ImportRefused, expect
+
+import reference as ref  # noqa: E402
+from det_npz import save_npz  # noqa: E402
+
+FORMAT = 1
+CONTEXT_COSINE = 0.9999
+END_TO_END_COSINE = 0.999
+
+
+def manifest(name, variant, order, comps, m: dict) -> dict:
+    return {
+        "format": FORMAT, "name": name, "version": "0.1.0", "policy": "molmoact2", "variant": variant,
+        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
+        "components": {c: {"binary": f"ctx/{c}_socid77_archv73.bin", "golden": f"golden/{c}_io.npz",
+                           "graph": comps[c].graph} for c in order},
+        "molmoact2": m,
+        "parity": {"context_cosine": CONTEXT_COSINE, "end_to_end_cosine": END_TO_END_COSINE},
+        "end_to_end": "golden/end_to_end.npz",
+    }
+
+
+def synthetic_observation(m: dict, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    norm = m["state_norm"]
+    low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float64)
+    high = np.array(norm.get("high", low), np.float64)
+    return {
+        "frames": rng.integers(0, 256, (m["cameras"], m["frame_height"], m["frame_width"], 3), dtype=np.uint8),
+        "state": (low + (high - low) * rng.uniform(0, 1, m["state_dims"])).astype(np.float32),
+        "instruction_id": np.array([0], np.int32),
+        "seed": np.array([seed], np.uint64),
+    }
+
+
+def check_observation(obs: dict, m: dict, where: str) -> dict:
+    for key in ("frames", "state", "instruction_id", "seed"):
+        expect(key in obs, f"{where} {key}", "expected this array, found none")
+    want = (m["cameras"], m["frame_height"], m["frame_width"], 3)
+    expect(obs["frames"].shape == want and obs["frames"].dtype == np.uint8, f"{where} frames",
+           f"expected u8 {list(want)}, found {obs['frames'].dtype} {list(obs['frames'].shape)}")
+    expect(obs["state"].shape == (m["state_dims"],), f"{where} state",
+           f"expected {[m['state_dims']]}, found {list(obs['state'].shape)}")
+    expect(0 <= int(obs["instruction_id"][0]) < len(m["instructions"]), f"{where} instruction_id",
+           f"expected 0..{len(m['instructions']) - 1}, found {int(obs['instruction_id'][0])}")
+    return {"frames": obs["frames"], "state": obs["state"].astype(np.float32),
+            "instruction_id": obs["instruction_id"].astype(np.int32), "seed": obs["seed"].astype(np.uint64)}
+
+
+def end_to_end(stage: Path, comps: dict, order: list, obs: dict) -> dict:
+    """The release's ONNX graphs on ONNX Runtime's CPU provider through the reference pipeline."""
+    runners = {}
+    for c in order:
+        expect(comps[c].onnx is not None, f"onnx/{c}/{c}.onnx",
+               "expected the release's ONNX graph (the end-to-end golden is computed from it), found none")
+        runners[c] = ref.OrtCpuRunner(comps[c].onnx)
+    result, _ = ref.run_bundle(stage, runners, obs)
+    order_keys = ["frames", "state", "instruction_id", "seed", "actions", "pixel_values", "hidden_states",
+                  "attention_bias", "k_ctx", "v_ctx", "noise", "candidates", "keystone_choice"]
+    arrays = {**obs, **result}
+    return {k: arrays[k] for k in order_keys if k in arrays}
+
+
+def write(out: Path, comps: dict, order: list, man: dict, prompt_tables: dict, obs: dict, provenance: dict) -> None:
+    out = Path(out)
+    parent = out.resolve().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=parent))
+    try:
+        (stage / "ctx").mkdir()
+        (stage / "golden").mkdir()
+        (stage / "prompt").mkdir()
+        for c in order:
+            shutil.copyfile(comps[c].binary, stage / "ctx" / f"{c}_socid77_archv73.bin")
+            save_npz(stage / "golden" / f"{c}_io.npz", {k: np.asarray(v) for k, v in comps[c].arrays.items()})
+        save_npz(stage / "prompt" / "prompt_tables.npz", prompt_tables)
+        (stage / "bundle.json").write_text(json.dumps(man, indent=2) + "\n")
+        e2e = end_to_end(stage, comps, order, obs)
+        save_npz(stage / "golden" / "end_to_end.npz", e2e)
+        provenance["end_to_end_actions"] = e2e["actions"].tolist()
+        (stage / "import.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        if out.exists():
+            expect(out.is_dir() and (out / "bundle.json").is_file(), str(out),
+                   "exists and is not a bundle: refusing to replace it")
+            old = parent / f".{out.name}.replaced"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(out, old)
+            os.rename(stage, out)
+            shutil.rmtree(old)
+        else:
+            os.rename(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

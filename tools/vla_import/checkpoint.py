@@ -1,0 +1,127 @@
+"""A MolmoAct2 checkpoint in the Hugging Face layout: config.json, processor_config.json, the
+tokenizer, the text embedding from safetensors, norm_stats.json."""
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ImportRefused, expect
+
+WTE = "model.transformer.wte.embedding"
+NEW = "model.transformer.wte.new_embedding"
+PREFIXES = ("", "model.", "model.base_model.model.")  # HF, LeRobot, LeRobot under LoRA
+
+
+def read_json(path: Path) -> dict:
+    expect(path.is_file(), str(path), "expected this file, found none")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ImportRefused(str(path), f"not JSON: {exc}") from exc
+
+
+def _header(path: Path) -> tuple[dict, int]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)), 8 + n
+
+
+def read_tensor(path: Path, key: str) -> np.ndarray:
+    """One tensor as f32. F32/F16 through the safetensors library; BF16 from the file's
+    own layout (safetensors' numpy backend has no bfloat16): the upper half of an f32."""
+    header, start = _header(path)
+    meta = header[key]
+    dtype, shape, (lo, hi) = meta["dtype"], meta["shape"], meta["data_offsets"]
+    if dtype == "BF16":
+        with open(path, "rb") as f:
+            f.seek(start + lo)
+            raw = np.frombuffer(f.read(hi - lo), dtype="<u2")
+        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype not in ("F32", "F16"):
+        raise ImportRefused(f"{path} {key}", f"dtype: expected BF16, F16 or F32, found {dtype}")
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor(key).astype(np.float32)
+
+
+def _locate(root: Path) -> dict:
+    """tensor name -> the safetensors file holding it (sharded through the index file)."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        expect(isinstance(weight_map, dict), f"{index} weight_map", "expected an object")
+        return {k: root / v for k, v in weight_map.items()}
+    single = root / "model.safetensors"
+    expect(single.is_file(), str(single), "expected model.safetensors or model.safetensors.index.json")
+    return {k: single for k in _header(single)[0] if k != "__metadata__"}
+
+
+def embedding_table(root: Path) -> tuple[np.ndarray, str]:
+    """wte = embedding then new_embedding, f32. Returns the table and the key prefix used."""
+    where = _locate(root)
+    for prefix in PREFIXES:
+        base, new = prefix + WTE, prefix + NEW
+        if base in where:
+            expect(new in where, f"{where[base]} {new}", "expected the additional vocabulary beside the embedding")
+            a, b = read_tensor(where[base], base), read_tensor(where[new], new)
+            expect(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1], f"{where[base]} {base}",
+                   f"expected [V, D] and [A, D], found {list(a.shape)} and {list(b.shape)}")
+            return np.concatenate([a, b]).astype(np.float32), prefix
+    raise ImportRefused(str(root), f"expected a tensor {WTE} (with prefix {', '.join(repr(p) for p in PREFIXES[1:])} "
+                        "or none), found none")
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    config: dict
+    processor: dict
+    stats: dict
+
+
+def load(root: Path) -> Checkpoint:
+    config = read_json(root / "config.json")
+    processor = read_json(root / "processor_config.json")
+    stats = read_json(root / "norm_stats.json")
+    expect((root / "tokenizer.json").is_file(), str(root / "tokenizer.json"), "expected the tokenizer, found none")
+    return Checkpoint(root, config, processor, stats)
+
+
+def tag_metadata(ck: Checkpoint, tag: str) -> dict:
+    tags = ck.stats.get("metadata_by_tag")
+    where = str(ck.root / "norm_stats.json")
+    expect(isinstance(tags, dict) and tags, f"{where} metadata_by_tag", "expected an object of tags")
+    expect(tag in tags, f"{where} metadata_by_tag", f"tag {tag!r} not found; tags: {', '.join(sorted(tags))}")
+    return tags[tag]
+
+
+def normalization(stats: dict, mode: str, where: str) -> dict:
+    """A bundle normalization block from upstream's `_FeatureNormalizer.from_stats` rules:
+    mask False = passthrough, min == max = constant (zero_mask)."""
+    def arr(key):
+        expect(key in stats, f"{where} {key}", f"expected for norm_mode {mode!r}, found none")
+        return [float(v) for v in stats[key]]
+
+    mask = stats.get("mask")
+    if mode == "q01_q99":
+        block = {"mode": "quantile", "low": arr("q01"), "high": arr("q99")}
+    elif mode == "min_max":
+        block = {"mode": "min_max", "low": arr("min"), "high": arr("max")}
+    elif mode == "mean_std":
+        block = {"mode": "mean_std", "mean": arr("mean"), "std": arr("std")}
+    elif mode == "none":
+        block = {"mode": "identity"}
+    else:
+        raise ImportRefused(f"{where} norm_mode", f"expected q01_q99, min_max, mean_std or none, found {mode!r} "
+                            "(vlad has no other quantile bounds)")
+    n = len(next(iter(v for k, v in block.items() if k != "mode"), [])) or len(mask or [])
+    if mask is not None:
+        expect(len(mask) == n, f"{where} mask", f"length: expected {n}, found {len(mask)}")
+        block["passthrough"] = [not bool(m) for m in mask]
+    if mode in ("q01_q99", "min_max") and "min" in stats and "max" in stats:
+        block["constant"] = [a == b for a, b in zip(arr("min"), arr("max"))]
+    return block

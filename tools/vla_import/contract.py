@@ -1,0 +1,128 @@
+"""The MolmoAct2 contract between contexts (docs/bundle-format.md) and the bundle settings a
+release's tensors imply, cross-checked against the checkpoint's configs."""
+
+import math
+
+from .errors import ImportRefused, expect
+
+COMPONENT_IO = {
+    "vision": (["pixel_values"], ["image_embeds"]),
+    "llm_split": (["hidden_states", "attention_bias"], ["hidden_out", "keys", "values"]),
+    "action_context": (["keys", "values"], ["k_ctx", "v_ctx"]),
+    "action_step": (["trajectory", "timestep", "k_ctx", "v_ctx", "encoder_attention_mask", "action_dim_is_pad"],
+                    ["next_trajectory"]),
+}
+
+
+def kind(name: str) -> str:
+    return "llm_split" if name.startswith("llm_split") else name
+
+
+def check_names(comps: dict) -> list:
+    """The components the contract needs, in order; each with exactly the contract's tensors."""
+    splits = sorted((c for c in comps if c.startswith("llm_split")), key=lambda c: int(c[len("llm_split"):]))
+    expect(bool(splits), "release ctx/", "expected llm_split0.. binaries, found none")
+    expect(splits == [f"llm_split{i}" for i in range(len(splits))], "release ctx/",
+           f"expected llm_split0..{len(splits) - 1} without gaps, found {splits}")
+    order = ["vision"] + splits + ["action_context", "action_step"]
+    for name in order:
+        expect(name in comps, "release ctx/", f"expected {name}_socid77_archv73.bin, found none")
+        c = comps[name]
+        ins, outs = COMPONENT_IO[kind(name)]
+        for role, want, have in (("input", ins, c.inputs), ("output", outs, c.outputs)):
+            expect(sorted(have) == sorted(want), f"{c.binary} {role}s",
+                   f"expected {want}, found {sorted(have)}")
+    extra = sorted(set(comps) - set(order))
+    expect(not extra, "release ctx/", f"components the MolmoAct2 contract has no place for: {extra}")
+    return order
+
+
+def shape(c, tensor):
+    return (c.inputs.get(tensor) or c.outputs.get(tensor))[0]
+
+
+def settings(comps: dict, order: list, config: dict, processor: dict) -> dict:
+    """The molmoact2 block's dimensions, each from the tensors and checked against the configs."""
+    v, a_ctx, step, s0 = comps["vision"], comps["action_context"], comps["action_step"], comps["llm_split0"]
+    _, cams, patches, pix = shape(v, "pixel_values")
+    tokens, hidden = shape(v, "image_embeds")
+    ip = processor.get("image_processor", processor)
+    size = ip.get("size", {})
+    crop = size.get("height") if isinstance(size, dict) else size
+    expect(isinstance(size, dict) and size.get("height") == size.get("width"), "processor_config.json image_processor.size",
+           f"expected a square size, found {size}")
+    patch = ip.get("patch_size")
+    expect(patch is not None and patch * patch * 3 == pix, "processor_config.json image_processor.patch_size",
+           f"expected {int(math.isqrt(pix // 3))} (pixel_values last dim {pix}), found {patch}")
+    expect((crop // patch) ** 2 == patches, "processor_config.json image_processor.size",
+           f"expected {int(math.isqrt(patches)) * patch} (pixel_values has {patches} patches), found {crop}")
+    _, S, D = shape(s0, "hidden_states")
+    L, _, _, kv = shape(s0, "keys")
+    tc = config.get("text_config", {})
+    splits = len(order) - 3
+    for key, want in (("hidden_size", D), ("num_hidden_layers", L * splits),
+                      ("num_key_value_heads", kv // max(tc.get("head_dim", 1), 1))):
+        expect(tc.get(key) == want, f"config.json text_config.{key}", f"expected {want} (the contexts'), found {tc.get(key)}")
+    expect(hidden == D, f"{v.binary} image_embeds", f"width: expected {D} (the LLM's), found {hidden}")
+    for name in order[1:-2]:
+        c = comps[name]
+        expect(shape(c, "hidden_states") == (1, S, D), f"{c.binary} hidden_states",
+               f"expected {[1, S, D]}, found {list(shape(c, 'hidden_states'))}")
+        expect(shape(c, "keys") == (L, 1, S, kv), f"{c.binary} keys",
+               f"expected {[L, 1, S, kv]}, found {list(shape(c, 'keys'))}")
+    expect(shape(a_ctx, "keys") == (L * splits, 1, S, kv), f"{a_ctx.binary} keys",
+           f"expected {[L * splits, 1, S, kv]}, found {list(shape(a_ctx, 'keys'))}")
+    width = shape(a_ctx, "k_ctx")[-1]
+    _, H, W = shape(step, "trajectory")
+    expect(shape(step, "k_ctx") == shape(a_ctx, "k_ctx"), f"{step.binary} k_ctx",
+           f"expected {list(shape(a_ctx, 'k_ctx'))} (action_context's), found {list(shape(step, 'k_ctx'))}")
+    expect(shape(step, "encoder_attention_mask") == (1, S), f"{step.binary} encoder_attention_mask",
+           f"expected {[1, S]}, found {list(shape(step, 'encoder_attention_mask'))}")
+    expect(config.get("max_action_dim") == W, "config.json max_action_dim", f"expected {W} (the trajectory's), found {config.get('max_action_dim')}")
+    return {"cameras": cams, "crop_size": crop, "patch_size": patch, "image_tokens": tokens, "seq_len": S,
+            "hidden": D, "llm_splits": splits, "layers_per_split": L, "kv_width": kv,
+            "action_context_width": width, "action_horizon": H, "action_width": W}
+
+
+def pooled_grid(processor: dict, crop: int, patch: int, tokens_per_camera: int) -> tuple:
+    ip = processor.get("image_processor", processor)
+    pool = ip.get("pooling_size", [2, 2])
+    g = crop // patch
+    grid = (math.ceil(g / pool[0]), math.ceil(g / pool[1]))
+    expect(grid[0] * grid[1] == tokens_per_camera, "processor_config.json image_processor.pooling_size",
+           f"expected a pooling giving {tokens_per_camera} tokens per camera, found {pool} ({grid[0]}x{grid[1]})")
+    return grid
+
+
+def refuse_unsupported(config: dict, processor: dict) -> None:
+    """Settings vlad cannot express are refused by name rather than imported wrongly."""
+    ip = processor.get("image_processor", processor)
+    expect(ip.get("crop_mode", "resize") == "resize", "processor_config.json image_processor.crop_mode",
+           f"expected 'resize' (the only crop vlad computes), found {ip.get('crop_mode')!r}")
+    for key in ("image_mean", "image_std"):
+        val = ip.get(key, [0.5, 0.5, 0.5])
+        expect(all(abs(x - 0.5) < 1e-9 for x in val), f"processor_config.json image_processor.{key}",
+               f"expected [0.5, 0.5, 0.5], found {val}")
+    expect(config.get("n_obs_steps", 1) == 1, "config.json n_obs_steps",
+           f"expected 1 (actions from the chunk's first row), found {config.get('n_obs_steps')}")
+    expect(config.get("state_format", "discrete") == "discrete", "config.json state_format",
+           f"expected 'discrete', found {config.get('state_format')!r}")
+    expect(not config.get("action_expert_depth_gate"), "config.json action_expert_depth_gate",
+           "expected false (vlad has no depth gate), found true")
+    for key in ("add_setup_tokens", "add_control_tokens"):
+        expect(config.get(key, True) is True, f"config.json {key}", "expected true (the prompt builder wraps), found false")
+    expect(config.get("num_state_tokens") == 256, "config.json num_state_tokens",
+           f"expected 256 (the prompt tables' state rows), found {config.get('num_state_tokens')}")
+    expect(config.get("action_mode", "both") in ("both", "continuous"), "config.json action_mode",
+           f"expected 'both' or 'continuous', found {config.get('action_mode')!r}")
+    if "joint_signs" in config:
+        raise ImportRefused("config.json joint_signs", "expected none (vlad does not flip joints), found one")
+
+
+def col_tokens(processor: dict) -> bool:
+    """Column tokens as lerobot's loader resolves them: `use_single_crop_col_tokens`, else
+    `image_use_col_tokens`, which defaults to true when the file lacks it."""
+    single = processor.get("use_single_crop_col_tokens")
+    if single is not None:
+        return bool(single)
+    return bool(processor.get("image_use_col_tokens", True))

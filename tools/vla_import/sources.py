@@ -1,0 +1,28 @@
+"""Where a release or checkpoint comes from: a local directory, or a Hub repo id downloaded
+with huggingface_hub (only the files the importer reads)."""
+
+from pathlib import Path
+
+from .errors import ImportRefused
+
+RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**"]
+CHECKPOINT_FILES = ["config.json", "processor_config.json", "preprocessor_config.json", "tokenizer.json",
+                    "tokenizer_config.json", "special_tokens_map.json", "norm_stats.json",
+                    "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
+                    "policy_*processor*.json", "policy_*processor*.safetensors"]
+
+
+def resolve(source: str, patterns: list, what: str) -> Path:
+    path = Path(source)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ImportRefused(source, f"{what}: expected a directory or a Hub repo id, found a file")
+    if source.count("/") != 1 or source.startswith((".", "/")):
+        raise ImportRefused(source, f"{what}: no such directory (and not a Hub repo id 'owner/name')")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, allow_patterns=patterns))
+    except Exception as exc:  # network, auth or missing repo: one line with the cause
+        raise ImportRefused(source, f"{what}: download failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
