@@ -136,7 +136,8 @@ def run(a) -> dict:
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
                            action_mode, meta.get("setup_type", ""), meta.get("control_mode", ""), "--instruction")
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
-                         instructions, blocked, str(comps["llm_split0"].golden))
+                         instructions, blocked, str(comps["llm_split0"].golden),
+                         str(comps["action_step"].golden))
     if obs_arrays is not None:
         obs = bundle.check_observation(obs_arrays, m, str(a.observation))
         observation = str(a.observation)

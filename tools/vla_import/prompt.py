@@ -30,7 +30,7 @@ def recover_ids(hidden: np.ndarray, wte: np.ndarray) -> np.ndarray:
 
 
 def prove(t: dict, golden_s0: dict, golden_step: dict, wte: np.ndarray, tokenizer, instructions, blocked,
-          where: str) -> dict:
+          where: str, step_where: str) -> dict:
     """Which instruction the release was traced with, checked row by row."""
     ids = recover_ids(golden_s0["hidden_states"][0], wte)
     state_ids = {tokenizer.token_to_id(f"<state_{k}>") for k in range(bpt.STATE_LEVELS)}
@@ -50,7 +50,7 @@ def prove(t: dict, golden_s0: dict, golden_step: dict, wte: np.ndarray, tokenize
                f"instruction {n} matches the traced prompt but its attention bias differs at "
                f"{int((want_bias != bias).sum())} entries")
         expect(np.array_equal(t["encoder_mask"][n].astype(np.float32), mask.astype(np.float32)),
-               f"{where} encoder_attention_mask",
+               f"{step_where} encoder_attention_mask",
                f"instruction {n} matches the traced prompt but the encoder mask differs at rows "
                f"{np.flatnonzero(t['encoder_mask'][n] != mask)[:8].tolist()} (check config.json action_mode)")
         return {"instruction": n, "text": instructions[n], "rows": int(len(ids)),
