@@ -75,7 +75,10 @@ fn device_config_parses_to_the_documented_values() {
 #[test]
 fn dev_config_parses_to_the_documented_values() {
     let config = parse(&dev_json()).unwrap();
-    assert_eq!(config.bundle.path, "golden/bundles/molmoact2-upstream-original");
+    assert_eq!(
+        config.bundle.path,
+        "golden/bundles/molmoact2-upstream-original"
+    );
     assert_eq!(config.rings.observation_path, "/dev/shm/vla-dev-obs");
     assert_eq!(config.rings.action_path, "/dev/shm/vla-dev-act");
     assert_eq!(config.realtime.publisher_priority, 0);

@@ -45,6 +45,24 @@ fn molmoact2_operator_fused() {
     gate("molmoact2-operator-fused");
 }
 
+/// The bundles imported from the tiny release built from upstream's own MolmoAct2 code
+/// (golden/upstream-molmoact2; runtime/vlad/tests/upstream_molmoact2.rs checks their
+/// actions against upstream's predict_action).
+#[test]
+fn molmoact2_upstream_original() {
+    gate("molmoact2-upstream-original");
+}
+
+#[test]
+fn molmoact2_upstream_sd() {
+    gate("molmoact2-upstream-sd");
+}
+
+#[test]
+fn molmoact2_upstream_drift_keystone() {
+    gate("molmoact2-upstream-drift-keystone");
+}
+
 #[test]
 fn fastwam() {
     gate("fastwam");
