@@ -203,3 +203,11 @@ def test_synthetic_observation_is_said_so(copies, capsys):
     release, checkpoint, out = copies
     assert main(args(release, checkpoint, out, observation=False)) == 0, capsys.readouterr().err
     assert "synthetic" in json.loads((out / "import.json").read_text())["end_to_end_observation"]
+
+
+def test_release_that_is_neither_a_directory_nor_reachable(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no network in tests: the Hub path must fail in one line
+    out = tmp_path / "bundle"
+    refused(capsys, args("nobody/no-such-release", UP / "checkpoint", out), out, "nobody/no-such-release",
+            "not a local directory")

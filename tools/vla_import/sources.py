@@ -25,4 +25,5 @@ def resolve(source: str, patterns: list, what: str) -> Path:
 
         return Path(snapshot_download(source, allow_patterns=patterns))
     except Exception as exc:  # network, auth or missing repo: one line with the cause
-        raise ImportRefused(source, f"{what}: download failed: {type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        raise ImportRefused(source, f"{what}: not a local directory, and as a Hub repo id the download failed: "
+                            f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
