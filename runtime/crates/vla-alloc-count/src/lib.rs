@@ -1,5 +1,5 @@
 //! A counting global allocator: every heap allocation of the process, and separately
-//! those made by one watched thread (by kernel thread id), so a benchmark or a test can
+//! those made by a few watched threads (by kernel thread id), so a benchmark or a test can
 //! report allocations per inference or per control-loop tick (the target is zero after
 //! warm-up) without instrumenting the code it measures. Linking this crate installs it
 //! (`#[global_allocator]`): only benchmarks and tests depend on it.
@@ -16,15 +16,24 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-/// Kernel tid of the watched thread; 0: none.
-static WATCHED_TID: AtomicI32 = AtomicI32::new(0);
+/// How many threads can be watched at once (a join's caller and helper need two).
+pub const MAX_WATCHED: usize = 4;
+/// Kernel tids of the watched threads; 0: a free slot. The first slot being 0 means none
+/// is watched, so an unwatched process makes no syscall.
+static WATCHED_TIDS: [AtomicI32; MAX_WATCHED] = [const { AtomicI32::new(0) }; MAX_WATCHED];
 static WATCHED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 #[inline]
 fn count() {
     ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-    let watched = WATCHED_TID.load(Ordering::Relaxed);
-    if watched != 0 && current_tid() == watched {
+    if WATCHED_TIDS[0].load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let tid = current_tid();
+    if WATCHED_TIDS
+        .iter()
+        .any(|watched| watched.load(Ordering::Relaxed) == tid)
+    {
         WATCHED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -70,7 +79,25 @@ pub fn allocations() -> u64 {
 /// Starts counting the allocations of the thread with kernel id `tid` (0: stop watching).
 /// The count is cumulative over every thread ever watched: take differences.
 pub fn watch(tid: i32) {
-    WATCHED_TID.store(tid, Ordering::Relaxed);
+    watch_all(&[tid]);
+}
+
+/// Counts the allocations of every thread in `tids` (at most [`MAX_WATCHED`]; empty: stop
+/// watching), e.g. the two threads of a fork-join. Counting only named threads keeps a
+/// test harness's own threads (libtest's main thread allocates on its first wait for a
+/// result, which may fall inside a short measurement) out of the count.
+pub fn watch_all(tids: &[i32]) {
+    assert!(
+        tids.len() <= MAX_WATCHED,
+        "at most {MAX_WATCHED} watched threads"
+    );
+    // Slot 0 is the "anything watched" flag: cleared first and set last, so the other
+    // slots never count for an earlier set while a new one is written.
+    WATCHED_TIDS[0].store(0, Ordering::Relaxed);
+    for (i, slot) in WATCHED_TIDS.iter().enumerate().skip(1) {
+        slot.store(tids.get(i).copied().unwrap_or(0), Ordering::Relaxed);
+    }
+    WATCHED_TIDS[0].store(tids.first().copied().unwrap_or(0), Ordering::Relaxed);
 }
 
 /// Allocations made by watched threads while they were watched.
