@@ -26,7 +26,7 @@ from mcap.reader import make_reader
 repo = Path(__file__).resolve().parent.parent
 
 
-def base_config(bundle, tag, hz, mode, extra_ms, trigger):
+def base_config(bundle, tag, hz, mode, extra_ms, trigger, chunk_rate_hz=None, max_chunk_age_ms=10000):
     period_ms = math.ceil(1000 / hz)
     cfg = json.loads((repo / "config/dev.json").read_text())
     cfg["bundle"]["path"] = str(Path(bundle).resolve())
@@ -37,7 +37,9 @@ def base_config(bundle, tag, hz, mode, extra_ms, trigger):
     # The device's limits (config/vlad.json), each at least what the rate needs; the
     # chunk age is generous so that holds come from the schedule, not from staleness.
     c["max_observation_age_ms"] = 200
-    c["max_chunk_age_ms"] = 10000
+    c["max_chunk_age_ms"] = max_chunk_age_ms
+    if chunk_rate_hz:
+        c["chunk_rate_hz"] = chunk_rate_hz
     c["hold_after_chunk_end_ms"] = 100
     c["action_valid_ms"] = max(100, period_ms + 50)
     c["writer_heartbeat_timeout_ms"] = max(500, 2 * period_ms)
@@ -52,10 +54,11 @@ def base_config(bundle, tag, hz, mode, extra_ms, trigger):
     return cfg
 
 
-def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, timeline=None):
+def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, timeline=None,
+             chunk_rate_hz=None, max_chunk_age_ms=10000):
     tag = f"{int(latency * 1000)}ms-{hz}hz-{mode}"
     extra = max(0, round(latency * 1000 - base_ms))
-    cfg = base_config(bundle, tag, hz, mode, extra, trigger)
+    cfg = base_config(bundle, tag, hz, mode, extra, trigger, chunk_rate_hz, max_chunk_age_ms)
     path = out / f"{tag}.json"
     path.write_text(json.dumps(cfg, indent=2))
     daemon = subprocess.Popen([vlad, "run", "--config", str(path)], stdout=subprocess.PIPE,
@@ -100,6 +103,9 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
     r = json.loads(report.read_text())
     m = re.search(r"p95 over the last \d+ inferences ([0-9.]+) ms", dout)
     point = next((l.strip() for l in err_lines if "operating point" in l), "")
+    # The daemon's prediction at READY (the gate's latency) and at the end of the run (the
+    # latency and observation period it measured), next to the simulator's measurement.
+    run_point = next((l.strip() for l in dout.splitlines() if "operating point" in l), "")
     return {
         "latency_target_s": latency, "publish_hz": hz, "mode": mode, "extra_ms": extra,
         "latency_p95_ms": float(m.group(1)) if m else None,
@@ -113,8 +119,15 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
         "seams_recorded": len(offsets), "first_seam_offset": offsets[0][0] if offsets else None,
         "seams_unconditioned": sum(1 for _, p in offsets if not p),
         "ok": r["ok_applied"], "received": r["actions_received"],
-        "ready_line": point,
+        "ready_line": point, "run_line": run_point,
+        "predicted_ready": expected_hold(point), "predicted_run": expected_hold(run_point),
+        "chunk_rate_hz": chunk_rate_hz, "max_chunk_age_ms": max_chunk_age_ms,
     }
+
+
+def expected_hold(line):
+    m = re.search(r"expected hold (\d+)%", line)
+    return int(m.group(1)) / 100 if m else None
 
 
 def seam_offsets(path):
@@ -175,6 +188,11 @@ def main():
     ap.add_argument("--modes", default="skip,crossfade,prefix,inpaint")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--trigger", default="back_to_back")
+    ap.add_argument("--chunk-rate-hz", type=float, default=None,
+                    help="control.chunk_rate_hz in every cell (the slower time base)")
+    ap.add_argument("--max-chunk-age-ms", type=int, default=10000,
+                    help="control.max_chunk_age_ms in every cell (default generous: holds "
+                         "come from the schedule)")
     ap.add_argument("--base-ms", type=float, default=None,
                     help="the emulator's own latency; measured with bench-bundle when absent")
     ap.add_argument("--timeline-cell", action="append", default=[],
@@ -205,9 +223,12 @@ def main():
                 name = f"timeline-{int(lat * 1000)}ms-{hz:g}hz-{mode}"
                 if (lat, hz, mode) in want:
                     tl = out / f"{name}.csv"
-                c = run_cell(a.vlad, a.bundle, out, lat, hz, mode, base, a.seconds, a.trigger, tl)
+                c = run_cell(a.vlad, a.bundle, out, lat, hz, mode, base, a.seconds, a.trigger, tl,
+                             a.chunk_rate_hz, a.max_chunk_age_ms)
                 cells.append(c)
-                print(f"  {lat:.1f} s {hz:g} Hz {mode:9s} hold {c['hold_share']*100:5.1f}%  "
+                print(f"  {lat:.1f} s {hz:g} Hz {mode:9s} hold {c['hold_share']*100:5.1f}% "
+                      f"(predicted {pct(c['predicted_ready'])} at READY, {pct(c['predicted_run'])} "
+                      f"from the run)  "
                       f"seam offset max {fmt(c['seam_offset_max'])}  seam max {c['seam_jump_max']:.3f}  "
                       f"inside max {c['inside_jump_max']:.3f}",
                       file=sys.stderr)
@@ -219,28 +240,50 @@ def main():
                                    check=True)
     (out / "sweep.json").write_text(json.dumps({"base_ms": base, "cells": cells}, indent=2))
     print(table(cells, base, a))
+    both = [c for c in cells if c["predicted_ready"] is not None]
+    if both:
+        worst = max(both, key=lambda c: abs(c["predicted_ready"] - c["hold_share"]))
+        print(f"\nlargest disagreement, READY vs measured: {pct(worst['predicted_ready'])} vs "
+              f"{worst['hold_share'] * 100:.1f}% ({worst['latency_target_s']:.1f} s, "
+              f"{worst['publish_hz']:g} Hz, {worst['mode']})")
+    run = [c for c in cells if c["predicted_run"] is not None]
+    if run:
+        worst = max(run, key=lambda c: abs(c["predicted_run"] - c["hold_share"]))
+        print(f"largest disagreement, end of run vs measured: {pct(worst['predicted_run'])} vs "
+              f"{worst['hold_share'] * 100:.1f}% ({worst['latency_target_s']:.1f} s, "
+              f"{worst['publish_hz']:g} Hz, {worst['mode']})")
 
 
 def fmt(v):
     return "-" if v is None else f"{v:.3f}"
 
 
+def pct(v):
+    return "-" if v is None else f"{v * 100:.0f}%"
+
+
 def table(cells, base, a):
+    limits = (f"`max_chunk_age_ms` {a.max_chunk_age_ms}"
+              + (f", `chunk_rate_hz` {a.chunk_rate_hz:g}" if a.chunk_rate_hz else ""))
     lines = [f"Bundle `{Path(a.bundle).name}` on the HTP emulator, {a.seconds:g} s per cell, trigger "
-             f"`{a.trigger}`, emulator base latency {base:.0f} ms (cells below it run at the base). "
+             f"`{a.trigger}`, {limits}, emulator base latency {base:.0f} ms (cells below it run at the base). "
+             "Hold: measured by the simulator from the first ok action on; predicted: the daemon's "
+             "expected hold at READY (from the gate's latency) and at the end of the run (from the "
+             "latency and observation period it measured). "
              "Seam / inside: largest jump between consecutive applied actions at a chunk seam / "
              "inside a chunk (Euclidean, gripper excluded). Seam offset: at a seam, the applied action "
              "minus the one the old chunk would have published at that tick (what the switch adds).", "",
-             "| latency | Hz | d (H=%s) | mode | p95 ms | hold | seam offset max | seam offset mean | seam max | seam mean | inside max | age p50 ms |" %
+             "| latency | Hz | d (H=%s) | mode | p95 ms | hold | predicted READY | predicted run | seam offset max | seam offset mean | seam max | seam mean | inside max | age p50 ms |" %
              (cells[0]["ready_line"].split("of H ")[1].split(" ")[0] if cells and "of H " in cells[0]["ready_line"] else "?"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         lat_ms = c["latency_p95_ms"] or 0
-        step_ms = 1000 / c["publish_hz"]
+        step_ms = 1000 / min(c["publish_hz"], c.get("chunk_rate_hz") or c["publish_hz"])
         d = math.ceil(lat_ms / step_ms) if lat_ms else "?"
         lines.append(
             f"| {c['latency_target_s']:.1f} s | {c['publish_hz']:g} | {d} | {c['mode']} | "
-            f"{lat_ms:.0f} | {c['hold_share']*100:.1f}% | {fmt(c['seam_offset_max'])} | "
+            f"{lat_ms:.0f} | {c['hold_share']*100:.1f}% | {pct(c['predicted_ready'])} | "
+            f"{pct(c['predicted_run'])} | {fmt(c['seam_offset_max'])} | "
             f"{fmt(c['seam_offset_mean'])} | {c['seam_jump_max']:.3f} | "
             f"{c['seam_jump_mean']:.3f} | {c['inside_jump_max']:.3f} | {c['age_p50_ms']:.0f} |")
     return "\n".join(lines)

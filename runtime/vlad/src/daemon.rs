@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings};
+use vla_control::{
+    ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings, Measured, PointSettings,
+};
 use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
@@ -281,7 +283,8 @@ fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-pub fn print_report(r: &LoopReport, period: Duration) {
+pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
+    let period = settings.period;
     let secs = r.duration.as_secs_f64().max(1e-9);
     println!("control loop report ({:.1} s):", secs);
     println!(
@@ -317,11 +320,17 @@ pub fn print_report(r: &LoopReport, period: Duration) {
         r.published_ok, r.published_hold, r.published_fault
     );
     println!(
-        "  latency         capture->chunk ready p95 over the last {} inferences {:.1} ms; {} chunks refused for NaN/Inf",
+        "  latency         capture->chunk ready p95 over the last {} inferences {:.1} ms (p50 {:.1}); {} chunks refused for NaN/Inf",
         vla_control::LATENCY_WINDOW,
-        ms(r.latency_estimate_ns),
+        ms(r.measured.latency_p95_ns),
+        ms(r.measured.p50_ns()),
         r.non_finite_chunks
     );
+    // What the measured latency and observation period predict, next to what was
+    // published: an operator checks the estimate they tune by against the run.
+    if let Some(p) = vla_control::operating_point(settings, &r.measured) {
+        println!("  {}", p.describe());
+    }
 }
 
 fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> String {
@@ -329,7 +338,7 @@ fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> Strin
     let dt = last.0.elapsed().as_secs_f64().max(1e-9);
     let rate = (ticks - last.1) as f64 / dt;
     *last = (Instant::now(), ticks);
-    let point = vla_control::operating_point(s, Health::get(&h.latency_estimate_ns)).map_or_else(
+    let point = vla_control::operating_point(s, &vla_control::measured(h)).map_or_else(
         || "operating point: no latency yet".to_owned(),
         |p| p.describe(),
     );
@@ -344,16 +353,55 @@ fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> Strin
     )
 }
 
+/// The config's merge mode as the loop's.
+pub(crate) fn merge_mode(c: &vla_config::ControlConfig) -> vla_control::MergeMode {
+    match c.merge {
+        vla_config::Merge::Skip => vla_control::MergeMode::Skip,
+        vla_config::Merge::Crossfade => vla_control::MergeMode::Crossfade,
+        vla_config::Merge::Prefix => vla_control::MergeMode::Prefix,
+        vla_config::Merge::Inpaint => vla_control::MergeMode::Inpaint,
+    }
+}
+
+/// The config's trigger as the loop's.
+pub(crate) fn trigger(c: &vla_config::ControlConfig) -> vla_control::Trigger {
+    match c.trigger {
+        vla_config::TriggerMode::BackToBack => vla_control::Trigger::BackToBack,
+        vla_config::TriggerMode::Remaining => vla_control::Trigger::Remaining {
+            margin_steps: c.trigger_margin_steps,
+        },
+    }
+}
+
+/// The operating point's limits from the config's `control` section and a horizon:
+/// what the daemon's loop settings give, without a bundle loaded.
+pub(crate) fn point_settings(c: &vla_config::ControlConfig, horizon: u64) -> PointSettings {
+    let ns = |d: Duration| d.as_nanos() as u64;
+    PointSettings {
+        period_ns: ns(c.publish_period()),
+        chunk_period_ns: ns(c.chunk_period().max(c.publish_period())),
+        horizon,
+        merge: merge_mode(c),
+        trigger: trigger(c),
+        max_chunk_age_ns: ns(c.max_chunk_age()),
+        max_observation_age_ns: ns(c.max_observation_age()),
+        action_valid_ns: ns(c.action_valid()),
+        hold_after_chunk_end_ns: ns(c.hold_after_chunk_end()),
+    }
+}
+
 /// Logs the operating point at READY: a warning when chunks would arrive spent.
 fn announce(settings: &LoopSettings) {
     let Some(l) = settings.initial_latency else {
         log::info!("operating point: no latency measured yet");
         return;
     };
-    let Some(p) = vla_control::operating_point(settings, l.as_nanos() as u64) else {
+    let Some(p) =
+        vla_control::operating_point(settings, &Measured::from_latency(l.as_nanos() as u64))
+    else {
         return;
     };
-    if p.spent_on_arrival() {
+    if p.warrants_warning() {
         log::warn!("{}", p.describe());
     } else {
         log::info!("{}", p.describe());
@@ -545,18 +593,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         inference_priority: rt.inference_priority,
         inference_cpus: rt.inference_cpus.iter().map(|&c| c as usize).collect(),
         fault_after_failures: 3,
-        merge: match c.merge {
-            vla_config::Merge::Skip => vla_control::MergeMode::Skip,
-            vla_config::Merge::Crossfade => vla_control::MergeMode::Crossfade,
-            vla_config::Merge::Prefix => vla_control::MergeMode::Prefix,
-            vla_config::Merge::Inpaint => vla_control::MergeMode::Inpaint,
-        },
-        trigger: match c.trigger {
-            vla_config::TriggerMode::BackToBack => vla_control::Trigger::BackToBack,
-            vla_config::TriggerMode::Remaining => vla_control::Trigger::Remaining {
-                margin_steps: c.trigger_margin_steps,
-            },
-        },
+        merge: merge_mode(c),
+        trigger: trigger(c),
         chunk_period: c.chunk_period(),
         initial_latency: Some(gate_latency),
     };
@@ -625,8 +663,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         }
     );
     announce(&settings);
-    let ready_point = vla_control::operating_point(&settings, gate_latency.as_nanos() as u64)
-        .map_or_else(String::new, |p| p.describe());
+    let ready_point = vla_control::operating_point(
+        &settings,
+        &Measured::from_latency(gate_latency.as_nanos() as u64),
+    )
+    .map_or_else(String::new, |p| p.describe());
     notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
 
     let watchdog = if config.systemd.watchdog {
@@ -693,6 +734,6 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if store.is_some() {
         let _ = std::fs::remove_file(ota_root.join("vlad.pid"));
     }
-    print_report(&report, period);
+    print_report(&report, &settings);
     Ok(())
 }

@@ -20,6 +20,7 @@ mod notify;
 mod observe;
 mod ota_cmd;
 mod parity;
+mod plan_cmd;
 mod qnn_setup;
 mod replay;
 mod simulate;
@@ -36,6 +37,8 @@ commands:
   parity <ctx.bin> <io.npz>         run one context on the npz inputs, compare its outputs
   parity --bundle DIR               every context and the end-to-end golden of a bundle
   replay FILE.mcap [--bundle DIR]   re-run a flight recording's observations, compare chunks (exit 3)
+  plan --config FILE --horizon H --latency-ms L
+                                    the operating point the config gives at a latency: hold, limits
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         "run" => daemon::run(rest),
         "simulate" => simulate::run(rest),
         "replay" => replay::run(rest),
+        "plan" => plan_cmd::run(rest),
         "ota" => ota_cmd::run(rest),
         "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {

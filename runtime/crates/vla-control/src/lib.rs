@@ -17,15 +17,17 @@
 // `unsafe` only in `rt.rs`, the real-time set-up.
 #![deny(unsafe_code)]
 
+mod operating;
 mod plan;
 mod rt;
 mod scheduler;
 mod stats;
 mod tap;
 
+pub use operating::{Limit, Measured, OperatingPoint, PointSettings, SPREAD_QUANTILES};
 pub use plan::{
-    build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, OperatingPoint,
-    Prefix, TickGrid, Trigger,
+    build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, Prefix,
+    TickGrid, Trigger,
 };
 pub use rt::{
     fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, prefault_stack,
@@ -189,8 +191,8 @@ pub struct LoopReport {
     pub stale_observations: u64,
     pub skipped_steps: u64,
     pub non_finite_chunks: u64,
-    /// The operating point at the end of the run (from the rolling estimate).
-    pub latency_estimate_ns: u64,
+    /// What the loop measured by the end of the run (the operating point's inputs).
+    pub measured: Measured,
 }
 
 /// A running loop. Dropping it without [`ControlLoop::stop`] leaves the threads running
@@ -251,6 +253,9 @@ impl ControlLoop {
         let health = Arc::new(Health::default());
         if let Some(l) = settings.initial_latency {
             Health::set(&health.latency_estimate_ns, l.as_nanos() as u64);
+            for q in &health.latency_spread_ns {
+                Health::set(q, l.as_nanos() as u64);
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         let reload = Arc::new(AtomicBool::new(false));
@@ -328,9 +333,10 @@ impl ControlLoop {
         &self.health
     }
 
-    /// The operating point from the current latency estimate (`None` before any).
+    /// The operating point from what the loop has measured so far (`None` before any
+    /// latency).
     pub fn operating_point(&self, settings: &LoopSettings) -> Option<OperatingPoint> {
-        operating_point(settings, Health::get(&self.health.latency_estimate_ns))
+        operating_point(settings, &measured(&self.health))
     }
 
     /// Asks the inference thread to reload the policy; the publisher holds meanwhile.
@@ -369,24 +375,41 @@ impl ControlLoop {
             stale_observations: Health::get(&hl.stale_observations),
             skipped_steps: Health::get(&hl.skipped_steps),
             non_finite_chunks: Health::get(&hl.non_finite_chunks),
-            latency_estimate_ns: Health::get(&hl.latency_estimate_ns),
+            measured: measured(hl),
         }
     }
 }
 
-/// The operating point of `settings` at latency `latency_ns` (`None` when 0: unknown).
-pub fn operating_point(settings: &LoopSettings, latency_ns: u64) -> Option<OperatingPoint> {
-    if latency_ns == 0 {
-        return None;
+/// The operating point of `settings` at `measured` (`None` without a latency).
+pub fn operating_point(settings: &LoopSettings, measured: &Measured) -> Option<OperatingPoint> {
+    OperatingPoint::estimate(&settings.point_settings(), measured)
+}
+
+/// What the loop has measured: the latency window's p95 and p50, the robot's period.
+pub fn measured(health: &Health) -> Measured {
+    Measured {
+        latency_p95_ns: Health::get(&health.latency_estimate_ns),
+        latency_spread_ns: health.latency_spread_ns.each_ref().map(Health::get),
+        observation_period_ns: Health::get(&health.observation_period_ns),
     }
-    let step = settings.chunk_period.max(settings.period).as_nanos() as u64;
-    let per_step = step as f64 / settings.period.as_nanos().max(1) as f64;
-    Some(OperatingPoint::new(
-        latency_ns,
-        step,
-        u64::from(settings.geometry.chunk_len),
-        per_step,
-    ))
+}
+
+impl LoopSettings {
+    /// The limits the operating point is computed from.
+    pub fn point_settings(&self) -> PointSettings {
+        let ns = |d: Duration| d.as_nanos() as u64;
+        PointSettings {
+            period_ns: ns(self.period),
+            chunk_period_ns: ns(self.chunk_period.max(self.period)),
+            horizon: u64::from(self.geometry.chunk_len),
+            merge: self.merge,
+            trigger: self.trigger,
+            max_chunk_age_ns: ns(self.max_chunk_age),
+            max_observation_age_ns: ns(self.max_observation_age),
+            action_valid_ns: ns(self.action_valid),
+            hold_after_chunk_end_ns: ns(self.hold_after_chunk_end),
+        }
+    }
 }
 
 /// What the publisher and inference threads share.
@@ -588,6 +611,7 @@ fn inference_thread(
     };
     let mut reader: Option<RingReader<Observation>> = None;
     let mut last_seen = (0u64, 0u64);
+    let mut last_capture = 0u64;
     let mut chunk_id = 0u64;
     let mut consecutive_failures = 0u32;
     let mut last_open_error = String::new();
@@ -695,7 +719,11 @@ fn inference_thread(
                 continue;
             }
         };
+        if let Some(period) = observation_period(last_seen, last_capture, &obs, seq) {
+            Health::set(&health.observation_period_ns, period);
+        }
         last_seen = (obs.writer_epoch, seq);
+        last_capture = obs.capture_time_ns;
         let now = monotonic_ns();
         if now.saturating_sub(obs.capture_time_ns) > max_age {
             Health::bump(&health.stale_observations);
@@ -768,6 +796,11 @@ fn inference_thread(
                     if let Some(p95) = window.quantile_ns(LATENCY_QUANTILE) {
                         Health::set(&health.latency_estimate_ns, p95);
                     }
+                    for (slot, &q) in health.latency_spread_ns.iter().zip(&SPREAD_QUANTILES) {
+                        if let Some(l) = window.quantile_ns(q) {
+                            Health::set(slot, l);
+                        }
+                    }
                 }
                 cold = false;
                 Health::set(&health.last_inference_ns, t1 - t0);
@@ -791,6 +824,21 @@ fn inference_thread(
         }
     }
     latency
+}
+
+/// The robot's observation period from two observations of one writer taken `n`
+/// sequence numbers apart: `(capture - last capture) / n`.
+fn observation_period(
+    (last_epoch, last_seq): (u64, u64),
+    last_capture_ns: u64,
+    obs: &Observation,
+    seq: u64,
+) -> Option<u64> {
+    let n = seq.checked_sub(last_seq).filter(|&n| n > 0)?;
+    if last_seq == 0 || obs.writer_epoch != last_epoch || obs.capture_time_ns <= last_capture_ns {
+        return None;
+    }
+    Some((obs.capture_time_ns - last_capture_ns) / n)
 }
 
 fn watch_thread(

@@ -1,6 +1,7 @@
-//! How chunks follow one another: the operating point (latency in steps against the
-//! horizon), when the next inference starts, how a landing chunk merges with the one in
-//! play, and the prefix a conditioned inference starts from. Pure arithmetic, no clocks.
+//! How chunks follow one another: the delay in steps, when the next inference starts,
+//! how a landing chunk merges with the one in play, and the prefix a conditioned
+//! inference starts from. Pure arithmetic, no clocks. (What share of the time that
+//! holds the arm is `operating.rs`.)
 //!
 //! Notation: chunk step period `dt` (the publish period, or `1 / chunk_rate_hz` on the
 //! slower time base), latency `L` (capture -> chunk ready), delay `d = ceil(L / dt)`,
@@ -58,73 +59,6 @@ pub enum Trigger {
 /// `d = ceil(latency / step period)`.
 pub fn delay_steps(latency_ns: u64, step_period_ns: u64) -> u64 {
     latency_ns.div_ceil(step_period_ns.max(1))
-}
-
-/// The loop's operating point, stated at READY and in STATUS.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OperatingPoint {
-    pub latency_ns: u64,
-    /// Delay in chunk steps.
-    pub d: u64,
-    pub horizon: u64,
-    /// Expected share of publish ticks that hold because no chunk step is left.
-    pub hold_share: f64,
-    /// Highest publish rate at which the arm moves continuously (`d <= H/2`).
-    pub max_continuous_hz: f64,
-}
-
-impl OperatingPoint {
-    /// `publish_per_step` is publish ticks per chunk step (1 unless on the slower time
-    /// base, where it is `publish_hz / chunk_rate_hz`).
-    ///
-    /// A chunk lands with `H - d` steps left and the next one needs `d` (back to back)
-    /// or `d + margin` steps before it lands: with `H - d >= d` nothing holds, otherwise
-    /// `2d - H` of every `d` steps hold (all of them once `d >= H`). The same `d <= H/2`
-    /// is the overlap methods' bound, so it is also the highest continuous rate.
-    pub fn new(latency_ns: u64, step_period_ns: u64, horizon: u64, publish_per_step: f64) -> Self {
-        let d = delay_steps(latency_ns, step_period_ns);
-        let hold_share = if d == 0 {
-            0.0
-        } else {
-            ((2 * d).saturating_sub(horizon) as f64 / d as f64).min(1.0)
-        };
-        let half = (horizon / 2) as f64;
-        let max_continuous_hz = if latency_ns == 0 {
-            f64::INFINITY
-        } else {
-            half / (latency_ns as f64 / 1e9) * publish_per_step
-        };
-        Self {
-            latency_ns,
-            d,
-            horizon,
-            hold_share,
-            max_continuous_hz,
-        }
-    }
-
-    /// `d >= H`: every chunk lands already spent.
-    pub fn spent_on_arrival(&self) -> bool {
-        self.d >= self.horizon
-    }
-
-    /// One line for READY / STATUS.
-    pub fn describe(&self) -> String {
-        let mut s = format!(
-            "operating point: latency p95 {:.0} ms, d {} of H {} steps, expected hold {:.0}%, continuous up to {:.1} Hz",
-            self.latency_ns as f64 / 1e6,
-            self.d,
-            self.horizon,
-            self.hold_share * 100.0,
-            self.max_continuous_hz
-        );
-        if self.spent_on_arrival() {
-            s.push_str(" -- WARNING: d >= H, every chunk arrives spent and the arm only holds; lower control.publish_hz or set control.chunk_rate_hz");
-        } else if 2 * self.d > self.horizon {
-            s.push_str(" -- d > H/2: the arm pauses between chunks");
-        }
-        s
-    }
 }
 
 /// When to start the next inference under `trigger`: `None` means now. `chunk_end_ns` is
@@ -289,29 +223,6 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
-
-    #[test]
-    fn the_operating_point_states_d_hold_share_and_the_continuous_rate() {
-        // 650 ms at 20 Hz, H = 10: d = 13 >= H, all hold (the user report).
-        let p = OperatingPoint::new(650 * MS, 50 * MS, 10, 1.0);
-        assert_eq!(p.d, 13);
-        assert!(p.spent_on_arrival());
-        assert_eq!(p.hold_share, 1.0);
-        assert!((p.max_continuous_hz - 5.0 / 0.65).abs() < 1e-9);
-        assert!(p.describe().contains("WARNING: d >= H"), "{}", p.describe());
-        // 200 ms at 20 Hz: d = 4 <= 5, continuous.
-        let p = OperatingPoint::new(200 * MS, 50 * MS, 10, 1.0);
-        assert_eq!((p.d, p.hold_share), (4, 0.0));
-        assert!(!p.describe().contains("WARNING"));
-        // d = 7: 2d - H = 4 of every 7 steps hold.
-        let p = OperatingPoint::new(350 * MS, 50 * MS, 10, 1.0);
-        assert_eq!(p.d, 7);
-        assert!((p.hold_share - 4.0 / 7.0).abs() < 1e-12);
-        // Slower time base: 4 publish ticks per chunk step quadruples the rate.
-        let p = OperatingPoint::new(650 * MS, 200 * MS, 10, 4.0);
-        assert_eq!(p.d, 4);
-        assert!((p.max_continuous_hz - 4.0 * 5.0 / 0.65).abs() < 1e-9);
-    }
 
     #[test]
     fn the_remaining_trigger_starts_d_plus_margin_steps_before_the_chunk_ends() {
