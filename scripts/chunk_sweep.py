@@ -101,7 +101,7 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
     if sim.returncode != 0 or not report.exists():
         raise SystemExit(f"cell {tag}: simulate failed: {sim.stdout}{sim.stderr}")
     r = json.loads(report.read_text())
-    m = re.search(r"p95 over the last \d+ inferences ([0-9.]+) ms", dout)
+    m = re.search(r"inferences p10\.\.p90 [0-9. ]+ ms, p95 ([0-9.]+) ms", dout)
     point = next((l.strip() for l in err_lines if "operating point" in l), "")
     # The daemon's prediction at READY (the gate's latency) and at the end of the run (the
     # latency and observation period it measured), next to the simulator's measurement.
@@ -120,6 +120,7 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
         "seams_unconditioned": sum(1 for _, p in offsets if not p),
         "ok": r["ok_applied"], "received": r["actions_received"],
         "ready_line": point, "run_line": run_point,
+        "latency_line": next((l.strip() for l in dout.splitlines() if "capture->chunk ready" in l), ""),
         "predicted_ready": expected_hold(point), "predicted_run": expected_hold(run_point),
         "chunk_rate_hz": chunk_rate_hz, "max_chunk_age_ms": max_chunk_age_ms,
     }

@@ -320,10 +320,15 @@ pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
         r.published_ok, r.published_hold, r.published_fault
     );
     println!(
-        "  latency         capture->chunk ready p95 over the last {} inferences {:.1} ms (p50 {:.1}); {} chunks refused for NaN/Inf",
+        "  latency         capture->chunk ready over the last {} inferences p10..p90 {:.1} {:.1} {:.1} {:.1} {:.1} ms, p95 {:.1} ms; robot observations every {:.1} ms; {} chunks refused for NaN/Inf",
         vla_control::LATENCY_WINDOW,
+        ms(r.measured.latency_spread_ns[0]),
+        ms(r.measured.latency_spread_ns[1]),
+        ms(r.measured.latency_spread_ns[2]),
+        ms(r.measured.latency_spread_ns[3]),
+        ms(r.measured.latency_spread_ns[4]),
         ms(r.measured.latency_p95_ns),
-        ms(r.measured.p50_ns()),
+        ms(r.measured.observation_period_ns),
         r.non_finite_chunks
     );
     // What the measured latency and observation period predict, next to what was
