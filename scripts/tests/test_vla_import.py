@@ -211,3 +211,244 @@ def test_release_that_is_neither_a_directory_nor_reachable(tmp_path, monkeypatch
     out = tmp_path / "bundle"
     refused(capsys, args("nobody/no-such-release", UP / "checkpoint", out), out, "nobody/no-such-release",
             "not a local directory")
+
+
+# --- a LeRobot-layout checkpoint (the retrained variants), laid out with the published names ---
+
+NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
+NORMALIZER_FILE = "policy_preprocessor_step_3_molmoact2_masked_normalizer.safetensors"
+UNNORMALIZER_FILE = "policy_postprocessor_step_1_molmoact2_masked_unnormalizer.safetensors"
+
+
+def _feature_stats(feature: str, stats: dict) -> dict:
+    """lerobot's normalizer state_dict: flat `<feature>.<stat>` f32 tensors, the mask as 1/0."""
+    return {f"{feature}.{k}": np.asarray(v, np.float32) for k, v in stats.items()}
+
+
+def lerobot_checkpoint(root: Path, hf: Path, *, norm_map=None, policy_edit=None, new_embedding=None) -> Path:
+    """The tiny Hugging Face checkpoint retrained in LeRobot: config.json naming it, the wte tensors
+    under the `model.` prefix, the statistics in the pipelines' normalizer state files."""
+    from safetensors.numpy import save_file
+
+    root.mkdir(parents=True)
+    meta = json.loads((hf / "norm_stats.json").read_text())["metadata_by_tag"][REPORT["tag"]]
+    cams = [f"observation.images.{k}" for k in meta["camera_keys"]]
+    h, w = REPORT["frame_size"]
+    features = {**{c: {"type": "VISUAL", "shape": [3, h, w]} for c in cams},
+                "observation.state": {"type": "STATE", "shape": [len(meta["state_stats"]["q01"])]}}
+    out_features = {"action": {"type": "ACTION", "shape": [len(meta["action_stats"]["q01"])]}}
+    policy = {"type": "molmoact2", "checkpoint_path": str(hf), "n_obs_steps": 1, "chunk_size": 10,
+              "n_action_steps": 10, "action_mode": "both", "inference_action_mode": "continuous",
+              "norm_tag": None, "setup_type": "", "control_mode": "", "image_keys": cams,
+              "normalize_language": True, "add_setup_tokens": True, "add_control_tokens": True,
+              "normalize_gripper": False, "num_state_tokens": 256, "num_inference_steps": None,
+              "joint_signs": None, "joint_offsets": None, "normalization_mapping": NORM_MAP,
+              "input_features": features, "output_features": out_features}
+    if policy_edit:
+        policy_edit(policy)
+    (root / "config.json").write_text(json.dumps(policy, indent=2))
+    single = hf / "model.safetensors"
+    new = ck.read_tensor(single, ck.NEW) if new_embedding is None else new_embedding
+    save_file({"model." + ck.WTE: ck.read_tensor(single, ck.WTE), "model." + ck.NEW: new},
+              str(root / "model.safetensors"))
+    stats = {**_feature_stats("observation.state", meta["state_stats"]),
+             **_feature_stats("action", meta["action_stats"]),
+             **{f"{c}.{k}": np.full((3, 1, 1), v, np.float32) for c in cams for k, v in (("mean", 0.5), ("std", 0.25))}}
+    save_file(stats, str(root / NORMALIZER_FILE))
+    save_file(stats, str(root / UNNORMALIZER_FILE))
+    norm_config = {"eps": 1e-08, "features": {**features, **out_features}, "norm_map": norm_map or NORM_MAP}
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        {"registry_name": "molmoact2_masked_normalizer", "config": norm_config, "state_file": NORMALIZER_FILE},
+        {"registry_name": "molmoact2_clamp_normalized", "config": {}},
+        {"registry_name": "molmoact2_pack_inputs", "config": {
+            "checkpoint_path": str(hf), "action_mode": policy["action_mode"], "image_keys": cams,
+            "setup_type": meta["setup_type"], "control_mode": meta["control_mode"], "normalize_language": True,
+            "add_setup_tokens": True, "add_control_tokens": True, "num_state_tokens": 256,
+            "max_sequence_length": None, "chunk_size": 10, "max_action_dim": 8, "env_action_dim": None}}]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "molmoact2_clamp_action", "config": {}},
+        {"registry_name": "molmoact2_masked_unnormalizer",
+         "config": {"eps": 1e-08, "features": out_features, "norm_map": norm_map or NORM_MAP},
+         "state_file": UNNORMALIZER_FILE},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
+    (root / "policy_preprocessor.json").write_text(json.dumps(pre, indent=2))
+    (root / "policy_postprocessor.json").write_text(json.dumps(post, indent=2))
+    return root
+
+
+def lerobot_args(release, lr, out, *extra, observation=True):
+    a = ["--release", str(release), "--checkpoint", str(lr), "--out", str(out),
+         "--name", "molmoact2-upstream-original-tiny"]
+    if observation:
+        a += ["--observation", "golden/upstream-molmoact2/upstream/original_observation0.npz"]
+    for text in INSTRUCTIONS:
+        a += ["--instruction", text]
+    return a + list(extra)
+
+
+def _f32_norms(manifest: dict) -> dict:
+    m = manifest["molmoact2"]
+    for key in ("state_norm", "action_norm"):
+        m[key] = {k: (np.float32(v).tolist() if k in ("low", "high", "mean", "std") else v) for k, v in m[key].items()}
+    return manifest
+
+
+def test_lerobot_checkpoint_gives_the_same_bundle(copies, capsys, tmp_path):
+    """Same model, statistics carried by the LeRobot pipelines (f32) instead of norm_stats.json:
+    the same bundle, no --tag, and the frame size from input_features."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    assert main(lerobot_args(release, lr, out, observation=False)) == 0, capsys.readouterr().err
+    plain = tmp_path / "plain"
+    assert main(args(release, hf, plain, observation=False)) == 0, capsys.readouterr().err
+    made = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert made == sorted(p.relative_to(plain) for p in plain.rglob("*") if p.is_file())
+    for rel in made:
+        if rel.name not in ("bundle.json", "import.json"):
+            assert (out / rel).read_bytes() == (plain / rel).read_bytes(), rel
+    got, want = (_f32_norms(json.loads((d / "bundle.json").read_text())) for d in (out, plain))
+    assert got == want
+    assert got["molmoact2"]["state_norm"]["passthrough"] == [False] * 8
+    assert got["molmoact2"]["action_norm"]["passthrough"] == [False] * 6 + [True]  # the gripper mask
+    prov = json.loads((out / "import.json").read_text())
+    assert prov["layout"] == "lerobot" and prov["statistics"] == [str(lr / NORMALIZER_FILE), str(lr / UNNORMALIZER_FILE)]
+    assert prov["embedding_prefix"] == "model."
+
+
+def test_lerobot_fine_tuned_new_embedding_wins(copies, capsys, tmp_path):
+    release, hf, out = copies
+    single = hf / "model.safetensors"
+    new = ck.read_tensor(single, ck.NEW)
+    wte = np.concatenate([ck.read_tensor(single, ck.WTE), new])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    with np.load(release / "golden" / "llm_split0_io.npz") as z:
+        from vla_import.prompt import recover_ids
+
+        traced = set(recover_ids(z["hidden_states"][0], wte).tolist())
+    level = next(k for k in range(256) if tok.token_to_id(f"<state_{k}>") not in traced)
+    row = tok.token_to_id(f"<state_{level}>") - len(wte) + len(new)
+    assert row >= 0, "state tokens live in new_embedding"
+    tuned = new.copy()
+    tuned[row] = np.linspace(-1, 1, new.shape[1], dtype=np.float32)
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, new_embedding=tuned)
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    with np.load(out / "prompt" / "prompt_tables.npz") as z:
+        assert np.array_equal(z["state_token_rows"][level], tuned[row].astype(np.float16))
+    assert json.loads((out / "import.json").read_text())["embedding_from"][1] == f"{lr / 'model.safetensors'} model.{ck.NEW}"
+
+
+def test_lerobot_quantile10_is_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "QUANTILE10"})
+    refused(capsys, lerobot_args(release, lr, out), out, "policy_preprocessor.json steps[3].config.norm_map.STATE",
+            "q01/q99", "'QUANTILE10'")
+
+
+def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf,
+                            policy_edit=lambda p: p.update(joint_signs=[1.0] * 8, joint_offsets=[0.0] * 8))
+    refused(capsys, lerobot_args(release, lr, out), out, "config.json joint_signs", "expected null")
+
+
+def test_lerobot_missing_statistic_names_file_and_key(copies, capsys, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    stats = load_file(str(lr / NORMALIZER_FILE))
+    del stats["observation.state.q99"]
+    save_file(stats, str(lr / NORMALIZER_FILE))
+    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.q99",
+            "expected for quantile")
+
+
+def test_lerobot_missing_state_file(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    (lr / UNNORMALIZER_FILE).unlink()
+    refused(capsys, lerobot_args(release, lr, out), out, UNNORMALIZER_FILE,
+            "named by policy_postprocessor.json steps[1]")
+
+
+def test_lerobot_action_mode_decides_the_encoder_mask(copies, capsys, tmp_path):
+    release, hf, out = copies
+
+    def continuous(p):
+        p["action_mode"] = "continuous"
+
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, policy_edit=continuous)
+    pre = json.loads((lr / "policy_preprocessor.json").read_text())
+    pre["steps"][5]["config"]["action_mode"] = "continuous"
+    (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    refused(capsys, lerobot_args(release, lr, out), out, "action_step_io.npz encoder_attention_mask", "action_mode")
+
+
+# --- settings vlad cannot express, and the checkpoint encodings ---
+
+
+def _edit_json(path: Path, edit):
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda p: p["image_processor"].update(image_mean=[0.485, 0.456, 0.406]),
+     ["processor_config.json image_processor.image_mean", "expected [0.5, 0.5, 0.5]"]),
+    (lambda p: p["image_processor"].update(image_std=[0.229, 0.224, 0.225]),
+     ["processor_config.json image_processor.image_std", "expected [0.5, 0.5, 0.5]"]),
+])
+def test_image_normalization_other_than_half_is_refused(copies, capsys, edit, needles):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "processor_config.json", edit)
+    refused(capsys, args(release, checkpoint, out), out, *needles)
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: c.update(num_state_tokens=128), ["config.json num_state_tokens", "expected 256", "found 128"]),
+    (lambda c: c.update(joint_signs=[-1.0] * 8), ["config.json joint_signs", "expected null"]),
+])
+def test_config_settings_vlad_cannot_express_are_refused(copies, capsys, edit, needles):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "config.json", edit)
+    refused(capsys, args(release, checkpoint, out), out, *needles)
+
+
+def test_quantile_bounds_other_than_q01_q99_are_refused(copies, capsys):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "norm_stats.json", lambda s: s.update(norm_mode="q10_q90"))
+    refused(capsys, args(release, checkpoint, out), out, "norm_stats.json", "norm_mode", "'q10_q90'")
+
+
+def test_bf16_checkpoint_is_read_exactly(tmp_path):
+    """The committed tiny checkpoint is bf16 (as the published ones): each value is the upper
+    half of an f32, so widening is exact: the f32 re-encoding gives the same table."""
+    from safetensors.numpy import save_file
+
+    single = UP / "checkpoint" / "model.safetensors"
+    header, _ = ck._header(single)
+    assert header[ck.WTE]["dtype"] == header[ck.NEW]["dtype"] == "BF16"
+    table, _, _ = ck.embedding_table([single.parent])
+    assert table.dtype == np.float32 and not (table.view(np.uint32) & 0xFFFF).any()
+    f32 = tmp_path / "f32"
+    f32.mkdir()
+    save_file({ck.WTE: ck.read_tensor(single, ck.WTE), ck.NEW: ck.read_tensor(single, ck.NEW)},
+              str(f32 / "model.safetensors"))
+    again, _, _ = ck.embedding_table([f32])
+    assert np.array_equal(table, again)
+
+
+def test_lora_key_prefix(copies, capsys):
+    from safetensors.numpy import save_file
+
+    release, checkpoint, out = copies
+    single = checkpoint / "model.safetensors"
+    save_file({"model.base_model.model." + k: ck.read_tensor(single, k) for k in (ck.WTE, ck.NEW)}, str(single))
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    assert json.loads((out / "import.json").read_text())["embedding_prefix"] == "model.base_model.model."

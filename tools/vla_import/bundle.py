@@ -35,8 +35,10 @@ def manifest(name, variant, order, comps, m: dict) -> dict:
 def synthetic_observation(m: dict, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     norm = m["state_norm"]
-    low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float64)
-    high = np.array(norm.get("high", low), np.float64)
+    # Through f32 as vlad reads the bundle: the same statistics give the same observation
+    # whether they came as JSON doubles or as a LeRobot checkpoint's f32 tensors.
+    low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float32).astype(np.float64)
+    high = np.array(norm.get("high", low), np.float32).astype(np.float64)
     return {
         "frames": rng.integers(0, 256, (m["cameras"], m["frame_height"], m["frame_width"], 3), dtype=np.uint8),
         "state": (low + (high - low) * rng.uniform(0, 1, m["state_dims"])).astype(np.float32),
