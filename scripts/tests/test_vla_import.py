@@ -452,3 +452,112 @@ def test_lora_key_prefix(copies, capsys):
     save_file({"model.base_model.model." + k: ck.read_tensor(single, k) for k in (ck.WTE, ck.NEW)}, str(single))
     assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
     assert json.loads((out / "import.json").read_text())["embedding_prefix"] == "model.base_model.model."
+
+
+# --- Fast-WAM: the public release's layout (action_step only), open loop ---
+
+FASTWAM = REPO / "golden" / "bundles" / "fastwam"
+FASTWAM_STATS = "libero_uncond_2cam224_dataset_stats.json"
+
+
+def fastwam_release(root: Path) -> Path:
+    """A release as the public Fast-WAM one is laid out: the action_step context, its golden, the
+    video prefill's golden and the converter's report beside it, the ONNX graph (rebuilt from the
+    fixture's seed: it is the graph the committed binary was compiled from)."""
+    import make_golden as mg
+    import fixture_graphs as fg
+    import onnx
+
+    (root / "ctx").mkdir(parents=True)
+    (root / "golden").mkdir()
+    (root / "onnx" / "action_step").mkdir(parents=True)
+    shutil.copy(FASTWAM / "ctx" / "action_step_socid77_archv73.bin", root / "ctx")
+    shutil.copy(FASTWAM / "golden" / "action_step_io.npz", root / "golden")
+    with np.load(FASTWAM / "golden" / "action_step_io.npz") as z:
+        np.savez(root / "golden" / "video_prefill_io.npz", video_keys=z["video_keys"], video_values=z["video_values"])
+    (root / "golden" / "convert_report.json").write_text(json.dumps({"components": ["action_step"]}))
+    cfg = mg.FASTWAM
+    model = fg.build_fastwam_step(cfg["dims"], mg.component_rng(cfg["seed"], "action_step"))
+    onnx.save(model, str(root / "onnx" / "action_step" / "action_step.onnx"))
+    return root
+
+
+def fastwam_checkpoint(root: Path) -> Path:
+    rng = np.random.default_rng(3)
+    lo = rng.uniform(-1.0, 0.0, 7)
+    hi = lo + rng.uniform(0.5, 2.0, 7)
+    lo[-1], hi[-1] = 0.0, 1.0  # the gripper in [0, 1]: upstream LIBERO maps it by g*2-1, inverted
+    stats = {k: {"default": {"global_min": lo.tolist(), "global_max": hi.tolist(),
+                             "global_q01": (lo + 0.01).tolist(), "global_q99": (hi - 0.01).tolist(),
+                             "global_mean": ((lo + hi) / 2).tolist(), "global_std": (hi - lo).tolist()}}
+             for k in ("action", "state")}
+    root.mkdir(parents=True)
+    (root / FASTWAM_STATS).write_text(json.dumps(stats))
+    return root
+
+
+@pytest.fixture
+def fastwam_copies(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    return fastwam_release(tmp_path / "release"), fastwam_checkpoint(tmp_path / "checkpoint"), tmp_path / "bundle"
+
+
+def test_fastwam_open_loop_import_passes_parity(fastwam_copies, capsys):
+    import subprocess
+    from vla_import import release as rel
+
+    release, checkpoint, out = fastwam_copies
+    assert main(["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    man = json.loads((out / "bundle.json").read_text())
+    f = man["fastwam"]
+    stats = json.loads((checkpoint / FASTWAM_STATS).read_text())["action"]["default"]
+    assert (f["flow_steps"], f["shift"], f["gripper_map"], f["gripper_binarize"]) == (10, 5.0, "libero", True)
+    assert f["action_norm"] == {"mode": "min_max", "low": stats["global_min"], "high": stats["global_max"]}
+    assert (f["action_horizon"], f["action_dims"]) == (32, 7)
+    with np.load(out / "inputs" / "world_model.npz") as w, np.load(release / "golden" / "action_step_io.npz") as g:
+        assert sorted(w.files) == ["context", "context_mask", "video_keys", "video_values"]
+        for k in w.files:
+            assert np.array_equal(w[k], g[k]), k
+    with np.load(out / "golden" / "end_to_end.npz") as e:
+        assert set(np.unique(e["actions"][:, -1])) <= {-1.0, 1.0}  # binarized, clear of 0
+    assert "open loop" in json.loads((out / "import.json").read_text())["end_to_end_observation"]
+    run = subprocess.run([rel.vlad_command(None), "parity", "--bundle", str(out)], env=rel.qnn_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.returncode == 0, run.stdout
+    assert "OPEN LOOP" in run.stdout and "end to end" in run.stdout
+
+
+def test_fastwam_overrides_are_written(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    argv = ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out), "--flow-steps", "4",
+            "--shift", "3", "--norm-mode", "z-score", "--gripper-map", "none", "--no-gripper-binarize"]
+    assert main(argv) == 0, capsys.readouterr().err
+    f = json.loads((out / "bundle.json").read_text())["fastwam"]
+    assert (f["flow_steps"], f["shift"], f["gripper_map"], f["gripper_binarize"]) == (4, 3.0, "none", False)
+    assert f["action_norm"]["mode"] == "mean_std"
+
+
+def test_fastwam_stats_of_the_wrong_width(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    _edit_json(checkpoint / FASTWAM_STATS, lambda s: s["action"]["default"]["global_max"].append(1.0))
+    refused(capsys, ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)], out,
+            f"{FASTWAM_STATS} action.default.global_max", "expected 7 (latents_action's last dim), found 8")
+
+
+def test_fastwam_closed_loop_release_is_refused(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    for c in ("wm_vae_enc",):
+        shutil.copy(REPO / "golden" / "bundles" / "fastwam-closed-loop" / "ctx" / f"{c}_socid77_archv73.bin",
+                    release / "ctx")
+        shutil.copy(REPO / "golden" / "bundles" / "fastwam-closed-loop" / "golden" / f"{c}_io.npz", release / "golden")
+    refused(capsys, ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)], out,
+            "release ctx/", "closed-loop Fast-WAM release is not imported yet")
+
+
+def test_wrong_htp_arch(copies, capsys):
+    release, checkpoint, out = copies
+    ctx = release / "ctx"
+    (ctx / "vision_socid77_archv73.bin").rename(ctx / "vision_socid77_archv75.bin")
+    refused(capsys, args(release, checkpoint, out), out, "vision_socid77_archv75.bin", "expected v73, found v75")

@@ -1,7 +1,10 @@
-"""vla-import: a MolmoAct2 QNN release + its checkpoint -> a bundle `vlad parity --bundle` accepts.
+"""vla-import: a QNN release + its checkpoint -> a bundle `vlad parity --bundle` accepts.
 
-    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --tag TAG \
-        --instruction "put the bowl on the stove" [--instruction ...] --frame-size 256x256 --out BUNDLE
+    MolmoAct2 (checkpoint in the Hugging Face layout: --tag; LeRobot layout: statistics built in):
+    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name [--tag TAG] \
+        --instruction "put the bowl on the stove" [--instruction ...] [--frame-size 256x256] --out BUNDLE
+    Fast-WAM (the public release's action_step on its golden world model: OPEN LOOP):
+    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --out BUNDLE
 """
 
 import argparse
@@ -12,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 
-from . import bundle, checkpoint, contract, lerobot, prompt, release, sources  # noqa: E402
+from . import bundle, checkpoint, contract, fastwam, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid")
@@ -45,6 +48,13 @@ def arguments(argv):
                     "else config.json flow_matching_num_steps")
     ap.add_argument("--step-output", choices=("velocity", "next_trajectory"),
                     help="what action_step returns; default: read from onnx/action_step")
+    ap.add_argument("--shift", type=float, help="Fast-WAM: the Wan schedule's shift (default 5, upstream LIBERO)")
+    ap.add_argument("--norm-mode", choices=("min/max", "q01/q99", "z-score"),
+                    help="Fast-WAM: the dataset normalizer's mode (default min/max, upstream LIBERO)")
+    ap.add_argument("--gripper-map", choices=("libero", "none"),
+                    help="Fast-WAM: libero = upstream LIBERO eval's g*2-1 inverted (default)")
+    ap.add_argument("--gripper-binarize", action=argparse.BooleanOptionalAction,
+                    help="Fast-WAM: binarize the gripper (default on, upstream LIBERO)")
     ap.add_argument("--keystone-k", type=int, help="KeyStone's K (off when absent)")
     ap.add_argument("--keystone-selector", choices=KEYSTONE_SELECTORS, default="guarded_medoid")
     ap.add_argument("--keystone-distance", choices=DISTANCES, default="l2")
@@ -99,12 +109,45 @@ def normalization(ck, a, m: dict) -> dict:
             "camera_keys": list(meta.get("camera_keys") or []), "norm_mode": mode, "stats_where": where}
 
 
+def run_fastwam(a, comps: dict, ck_dir) -> dict:
+    """The open-loop Fast-WAM bundle: the release's action_step on its golden world model."""
+    order = fastwam.check_names(comps)
+    s = fastwam.settings(a)
+    _, horizon, dims = comps["action_step"].inputs["latents_action"][0]
+    where = fastwam.stats_file(ck_dir)
+    norm = fastwam.action_norm(checkpoint.read_json(where), s["norm_mode"], dims, str(where))
+    man = fastwam.manifest(a.name or a.out.name, comps, s, norm, horizon, dims)
+    world = fastwam.world_model(comps)
+    provenance = {
+        "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "policy": "fastwam",
+        "open_loop": "the world model is the release's golden action_step_io.npz video_keys/video_values/"
+                     "context/context_mask: the actions depend on the noise seed only",
+        "statistics": f"{where} action.default ({s['norm_mode']})",
+        "settings": {k: s[k] for k in ("flow_steps", "shift", "gripper_map", "gripper_binarize")},
+        "settings_from": "upstream LIBERO eval defaults unless given on the command line",
+    }
+
+    def e2e(stage):
+        arrays = fastwam.end_to_end(stage, comps, man, world, a.seed)
+        used = int(arrays["seed"][0])
+        skipped = (f"; seeds {a.seed}..{used - 1} skipped: a gripper value within {fastwam.GRIPPER_MARGIN} of "
+                   "the binarize threshold" if used != a.seed else "")
+        provenance["end_to_end_observation"] = f"seed {used} (open loop: the noise seed is all{skipped})"
+        return arrays
+
+    bundle.write(a.out, comps, order, man, {"inputs/world_model.npz": world}, e2e, provenance)
+    return {"bundle": str(a.out), **provenance}
+
+
 def run(a) -> dict:
     vlad = release.vlad_command(a.vlad)
     rel_dir = sources.resolve(a.release, sources.RELEASE_FILES, "release")
     overlay = sources.resolve(a.overlay, sources.RELEASE_FILES, "overlay") if a.overlay else None
     ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
     comps = release.load(rel_dir, vlad, overlay)
+    if fastwam.is_fastwam(comps):
+        return run_fastwam(a, comps, ck_dir)
+    release.require_trace(rel_dir)
     order = contract.check_names(comps)
     policy = checkpoint.read_json(ck_dir / "config.json")
     base_dir = None
@@ -200,7 +243,8 @@ def run(a) -> dict:
     if ck.policy is not None:
         provenance.update({"layout": "lerobot", "base_checkpoint": str(ck.base), "statistics": norm["from"],
                            "embedding_from": wte_from, "flow_steps_from": flow_from})
-    bundle.write(a.out, comps, order, man, tables, obs, provenance)
+    bundle.write(a.out, comps, order, man, {"prompt/prompt_tables.npz": tables},
+                 lambda stage: bundle.end_to_end(stage, comps, order, obs), provenance)
     return {"bundle": str(a.out), **provenance}
 
 
@@ -211,9 +255,13 @@ def main(argv=None) -> int:
     except ImportRefused as exc:
         print(f"vla-import: {exc}", file=sys.stderr)
         return 1
-    print(f"vla-import: wrote {report['bundle']} (prompt traced with instruction "
-          f"{report['prompt_matched']['instruction']}: {report['prompt_matched']['text']!r}; "
-          f"end-to-end observation {report['end_to_end_observation']})")
+    if "prompt_matched" in report:
+        print(f"vla-import: wrote {report['bundle']} (prompt traced with instruction "
+              f"{report['prompt_matched']['instruction']}: {report['prompt_matched']['text']!r}; "
+              f"end-to-end observation {report['end_to_end_observation']})")
+    else:
+        print(f"vla-import: wrote {report['bundle']} (Fast-WAM OPEN LOOP: {report['open_loop']}; "
+              f"end-to-end observation {report['end_to_end_observation']})")
     return 0
 
 
