@@ -561,3 +561,53 @@ def test_wrong_htp_arch(copies, capsys):
     ctx = release / "ctx"
     (ctx / "vision_socid77_archv73.bin").rename(ctx / "vision_socid77_archv75.bin")
     refused(capsys, args(release, checkpoint, out), out, "vision_socid77_archv75.bin", "expected v73, found v75")
+
+
+def test_overlay_replaces_the_base_components(copies, capsys, tmp_path):
+    """An operator-fused style overlay (vision and action_step only) whose goldens fit: the
+    overlay's binaries go into the bundle, the rest is the base's."""
+    release, checkpoint, out = copies
+    overlay = tmp_path / "overlay"
+    (overlay / "ctx").mkdir(parents=True)
+    (overlay / "golden").mkdir()
+    for c in ("vision", "action_step"):
+        shutil.copy(release / "ctx" / f"{c}_socid77_archv73.bin", overlay / "ctx")
+        shutil.copy(release / "golden" / f"{c}_io.npz", overlay / "golden")
+        (overlay / "onnx" / c).mkdir(parents=True)
+        shutil.copy(release / "onnx" / c / f"{c}.onnx", overlay / "onnx" / c)
+    # Mark the base's copies so the bundle shows whose were taken: they must not be.
+    for c in ("vision", "action_step"):
+        (release / "ctx" / f"{c}_socid77_archv73.bin").write_bytes(b"not a context")
+    assert main(args(release, checkpoint, out, "--overlay", str(overlay))) == 0, capsys.readouterr().err
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    for rel in ("ctx/vision_socid77_archv73.bin", "ctx/action_step_socid77_archv73.bin", "golden/end_to_end.npz"):
+        assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
+
+
+def _flatten_state_dim(lr: Path, stats: tuple, dim: int = 2):
+    from safetensors.numpy import load_file, save_file
+
+    for name in (NORMALIZER_FILE, UNNORMALIZER_FILE):
+        t = load_file(str(lr / name))
+        for lo, hi in (stats,):
+            t[f"observation.state.{hi}"][dim] = t[f"observation.state.{lo}"][dim]
+        save_file(t, str(lr / name))
+
+
+def test_lerobot_zero_range_quantile_dim_is_not_constant(copies, capsys, tmp_path):
+    """lerobot's QUANTILES divides a zero range by its eps (the value maps to -1), it has no zero
+    mask: the dim is imported as an ordinary one, vlad's floored divisor does the same."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    _flatten_state_dim(lr, ("q01", "q99"))
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    norm = json.loads((out / "bundle.json").read_text())["molmoact2"]["state_norm"]
+    assert norm["low"][2] == norm["high"][2] and norm["constant"] == [False] * 8
+
+
+def test_lerobot_zero_range_min_max_state_dim_is_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "MIN_MAX"})
+    _flatten_state_dim(lr, ("min", "max"))
+    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.min/max",
+            "dims [2] have min == max")

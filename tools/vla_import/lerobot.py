@@ -76,10 +76,11 @@ def _mode(path: Path, index: int, step: dict, feature_type: str) -> tuple[str, s
     return MODES[mode]
 
 
-def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int | None) -> dict:
+def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int | None,
+                   forward: bool) -> dict:
     """The bundle block for one feature. `constant` stays false: lerobot's normalizer has no
     zero mask, it divides a zero range by its eps (the value maps to -1), and vlad's floored
-    divisor does the same."""
+    divisor does the same. `forward`: the feature is normalized on the way in (the state)."""
     name, low_key, high_key = mode
 
     def arr(stat):
@@ -105,6 +106,13 @@ def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int
         block["passthrough"] = [not bool(m) for m in mask]
     if name in ("quantile", "min_max"):
         block["constant"] = [False] * n
+    if name == "min_max" and forward:
+        # vlad's min_max maps a zero range to 0 (the Hugging Face normalizer's zero mask); lerobot's
+        # maps it to -1: for a normalized input (the state) that is a different state token.
+        flat = [i for i, (lo, hi) in enumerate(zip(block["low"], block["high"]))
+                if lo == hi and not block.get("passthrough", [False] * n)[i]]
+        expect(not flat, f"{where} {feature}.min/max", f"dims {flat} have min == max: lerobot's MIN_MAX maps them "
+               "to -1, vlad's to 0 (use QUANTILES or mask them)")
     return block, n
 
 
@@ -120,9 +128,9 @@ def normalization(root: Path, policy: dict) -> dict:
     dims = {STATE: (feats[0].get(STATE) or {}).get("shape", [None])[0],
             ACTION: (feats[1].get(ACTION) or {}).get("shape", [None])[0]}
     state, state_dims = _normalization(state_stats, STATE, _mode(pre, i, step, "STATE"), str(state_file),
-                                       dims[STATE])
+                                       dims[STATE], forward=True)
     action, action_dims = _normalization(action_stats, ACTION, _mode(post, j, unstep, "ACTION"), str(action_file),
-                                         dims[ACTION])
+                                         dims[ACTION], forward=False)
     return {"state_norm": state, "action_norm": action, "state_dims": state_dims, "action_dims": action_dims,
             "from": [str(state_file), str(action_file)]}
 
