@@ -611,3 +611,9 @@ def test_lerobot_zero_range_min_max_state_dim_is_refused(copies, capsys, tmp_pat
     _flatten_state_dim(lr, ("min", "max"))
     refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.min/max",
             "dims [2] have min == max")
+
+
+def test_fastwam_refuses_molmoact2_settings(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    argv = ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out), "--tag", "libero_tiny"]
+    refused(capsys, argv, out, "--tag", "a MolmoAct2 setting")

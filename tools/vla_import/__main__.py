@@ -88,6 +88,8 @@ def normalization(ck, a, m: dict) -> dict:
         n["control_mode"] = pack.get("control_mode") or ck.policy.get("control_mode") or ""
         n["camera_keys"] = list(pack.get("image_keys") or ck.policy.get("image_keys") or [])
         n["action_mode"] = pack.get("action_mode") or ck.policy.get("action_mode")
+        expect(n["action_mode"] in (None, "both", "continuous"), f"{ck.root / lerobot.PREPROCESSOR} "
+               f"{lerobot.PACK} action_mode", f"expected 'both' or 'continuous', found {n['action_mode']!r}")
         n["norm_mode"] = "lerobot processor"
         n["stats_where"] = n["from"][1]
         return n
@@ -112,6 +114,12 @@ def normalization(ck, a, m: dict) -> dict:
 def run_fastwam(a, comps: dict, ck_dir) -> dict:
     """The open-loop Fast-WAM bundle: the release's action_step on its golden world model."""
     order = fastwam.check_names(comps)
+    for flag, value in (("--tag", a.tag), ("--instruction", a.instruction or a.instructions),
+                        ("--frame-size", a.frame_size), ("--observation", a.observation),
+                        ("--keystone-k", a.keystone_k), ("--step-output", a.step_output),
+                        ("--base-checkpoint", a.base_checkpoint)):
+        expect(not value, flag, "a MolmoAct2 setting, found for a Fast-WAM release (open loop: no prompt, "
+               "no observation but the seed)")
     s = fastwam.settings(a)
     _, horizon, dims = comps["action_step"].inputs["latents_action"][0]
     where = fastwam.stats_file(ck_dir)
