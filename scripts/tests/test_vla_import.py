@@ -617,3 +617,45 @@ def test_fastwam_refuses_molmoact2_settings(fastwam_copies, capsys):
     release, checkpoint, out = fastwam_copies
     argv = ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out), "--tag", "libero_tiny"]
     refused(capsys, argv, out, "--tag", "a MolmoAct2 setting")
+
+
+def test_hub_repo_ids_fetch_only_the_files_the_import_reads(copies, capsys, tmp_path, monkeypatch):
+    """The Hub path with huggingface_hub's own pattern filter and a local stand-in for the
+    download (no network here): release, LeRobot checkpoint and the Hugging Face checkpoint its
+    config names, each by repo id; files the import does not read stay on the Hub."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf,
+                            policy_edit=lambda p: p.update(checkpoint_path="allenai/tiny-molmoact2"))
+    for d in (release, hf, lr):
+        (d / "README.md").write_text("model card")
+    (hf / "training_args.bin").write_bytes(b"not needed")
+    hub = {"xpuenabler/tiny-release": release, "allenai/tiny-molmoact2": hf, "xpuenabler/tiny-lerobot": lr}
+    fetched = {}
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        src = hub[repo_id]
+        files = [str(p.relative_to(src)) for p in src.rglob("*") if p.is_file()]
+        keep = list(filter_repo_objects(files, allow_patterns=allow_patterns))
+        dst = tmp_path / "hub" / repo_id.replace("/", "--")
+        for rel in keep:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src / rel, dst / rel)
+        fetched[repo_id] = sorted(keep)
+        return str(dst)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    argv = lerobot_args("xpuenabler/tiny-release", "xpuenabler/tiny-lerobot", out)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(fetched) == sorted(hub)
+    for repo, files in fetched.items():
+        assert "README.md" not in files and "training_args.bin" not in files, (repo, files)
+    assert "golden/trace.json" in fetched["xpuenabler/tiny-release"]
+    assert "onnx/vision/vision.onnx" in fetched["xpuenabler/tiny-release"]
+    assert NORMALIZER_FILE in fetched["xpuenabler/tiny-lerobot"]
+    assert "tokenizer.json" in fetched["allenai/tiny-molmoact2"]
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    for rel in ("ctx/llm_split0_socid77_archv73.bin", "prompt/prompt_tables.npz", "golden/end_to_end.npz"):
+        assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
