@@ -656,6 +656,21 @@ def test_hub_repo_ids_fetch_only_the_files_the_import_reads(copies, capsys, tmp_
     assert "onnx/vision/vision.onnx" in fetched["xpuenabler/tiny-release"]
     assert NORMALIZER_FILE in fetched["xpuenabler/tiny-lerobot"]
     assert "tokenizer.json" in fetched["allenai/tiny-molmoact2"]
+    assert "model.safetensors" not in fetched["allenai/tiny-molmoact2"], "the LeRobot checkpoint has the wte"
     committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
     for rel in ("ctx/llm_split0_socid77_archv73.bin", "prompt/prompt_tables.npz", "golden/end_to_end.npz"):
         assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
+
+
+def test_lerobot_checkpoint_without_the_base_embedding_takes_it_from_the_base(copies, capsys, tmp_path):
+    from safetensors.numpy import save_file
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    new = ck.read_tensor(hf / "model.safetensors", ck.NEW)
+    save_file({"model." + ck.NEW: new}, str(lr / "model.safetensors"))  # only what was fine-tuned
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    prov = json.loads((out / "import.json").read_text())
+    assert prov["embedding_from"] == [f"{hf / 'model.safetensors'} {ck.WTE}", f"{lr / 'model.safetensors'} model.{ck.NEW}"]
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    assert (out / "prompt/prompt_tables.npz").read_bytes() == (committed / "prompt/prompt_tables.npz").read_bytes()

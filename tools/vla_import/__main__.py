@@ -164,7 +164,7 @@ def run(a) -> dict:
         base = a.base_checkpoint or policy.get("checkpoint_path")
         expect(isinstance(base, str) and base != "", f"{ck_dir / 'config.json'} checkpoint_path",
                "expected the Hugging Face checkpoint the policy was trained from (or pass --base-checkpoint)")
-        base_dir = sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint")
+        base_dir = sources.resolve(base, sources.BASE_FILES, "base checkpoint")
     ck = checkpoint.load(ck_dir, base_dir)
     contract.refuse_unsupported(ck.config, ck.processor)
     m = contract.settings(comps, order, ck.config, ck.processor)
@@ -224,7 +224,10 @@ def run(a) -> dict:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))
-    wte, prefix, wte_from = checkpoint.embedding_table([ck.root] + ([ck.base] if ck.policy else []))
+    roots = [ck.root]
+    if ck.policy is not None and not checkpoint.has_embedding(ck.root):
+        roots.append(sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint"))  # now with its weights
+    wte, prefix, wte_from = checkpoint.embedding_table(roots)
     expect(wte.shape[1] == m["hidden"], "model.safetensors wte", f"width: expected {m['hidden']}, found {wte.shape[1]}")
     grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.

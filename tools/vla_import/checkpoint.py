@@ -68,6 +68,12 @@ def _find(where: dict, name: str):
     return None, None
 
 
+def has_embedding(root: Path) -> bool:
+    """Whether `root` holds both wte tensors (under any of the prefixes)."""
+    where = _locate(root)
+    return all(_find(where, name)[0] for name in (WTE, NEW))
+
+
 def embedding_table(roots: list) -> tuple[np.ndarray, str, list]:
     """wte = embedding then new_embedding, f32. Each tensor is taken from the first root that
     has it (a LeRobot checkpoint before the Hugging Face one it was trained from, so its

@@ -11,6 +11,10 @@ CHECKPOINT_FILES = ["config.json", "processor_config.json", "preprocessor_config
                     "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
                     "policy_*processor*.json", "policy_*processor*.safetensors",
                     "*_dataset_stats.json"]  # the last: Fast-WAM's statistics
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*.safetensors")
+# The Hugging Face checkpoint a LeRobot one names: its weights only when the LeRobot checkpoint
+# lacks an embedding tensor (a full MolmoAct2 is many GB).
+BASE_FILES = [f for f in CHECKPOINT_FILES if f not in WEIGHTS]
 
 
 def resolve(source: str, patterns: list, what: str) -> Path:
