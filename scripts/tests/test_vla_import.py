@@ -211,3 +211,466 @@ def test_release_that_is_neither_a_directory_nor_reachable(tmp_path, monkeypatch
     out = tmp_path / "bundle"
     refused(capsys, args("nobody/no-such-release", UP / "checkpoint", out), out, "nobody/no-such-release",
             "not a local directory")
+
+
+# --- a LeRobot-layout checkpoint (the retrained variants), laid out with the published names ---
+
+NORM_MAP = {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}
+NORMALIZER_FILE = "policy_preprocessor_step_3_molmoact2_masked_normalizer.safetensors"
+UNNORMALIZER_FILE = "policy_postprocessor_step_1_molmoact2_masked_unnormalizer.safetensors"
+
+
+def _feature_stats(feature: str, stats: dict) -> dict:
+    """lerobot's normalizer state_dict: flat `<feature>.<stat>` f32 tensors, the mask as 1/0."""
+    return {f"{feature}.{k}": np.asarray(v, np.float32) for k, v in stats.items()}
+
+
+def lerobot_checkpoint(root: Path, hf: Path, *, norm_map=None, policy_edit=None, new_embedding=None) -> Path:
+    """The tiny Hugging Face checkpoint retrained in LeRobot: config.json naming it, the wte tensors
+    under the `model.` prefix, the statistics in the pipelines' normalizer state files."""
+    from safetensors.numpy import save_file
+
+    root.mkdir(parents=True)
+    meta = json.loads((hf / "norm_stats.json").read_text())["metadata_by_tag"][REPORT["tag"]]
+    cams = [f"observation.images.{k}" for k in meta["camera_keys"]]
+    h, w = REPORT["frame_size"]
+    features = {**{c: {"type": "VISUAL", "shape": [3, h, w]} for c in cams},
+                "observation.state": {"type": "STATE", "shape": [len(meta["state_stats"]["q01"])]}}
+    out_features = {"action": {"type": "ACTION", "shape": [len(meta["action_stats"]["q01"])]}}
+    policy = {"type": "molmoact2", "checkpoint_path": str(hf), "n_obs_steps": 1, "chunk_size": 10,
+              "n_action_steps": 10, "action_mode": "both", "inference_action_mode": "continuous",
+              "norm_tag": None, "setup_type": "", "control_mode": "", "image_keys": cams,
+              "normalize_language": True, "add_setup_tokens": True, "add_control_tokens": True,
+              "normalize_gripper": False, "num_state_tokens": 256, "num_inference_steps": None,
+              "joint_signs": None, "joint_offsets": None, "normalization_mapping": NORM_MAP,
+              "input_features": features, "output_features": out_features}
+    if policy_edit:
+        policy_edit(policy)
+    (root / "config.json").write_text(json.dumps(policy, indent=2))
+    single = hf / "model.safetensors"
+    new = ck.read_tensor(single, ck.NEW) if new_embedding is None else new_embedding
+    save_file({"model." + ck.WTE: ck.read_tensor(single, ck.WTE), "model." + ck.NEW: new},
+              str(root / "model.safetensors"))
+    stats = {**_feature_stats("observation.state", meta["state_stats"]),
+             **_feature_stats("action", meta["action_stats"]),
+             **{f"{c}.{k}": np.full((3, 1, 1), v, np.float32) for c in cams for k, v in (("mean", 0.5), ("std", 0.25))}}
+    save_file(stats, str(root / NORMALIZER_FILE))
+    save_file(stats, str(root / UNNORMALIZER_FILE))
+    norm_config = {"eps": 1e-08, "features": {**features, **out_features}, "norm_map": norm_map or NORM_MAP}
+    pre = {"name": "policy_preprocessor", "steps": [
+        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+        {"registry_name": "to_batch_processor", "config": {}},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        {"registry_name": "molmoact2_masked_normalizer", "config": norm_config, "state_file": NORMALIZER_FILE},
+        {"registry_name": "molmoact2_clamp_normalized", "config": {}},
+        {"registry_name": "molmoact2_pack_inputs", "config": {
+            "checkpoint_path": str(hf), "action_mode": policy["action_mode"], "image_keys": cams,
+            "setup_type": meta["setup_type"], "control_mode": meta["control_mode"], "normalize_language": True,
+            "add_setup_tokens": True, "add_control_tokens": True, "num_state_tokens": 256,
+            "max_sequence_length": None, "chunk_size": 10, "max_action_dim": 8, "env_action_dim": None}}]}
+    post = {"name": "policy_postprocessor", "steps": [
+        {"registry_name": "molmoact2_clamp_action", "config": {}},
+        {"registry_name": "molmoact2_masked_unnormalizer",
+         "config": {"eps": 1e-08, "features": out_features, "norm_map": norm_map or NORM_MAP},
+         "state_file": UNNORMALIZER_FILE},
+        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
+    (root / "policy_preprocessor.json").write_text(json.dumps(pre, indent=2))
+    (root / "policy_postprocessor.json").write_text(json.dumps(post, indent=2))
+    return root
+
+
+def lerobot_args(release, lr, out, *extra, observation=True):
+    a = ["--release", str(release), "--checkpoint", str(lr), "--out", str(out),
+         "--name", "molmoact2-upstream-original-tiny"]
+    if observation:
+        a += ["--observation", "golden/upstream-molmoact2/upstream/original_observation0.npz"]
+    for text in INSTRUCTIONS:
+        a += ["--instruction", text]
+    return a + list(extra)
+
+
+def _f32_norms(manifest: dict) -> dict:
+    m = manifest["molmoact2"]
+    for key in ("state_norm", "action_norm"):
+        m[key] = {k: (np.float32(v).tolist() if k in ("low", "high", "mean", "std") else v) for k, v in m[key].items()}
+    return manifest
+
+
+def test_lerobot_checkpoint_gives_the_same_bundle(copies, capsys, tmp_path):
+    """Same model, statistics carried by the LeRobot pipelines (f32) instead of norm_stats.json:
+    the same bundle, no --tag, and the frame size from input_features."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    assert main(lerobot_args(release, lr, out, observation=False)) == 0, capsys.readouterr().err
+    plain = tmp_path / "plain"
+    assert main(args(release, hf, plain, observation=False)) == 0, capsys.readouterr().err
+    made = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert made == sorted(p.relative_to(plain) for p in plain.rglob("*") if p.is_file())
+    for rel in made:
+        if rel.name not in ("bundle.json", "import.json"):
+            assert (out / rel).read_bytes() == (plain / rel).read_bytes(), rel
+    got, want = (_f32_norms(json.loads((d / "bundle.json").read_text())) for d in (out, plain))
+    assert got == want
+    assert got["molmoact2"]["state_norm"]["passthrough"] == [False] * 8
+    assert got["molmoact2"]["action_norm"]["passthrough"] == [False] * 6 + [True]  # the gripper mask
+    prov = json.loads((out / "import.json").read_text())
+    assert prov["layout"] == "lerobot" and prov["statistics"] == [str(lr / NORMALIZER_FILE), str(lr / UNNORMALIZER_FILE)]
+    assert prov["embedding_prefix"] == "model."
+
+
+def test_lerobot_fine_tuned_new_embedding_wins(copies, capsys, tmp_path):
+    release, hf, out = copies
+    single = hf / "model.safetensors"
+    new = ck.read_tensor(single, ck.NEW)
+    wte = np.concatenate([ck.read_tensor(single, ck.WTE), new])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    with np.load(release / "golden" / "llm_split0_io.npz") as z:
+        from vla_import.prompt import recover_ids
+
+        traced = set(recover_ids(z["hidden_states"][0], wte).tolist())
+    level = next(k for k in range(256) if tok.token_to_id(f"<state_{k}>") not in traced)
+    row = tok.token_to_id(f"<state_{level}>") - len(wte) + len(new)
+    assert row >= 0, "state tokens live in new_embedding"
+    tuned = new.copy()
+    tuned[row] = np.linspace(-1, 1, new.shape[1], dtype=np.float32)
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, new_embedding=tuned)
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    with np.load(out / "prompt" / "prompt_tables.npz") as z:
+        assert np.array_equal(z["state_token_rows"][level], tuned[row].astype(np.float16))
+    assert json.loads((out / "import.json").read_text())["embedding_from"][1] == f"{lr / 'model.safetensors'} model.{ck.NEW}"
+
+
+def test_lerobot_quantile10_is_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "QUANTILE10"})
+    refused(capsys, lerobot_args(release, lr, out), out, "policy_preprocessor.json steps[3].config.norm_map.STATE",
+            "q01/q99", "'QUANTILE10'")
+
+
+def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf,
+                            policy_edit=lambda p: p.update(joint_signs=[1.0] * 8, joint_offsets=[0.0] * 8))
+    refused(capsys, lerobot_args(release, lr, out), out, "config.json joint_signs", "expected null")
+
+
+def test_lerobot_missing_statistic_names_file_and_key(copies, capsys, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    stats = load_file(str(lr / NORMALIZER_FILE))
+    del stats["observation.state.q99"]
+    save_file(stats, str(lr / NORMALIZER_FILE))
+    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.q99",
+            "expected for quantile")
+
+
+def test_lerobot_missing_state_file(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    (lr / UNNORMALIZER_FILE).unlink()
+    refused(capsys, lerobot_args(release, lr, out), out, UNNORMALIZER_FILE,
+            "named by policy_postprocessor.json steps[1]")
+
+
+def test_lerobot_action_mode_decides_the_encoder_mask(copies, capsys, tmp_path):
+    release, hf, out = copies
+
+    def continuous(p):
+        p["action_mode"] = "continuous"
+
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, policy_edit=continuous)
+    pre = json.loads((lr / "policy_preprocessor.json").read_text())
+    pre["steps"][5]["config"]["action_mode"] = "continuous"
+    (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    refused(capsys, lerobot_args(release, lr, out), out, "action_step_io.npz encoder_attention_mask", "action_mode")
+
+
+# --- settings vlad cannot express, and the checkpoint encodings ---
+
+
+def _edit_json(path: Path, edit):
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda p: p["image_processor"].update(image_mean=[0.485, 0.456, 0.406]),
+     ["processor_config.json image_processor.image_mean", "expected [0.5, 0.5, 0.5]"]),
+    (lambda p: p["image_processor"].update(image_std=[0.229, 0.224, 0.225]),
+     ["processor_config.json image_processor.image_std", "expected [0.5, 0.5, 0.5]"]),
+])
+def test_image_normalization_other_than_half_is_refused(copies, capsys, edit, needles):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "processor_config.json", edit)
+    refused(capsys, args(release, checkpoint, out), out, *needles)
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda c: c.update(num_state_tokens=128), ["config.json num_state_tokens", "expected 256", "found 128"]),
+    (lambda c: c.update(joint_signs=[-1.0] * 8), ["config.json joint_signs", "expected null"]),
+])
+def test_config_settings_vlad_cannot_express_are_refused(copies, capsys, edit, needles):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "config.json", edit)
+    refused(capsys, args(release, checkpoint, out), out, *needles)
+
+
+def test_quantile_bounds_other_than_q01_q99_are_refused(copies, capsys):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "norm_stats.json", lambda s: s.update(norm_mode="q10_q90"))
+    refused(capsys, args(release, checkpoint, out), out, "norm_stats.json", "norm_mode", "'q10_q90'")
+
+
+def test_bf16_checkpoint_is_read_exactly(tmp_path):
+    """The committed tiny checkpoint is bf16 (as the published ones): each value is the upper
+    half of an f32, so widening is exact: the f32 re-encoding gives the same table."""
+    from safetensors.numpy import save_file
+
+    single = UP / "checkpoint" / "model.safetensors"
+    header, _ = ck._header(single)
+    assert header[ck.WTE]["dtype"] == header[ck.NEW]["dtype"] == "BF16"
+    table, _, _ = ck.embedding_table([single.parent])
+    assert table.dtype == np.float32 and not (table.view(np.uint32) & 0xFFFF).any()
+    f32 = tmp_path / "f32"
+    f32.mkdir()
+    save_file({ck.WTE: ck.read_tensor(single, ck.WTE), ck.NEW: ck.read_tensor(single, ck.NEW)},
+              str(f32 / "model.safetensors"))
+    again, _, _ = ck.embedding_table([f32])
+    assert np.array_equal(table, again)
+
+
+def test_lora_key_prefix(copies, capsys):
+    from safetensors.numpy import save_file
+
+    release, checkpoint, out = copies
+    single = checkpoint / "model.safetensors"
+    save_file({"model.base_model.model." + k: ck.read_tensor(single, k) for k in (ck.WTE, ck.NEW)}, str(single))
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    assert json.loads((out / "import.json").read_text())["embedding_prefix"] == "model.base_model.model."
+
+
+# --- Fast-WAM: the public release's layout (action_step only), open loop ---
+
+FASTWAM = REPO / "golden" / "bundles" / "fastwam"
+FASTWAM_STATS = "libero_uncond_2cam224_dataset_stats.json"
+
+
+def fastwam_release(root: Path) -> Path:
+    """A release as the public Fast-WAM one is laid out: the action_step context, its golden, the
+    video prefill's golden and the converter's report beside it, the ONNX graph (rebuilt from the
+    fixture's seed: it is the graph the committed binary was compiled from)."""
+    import make_golden as mg
+    import fixture_graphs as fg
+    import onnx
+
+    (root / "ctx").mkdir(parents=True)
+    (root / "golden").mkdir()
+    (root / "onnx" / "action_step").mkdir(parents=True)
+    shutil.copy(FASTWAM / "ctx" / "action_step_socid77_archv73.bin", root / "ctx")
+    shutil.copy(FASTWAM / "golden" / "action_step_io.npz", root / "golden")
+    with np.load(FASTWAM / "golden" / "action_step_io.npz") as z:
+        np.savez(root / "golden" / "video_prefill_io.npz", video_keys=z["video_keys"], video_values=z["video_values"])
+    (root / "golden" / "convert_report.json").write_text(json.dumps({"components": ["action_step"]}))
+    cfg = mg.FASTWAM
+    model = fg.build_fastwam_step(cfg["dims"], mg.component_rng(cfg["seed"], "action_step"))
+    onnx.save(model, str(root / "onnx" / "action_step" / "action_step.onnx"))
+    return root
+
+
+def fastwam_checkpoint(root: Path) -> Path:
+    rng = np.random.default_rng(3)
+    lo = rng.uniform(-1.0, 0.0, 7)
+    hi = lo + rng.uniform(0.5, 2.0, 7)
+    lo[-1], hi[-1] = 0.0, 1.0  # the gripper in [0, 1]: upstream LIBERO maps it by g*2-1, inverted
+    stats = {k: {"default": {"global_min": lo.tolist(), "global_max": hi.tolist(),
+                             "global_q01": (lo + 0.01).tolist(), "global_q99": (hi - 0.01).tolist(),
+                             "global_mean": ((lo + hi) / 2).tolist(), "global_std": (hi - lo).tolist()}}
+             for k in ("action", "state")}
+    root.mkdir(parents=True)
+    (root / FASTWAM_STATS).write_text(json.dumps(stats))
+    return root
+
+
+@pytest.fixture
+def fastwam_copies(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    return fastwam_release(tmp_path / "release"), fastwam_checkpoint(tmp_path / "checkpoint"), tmp_path / "bundle"
+
+
+def test_fastwam_open_loop_import_passes_parity(fastwam_copies, capsys):
+    import subprocess
+    from vla_import import release as rel
+
+    release, checkpoint, out = fastwam_copies
+    assert main(["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)]) == 0, \
+        capsys.readouterr().err
+    man = json.loads((out / "bundle.json").read_text())
+    f = man["fastwam"]
+    stats = json.loads((checkpoint / FASTWAM_STATS).read_text())["action"]["default"]
+    assert (f["flow_steps"], f["shift"], f["gripper_map"], f["gripper_binarize"]) == (10, 5.0, "libero", True)
+    assert f["action_norm"] == {"mode": "min_max", "low": stats["global_min"], "high": stats["global_max"]}
+    assert (f["action_horizon"], f["action_dims"]) == (32, 7)
+    with np.load(out / "inputs" / "world_model.npz") as w, np.load(release / "golden" / "action_step_io.npz") as g:
+        assert sorted(w.files) == ["context", "context_mask", "video_keys", "video_values"]
+        for k in w.files:
+            assert np.array_equal(w[k], g[k]), k
+    with np.load(out / "golden" / "end_to_end.npz") as e:
+        assert set(np.unique(e["actions"][:, -1])) <= {-1.0, 1.0}  # binarized, clear of 0
+    assert "open loop" in json.loads((out / "import.json").read_text())["end_to_end_observation"]
+    run = subprocess.run([rel.vlad_command(None), "parity", "--bundle", str(out)], env=rel.qnn_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.returncode == 0, run.stdout
+    assert "OPEN LOOP" in run.stdout and "end to end" in run.stdout
+
+
+def test_fastwam_overrides_are_written(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    argv = ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out), "--flow-steps", "4",
+            "--shift", "3", "--norm-mode", "z-score", "--gripper-map", "none", "--no-gripper-binarize"]
+    assert main(argv) == 0, capsys.readouterr().err
+    f = json.loads((out / "bundle.json").read_text())["fastwam"]
+    assert (f["flow_steps"], f["shift"], f["gripper_map"], f["gripper_binarize"]) == (4, 3.0, "none", False)
+    assert f["action_norm"]["mode"] == "mean_std"
+
+
+def test_fastwam_stats_of_the_wrong_width(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    _edit_json(checkpoint / FASTWAM_STATS, lambda s: s["action"]["default"]["global_max"].append(1.0))
+    refused(capsys, ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)], out,
+            f"{FASTWAM_STATS} action.default.global_max", "expected 7 (latents_action's last dim), found 8")
+
+
+def test_fastwam_closed_loop_release_is_refused(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    for c in ("wm_vae_enc",):
+        shutil.copy(REPO / "golden" / "bundles" / "fastwam-closed-loop" / "ctx" / f"{c}_socid77_archv73.bin",
+                    release / "ctx")
+        shutil.copy(REPO / "golden" / "bundles" / "fastwam-closed-loop" / "golden" / f"{c}_io.npz", release / "golden")
+    refused(capsys, ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out)], out,
+            "release ctx/", "closed-loop Fast-WAM release is not imported yet")
+
+
+def test_wrong_htp_arch(copies, capsys):
+    release, checkpoint, out = copies
+    ctx = release / "ctx"
+    (ctx / "vision_socid77_archv73.bin").rename(ctx / "vision_socid77_archv75.bin")
+    refused(capsys, args(release, checkpoint, out), out, "vision_socid77_archv75.bin", "expected v73, found v75")
+
+
+def test_overlay_replaces_the_base_components(copies, capsys, tmp_path):
+    """An operator-fused style overlay (vision and action_step only) whose goldens fit: the
+    overlay's binaries go into the bundle, the rest is the base's."""
+    release, checkpoint, out = copies
+    overlay = tmp_path / "overlay"
+    (overlay / "ctx").mkdir(parents=True)
+    (overlay / "golden").mkdir()
+    for c in ("vision", "action_step"):
+        shutil.copy(release / "ctx" / f"{c}_socid77_archv73.bin", overlay / "ctx")
+        shutil.copy(release / "golden" / f"{c}_io.npz", overlay / "golden")
+        (overlay / "onnx" / c).mkdir(parents=True)
+        shutil.copy(release / "onnx" / c / f"{c}.onnx", overlay / "onnx" / c)
+    # Mark the base's copies so the bundle shows whose were taken: they must not be.
+    for c in ("vision", "action_step"):
+        (release / "ctx" / f"{c}_socid77_archv73.bin").write_bytes(b"not a context")
+    assert main(args(release, checkpoint, out, "--overlay", str(overlay))) == 0, capsys.readouterr().err
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    for rel in ("ctx/vision_socid77_archv73.bin", "ctx/action_step_socid77_archv73.bin", "golden/end_to_end.npz"):
+        assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
+
+
+def _flatten_state_dim(lr: Path, stats: tuple, dim: int = 2):
+    from safetensors.numpy import load_file, save_file
+
+    for name in (NORMALIZER_FILE, UNNORMALIZER_FILE):
+        t = load_file(str(lr / name))
+        for lo, hi in (stats,):
+            t[f"observation.state.{hi}"][dim] = t[f"observation.state.{lo}"][dim]
+        save_file(t, str(lr / name))
+
+
+def test_lerobot_zero_range_quantile_dim_is_not_constant(copies, capsys, tmp_path):
+    """lerobot's QUANTILES divides a zero range by its eps (the value maps to -1), it has no zero
+    mask: the dim is imported as an ordinary one, vlad's floored divisor does the same."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    _flatten_state_dim(lr, ("q01", "q99"))
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    norm = json.loads((out / "bundle.json").read_text())["molmoact2"]["state_norm"]
+    assert norm["low"][2] == norm["high"][2] and norm["constant"] == [False] * 8
+
+
+def test_lerobot_zero_range_min_max_state_dim_is_refused(copies, capsys, tmp_path):
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "MIN_MAX"})
+    _flatten_state_dim(lr, ("min", "max"))
+    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.min/max",
+            "dims [2] have min == max")
+
+
+def test_fastwam_refuses_molmoact2_settings(fastwam_copies, capsys):
+    release, checkpoint, out = fastwam_copies
+    argv = ["--release", str(release), "--checkpoint", str(checkpoint), "--out", str(out), "--tag", "libero_tiny"]
+    refused(capsys, argv, out, "--tag", "a MolmoAct2 setting")
+
+
+def test_hub_repo_ids_fetch_only_the_files_the_import_reads(copies, capsys, tmp_path, monkeypatch):
+    """The Hub path with huggingface_hub's own pattern filter and a local stand-in for the
+    download (no network here): release, LeRobot checkpoint and the Hugging Face checkpoint its
+    config names, each by repo id; files the import does not read stay on the Hub."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf,
+                            policy_edit=lambda p: p.update(checkpoint_path="allenai/tiny-molmoact2"))
+    for d in (release, hf, lr):
+        (d / "README.md").write_text("model card")
+    (hf / "training_args.bin").write_bytes(b"not needed")
+    hub = {"xpuenabler/tiny-release": release, "allenai/tiny-molmoact2": hf, "xpuenabler/tiny-lerobot": lr}
+    fetched = {}
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        src = hub[repo_id]
+        files = [str(p.relative_to(src)) for p in src.rglob("*") if p.is_file()]
+        keep = list(filter_repo_objects(files, allow_patterns=allow_patterns))
+        dst = tmp_path / "hub" / repo_id.replace("/", "--")
+        for rel in keep:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src / rel, dst / rel)
+        fetched[repo_id] = sorted(keep)
+        return str(dst)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    argv = lerobot_args("xpuenabler/tiny-release", "xpuenabler/tiny-lerobot", out)
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(fetched) == sorted(hub)
+    for repo, files in fetched.items():
+        assert "README.md" not in files and "training_args.bin" not in files, (repo, files)
+    assert "golden/trace.json" in fetched["xpuenabler/tiny-release"]
+    assert "onnx/vision/vision.onnx" in fetched["xpuenabler/tiny-release"]
+    assert NORMALIZER_FILE in fetched["xpuenabler/tiny-lerobot"]
+    assert "tokenizer.json" in fetched["allenai/tiny-molmoact2"]
+    assert "model.safetensors" not in fetched["allenai/tiny-molmoact2"], "the LeRobot checkpoint has the wte"
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    for rel in ("ctx/llm_split0_socid77_archv73.bin", "prompt/prompt_tables.npz", "golden/end_to_end.npz"):
+        assert (out / rel).read_bytes() == (committed / rel).read_bytes(), rel
+
+
+def test_lerobot_checkpoint_without_the_base_embedding_takes_it_from_the_base(copies, capsys, tmp_path):
+    from safetensors.numpy import save_file
+
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    new = ck.read_tensor(hf / "model.safetensors", ck.NEW)
+    save_file({"model." + ck.NEW: new}, str(lr / "model.safetensors"))  # only what was fine-tuned
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    prov = json.loads((out / "import.json").read_text())
+    assert prov["embedding_from"] == [f"{hf / 'model.safetensors'} {ck.WTE}", f"{lr / 'model.safetensors'} model.{ck.NEW}"]
+    committed = REPO / "golden" / "bundles" / "molmoact2-upstream-original"
+    assert (out / "prompt/prompt_tables.npz").read_bytes() == (committed / "prompt/prompt_tables.npz").read_bytes()

@@ -1,7 +1,10 @@
-"""vla-import: a MolmoAct2 QNN release + its checkpoint -> a bundle `vlad parity --bundle` accepts.
+"""vla-import: a QNN release + its checkpoint -> a bundle `vlad parity --bundle` accepts.
 
-    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --tag TAG \
-        --instruction "put the bowl on the stove" [--instruction ...] --frame-size 256x256 --out BUNDLE
+    MolmoAct2 (checkpoint in the Hugging Face layout: --tag; LeRobot layout: statistics built in):
+    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name [--tag TAG] \
+        --instruction "put the bowl on the stove" [--instruction ...] [--frame-size 256x256] --out BUNDLE
+    Fast-WAM (the public release's action_step on its golden world model: OPEN LOOP):
+    scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --out BUNDLE
 """
 
 import argparse
@@ -12,7 +15,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 
-from . import bundle, checkpoint, contract, prompt, release, sources  # noqa: E402
+from . import bundle, checkpoint, contract, fastwam, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid")
@@ -32,14 +35,26 @@ def arguments(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--release", required=True, help="QNN release: a directory or a Hub repo id")
     ap.add_argument("--overlay", help="a release whose components replace the base's (operator-fused)")
-    ap.add_argument("--checkpoint", required=True, help="the checkpoint it was converted from (HF layout)")
-    ap.add_argument("--tag", required=True, help="normalization tag in norm_stats.json metadata_by_tag")
+    ap.add_argument("--checkpoint", required=True,
+                    help="the checkpoint it was converted from: Hugging Face or LeRobot layout")
+    ap.add_argument("--base-checkpoint", help="a LeRobot checkpoint's Hugging Face checkpoint "
+                    "(default: its config.json checkpoint_path)")
+    ap.add_argument("--tag", help="normalization tag in norm_stats.json metadata_by_tag (Hugging Face layout; "
+                    "a LeRobot checkpoint carries its statistics)")
     ap.add_argument("--instruction", action="append", default=[], help="an instruction (repeatable)")
     ap.add_argument("--instructions", type=Path, help=".json list of instructions")
     ap.add_argument("--frame-size", type=parse_size, help="raw camera frame HxW (an HF checkpoint does not state it)")
-    ap.add_argument("--flow-steps", type=int, help="default: config.json flow_matching_num_steps")
+    ap.add_argument("--flow-steps", type=int, help="default: the LeRobot config's num_inference_steps, "
+                    "else config.json flow_matching_num_steps")
     ap.add_argument("--step-output", choices=("velocity", "next_trajectory"),
                     help="what action_step returns; default: read from onnx/action_step")
+    ap.add_argument("--shift", type=float, help="Fast-WAM: the Wan schedule's shift (default 5, upstream LIBERO)")
+    ap.add_argument("--norm-mode", choices=("min/max", "q01/q99", "z-score"),
+                    help="Fast-WAM: the dataset normalizer's mode (default min/max, upstream LIBERO)")
+    ap.add_argument("--gripper-map", choices=("libero", "none"),
+                    help="Fast-WAM: libero = upstream LIBERO eval's g*2-1 inverted (default)")
+    ap.add_argument("--gripper-binarize", action=argparse.BooleanOptionalAction,
+                    help="Fast-WAM: binarize the gripper (default on, upstream LIBERO)")
     ap.add_argument("--keystone-k", type=int, help="KeyStone's K (off when absent)")
     ap.add_argument("--keystone-selector", choices=KEYSTONE_SELECTORS, default="guarded_medoid")
     ap.add_argument("--keystone-distance", choices=DISTANCES, default="l2")
@@ -63,30 +78,103 @@ def step_output_of(onnx_path) -> str:
     return "next_trajectory" if adds else "velocity"
 
 
+def normalization(ck, a, m: dict) -> dict:
+    """state_norm, action_norm, dims, setup/control text and where they came from: a LeRobot
+    checkpoint's processor statistics, else the Hugging Face checkpoint's norm_stats.json tag."""
+    if ck.policy is not None:
+        n = lerobot.normalization(ck.root, ck.policy)
+        pack = lerobot.pack_settings(ck.root)
+        n["setup_type"] = pack.get("setup_type") or ck.policy.get("setup_type") or ""
+        n["control_mode"] = pack.get("control_mode") or ck.policy.get("control_mode") or ""
+        n["camera_keys"] = list(pack.get("image_keys") or ck.policy.get("image_keys") or [])
+        n["action_mode"] = pack.get("action_mode") or ck.policy.get("action_mode")
+        expect(n["action_mode"] in (None, "both", "continuous"), f"{ck.root / lerobot.PREPROCESSOR} "
+               f"{lerobot.PACK} action_mode", f"expected 'both' or 'continuous', found {n['action_mode']!r}")
+        n["norm_mode"] = "lerobot processor"
+        n["stats_where"] = n["from"][1]
+        return n
+    expect(bool(a.tag), "--tag", "expected the normalization tag of norm_stats.json metadata_by_tag; tags: "
+           + ", ".join(sorted((ck.stats or {}).get("metadata_by_tag") or {})))
+    meta = checkpoint.tag_metadata(ck, a.tag)
+    mode = ck.stats.get("norm_mode", "min_max")
+    where = f"{ck.root / 'norm_stats.json'} metadata_by_tag.{a.tag}"
+    for key in ("action_stats", "state_stats"):
+        expect(isinstance(meta.get(key), dict), f"{where}.{key}", "expected an object, found none")
+    horizon = meta.get("action_horizon", m["action_horizon"])
+    expect(horizon == m["action_horizon"], f"{where}.action_horizon",
+           f"expected {m['action_horizon']} (the trajectory's), found {horizon}")
+    dims = lambda s: len(s.get("mask") or s.get("q01") or s["min"])  # noqa: E731
+    return {"action_norm": checkpoint.normalization(meta["action_stats"], mode, f"{where}.action_stats"),
+            "state_norm": checkpoint.normalization(meta["state_stats"], mode, f"{where}.state_stats"),
+            "action_dims": dims(meta["action_stats"]), "state_dims": dims(meta["state_stats"]),
+            "setup_type": meta.get("setup_type", ""), "control_mode": meta.get("control_mode", ""),
+            "camera_keys": list(meta.get("camera_keys") or []), "norm_mode": mode, "stats_where": where}
+
+
+def run_fastwam(a, comps: dict, ck_dir) -> dict:
+    """The open-loop Fast-WAM bundle: the release's action_step on its golden world model."""
+    order = fastwam.check_names(comps)
+    for flag, value in (("--tag", a.tag), ("--instruction", a.instruction or a.instructions),
+                        ("--frame-size", a.frame_size), ("--observation", a.observation),
+                        ("--keystone-k", a.keystone_k), ("--step-output", a.step_output),
+                        ("--base-checkpoint", a.base_checkpoint)):
+        expect(not value, flag, "a MolmoAct2 setting, found for a Fast-WAM release (open loop: no prompt, "
+               "no observation but the seed)")
+    s = fastwam.settings(a)
+    _, horizon, dims = comps["action_step"].inputs["latents_action"][0]
+    where = fastwam.stats_file(ck_dir)
+    norm = fastwam.action_norm(checkpoint.read_json(where), s["norm_mode"], dims, str(where))
+    man = fastwam.manifest(a.name or a.out.name, comps, s, norm, horizon, dims)
+    world = fastwam.world_model(comps)
+    provenance = {
+        "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "policy": "fastwam",
+        "open_loop": "the world model is the release's golden action_step_io.npz video_keys/video_values/"
+                     "context/context_mask: the actions depend on the noise seed only",
+        "statistics": f"{where} action.default ({s['norm_mode']})",
+        "settings": {k: s[k] for k in ("flow_steps", "shift", "gripper_map", "gripper_binarize")},
+        "settings_from": "upstream LIBERO eval defaults unless given on the command line",
+    }
+
+    def e2e(stage):
+        arrays = fastwam.end_to_end(stage, comps, man, world, a.seed)
+        used = int(arrays["seed"][0])
+        skipped = (f"; seeds {a.seed}..{used - 1} skipped: a gripper value within {fastwam.GRIPPER_MARGIN} of "
+                   "the binarize threshold" if used != a.seed else "")
+        provenance["end_to_end_observation"] = f"seed {used} (open loop: the noise seed is all{skipped})"
+        return arrays
+
+    bundle.write(a.out, comps, order, man, {"inputs/world_model.npz": world}, e2e, provenance)
+    return {"bundle": str(a.out), **provenance}
+
+
 def run(a) -> dict:
     vlad = release.vlad_command(a.vlad)
     rel_dir = sources.resolve(a.release, sources.RELEASE_FILES, "release")
     overlay = sources.resolve(a.overlay, sources.RELEASE_FILES, "overlay") if a.overlay else None
     ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
     comps = release.load(rel_dir, vlad, overlay)
+    if fastwam.is_fastwam(comps):
+        return run_fastwam(a, comps, ck_dir)
+    release.require_trace(rel_dir)
     order = contract.check_names(comps)
-    ck = checkpoint.load(ck_dir)
+    policy = checkpoint.read_json(ck_dir / "config.json")
+    base_dir = None
+    if lerobot.is_lerobot(policy):
+        contract.refuse_policy(policy, str(ck_dir / "config.json"))
+        base = a.base_checkpoint or policy.get("checkpoint_path")
+        expect(isinstance(base, str) and base != "", f"{ck_dir / 'config.json'} checkpoint_path",
+               "expected the Hugging Face checkpoint the policy was trained from (or pass --base-checkpoint)")
+        base_dir = sources.resolve(base, sources.BASE_FILES, "base checkpoint")
+    ck = checkpoint.load(ck_dir, base_dir)
     contract.refuse_unsupported(ck.config, ck.processor)
     m = contract.settings(comps, order, ck.config, ck.processor)
-    meta = checkpoint.tag_metadata(ck, a.tag)
-    mode = ck.stats.get("norm_mode", "min_max")
-    stats_where = f"{ck_dir / 'norm_stats.json'} metadata_by_tag.{a.tag}"
-    for key in ("action_stats", "state_stats"):
-        expect(isinstance(meta.get(key), dict), f"{stats_where}.{key}", "expected an object, found none")
-    action_norm = checkpoint.normalization(meta["action_stats"], mode, f"{stats_where}.action_stats")
-    state_norm = checkpoint.normalization(meta["state_stats"], mode, f"{stats_where}.state_stats")
-    action_dims = len(meta["action_stats"].get("mask") or meta["action_stats"].get("q01") or meta["action_stats"]["min"])
-    state_dims = len(meta["state_stats"].get("mask") or meta["state_stats"].get("q01") or meta["state_stats"]["min"])
-    expect(action_dims <= m["action_width"], f"{stats_where}.action_stats",
-           f"expected at most {m['action_width']} dims (the trajectory's width), found {action_dims}")
-    horizon = meta.get("action_horizon", m["action_horizon"])
-    expect(horizon == m["action_horizon"], f"{stats_where}.action_horizon",
-           f"expected {m['action_horizon']} (the trajectory's), found {horizon}")
+    norm = normalization(ck, a, m)
+    action_dims, state_dims = norm["action_dims"], norm["state_dims"]
+    expect(action_dims <= m["action_width"], norm["stats_where"],
+           f"action: expected at most {m['action_width']} dims (the trajectory's width), found {action_dims}")
+    cams = norm["camera_keys"]
+    expect(not cams or len(cams) == m["cameras"], f"{norm['stats_where']} camera keys",
+           f"expected {m['cameras']} cameras (vision's pixel_values), found {cams}")
 
     instructions = list(a.instruction)
     if a.instructions:
@@ -94,17 +182,24 @@ def run(a) -> dict:
         instructions += loaded["instructions"] if isinstance(loaded, dict) else loaded
     expect(bool(instructions), "--instruction", "expected at least one instruction, found none")
     obs_arrays = release.load_npz(a.observation) if a.observation else None
+    stated = lerobot.frame_size(ck.policy, cams, str(ck_dir / "config.json")) if ck.policy else None
     if a.frame_size:
         frame_h, frame_w = a.frame_size
+    elif stated:
+        frame_h, frame_w = stated
     elif obs_arrays is not None and "frames" in obs_arrays:
         frame_h, frame_w = obs_arrays["frames"].shape[1:3]
     else:
         raise ImportRefused("--frame-size", "expected the raw camera frame size (an HF checkpoint does not state it)")
 
     blocked = float(comps["llm_split0"].arrays["attention_bias"].min())
-    flow_steps = a.flow_steps or ck.config.get("flow_matching_num_steps")
-    expect(isinstance(flow_steps, int) and flow_steps >= 1, "config.json flow_matching_num_steps",
-           f"expected a step count >= 1, found {flow_steps}")
+    flow_from = "config.json flow_matching_num_steps"
+    flow_steps = ck.config.get("flow_matching_num_steps")
+    if ck.policy is not None and ck.policy.get("num_inference_steps") is not None:
+        flow_from, flow_steps = f"{ck_dir / 'config.json'} num_inference_steps", ck.policy["num_inference_steps"]
+    if a.flow_steps:
+        flow_from, flow_steps = "--flow-steps", a.flow_steps
+    expect(isinstance(flow_steps, int) and flow_steps >= 1, flow_from, f"expected a step count >= 1, found {flow_steps}")
     step_out = a.step_output
     if step_out is None:
         expect(comps["action_step"].onnx is not None, "onnx/action_step/action_step.onnx",
@@ -117,7 +212,7 @@ def run(a) -> dict:
     m.update({
         "frame_height": int(frame_h), "frame_width": int(frame_w), "rope_left_pad": 0,
         "action_dims": action_dims, "flow_steps": flow_steps, "step_output": step_out, "keystone": keystone,
-        "state_dims": state_dims, "state_norm": state_norm, "action_norm": action_norm,
+        "state_dims": state_dims, "state_norm": norm["state_norm"], "action_norm": norm["action_norm"],
         "attention_blocked_value": blocked, "prompt": "prompt/prompt_tables.npz", "instructions": instructions,
     })
     m = {k: m[k] for k in ("cameras", "frame_height", "frame_width", "crop_size", "patch_size", "image_tokens",
@@ -128,13 +223,17 @@ def run(a) -> dict:
 
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(ck_dir / "tokenizer.json"))
-    wte, prefix = checkpoint.embedding_table(ck_dir)
+    tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))
+    roots = [ck.root]
+    if ck.policy is not None and not checkpoint.has_embedding(ck.root):
+        roots.append(sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint"))  # now with its weights
+    wte, prefix, wte_from = checkpoint.embedding_table(roots)
     expect(wte.shape[1] == m["hidden"], "model.safetensors wte", f"width: expected {m['hidden']}, found {wte.shape[1]}")
     grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
-    action_mode = ck.config.get("action_mode", "both")
+    # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
+    action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
-                           action_mode, meta.get("setup_type", ""), meta.get("control_mode", ""), "--instruction")
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction")
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))
@@ -148,11 +247,15 @@ def run(a) -> dict:
     man = bundle.manifest(name, a.variant, order, comps, m)
     provenance = {
         "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "tag": a.tag,
-        "embedding_prefix": prefix, "norm_mode": mode, "action_mode": action_mode,
+        "embedding_prefix": prefix, "norm_mode": norm["norm_mode"], "action_mode": action_mode,
         "step_output": step_out, "step_output_from": "--step-output" if a.step_output else "onnx/action_step",
         "prompt_matched": proof, "end_to_end_observation": observation,
     }
-    bundle.write(a.out, comps, order, man, tables, obs, provenance)
+    if ck.policy is not None:
+        provenance.update({"layout": "lerobot", "base_checkpoint": str(ck.base), "statistics": norm["from"],
+                           "embedding_from": wte_from, "flow_steps_from": flow_from})
+    bundle.write(a.out, comps, order, man, {"prompt/prompt_tables.npz": tables},
+                 lambda stage: bundle.end_to_end(stage, comps, order, obs), provenance)
     return {"bundle": str(a.out), **provenance}
 
 
@@ -163,9 +266,13 @@ def main(argv=None) -> int:
     except ImportRefused as exc:
         print(f"vla-import: {exc}", file=sys.stderr)
         return 1
-    print(f"vla-import: wrote {report['bundle']} (prompt traced with instruction "
-          f"{report['prompt_matched']['instruction']}: {report['prompt_matched']['text']!r}; "
-          f"end-to-end observation {report['end_to_end_observation']})")
+    if "prompt_matched" in report:
+        print(f"vla-import: wrote {report['bundle']} (prompt traced with instruction "
+              f"{report['prompt_matched']['instruction']}: {report['prompt_matched']['text']!r}; "
+              f"end-to-end observation {report['end_to_end_observation']})")
+    else:
+        print(f"vla-import: wrote {report['bundle']} (Fast-WAM OPEN LOOP: {report['open_loop']}; "
+              f"end-to-end observation {report['end_to_end_observation']})")
     return 0
 
 

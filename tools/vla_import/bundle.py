@@ -35,8 +35,10 @@ def manifest(name, variant, order, comps, m: dict) -> dict:
 def synthetic_observation(m: dict, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     norm = m["state_norm"]
-    low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float64)
-    high = np.array(norm.get("high", low), np.float64)
+    # Through f32 as vlad reads the bundle: the same statistics give the same observation
+    # whether they came as JSON doubles or as a LeRobot checkpoint's f32 tensors.
+    low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float32).astype(np.float64)
+    high = np.array(norm.get("high", low), np.float32).astype(np.float64)
     return {
         "frames": rng.integers(0, 256, (m["cameras"], m["frame_height"], m["frame_width"], 3), dtype=np.uint8),
         "state": (low + (high - low) * rng.uniform(0, 1, m["state_dims"])).astype(np.float32),
@@ -59,21 +61,28 @@ def check_observation(obs: dict, m: dict, where: str) -> dict:
             "instruction_id": obs["instruction_id"].astype(np.int32), "seed": obs["seed"].astype(np.uint64)}
 
 
-def end_to_end(stage: Path, comps: dict, order: list, obs: dict) -> dict:
-    """The release's ONNX graphs on ONNX Runtime's CPU provider through the reference pipeline."""
+def cpu_runners(comps: dict, order: list) -> dict:
+    """The release's ONNX graphs on ONNX Runtime's CPU provider."""
     runners = {}
     for c in order:
         expect(comps[c].onnx is not None, f"onnx/{c}/{c}.onnx",
                "expected the release's ONNX graph (the end-to-end golden is computed from it), found none")
         runners[c] = ref.OrtCpuRunner(comps[c].onnx)
-    result, _ = ref.run_bundle(stage, runners, obs)
+    return runners
+
+
+def end_to_end(stage: Path, comps: dict, order: list, obs: dict) -> dict:
+    """The release's ONNX graphs on ONNX Runtime's CPU provider through the reference pipeline."""
+    result, _ = ref.run_bundle(stage, cpu_runners(comps, order), obs)
     order_keys = ["frames", "state", "instruction_id", "seed", "actions", "pixel_values", "hidden_states",
                   "attention_bias", "k_ctx", "v_ctx", "noise", "candidates", "keystone_choice"]
     arrays = {**obs, **result}
     return {k: arrays[k] for k in order_keys if k in arrays}
 
 
-def write(out: Path, comps: dict, order: list, man: dict, prompt_tables: dict, obs: dict, provenance: dict) -> None:
+def write(out: Path, comps: dict, order: list, man: dict, files: dict, make_end_to_end, provenance: dict) -> None:
+    """`files`: bundle-relative npz path -> arrays (the prompt tables, a world model);
+    `make_end_to_end(stage)`: the end-to-end arrays, computed on the staged bundle."""
     out = Path(out)
     parent = out.resolve().parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -81,13 +90,14 @@ def write(out: Path, comps: dict, order: list, man: dict, prompt_tables: dict, o
     try:
         (stage / "ctx").mkdir()
         (stage / "golden").mkdir()
-        (stage / "prompt").mkdir()
         for c in order:
             shutil.copyfile(comps[c].binary, stage / "ctx" / f"{c}_socid77_archv73.bin")
             save_npz(stage / "golden" / f"{c}_io.npz", {k: np.asarray(v) for k, v in comps[c].arrays.items()})
-        save_npz(stage / "prompt" / "prompt_tables.npz", prompt_tables)
+        for rel, arrays in files.items():
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            save_npz(stage / rel, arrays)
         (stage / "bundle.json").write_text(json.dumps(man, indent=2) + "\n")
-        e2e = end_to_end(stage, comps, order, obs)
+        e2e = make_end_to_end(stage)
         save_npz(stage / "golden" / "end_to_end.npz", e2e)
         provenance["end_to_end_actions"] = e2e["actions"].tolist()
         (stage / "import.json").write_text(json.dumps(provenance, indent=2) + "\n")

@@ -1,5 +1,6 @@
-"""A MolmoAct2 checkpoint in the Hugging Face layout: config.json, processor_config.json, the
-tokenizer, the text embedding from safetensors, norm_stats.json."""
+"""A MolmoAct2 checkpoint: the Hugging Face layout (config.json, processor_config.json, the
+tokenizer, the text embedding from safetensors, norm_stats.json), or a LeRobot policy checkpoint
+(`lerobot`) on top of the Hugging Face checkpoint its config names."""
 
 import json
 import struct
@@ -60,35 +61,70 @@ def _locate(root: Path) -> dict:
     return {k: single for k in _header(single)[0] if k != "__metadata__"}
 
 
-def embedding_table(root: Path) -> tuple[np.ndarray, str]:
-    """wte = embedding then new_embedding, f32. Returns the table and the key prefix used."""
-    where = _locate(root)
+def _find(where: dict, name: str):
     for prefix in PREFIXES:
-        base, new = prefix + WTE, prefix + NEW
-        if base in where:
-            expect(new in where, f"{where[base]} {new}", "expected the additional vocabulary beside the embedding")
-            a, b = read_tensor(where[base], base), read_tensor(where[new], new)
-            expect(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1], f"{where[base]} {base}",
-                   f"expected [V, D] and [A, D], found {list(a.shape)} and {list(b.shape)}")
-            return np.concatenate([a, b]).astype(np.float32), prefix
-    raise ImportRefused(str(root), f"expected a tensor {WTE} (with prefix {', '.join(repr(p) for p in PREFIXES[1:])} "
-                        "or none), found none")
+        if prefix + name in where:
+            return prefix + name, prefix
+    return None, None
+
+
+def has_embedding(root: Path) -> bool:
+    """Whether `root` holds both wte tensors (under any of the prefixes)."""
+    where = _locate(root)
+    return all(_find(where, name)[0] for name in (WTE, NEW))
+
+
+def embedding_table(roots: list) -> tuple[np.ndarray, str, list]:
+    """wte = embedding then new_embedding, f32. Each tensor is taken from the first root that
+    has it (a LeRobot checkpoint before the Hugging Face one it was trained from, so its
+    fine-tuned `new_embedding` wins). Returns the table, the key prefix and "file key" of each."""
+    located = {}  # read lazily: a base checkpoint is opened only for a tensor the first lacks
+
+    def where_of(i):
+        if i not in located:
+            located[i] = _locate(roots[i])
+        return located[i]
+
+    parts, prefixes = [], []
+    for name in (WTE, NEW):
+        hit = next(((where_of(i), key, prefix) for i in range(len(roots))
+                    for key, prefix in [_find(where_of(i), name)] if key), None)
+        if hit is None:
+            raise ImportRefused(" + ".join(str(r) for r in roots),
+                                f"expected a tensor {name} (with prefix {', '.join(repr(p) for p in PREFIXES[1:])} "
+                                "or none), found none")
+        where, key, prefix = hit
+        parts.append((where[key], key, read_tensor(where[key], key)))
+        prefixes.append(prefix)
+    (fa, ka, a), (fb, kb, b) = parts
+    expect(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1], f"{fa} {ka}",
+           f"expected [V, D] and [A, D] ({fb} {kb}), found {list(a.shape)} and {list(b.shape)}")
+    prefix = prefixes[0] if prefixes[0] == prefixes[1] else f"{prefixes[0]!r} / {prefixes[1]!r}"
+    return np.concatenate([a, b]).astype(np.float32), prefix, [f"{fa} {ka}", f"{fb} {kb}"]
 
 
 @dataclass
 class Checkpoint:
-    root: Path
-    config: dict
+    root: Path  # the checkpoint given (its weights)
+    base: Path  # the Hugging Face checkpoint: model config, processor, tokenizer (= root for that layout)
+    config: dict  # the Hugging Face model config.json
     processor: dict
-    stats: dict
+    stats: dict | None  # norm_stats.json (Hugging Face layout)
+    policy: dict | None  # the LeRobot policy config.json (LeRobot layout)
 
 
-def load(root: Path) -> Checkpoint:
+def load(root: Path, base: Path | None = None) -> Checkpoint:
+    """`base` is the Hugging Face checkpoint a LeRobot checkpoint names (already resolved)."""
     config = read_json(root / "config.json")
-    processor = read_json(root / "processor_config.json")
-    stats = read_json(root / "norm_stats.json")
-    expect((root / "tokenizer.json").is_file(), str(root / "tokenizer.json"), "expected the tokenizer, found none")
-    return Checkpoint(root, config, processor, stats)
+    policy = None
+    if base is not None:
+        policy, config = config, read_json(base / "config.json")
+    else:
+        base = root
+    processor = read_json(base / "processor_config.json")
+    stats = read_json(root / "norm_stats.json") if policy is None else None
+    expect((base / "tokenizer.json").is_file(), str(base / "tokenizer.json"), "expected the tokenizer, found none")
+    return Checkpoint(root, base, config, processor, stats, policy)
 
 
 def tag_metadata(ck: Checkpoint, tag: str) -> dict:

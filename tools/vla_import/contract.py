@@ -115,8 +115,32 @@ def refuse_unsupported(config: dict, processor: dict) -> None:
            f"expected 256 (the prompt tables' state rows), found {config.get('num_state_tokens')}")
     expect(config.get("action_mode", "both") in ("both", "continuous"), "config.json action_mode",
            f"expected 'both' or 'continuous', found {config.get('action_mode')!r}")
-    if "joint_signs" in config:
-        raise ImportRefused("config.json joint_signs", "expected none (vlad does not flip joints), found one")
+    refuse_joint_transform(config, "config.json")
+
+
+def refuse_joint_transform(config: dict, where: str) -> None:
+    for key in ("joint_signs", "joint_offsets"):
+        expect(config.get(key) is None, f"{where} {key}",
+               f"expected null (vlad applies no joint sign/offset transform), found {config.get(key)}")
+
+
+def refuse_policy(policy: dict, where: str) -> None:
+    """A LeRobot policy config's own settings (they override the model config's)."""
+    expect(policy.get("type", "molmoact2") == "molmoact2", f"{where} type",
+           f"expected 'molmoact2', found {policy.get('type')!r}")
+    expect(policy.get("n_obs_steps", 1) == 1, f"{where} n_obs_steps",
+           f"expected 1 (actions from the chunk's first row), found {policy.get('n_obs_steps')}")
+    for key in ("add_setup_tokens", "add_control_tokens"):
+        expect(policy.get(key, True) is True, f"{where} {key}", "expected true (the prompt builder wraps), found false")
+    expect(policy.get("num_state_tokens", 256) == 256, f"{where} num_state_tokens",
+           f"expected 256 (the prompt tables' state rows), found {policy.get('num_state_tokens')}")
+    expect(policy.get("action_mode", "continuous") in ("both", "continuous"), f"{where} action_mode",
+           f"expected 'both' or 'continuous', found {policy.get('action_mode')!r}")
+    expect(policy.get("inference_action_mode") in (None, "continuous"), f"{where} inference_action_mode",
+           f"expected 'continuous' (vlad runs the flow-matching expert), found {policy.get('inference_action_mode')!r}")
+    expect(policy.get("normalize_language", True) is True, f"{where} normalize_language",
+           "expected true (the prompt builder normalizes the instruction as upstream), found false")
+    refuse_joint_transform(policy, where)
 
 
 def col_tokens(processor: dict) -> bool:

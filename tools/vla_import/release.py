@@ -1,5 +1,5 @@
 """A QNN release directory as published: `ctx/<c>_socid77_archv73.bin`, `golden/<c>_io.npz`,
-`golden/trace.json`, `onnx/<c>/<c>.onnx`. Binaries are read through `vlad inspect --json` (the
+`golden/trace.json` (MolmoAct2), `onnx/<c>/<c>.onnx`. Binaries are read through `vlad inspect --json` (the
 runtime's own reader, so the importer sees what the device will see)."""
 
 import json
@@ -15,6 +15,7 @@ import numpy as np
 from .errors import ImportRefused, expect
 
 SOC_MODEL = 77
+HTP_ARCH = "v73"
 BINARY = re.compile(r"^(?P<c>[a-z0-9_]+)_socid(?P<soc>\d+)_arch(?P<arch>v\d+)\.bin$")
 
 
@@ -89,6 +90,8 @@ def load(root: Path, vlad: str, overlay: Path | None = None) -> dict:
                 continue
             name = m["c"]
             expect(int(m["soc"]) == SOC_MODEL, str(binary), f"soc id: expected {SOC_MODEL}, found {m['soc']}")
+            # `vlad inspect` reports no HTP arch: the release's file name is what states it.
+            expect(m["arch"] == HTP_ARCH, str(binary), f"HTP arch: expected {HTP_ARCH}, found {m['arch']}")
             golden = base / "golden" / f"{name}_io.npz"
             expect(golden.is_file(), str(golden), f"expected the golden of {name}, found none")
             onnx = base / "onnx" / name / f"{name}.onnx"
@@ -113,6 +116,10 @@ def load(root: Path, vlad: str, overlay: Path | None = None) -> dict:
                    f"shape: expected {list(shape)} (the binary's), found {list(found.shape)}")
             expect(dtype == "f32", f"{binary} {tensor}", f"dtype: expected f32, found {dtype}")
         out[name] = c
+    return out
+
+
+def require_trace(root: Path) -> None:
+    """MolmoAct2 releases ship the trace of their export (the Fast-WAM one does not)."""
     trace = root / "golden" / "trace.json"
     expect(trace.is_file(), str(trace), "expected the release's trace.json, found none")
-    return out

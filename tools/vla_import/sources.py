@@ -5,11 +5,16 @@ from pathlib import Path
 
 from .errors import ImportRefused
 
-RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**"]
+RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**", "convert_report.json"]
 CHECKPOINT_FILES = ["config.json", "processor_config.json", "preprocessor_config.json", "tokenizer.json",
                     "tokenizer_config.json", "special_tokens_map.json", "norm_stats.json",
                     "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
-                    "policy_*processor*.json", "policy_*processor*.safetensors"]
+                    "policy_*processor*.json", "policy_*processor*.safetensors",
+                    "*_dataset_stats.json"]  # the last: Fast-WAM's statistics
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*.safetensors")
+# The Hugging Face checkpoint a LeRobot one names: its weights only when the LeRobot checkpoint
+# lacks an embedding tensor (a full MolmoAct2 is many GB).
+BASE_FILES = [f for f in CHECKPOINT_FILES if f not in WEIGHTS]
 
 
 def resolve(source: str, patterns: list, what: str) -> Path:

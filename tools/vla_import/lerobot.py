@@ -1,0 +1,159 @@
+"""A MolmoAct2 checkpoint in the LeRobot layout (the retrained variants): the policy's
+`config.json` (`type` molmoact2, `checkpoint_path` naming the Hugging Face checkpoint that
+still supplies tokenizer, processor and model config), its `model.safetensors`, and the
+statistics in the processor pipelines: `policy_preprocessor.json` / `policy_postprocessor.json`
+list their steps, and the masked (un)normalizer step names its `state_file`, a safetensors of
+flat `<feature>.<stat>` tensors (`observation.state.q01`, `action.mask`, ...). Step numbers
+differ between lerobot versions and forks, so the steps are found by registry name.
+
+What vlad computes is lerobot's policy pipeline (`processor_molmoact2.py`,
+`processor/normalize_processor.py`): the masked normalizer, the masked clamp of the normalized
+state, the clamp of every action dim, the masked unnormalizer."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ImportRefused, expect
+
+PREPROCESSOR = "policy_preprocessor.json"
+POSTPROCESSOR = "policy_postprocessor.json"
+NORMALIZER = "molmoact2_masked_normalizer"
+UNNORMALIZER = "molmoact2_masked_unnormalizer"
+PACK = "molmoact2_pack_inputs"
+STATE, ACTION = "observation.state", "action"
+# lerobot NormalizationMode -> the bundle's mode and the stats it reads. QUANTILE10 (q10/q90)
+# has no counterpart: vlad's quantile mode is q01/q99.
+MODES = {"QUANTILES": ("quantile", "q01", "q99"), "MIN_MAX": ("min_max", "min", "max"),
+         "MEAN_STD": ("mean_std", "mean", "std"), "IDENTITY": ("identity", None, None)}
+
+
+def is_lerobot(config: dict) -> bool:
+    """A LeRobot policy config (not a Hugging Face model config): it names the HF checkpoint."""
+    return "checkpoint_path" in config and "text_config" not in config
+
+
+def _pipeline(root: Path, name: str) -> tuple[Path, list]:
+    path = root / name
+    expect(path.is_file(), str(path), "expected the LeRobot processor pipeline (its statistics), found none")
+    try:
+        steps = json.loads(path.read_text()).get("steps")
+    except json.JSONDecodeError as exc:
+        raise ImportRefused(str(path), f"not JSON: {exc}") from exc
+    expect(isinstance(steps, list), f"{path} steps", "expected a list of steps")
+    return path, steps
+
+
+def _step(path: Path, steps: list, registry: str) -> tuple[int, dict]:
+    found = [(i, s) for i, s in enumerate(steps) if isinstance(s, dict) and s.get("registry_name") == registry]
+    names = [s.get("registry_name") for s in steps if isinstance(s, dict)]
+    expect(len(found) == 1, f"{path} steps", f"expected one {registry!r} step, found {len(found)} in {names}")
+    return found[0]
+
+
+def _read_state(root: Path, path: Path, index: int, step: dict) -> tuple[Path, dict]:
+    name = step.get("state_file")
+    expect(isinstance(name, str), f"{path} steps[{index}].state_file", "expected the statistics file, found none")
+    state = root / name
+    expect(state.is_file(), str(state), f"expected the statistics named by {path.name} steps[{index}], found none")
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(state), framework="numpy") as f:
+            return state, {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # a damaged file: one line with the cause
+        raise ImportRefused(str(state), f"not a readable safetensors file: {exc}".splitlines()[0]) from exc
+
+
+def _mode(path: Path, index: int, step: dict, feature_type: str) -> tuple[str, str | None, str | None]:
+    norm_map = step.get("config", {}).get("norm_map")
+    where = f"{path} steps[{index}].config.norm_map.{feature_type}"
+    expect(isinstance(norm_map, dict), f"{path} steps[{index}].config.norm_map", "expected an object")
+    mode = norm_map.get(feature_type, "IDENTITY")
+    expect(mode in MODES, where, f"expected one of {', '.join(MODES)} (vlad's quantile bounds are q01/q99), "
+           f"found {mode!r}")
+    return MODES[mode]
+
+
+def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int | None,
+                   forward: bool) -> dict:
+    """The bundle block for one feature. `constant` stays false: lerobot's normalizer has no
+    zero mask, it divides a zero range by its eps (the value maps to -1), and vlad's floored
+    divisor does the same. `forward`: the feature is normalized on the way in (the state)."""
+    name, low_key, high_key = mode
+
+    def arr(stat):
+        key = f"{feature}.{stat}"
+        expect(key in stats, f"{where} {key}", f"expected for {name}, found keys {sorted(stats)}")
+        a = np.asarray(stats[key], np.float64).reshape(-1)
+        expect(np.isfinite(a).all(), f"{where} {key}", "expected finite values")
+        return a
+
+    if name == "identity":
+        expect(dims is not None, f"{where} {feature}", "identity normalization: the dimension is not stated")
+        block, n = {"mode": "identity"}, dims
+    else:
+        low, high = arr(low_key), arr(high_key)
+        expect(len(low) == len(high), f"{where} {feature}.{high_key}",
+               f"length: expected {len(low)} ({low_key}'s), found {len(high)}")
+        keys = ("mean", "std") if name == "mean_std" else ("low", "high")
+        block, n = {"mode": name, keys[0]: low.tolist(), keys[1]: high.tolist()}, len(low)
+    mask_key = f"{feature}.mask"
+    if mask_key in stats:
+        mask = np.asarray(stats[mask_key]).reshape(-1)
+        expect(len(mask) == n, f"{where} {mask_key}", f"length: expected {n}, found {len(mask)}")
+        block["passthrough"] = [not bool(m) for m in mask]
+    if name in ("quantile", "min_max"):
+        block["constant"] = [False] * n
+    if name == "min_max" and forward:
+        # vlad's min_max maps a zero range to 0 (the Hugging Face normalizer's zero mask); lerobot's
+        # maps it to -1: for a normalized input (the state) that is a different state token.
+        flat = [i for i, (lo, hi) in enumerate(zip(block["low"], block["high"]))
+                if lo == hi and not block.get("passthrough", [False] * n)[i]]
+        expect(not flat, f"{where} {feature}.min/max", f"dims {flat} have min == max: lerobot's MIN_MAX maps them "
+               "to -1, vlad's to 0 (use QUANTILES or mask them)")
+    return block, n
+
+
+def normalization(root: Path, policy: dict) -> dict:
+    """state_norm, action_norm, their dims and where they came from."""
+    pre, pre_steps = _pipeline(root, PREPROCESSOR)
+    post, post_steps = _pipeline(root, POSTPROCESSOR)
+    i, step = _step(pre, pre_steps, NORMALIZER)
+    state_file, state_stats = _read_state(root, pre, i, step)
+    j, unstep = _step(post, post_steps, UNNORMALIZER)
+    action_file, action_stats = _read_state(root, post, j, unstep)
+    feats = policy.get("input_features", {}), policy.get("output_features", {})
+    dims = {STATE: (feats[0].get(STATE) or {}).get("shape", [None])[0],
+            ACTION: (feats[1].get(ACTION) or {}).get("shape", [None])[0]}
+    state, state_dims = _normalization(state_stats, STATE, _mode(pre, i, step, "STATE"), str(state_file),
+                                       dims[STATE], forward=True)
+    action, action_dims = _normalization(action_stats, ACTION, _mode(post, j, unstep, "ACTION"), str(action_file),
+                                         dims[ACTION], forward=False)
+    return {"state_norm": state, "action_norm": action, "state_dims": state_dims, "action_dims": action_dims,
+            "from": [str(state_file), str(action_file)]}
+
+
+def pack_settings(root: Path) -> dict:
+    """The prompt settings the pipeline's pack step was saved with (setup and control text
+    resolved from the statistics' tag at training time), or {}."""
+    path, steps = _pipeline(root, PREPROCESSOR)
+    found = [s for s in steps if isinstance(s, dict) and s.get("registry_name") == PACK]
+    return dict(found[0].get("config") or {}) if found else {}
+
+
+def frame_size(policy: dict, image_keys: list, where: str):
+    """(H, W) of the cameras from `input_features` (VISUAL, shape [3, H, W]); None when absent."""
+    feats = policy.get("input_features") or {}
+    shapes = {k: tuple(f.get("shape", ())) for k, f in feats.items() if isinstance(f, dict) and f.get("type") == "VISUAL"}
+    if not shapes:
+        return None
+    keys = image_keys or sorted(shapes)
+    missing = [k for k in keys if k not in shapes]
+    expect(not missing, f"{where} input_features", f"expected the image keys {keys}, missing {missing}")
+    sizes = {shapes[k] for k in keys}
+    expect(len(sizes) == 1 and len(next(iter(sizes))) == 3, f"{where} input_features",
+           f"expected one [3, H, W] shape for every camera, found {sorted(sizes)}")
+    _, h, w = next(iter(sizes))
+    return int(h), int(w)
