@@ -194,22 +194,24 @@ impl Model {
         (start + self.observation_gap()).max(self.period())
     }
 
-    /// Held time over cycle time, each cycle's chunk and the next one's latency drawn
-    /// from the spread.
+    /// Held time over all time, each chunk's and the next one's latency drawn from the
+    /// spread. Between two landings (`landing(l)` and `c + landing(next)` after this
+    /// chunk's capture) the arm holds from the end of this chunk's rows (`e`, or its own
+    /// landing if it lands spent) until the next lands. Over every pair the intervals
+    /// add up to the cycles (`c + next - l`, with `next` and `l` drawn alike).
     fn hold_share(&self) -> f64 {
         let e = self.usable();
         let (mut held, mut total) = (0.0, 0.0);
         for l in self.latencies() {
             let c = self.cycle(l);
             for next in self.latencies() {
-                // This chunk is ok from its landing until `e`; the next lands at `c` plus
-                // its own landing time.
-                let ok_until = e.max(self.landing(l)).min(c + self.landing(next));
-                held += c - (ok_until - self.landing(l)).clamp(0.0, c);
+                let next_lands = c + self.landing(next);
+                let interval = (next_lands - self.landing(l)).max(0.0);
+                held += (next_lands - e.max(self.landing(l))).clamp(0.0, interval);
                 total += c;
             }
         }
-        held / total
+        (held / total).min(1.0)
     }
 
     fn expired_share(&self) -> f64 {
@@ -642,9 +644,10 @@ mod tests {
 
     #[test]
     fn a_tail_of_slow_inferences_holds_in_the_cycles_it_slows() {
-        // H = 32 (rows to 1600 ms); one latency in five at 1.3 s, the rest 300 ms. After
-        // a 300 ms chunk the next lands in time whatever its latency; after a 1.3 s one the
-        // rows end 1025 ms before the next lands: 5 x 1025 held of 4 x 5 x 300 + 5 x 1300.
+        // H = 32 (rows to 1600 ms); one latency in five at 1.3 s, the rest 300 ms. A fast
+        // chunk then a slow one, or a slow one then a fast one, hold 25 ms (the next lands
+        // at 1625); two slow ones 1025. Held 4 x 25 + 4 x 25 + 1025 of 4 x 5 x 300 +
+        // 5 x 1300 ms.
         let s = PointSettings {
             horizon: 32,
             ..settings()
@@ -655,7 +658,7 @@ mod tests {
             observation_period_ns: 0,
         };
         let p = OperatingPoint::estimate(&s, &m).unwrap();
-        assert!(close(p.hold_share, 5125.0 / 12500.0), "{}", p.hold_share);
+        assert!(close(p.hold_share, 1225.0 / 12500.0), "{}", p.hold_share);
         assert_eq!(
             at(&s, 300).hold_share,
             0.0,
