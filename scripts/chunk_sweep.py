@@ -109,7 +109,9 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
     return {
         "latency_target_s": latency, "publish_hz": hz, "mode": mode, "extra_ms": extra,
         "latency_p95_ms": float(m.group(1)) if m else None,
-        "hold_share": r["hold_share_since_first_ok"], "hold_share_all": r["hold_share"], "seams": r["motion"]["seams"],
+        # From the first ok action on; a cell where none came is all hold.
+        "hold_share": r["hold_share_since_first_ok"] if r["ok_applied"] else r["hold_share"],
+        "hold_share_all": r["hold_share"], "seams": r["motion"]["seams"],
         "seam_jump_max": r["motion"]["seam_jump_max"],
         "seam_jump_mean": r["motion"]["seam_jump_mean"],
         "inside_jump_max": r["motion"]["inside_jump_max"],

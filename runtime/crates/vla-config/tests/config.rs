@@ -55,6 +55,7 @@ fn device_config_parses_to_the_documented_values() {
     assert_eq!(config.control.hold_after_chunk_end_ms, 100);
     assert_eq!(config.control.action_valid_ms, 100);
     assert_eq!(config.control.writer_heartbeat_timeout_ms, 500);
+    assert_eq!(config.control.chunk_rate_hz, Some(7.0));
     assert_eq!(
         config.control.publish_period(),
         std::time::Duration::from_millis(50)
