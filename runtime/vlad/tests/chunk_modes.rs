@@ -96,7 +96,7 @@ fn expected_hold(line: &str) -> f64 {
 /// The operating point's expected hold against what the simulated robot saw, in cells
 /// whose outcome is not near a boundary (issue 28): the schedule holding about 60% (1.2 s
 /// at 20 Hz, H = 32), `max_chunk_age_ms` refusing about 60% of the ticks on the slower time
-/// base, and a continuous cell. The prediction compared is the one the daemon prints at the
+/// base, and a continuous cell on it. The prediction compared is the one the daemon prints at the
 /// end of the run, from the latency spread and observation period it measured: the
 /// emulator's latency moves with the machine's load, which the READY line (from the gate's
 /// one inference) cannot know; the READY line is compared in the sweep
@@ -132,9 +132,11 @@ fn the_expected_hold_matches_what_the_robot_measures() {
             limit: Some("held by control.max_chunk_age_ms 1000"),
         },
         Cell {
+            // 200 ms steps: rows for 6.4 s, continuous up to about 3 s of latency however
+            // busy the machine.
             tag: "continuous",
             extra_ms: 0,
-            chunk_rate_hz: None,
+            chunk_rate_hz: Some(5.0),
             max_chunk_age_ms: 10000,
             limit: None,
         },
