@@ -375,6 +375,9 @@ pub(crate) fn trigger(c: &vla_config::ControlConfig) -> vla_control::Trigger {
         vla_config::TriggerMode::Remaining => vla_control::Trigger::Remaining {
             margin_steps: c.trigger_margin_steps,
         },
+        vla_config::TriggerMode::Synchronous => vla_control::Trigger::Synchronous {
+            execute_steps: c.execute_steps.unwrap_or(0),
+        },
     }
 }
 

@@ -1,8 +1,9 @@
 //! Chunk execution through the daemon on the HTP emulator (Fast-WAM fixture, 20 Hz):
 //! the operating point at READY and the loud warning when `d >= H`, and every merge
 //! mode driving the moving simulator with real actions (figures printed, not gated:
-//! the sweep in `scripts/bench.sh` compares them), and the slower time base publishing
-//! its steps and the interpolated values between them.
+//! the sweep in `scripts/bench.sh` compares them), the slower time base publishing
+//! its steps and the interpolated values between them, the operating point's expected
+//! hold against what the robot measured, and the synchronous trigger.
 
 mod common;
 
@@ -434,6 +435,75 @@ fn the_helpers_the_inference_thread_waits_on_are_set_up_like_it() {
             "{helper} is pinned as the inference thread: {threads:?}"
         );
     }
+    cleanup(&cfg);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `trigger: synchronous` through the daemon (upstream's LIBERO eval protocol, Fast-WAM's
+/// 10 of 32 rows): every chunk the simulated robot applies starts at its first row, plays
+/// at most its 10 executed rows in order, and the robot holds between chunks while the
+/// next inference runs.
+#[test]
+fn the_synchronous_trigger_executes_ten_rows_from_the_first_then_holds() {
+    if !qnn() {
+        return;
+    }
+    let dir = scratch("sync");
+    let cfg = config(&dir, "sync", "skip", 100);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    v["control"]["trigger"] = "synchronous".into();
+    v["control"]["execute_steps"] = 10.into();
+    std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let timeline = dir.join("sync.csv");
+    let (sim, out, err) = drive_for(&cfg, 8, &["--timeline", timeline.to_str().unwrap()]);
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stdout)
+    );
+    assert!(
+        err.contains("Synchronous"),
+        "the daemon says which trigger: {err}"
+    );
+    // t_s,status,chunk_id,step,...
+    let mut chunks: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut holds_between = Vec::new();
+    let mut holds = 0u32;
+    for line in std::fs::read_to_string(&timeline).unwrap().lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f[1] != "ok" {
+            holds += 1;
+            continue;
+        }
+        let (id, step): (u64, u64) = (f[2].parse().unwrap(), f[3].parse().unwrap());
+        if chunks.last().map(|c| c.0) != Some(id) {
+            if !chunks.is_empty() {
+                holds_between.push(holds);
+            }
+            chunks.push((id, Vec::new()));
+        }
+        chunks.last_mut().unwrap().1.push(step);
+        holds = 0;
+    }
+    assert!(
+        chunks.len() >= 3,
+        "chunks applied: {chunks:?}; daemon: {out}"
+    );
+    for (id, steps) in &chunks {
+        assert_eq!(steps[0], 0, "chunk {id} starts at its first row: {steps:?}");
+        assert!(
+            steps.windows(2).all(|w| w[0] < w[1]) && steps.iter().all(|&k| k < 10),
+            "chunk {id}: rows 0..10 in order and nothing after: {steps:?}"
+        );
+    }
+    assert!(
+        holds_between.iter().sum::<u32>() as usize >= holds_between.len(),
+        "the robot holds between chunks: {holds_between:?}"
+    );
+    assert!(
+        out.contains("synchronous: the arm holds while each inference runs"),
+        "{out}"
+    );
     cleanup(&cfg);
     let _ = std::fs::remove_dir_all(&dir);
 }

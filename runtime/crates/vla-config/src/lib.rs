@@ -219,6 +219,10 @@ pub enum TriggerMode {
     BackToBack,
     /// When the chunk in play has `d + control.trigger_margin_steps` steps left.
     Remaining,
+    /// Upstream's evaluation protocol: execute `control.execute_steps` rows of a chunk
+    /// from its first, hold while the next inference runs on an observation taken after
+    /// them, start the next chunk at its first row.
+    Synchronous,
 }
 
 /// Timing of the action publisher and the staleness limits that make it fail closed.
@@ -233,6 +237,8 @@ pub struct ControlConfig {
     pub merge: Merge,
     pub trigger: TriggerMode,
     pub trigger_margin_steps: u32,
+    /// Rows executed per chunk with `trigger: synchronous`; `None`: the whole chunk.
+    pub execute_steps: Option<u32>,
     /// Chunk steps advance at this rate (the slower time base); `None`: at `publish_hz`.
     pub chunk_rate_hz: Option<f64>,
     /// Added to every inference (tests and benchmarks only: reproduces a board's

@@ -140,6 +140,7 @@ pub(crate) struct RawControl {
     pub merge: Option<WordText>,
     pub trigger: Option<WordText>,
     pub trigger_margin_steps: Option<f64>,
+    pub execute_steps: Option<f64>,
     pub chunk_rate_hz: Option<f64>,
     pub extra_latency_ms: Option<f64>,
 }

@@ -154,10 +154,11 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         trigger: match raw.trigger.as_ref().map(|w| w.0.as_str()) {
             None | Some("back_to_back") => TriggerMode::BackToBack,
             Some("remaining") => TriggerMode::Remaining,
+            Some("synchronous") => TriggerMode::Synchronous,
             Some(other) => {
                 return Err(ConfigError::invalid(
                     path(&["control", "trigger"]),
-                    format_args!("one of back_to_back, remaining"),
+                    format_args!("one of back_to_back, remaining, synchronous"),
                     Found::text(other),
                 ))
             }
@@ -165,6 +166,10 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         trigger_margin_steps: match raw.trigger_margin_steps {
             None => 2,
             Some(v) => whole(path(&["control", "trigger_margin_steps"]), v, 0, 1000)?,
+        },
+        execute_steps: match raw.execute_steps {
+            None => None,
+            Some(v) => Some(whole(path(&["control", "execute_steps"]), v, 1, 4096)?),
         },
         chunk_rate_hz: match raw.chunk_rate_hz {
             None => None,
@@ -183,6 +188,24 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
             Some(v) => ms("extra_latency_ms", v, 0)?,
         },
     };
+    // Synchronous execution starts every chunk at its first row: there is no overlap for
+    // another mode to merge, and rows to execute only mean something there.
+    if config.trigger == TriggerMode::Synchronous && config.merge != Merge::Skip {
+        return Err(ConfigError::invalid(
+            path(&["control", "merge"]),
+            format_args!(
+                "skip with control.trigger synchronous (each chunk starts at its first row)"
+            ),
+            Found::text(config.merge.as_str()),
+        ));
+    }
+    if config.execute_steps.is_some() && config.trigger != TriggerMode::Synchronous {
+        return Err(ConfigError::invalid(
+            path(&["control", "execute_steps"]),
+            format_args!("null unless control.trigger is synchronous"),
+            Found::Number(raw.execute_steps.unwrap_or_default()),
+        ));
+    }
     // An action must stay valid until the next one is published, or the reader would
     // see a gap of stale data on every tick.
     let period_ms = (1000.0 / hz).ceil() as u32;

@@ -677,6 +677,15 @@ fn chunk_execution_fields_default_to_todays_behaviour_and_parse_when_given() {
     assert_eq!((c.trigger_margin_steps, c.chunk_rate_hz), (3, Some(5.0)));
     assert_eq!(c.chunk_period(), std::time::Duration::from_millis(200));
     assert_eq!(c.extra_latency_ms, 250);
+    assert_eq!(c.execute_steps, None);
+    let json = edit(
+        &dev_json(),
+        "\"writer_heartbeat_timeout_ms\": 500",
+        "\"writer_heartbeat_timeout_ms\": 500, \"trigger\": \"synchronous\", \"execute_steps\": 10",
+    );
+    let c = parse(&json).unwrap().control;
+    assert_eq!(c.trigger, vla_config::TriggerMode::Synchronous);
+    assert_eq!(c.execute_steps, Some(10));
 }
 
 #[test]
@@ -690,7 +699,22 @@ fn bad_chunk_execution_fields_name_the_field() {
         (
             "\"trigger\": \"early\"",
             "control.trigger",
-            &["back_to_back, remaining"],
+            &["back_to_back, remaining, synchronous"],
+        ),
+        (
+            "\"trigger\": \"synchronous\", \"merge\": \"crossfade\"",
+            "control.merge",
+            &["skip with control.trigger synchronous", "\"crossfade\""],
+        ),
+        (
+            "\"execute_steps\": 10",
+            "control.execute_steps",
+            &["null unless control.trigger is synchronous", "found 10"],
+        ),
+        (
+            "\"trigger\": \"synchronous\", \"execute_steps\": 0",
+            "control.execute_steps",
+            &["1..=4096", "found 0"],
         ),
         (
             "\"trigger_margin_steps\": -1",

@@ -26,8 +26,8 @@ mod tap;
 
 pub use operating::{Limit, Measured, OperatingPoint, PointSettings, SPREAD_QUANTILES};
 pub use plan::{
-    build_prefix, crossfade_weight, delay_steps, sample_row, trigger_at, MergeMode, Prefix,
-    TickGrid, Trigger,
+    build_prefix, crossfade_weight, delay_steps, observation_in_time, sample_row, trigger_at,
+    MergeMode, Prefix, TickGrid, Trigger,
 };
 pub use rt::{
     fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, prefault_stack,
@@ -448,6 +448,9 @@ fn publisher_thread(
         action_valid_ns: settings.action_valid.as_nanos() as u64,
         chunk_period_ns: settings.chunk_period.as_nanos() as u64,
         merge: settings.merge,
+        synchronous_rows: settings
+            .trigger
+            .synchronous_rows(geometry.chunk_len as usize),
     };
     let heartbeat_timeout = settings.writer_heartbeat_timeout.as_nanos() as u64;
     let mut scheduler = Scheduler::new(
@@ -677,7 +680,7 @@ fn inference_thread(
         let untaken = || mailbox.try_lock().map_or(true, |slot| slot.fresh);
         let wait = match settings.trigger {
             Trigger::BackToBack => settings.merge.conditions_on_prefix() && untaken(),
-            Trigger::Remaining { .. } => {
+            Trigger::Remaining { .. } | Trigger::Synchronous { .. } => {
                 let end = Health::get(&health.chunk_end_ns);
                 untaken()
                     || trigger_at(settings.trigger, end, estimate, step_ns)
@@ -724,6 +727,11 @@ fn inference_thread(
         }
         last_seen = (obs.writer_epoch, seq);
         last_capture = obs.capture_time_ns;
+        let end = Health::get(&health.chunk_end_ns);
+        if !observation_in_time(settings.trigger, end, step_ns, obs.capture_time_ns) {
+            // Synchronous: captured before the executed rows were done; wait for the next.
+            continue;
+        }
         let now = monotonic_ns();
         if now.saturating_sub(obs.capture_time_ns) > max_age {
             Health::bump(&health.stale_observations);

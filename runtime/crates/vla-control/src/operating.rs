@@ -111,8 +111,11 @@ pub struct OperatingPoint {
     /// Highest publish rate (same publish ticks per chunk step) at which the schedule
     /// alone holds nothing.
     pub max_continuous_hz: f64,
-    /// What holds the arm most (`None`: under 1% of the time held).
+    /// What holds the arm most (`None`: under 1% of the time held, or only the hold
+    /// synchronous execution makes by design).
     pub limit: Option<Limit>,
+    /// Synchronous execution: the arm holds while each inference runs, by design.
+    pub synchronous: bool,
 }
 
 /// Below this share of the time held, no limit is named.
@@ -190,8 +193,39 @@ impl Model {
                 let wait = (self.s.horizon as f64 - 1.0 - lead) * self.step();
                 (l + self.period() / 2.0).max(wait)
             }
+            // The executed rows from the landing, then the next observation after them.
+            Trigger::Synchronous { .. } => {
+                let t = self.m.observation_period_ns as f64;
+                return self.landing(l) + self.executed() + t / 2.0;
+            }
         };
         (start + self.observation_gap()).max(self.period())
+    }
+
+    /// Synchronous execution: how long a chunk's executed rows play.
+    fn executed(&self) -> f64 {
+        let rows = self
+            .s
+            .trigger
+            .synchronous_rows(self.s.horizon as usize)
+            .unwrap_or(0);
+        rows as f64 * self.step()
+    }
+
+    /// Synchronous execution: each chunk plays its executed rows from its landing (those
+    /// `max_chunk_age` allows), and the arm holds for the rest of the cycle.
+    fn synchronous_hold_share(&self) -> f64 {
+        let (mut held, mut total) = (0.0, 0.0);
+        for l in self.latencies() {
+            let c = self.cycle(l);
+            let ok = match self.s.max_chunk_age_ns {
+                0 => self.executed(),
+                a => (a as f64 - self.landing(l)).clamp(0.0, self.executed()),
+            };
+            held += c - ok;
+            total += c;
+        }
+        held / total
     }
 
     /// Held time over all time, each chunk's and the next one's latency drawn from the
@@ -200,6 +234,9 @@ impl Model {
     /// landing if it lands spent) until the next lands. Over every pair the intervals
     /// add up to the cycles (`c + next - l`, with `next` and `l` drawn alike).
     fn hold_share(&self) -> f64 {
+        if self.synchronous() {
+            return self.synchronous_hold_share();
+        }
         let e = self.usable();
         let (mut held, mut total) = (0.0, 0.0);
         for l in self.latencies() {
@@ -212,6 +249,10 @@ impl Model {
             }
         }
         (held / total).min(1.0)
+    }
+
+    fn synchronous(&self) -> bool {
+        matches!(self.s.trigger, Trigger::Synchronous { .. })
     }
 
     fn expired_share(&self) -> f64 {
@@ -236,6 +277,17 @@ impl Model {
         let still = self.still();
         if still < NEGLIGIBLE {
             return None;
+        }
+        if self.synchronous() {
+            // Holding while inferring is the protocol; only an age limit that refuses
+            // executed rows is a limit.
+            let slow = self.landing(self.m.latency_spread_ns[4] as f64);
+            let needed = slow + self.executed();
+            let a = self.s.max_chunk_age_ns;
+            return (a != 0 && (a as f64) < needed).then(|| Limit::ChunkAge {
+                limit_ns: a,
+                raise_to_ns: ((needed / 1e7).ceil() * 1e7) as u64,
+            });
         }
         let unlimited_rows = self.with(|s| {
             s.horizon = u64::MAX / 2;
@@ -324,6 +376,7 @@ impl OperatingPoint {
             expired_share: model.expired_share(),
             max_continuous_hz: model.max_continuous_hz(),
             limit: model.limit(),
+            synchronous: model.synchronous(),
         })
     }
 
@@ -335,6 +388,9 @@ impl OperatingPoint {
     /// Whether the line deserves a warning: chunks land spent, or the arm holds half the
     /// time or more.
     pub fn warrants_warning(&self) -> bool {
+        if self.synchronous {
+            return self.limit.is_some();
+        }
         self.spent_on_arrival() || self.hold_share >= 0.5 || self.expired_share >= 0.5
     }
 
@@ -355,11 +411,19 @@ impl OperatingPoint {
                 self.expired_share * 100.0
             ));
         }
-        s.push_str(&format!(
-            ", continuous up to {:.1} Hz",
-            self.max_continuous_hz
-        ));
-        if self.spent_on_arrival() {
+        if self.synchronous {
+            s.push_str(", synchronous: the arm holds while each inference runs");
+        } else {
+            s.push_str(&format!(
+                ", continuous up to {:.1} Hz",
+                self.max_continuous_hz
+            ));
+        }
+        if self.synchronous {
+            if self.warrants_warning() {
+                s.push_str(" -- WARNING");
+            }
+        } else if self.spent_on_arrival() {
             s.push_str(" -- WARNING: d >= H, every chunk arrives spent");
         } else if self.warrants_warning() {
             s.push_str(" -- WARNING: the arm holds half the time or more");
@@ -664,6 +728,51 @@ mod tests {
             0.0,
             "the median alone holds nothing"
         );
+    }
+
+    #[test]
+    fn synchronous_execution_holds_while_inferring_and_names_only_an_age_limit() {
+        // 10 of 32 rows at 50 ms, 1.2 s latency, observations every 100 ms: rows play
+        // 500 ms of a 1225 + 500 + 50 ms cycle.
+        let s = PointSettings {
+            horizon: 32,
+            trigger: Trigger::Synchronous { execute_steps: 10 },
+            ..settings()
+        };
+        let m = Measured {
+            observation_period_ns: 100 * MS,
+            ..Measured::from_latency(1200 * MS)
+        };
+        let p = OperatingPoint::estimate(&s, &m).unwrap();
+        assert!(
+            close(p.hold_share, 1.0 - 500.0 / 1775.0),
+            "{}",
+            p.hold_share
+        );
+        assert_eq!(p.limit, None, "the hold is the protocol's");
+        assert!(!p.warrants_warning());
+        assert!(p
+            .describe()
+            .contains("synchronous: the arm holds while each inference runs"));
+        // An age limit of 1.5 s lets rows up to 275 ms after the landing play.
+        let aged = PointSettings {
+            max_chunk_age_ns: 1500 * MS,
+            ..s
+        };
+        let p = OperatingPoint::estimate(&aged, &m).unwrap();
+        assert!(
+            close(p.hold_share, 1.0 - 275.0 / 1775.0),
+            "{}",
+            p.hold_share
+        );
+        assert_eq!(
+            p.limit,
+            Some(Limit::ChunkAge {
+                limit_ns: 1500 * MS,
+                raise_to_ns: 1730 * MS
+            })
+        );
+        assert!(p.warrants_warning());
     }
 
     #[test]

@@ -54,6 +54,24 @@ pub enum Trigger {
     BackToBack,
     /// When the chunk in play has `d + margin` steps left: the NPU idles when it can.
     Remaining { margin_steps: u32 },
+    /// Upstream's evaluation protocol (the LIBERO evals): each chunk starts at its first
+    /// row when it lands, whatever its latency; after `execute_steps` rows (0: all of
+    /// them) the arm holds while the next inference runs, on an observation captured
+    /// after the last executed row's period. Reproduces how a policy was scored, at the
+    /// price of a pause per chunk.
+    Synchronous { execute_steps: u32 },
+}
+
+impl Trigger {
+    /// Rows executed per chunk of `horizon` under [`Trigger::Synchronous`]; `None` for the
+    /// real-time triggers.
+    pub fn synchronous_rows(self, horizon: usize) -> Option<usize> {
+        match self {
+            Trigger::Synchronous { execute_steps: 0 } => Some(horizon),
+            Trigger::Synchronous { execute_steps } => Some((execute_steps as usize).min(horizon)),
+            _ => None,
+        }
+    }
 }
 
 /// `d = ceil(latency / step period)`.
@@ -62,15 +80,20 @@ pub fn delay_steps(latency_ns: u64, step_period_ns: u64) -> u64 {
 }
 
 /// When to start the next inference under `trigger`: `None` means now. `chunk_end_ns` is
-/// when the chunk in play runs out (0: none in play).
+/// when the chunk in play runs out (0: none in play). Under [`Trigger::Synchronous`] it is
+/// the end of the last executed row's period, and the observation must be captured at or
+/// after it too ([`observation_in_time`]).
 pub fn trigger_at(
     trigger: Trigger,
     chunk_end_ns: u64,
     latency_ns: u64,
     step_period_ns: u64,
 ) -> Option<u64> {
-    let Trigger::Remaining { margin_steps } = trigger else {
-        return None;
+    let margin_steps = match trigger {
+        Trigger::BackToBack => return None,
+        Trigger::Synchronous { .. } if chunk_end_ns == 0 => return None,
+        Trigger::Synchronous { .. } => return Some(chunk_end_ns + step_period_ns),
+        Trigger::Remaining { margin_steps } => margin_steps,
     };
     if chunk_end_ns == 0 || latency_ns == 0 {
         return None;
@@ -78,6 +101,23 @@ pub fn trigger_at(
     let lead = (delay_steps(latency_ns, step_period_ns) + u64::from(margin_steps))
         .saturating_mul(step_period_ns);
     Some(chunk_end_ns.saturating_sub(lead))
+}
+
+/// Whether an observation captured at `capture_ns` may start the next inference: under
+/// [`Trigger::Synchronous`] only one captured after the executed rows (it sees what they
+/// did, as the eval's `env.step` returns it); any fresh one otherwise.
+pub fn observation_in_time(
+    trigger: Trigger,
+    chunk_end_ns: u64,
+    step_period_ns: u64,
+    capture_ns: u64,
+) -> bool {
+    match trigger {
+        Trigger::Synchronous { .. } => {
+            trigger_at(trigger, chunk_end_ns, 0, step_period_ns).is_none_or(|at| capture_ns >= at)
+        }
+        _ => true,
+    }
 }
 
 /// Row `pos` (fractional) of a `[steps, dims]` chunk, linearly interpolated; positions
@@ -242,6 +282,34 @@ mod tests {
             trigger_at(Trigger::BackToBack, 10_000 * MS, 120 * MS, 50 * MS),
             None
         );
+    }
+
+    #[test]
+    fn the_synchronous_trigger_waits_for_the_executed_rows_and_an_observation_after_them() {
+        let t = Trigger::Synchronous { execute_steps: 10 };
+        assert_eq!(t.synchronous_rows(32), Some(10));
+        assert_eq!(
+            Trigger::Synchronous { execute_steps: 0 }.synchronous_rows(32),
+            Some(32),
+            "0: the whole chunk"
+        );
+        assert_eq!(
+            Trigger::Synchronous { execute_steps: 40 }.synchronous_rows(32),
+            Some(32)
+        );
+        assert_eq!(Trigger::BackToBack.synchronous_rows(32), None);
+        // Last executed row at 10 s: its period ends at 10.05 s; latency does not matter.
+        assert_eq!(trigger_at(t, 10_000 * MS, 0, 50 * MS), Some(10_050 * MS));
+        assert_eq!(trigger_at(t, 0, 0, 50 * MS), None, "nothing in play: now");
+        assert!(!observation_in_time(t, 10_000 * MS, 50 * MS, 10_049 * MS));
+        assert!(observation_in_time(t, 10_000 * MS, 50 * MS, 10_050 * MS));
+        assert!(observation_in_time(t, 0, 50 * MS, 1));
+        assert!(observation_in_time(
+            Trigger::BackToBack,
+            10_000 * MS,
+            50 * MS,
+            1
+        ));
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct ScheduleLimits {
     /// `valid_until = made + action_valid` for every published step.
     pub action_valid_ns: u64,
     pub merge: MergeMode,
+    /// `Some(n)`: synchronous execution (upstream's eval protocol): a chunk starts at its
+    /// first row when it lands, plays `n` rows, then publishes `hold` until the next.
+    pub synchronous_rows: Option<usize>,
 }
 
 /// A chunk as handed over by the inference thread.
@@ -76,6 +79,8 @@ pub struct Scheduler {
     pub non_finite_refused: u64,
     /// Dims never interpolated or blended (see [`Scheduler::set_discrete`]).
     discrete: Vec<bool>,
+    /// The tick the chunk in play landed on (synchronous execution counts from it).
+    landed_ns: u64,
 }
 
 impl Scheduler {
@@ -100,7 +105,13 @@ impl Scheduler {
             robot_lost_ns: 0,
             non_finite_refused: 0,
             discrete: vec![false; dims],
+            landed_ns: 0,
         }
+    }
+
+    /// Rows a chunk plays under synchronous execution (`None`: real time).
+    fn synchronous_rows(&self) -> Option<usize> {
+        self.limits.synchronous_rows.map(|n| n.clamp(1, self.steps))
     }
 
     /// Marks the dims whose values are discrete commands (a binarized gripper): they are
@@ -118,12 +129,16 @@ impl Scheduler {
             .max(1)
     }
 
-    /// When the chunk in play runs out (the time of its last step); 0 when none is.
+    /// When the chunk in play runs out (the time of its last step to publish: under
+    /// synchronous execution the last executed row, counted from its landing); 0 when
+    /// none is.
     pub fn end_ns(&self) -> u64 {
-        if self.have_chunk {
-            self.chunk.capture_ns + (self.steps as u64 - 1) * self.chunk_period()
-        } else {
-            0
+        if !self.have_chunk {
+            return 0;
+        }
+        match self.synchronous_rows() {
+            Some(n) => self.landed_ns + (n as u64 - 1) * self.chunk_period(),
+            None => self.chunk.capture_ns + (self.steps as u64 - 1) * self.chunk_period(),
         }
     }
 
@@ -154,6 +169,18 @@ impl Scheduler {
         if chunk.actions.iter().any(|v| !v.is_finite()) {
             self.non_finite_refused += 1;
             self.have_chunk = false;
+            return 0;
+        }
+        if self.synchronous_rows().is_some() {
+            // Upstream's protocol: the chunk's first row now, whatever its latency.
+            self.chunk.id = chunk.id;
+            self.chunk.source_obs_seq = chunk.source_obs_seq;
+            self.chunk.capture_ns = chunk.capture_ns;
+            self.chunk.done_ns = chunk.done_ns;
+            self.chunk.actions.copy_from_slice(&chunk.actions);
+            self.have_chunk = true;
+            self.pos = 0.0;
+            self.landed_ns = now_ns;
             return 0;
         }
         let grid = TickGrid {
@@ -264,6 +291,15 @@ impl Scheduler {
             hold(out, ActionStatus::Hold);
             return Decision::Hold;
         }
+        if self
+            .synchronous_rows()
+            .is_some_and(|n| self.pos.floor() as usize >= n)
+        {
+            // The executed rows are done: hold (the last one's values) until the next
+            // chunk, as the eval's robot waits for its inference.
+            hold(out, ActionStatus::Hold);
+            return Decision::Hold;
+        }
         let pos = self.pos;
         self.pos += self.advance;
         let step = pos.floor() as usize;
@@ -329,6 +365,7 @@ mod tests {
             hold_after_chunk_end_ns: 150 * MS,
             action_valid_ns: 100 * MS,
             merge,
+            synchronous_rows: None,
         };
         let g = Geometry {
             cameras: 0,
@@ -373,6 +410,36 @@ mod tests {
         assert_eq!(s.tick(1350 * MS, true, false, &mut a), Decision::Step(3));
         assert_eq!(s.tick(1450 * MS, true, false, &mut a), Decision::Step(4));
         assert_eq!(a.values, vec![108.0, 109.0]);
+    }
+
+    #[test]
+    fn synchronous_execution_starts_at_row_0_plays_its_rows_then_holds() {
+        let (mut s, mut a) = setup();
+        s.limits.synchronous_rows = Some(3);
+        // Captured at 1000 ms, landed at 1250 ms: no row skipped, row 0 now.
+        assert_eq!(s.land(&chunk(1, 1000), 1250 * MS), 0);
+        assert_eq!(s.end_ns(), 1450 * MS, "the third row's tick");
+        for (k, t) in [1250, 1350, 1450].into_iter().enumerate() {
+            assert_eq!(
+                s.tick(t * MS, true, false, &mut a),
+                Decision::Step(k as u32)
+            );
+            assert_eq!(a.status, ActionStatus::Ok);
+        }
+        assert_eq!(a.values, vec![104.0, 105.0]);
+        // Rows 3 and 4 are not played: hold with the last executed values, no grace.
+        assert_eq!(s.tick(1550 * MS, true, false, &mut a), Decision::Hold);
+        assert_eq!(
+            (a.status, a.values.clone()),
+            (ActionStatus::Hold, vec![104.0, 105.0])
+        );
+        assert_eq!(s.tick(1650 * MS, true, false, &mut a), Decision::Hold);
+        // The next chunk starts at its first row too.
+        assert_eq!(s.land(&chunk(2, 1560), 1950 * MS), 0);
+        assert_eq!(s.tick(1950 * MS, true, false, &mut a), Decision::Step(0));
+        assert_eq!(a.values, vec![200.0, 201.0]);
+        // The age limit still refuses: 2 s after the capture.
+        assert_eq!(s.tick(3600 * MS, true, false, &mut a), Decision::Hold);
     }
 
     #[test]

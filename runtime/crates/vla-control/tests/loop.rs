@@ -403,3 +403,109 @@ fn the_remaining_trigger_lets_the_engine_idle_between_chunks() {
         "remaining-trigger {remaining:.2} inferences per step vs back-to-back {back:.2}"
     );
 }
+
+#[test]
+fn the_synchronous_trigger_plays_its_rows_from_the_first_then_holds_for_a_later_observation() {
+    // Upstream's eval protocol: 3 of 8 rows of 40 ms, then hold while the next inference
+    // (60 ms) runs on an observation captured after those rows' time.
+    const ROWS: u64 = 3;
+    let mut s = settings("sync");
+    s.trigger = Trigger::Synchronous {
+        execute_steps: ROWS as u32,
+    };
+    s.period = Duration::from_millis(40);
+    s.chunk_period = s.period;
+    s.action_valid = Duration::from_millis(80);
+    s.hold_after_chunk_end = Duration::from_millis(80);
+    s.writer_heartbeat_timeout = Duration::from_millis(400);
+    s.max_observation_age = Duration::from_millis(400);
+    s.max_chunk_age = Duration::from_secs(10);
+    let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 64).unwrap();
+    let mut obs = Observation::for_geometry(&G).unwrap();
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut captures = std::collections::HashMap::new();
+    let seq = publish_obs(&mut ow, &mut obs);
+    captures.insert(seq, obs.capture_time_ns);
+    let lp = ControlLoop::start(s.clone(), tracing(60, &fail)).unwrap();
+    let ar = loop {
+        if let Ok(r) = RingReader::<Action>::open(&s.action_path, G) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let chunks_seen = |got: &[Action]| {
+        let mut ids: Vec<u64> = ok_actions(got).map(|a| a.chunk_id).collect();
+        ids.dedup();
+        ids.len()
+    };
+    let got = collect_until(
+        &ar,
+        "5 chunks executed",
+        || {
+            let seq = publish_obs(&mut ow, &mut obs);
+            captures.insert(seq, obs.capture_time_ns);
+            std::thread::sleep(Duration::from_millis(5));
+        },
+        |got| chunks_seen(got) >= 6,
+    );
+    let report = lp.stop();
+    let _ = std::fs::remove_file(&s.observation_path);
+    let _ = std::fs::remove_file(&s.action_path);
+    // Per chunk (all but the last, which may still be playing): its ok rows in order.
+    let mut per_chunk: Vec<(u64, u64, Vec<u32>, u64)> = Vec::new(); // id, obs seq, steps, last made
+    let mut holds_between = Vec::new();
+    let mut holds = 0u32;
+    for a in &got {
+        match a.status {
+            ActionStatus::Ok => {
+                if per_chunk.last().map(|c| c.0) != Some(a.chunk_id) {
+                    if !per_chunk.is_empty() {
+                        holds_between.push(holds);
+                    }
+                    per_chunk.push((a.chunk_id, a.source_obs_seq, Vec::new(), 0));
+                }
+                let c = per_chunk.last_mut().unwrap();
+                c.2.push(a.step_index);
+                c.3 = a.made_time_ns;
+                holds = 0;
+            }
+            _ => holds += 1,
+        }
+    }
+    let done = &per_chunk[..per_chunk.len() - 1];
+    assert!(done.len() >= 5, "{per_chunk:?}");
+    for (id, _, steps, _) in done {
+        assert_eq!(steps[0], 0, "chunk {id} starts at its first row: {steps:?}");
+        assert!(
+            steps.windows(2).all(|w| w[0] < w[1]) && steps.iter().all(|&k| u64::from(k) < ROWS),
+            "chunk {id} plays rows 0..{ROWS} in order, nothing after: {steps:?}"
+        );
+    }
+    // Each pause is the 60 ms inference and more: about two 40 ms ticks, unless a busy
+    // machine made the publisher miss them (missed ticks publish nothing).
+    assert!(
+        holds_between.iter().sum::<u32>() as usize >= holds_between.len(),
+        "the arm holds between chunks while inferring: {holds_between:?}"
+    );
+    // The tick grid's phase: the earliest wake-up past a deadline is (nearly) on it.
+    let period = s.period.as_nanos() as u64;
+    let phase = got.iter().map(|a| a.made_time_ns % period).min().unwrap();
+    let deadline = |made: u64| made - (made + period - phase) % period;
+    for pair in per_chunk.windows(2) {
+        let (previous, next) = (&pair[0], &pair[1]);
+        let captured = captures[&next.1];
+        // The last executed row's period ends one tick after its deadline. The phase is
+        // late by the smallest wake-up lateness (microseconds): 1 ms of slack, against
+        // observations 5 ms apart.
+        let rows_done = deadline(previous.3) + period;
+        assert!(
+            captured + 1_000_000 >= rows_done,
+            "chunk {}'s observation (seq {}) was captured {} ns before chunk {}'s executed rows were done",
+            next.0,
+            next.1,
+            rows_done as i128 - captured as i128,
+            previous.0
+        );
+    }
+    assert_eq!(report.inference_failures, 0);
+}
