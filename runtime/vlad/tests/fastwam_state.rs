@@ -2,7 +2,8 @@
 //! state (`state_input: eef_pos_quat_gripper`: position, quaternion, gripper = 9 values),
 //! on the QNN emulator, with this test as the robot: a ring with the 8-value state is
 //! refused by its `state_dims`; on the 9-value ring, observations whose quaternion is not
-//! finite fail their inference and only `hold` is published; good ones then drive `ok`.
+//! finite fail their inference: `hold` is published, then `fault` once 3 failed in a row
+//! (the loop's rule), never an `ok` action from them; good ones drive `ok` before and after.
 
 mod common;
 
@@ -65,37 +66,56 @@ fn config(dir: &Path, bundle: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (p, obs, act)
 }
 
-/// Publishes `obs` (fresh capture time) every 50 ms for `how_long`, reading the action
-/// ring meanwhile; returns how many `ok` actions were seen.
-fn drive(
-    writer: &mut RingWriter<Observation>,
-    obs: &mut Observation,
-    actions: &RingReader<Action>,
-    how_long: Duration,
-    until_ok: bool,
-) -> usize {
-    let mut action = Action::for_geometry(&actions.layout().geometry);
-    let (mut ok, end) = (0, Instant::now() + how_long);
-    let mut last_seq = 0;
-    while Instant::now() < end {
-        obs.capture_time_ns = monotonic_ns();
-        writer.publish(obs).unwrap();
-        for _ in 0..10 {
-            if let Ok(seq) = actions.read_latest(&mut action) {
-                if seq != last_seq && action.status == ActionStatus::Ok {
-                    ok += 1;
+/// The test's side of the rings: publishes observations, watches the actions.
+struct Robot {
+    writer: RingWriter<Observation>,
+    obs: Observation,
+    actions: RingReader<Action>,
+    action: Action,
+    last_seq: u64,
+}
+
+impl Robot {
+    /// Publishes the current observation with a fresh capture time; returns its seq.
+    fn publish(&mut self) -> u64 {
+        self.obs.capture_time_ns = monotonic_ns();
+        self.writer.publish(&self.obs).unwrap()
+    }
+
+    /// Reads new actions for up to `limit`, publishing every `every`, until `done` holds
+    /// for one; each new action is also shown to `seen`.
+    fn watch(
+        &mut self,
+        limit: Duration,
+        every: Duration,
+        mut seen: impl FnMut(&Action),
+        done: impl Fn(&Action) -> bool,
+    ) -> bool {
+        let end = Instant::now() + limit;
+        let mut next_publish = Instant::now();
+        while Instant::now() < end {
+            if Instant::now() >= next_publish {
+                self.publish();
+                next_publish += every;
+            }
+            if let Ok(seq) = self.actions.read_latest(&mut self.action) {
+                if seq != self.last_seq {
+                    self.last_seq = seq;
+                    seen(&self.action);
+                    if done(&self.action) {
+                        return true;
+                    }
                 }
-                last_seq = seq;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        if until_ok && ok > 0 {
-            break;
-        }
+        false
     }
-    ok
 }
 
+/// Through the daemon: the control loop turns a failed inference into `hold` (and, after
+/// 3 failures in a row, `fault`: its fail-closed rule), and the bad observation never
+/// yields an `ok` action.
 #[test]
 fn a_non_finite_quaternion_publishes_hold_and_an_eight_value_ring_is_refused() {
     let Some(_) = qnn_dir() else { return };
@@ -130,10 +150,10 @@ fn a_non_finite_quaternion_publishes_hold_and_an_eight_value_ring_is_refused() {
         "--config",
         config.to_str().unwrap(),
         "--duration",
-        "60",
+        "120",
     ]));
     // The action ring exists once the bundle passed its gate and the loop runs.
-    let end = Instant::now() + Duration::from_secs(50);
+    let end = Instant::now() + Duration::from_secs(60);
     let actions = loop {
         match RingReader::<Action>::open(&act_path, geometry) {
             Ok(r) => break r,
@@ -144,27 +164,57 @@ fn a_non_finite_quaternion_publishes_hold_and_an_eight_value_ring_is_refused() {
     // Give the loop time to try the 8-value ring, then replace it with the right one.
     std::thread::sleep(Duration::from_millis(500));
     drop(wrong);
-    let mut writer = RingWriter::<Observation>::create(&obs_path, geometry, 8).unwrap();
     let mut obs = Observation::for_geometry(&geometry).unwrap();
     obs.frames = golden.array("frames").unwrap().to_u8().unwrap();
     obs.instruction_id = 1;
     obs.seed = golden.array("seed").unwrap().to_vec::<u64>().unwrap()[0];
     obs.state.copy_from_slice(&state);
-    obs.state[3] = f32::NAN;
-    let ok_with_nan = drive(
-        &mut writer,
-        &mut obs,
-        &actions,
-        Duration::from_secs(3),
-        false,
+    let mut robot = Robot {
+        writer: RingWriter::<Observation>::create(&obs_path, geometry, 8).unwrap(),
+        action: Action::for_geometry(&geometry),
+        obs,
+        actions,
+        last_seq: 0,
+    };
+    let ok = |a: &Action| a.status == ActionStatus::Ok;
+    let patience = Duration::from_secs(40);
+    let fast = Duration::from_millis(50);
+    // 1. Good observations drive `ok`.
+    assert!(
+        robot.watch(patience, fast, |_| {}, ok),
+        "good observations never drove ok"
     );
-    obs.state.copy_from_slice(&state);
-    let ok_after = drive(
-        &mut writer,
-        &mut obs,
-        &actions,
-        Duration::from_secs(30),
-        true,
+    // 2. Observations with a NaN quaternion: each inference fails before any context runs,
+    //    the chunk in play is dropped and `hold` is published; after 3 failures in a row the
+    //    loop publishes `fault` (which also proves the failures happened). No `ok` action
+    //    comes from a NaN observation.
+    robot.obs.state[3] = f32::NAN;
+    //    Published 300 ms apart, so that the publisher's 20 Hz ticks fall between failures.
+    let first_bad = robot.publish();
+    let mut statuses = Vec::new();
+    let mut ok_from_bad = 0;
+    let faulted = robot.watch(
+        patience,
+        Duration::from_millis(300),
+        |a| {
+            statuses.push(a.status);
+            ok_from_bad += usize::from(ok(a) && a.source_obs_seq >= first_bad);
+        },
+        |a| a.status == ActionStatus::Fault,
+    );
+    assert!(faulted, "repeated failures never escalated: {statuses:?}");
+    assert_eq!(ok_from_bad, 0, "an ok action from a NaN observation");
+    let first_hold = statuses.iter().position(|s| *s == ActionStatus::Hold);
+    let first_fault = statuses.iter().position(|s| *s == ActionStatus::Fault);
+    assert!(
+        first_hold.is_some() && first_hold < first_fault,
+        "hold before fault: {statuses:?}"
+    );
+    // 4. Good observations again: `ok` again.
+    robot.obs.state.copy_from_slice(&state);
+    assert!(
+        robot.watch(patience, fast, |_| {}, ok),
+        "good observations never drove ok again"
     );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
@@ -177,14 +227,10 @@ fn a_non_finite_quaternion_publishes_hold_and_an_eight_value_ring_is_refused() {
         "{err}"
     );
     assert!(
-        err.contains("failed: observation state") && err.contains("NaN at index 3"),
+        err.contains("failed: observation state: expected finite values, found NaN at index 3"),
         "{err}"
     );
-    assert_eq!(
-        ok_with_nan, 0,
-        "an ok action while every quaternion was NaN"
-    );
-    assert!(ok_after > 0, "good observations never drove ok: {out}{err}");
+    assert!(out.contains("control loop report"), "{out}");
     let _ = std::fs::remove_file(&obs_path);
     let _ = std::fs::remove_file(&act_path);
     let _ = std::fs::remove_dir_all(&dir);
