@@ -176,6 +176,10 @@ fn a_non_finite_quaternion_publishes_hold_and_an_eight_value_ring_is_refused() {
         actions,
         last_seq: 0,
     };
+    // The 9-value ring refuses an 8-value observation from its writer.
+    let short = Observation::for_geometry(&eight).unwrap();
+    let e = robot.writer.publish(&short).unwrap_err().to_string();
+    assert_eq!(e, "publish field state: expected 9 elements, found 8");
     let ok = |a: &Action| a.status == ActionStatus::Ok;
     let patience = Duration::from_secs(40);
     let fast = Duration::from_millis(50);
