@@ -14,6 +14,7 @@ the emulator (actions cosine >= 0.999). Any failed gate exits non-zero.
 import argparse
 import json
 import re
+import math
 import shutil
 import sys
 import time
@@ -95,7 +96,9 @@ MOLMO_VARIANTS = {
                                               "action_context"]}),
 }
 FASTWAM = dict(name="fastwam", seed=404, dims=fg.FastWamDims(), flow_steps=10, shift=5.0, noise_seed=21)
-FASTWAM_CHAIN = dict(name="fastwam-closed-loop", seed=505, dims=fg.FastWamChainDims(), flow_steps=4, shift=5.0,
+# Upstream's LIBERO eval settings (vla-policy manifest.rs UPSTREAM_LIBERO_*): 10 Wan steps,
+# shift 5, the LIBERO gripper map with binarization.
+FASTWAM_CHAIN = dict(name="fastwam-closed-loop", seed=505, dims=fg.FastWamChainDims(), flow_steps=10, shift=5.0,
                      noise_seed=31, frame_h=40, frame_w=48, instruction=1)
 FASTWAM_TASKS = ["put the black bowl on the plate", "open the top drawer of the cabinet"]
 FASTWAM_STATE_NORM = {"mode": "min_max", "low": [-0.25, -0.3, 0.8, 2.9, -0.6, -0.4, 0.0, -0.04],
@@ -482,7 +485,7 @@ def make_fastwam_closed_loop(table: list) -> bool:
         "fastwam": {
             "action_horizon": d.horizon, "action_dims": d.action_dims, "flow_steps": cfg["flow_steps"],
             "shift": cfg["shift"], "action_norm": FASTWAM_ACTION_NORM,
-            "gripper_binarize": False, "gripper_map": "libero",
+            "gripper_binarize": True, "gripper_map": "libero",
             "chain": {
                 "cameras": d.cameras, "frame_height": cfg["frame_h"], "frame_width": cfg["frame_w"],
                 "camera_height": d.camera_h, "camera_width": d.camera_w, "rotate_180": [True, True],
@@ -502,24 +505,59 @@ def make_fastwam_closed_loop(table: list) -> bool:
     runners = ref.cpu_runners(bundle_dir, BUILD / name / "onnx")
     frames = fastwam_chain_frames(cfg["seed"], d.cameras, cfg["frame_h"], cfg["frame_w"])
     state = np.array([-0.05, 0.1, 1.0, 3.1, 0.2, -0.1, 0.03, -0.02], np.float32)
-    inputs = {"frames": frames, "state": state, "instruction_id": np.array([cfg["instruction"]], np.int32),
-              "seed": np.array([cfg["noise_seed"]], np.uint64)}
+    base = {"frames": frames, "state": state, "instruction_id": np.array([cfg["instruction"]], np.int32)}
+    other = fastwam_chain_frames(cfg["seed"] + 1, d.cameras, cfg["frame_h"], cfg["frame_w"])
+    moved = state.copy()
+    moved[:3] += np.array([0.08, -0.1, 0.12], np.float32)
+    # The same observation as the robot writes it under `state_input: eef_pos_quat_gripper`:
+    # the quaternion (x, y, z, w >= 0) of the state's axis-angle, which robosuite's
+    # quat2axisangle turns back into it up to f32 rounding.
+    quat_manifest = json.loads(json.dumps(manifest))
+    quat_manifest["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper"
+    quat_state = np.concatenate([state[:3], axis_angle_to_quat(state[3:6]), state[6:]]).astype(np.float32)
+    observations = {"camera": (dict(base, frames=other), manifest), "state": (dict(base, state=moved), manifest),
+                    "quat": (dict(base, state=quat_state), quat_manifest)}
+    # The gripper is binarized on its sign: pick the first noise seed from noise_seed that keeps
+    # every observation's pre-binarize gripper clear of zero, so that the emulator's rounding
+    # cannot flip it.
+    seed = cfg["noise_seed"]
+    while not all(gripper_margin_ok(bundle_dir, runners, dict(o, seed=np.array([seed], np.uint64)), m)
+                  for o, m in [(base, manifest), *observations.values()]):
+        seed += 1
+    log(f"  {name}: noise seed {seed}")
+    inputs = dict(base, seed=np.array([seed], np.uint64))
     result, io = ref.run_bundle(bundle_dir, runners, inputs)
     order = ["frames", "state", "instruction_id", "seed", "actions", "image", "latents", "context",
              *[f"{kv}_split{i}" for i in range(len(splits)) for kv in ("keys", "values")], "noise"]
     write_goldens(bundle_dir, {**inputs, **result}, io, order)
-    # The camera-only and state-only variants the tests run (expected actions from the reference).
-    variants = {}
-    other = fastwam_chain_frames(cfg["seed"] + 1, d.cameras, cfg["frame_h"], cfg["frame_w"])
-    moved = state.copy()
-    moved[:3] += np.array([0.08, -0.1, 0.12], np.float32)
-    for tag, obs in (("camera", dict(inputs, frames=other)), ("state", dict(inputs, state=moved))):
-        r, _ = ref.run_bundle(bundle_dir, runners, obs)
-        variants[tag] = r["actions"]
-        log(f"  {name}: {tag}-only change moves the actions by {np.abs(r['actions'] - result['actions']).max():.3g}")
-        save_npz(bundle_dir / "golden" / f"observation_{tag}.npz",
-                 {k: obs[k] for k in ("frames", "state", "instruction_id", "seed")} | {"actions": r["actions"]})
+    # The camera-only and state-only variants the tests run (expected actions from the reference),
+    # and the quaternion observation with every stage (the end-to-end golden of the bundle with
+    # `state_input: eef_pos_quat_gripper`, which the tests make from this one).
+    for tag, (obs, m) in observations.items():
+        obs = dict(obs, seed=inputs["seed"])
+        r, _ = ref.run_bundle(bundle_dir, runners, obs, manifest=m)
+        log(f"  {name}: {tag} observation moves the actions by {np.abs(r['actions'] - result['actions']).max():.3g}")
+        if tag == "quat":
+            log(f"  {name}: quaternion state -> context max |diff| {np.abs(r['context'] - result['context']).max():.3g}")
+            save_npz(bundle_dir / "golden" / "end_to_end_quat.npz", {**{k: obs[k] for k in order[:4]},
+                                                                     **{k: r[k] for k in order[4:]}})
+        else:
+            save_npz(bundle_dir / "golden" / f"observation_{tag}.npz",
+                     {k: obs[k] for k in ("frames", "state", "instruction_id", "seed")} | {"actions": r["actions"]})
     return verify_bundle(name, bundle_dir, wrappers, inputs, result, table)
+
+
+def axis_angle_to_quat(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, np.float64)
+    angle = float(np.linalg.norm(v))
+    return np.concatenate([v / angle * math.sin(angle / 2), [math.cos(angle / 2)]])
+
+
+def gripper_margin_ok(bundle_dir, runners, obs: dict, manifest: dict, margin: float = 0.1) -> bool:
+    raw = json.loads(json.dumps(manifest))
+    raw["fastwam"]["gripper_binarize"] = False
+    r, _ = ref.run_bundle(bundle_dir, runners, obs, manifest=raw)
+    return bool(np.all(np.abs(r["actions"][:, -1]) > margin))
 
 
 def run_fastwam_raw(manifest, world, runners, seed):

@@ -12,6 +12,7 @@ golden/end_to_end.npz; run directly it recomputes a bundle's end-to-end golden:
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -510,10 +511,32 @@ def fastwam_gripper(actions: np.ndarray, f: dict) -> np.ndarray:
     return a.astype(np.float32)
 
 
+def quat2axisangle(q) -> np.ndarray:
+    """robosuite's `transform_utils.quat2axisangle` on an (x, y, z, w) quaternion, in float64,
+    then cast to float32 as upstream's `_extract_sim_state` does: w clipped to [-1, 1], zeros
+    when `sqrt(1 - w*w)` is exactly 0 (robosuite's `math.isclose(den, 0.0)`), never
+    normalized, so q and -q give different vectors."""
+    q = np.asarray(q, np.float64)
+    w = min(max(float(q[3]), -1.0), 1.0)
+    den = math.sqrt(1.0 - w * w)
+    if den == 0.0:
+        return np.zeros(3, np.float32)
+    with np.errstate(over="ignore"):
+        return ((q[:3] * 2.0 * math.acos(w)) / den).astype(np.float32)
+
+
+def fastwam_state(raw: np.ndarray, chain: dict) -> np.ndarray:
+    """The state the policy normalizes, from what the robot writes (`chain.state_input`)."""
+    raw = np.asarray(raw, np.float32)
+    if chain.get("state_input", "state") == "eef_pos_quat_gripper":
+        return np.concatenate([raw[:3], quat2axisangle(raw[3:7]), raw[7:9]]).astype(np.float32)
+    return raw
+
+
 def fastwam_context(tables: dict, instruction_id: int, state: np.ndarray, chain: dict) -> np.ndarray:
     """[1, text_tokens + 1, E]: the instruction's text rows, then proprio Linear(norm(state))."""
     text = tables["text_rows"][instruction_id].astype(np.float32)
-    s = fastwam_normalize(state, chain["state_norm"])
+    s = fastwam_normalize(fastwam_state(state, chain), chain["state_norm"])
     w, b = tables["proprio_weight"].astype(np.float32), tables["proprio_bias"].astype(np.float32)
     proprio = (w.astype(np.float64) @ s.astype(np.float64) + b).astype(np.float32)
     return np.concatenate([text, proprio[None]], axis=0)[None]
@@ -568,10 +591,12 @@ def capture_plan(manifest: dict) -> dict:
     return {"action_step": manifest["fastwam"]["flow_steps"] // 2}
 
 
-def run_bundle(bundle_dir: Path, runners: dict, inputs: dict):
-    """Runs a bundle end to end; returns (end_to_end arrays, {component: (inputs, outputs)})."""
+def run_bundle(bundle_dir: Path, runners: dict, inputs: dict, manifest: dict | None = None):
+    """Runs a bundle end to end; returns (end_to_end arrays, {component: (inputs, outputs)}).
+    `manifest` replaces the bundle's own `bundle.json` (a variant of its settings)."""
     bundle_dir = Path(bundle_dir)
-    manifest = json.loads((bundle_dir / "bundle.json").read_text())
+    if manifest is None:
+        manifest = json.loads((bundle_dir / "bundle.json").read_text())
     rec = Recorder(runners, capture_plan(manifest))
     seed = int(inputs["seed"][0])
     if manifest["policy"] == "molmoact2":

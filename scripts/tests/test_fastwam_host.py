@@ -54,3 +54,22 @@ def test_text_rows_are_zeroed_past_the_text_and_padded():
     assert umt5.render_prompt("x").startswith("A video recorded from a robot's point of view")
     short, _ = umt5.build_text_rows(["open the drawer"], umt5.byte_tokenize, umt5.fixture_encoder(6, 1), 16)
     assert np.all(short[0] != 0)  # cut at 16 tokens, no zero rows
+
+
+def test_quat2axisangle_equals_robosuites_own_outputs():
+    """golden/robosuite/ is robosuite 1.4.0's quat2axisangle itself
+    (scripts/robosuite_quat_goldens.py); the reference's must give the same f32 bits."""
+    import json
+    from pathlib import Path
+
+    from det_npz import load_npz
+
+    root = Path(__file__).resolve().parents[2] / "golden" / "robosuite"
+    g = load_npz(root / "quat2axisangle.npz")
+    cases = json.loads((root / "quat2axisangle.json").read_text())["cases"]
+    assert len(cases) == len(g["quat"]) >= 40
+    for name, q, want in zip(cases, g["quat"], g["axisangle"]):
+        np.testing.assert_array_equal(ref.quat2axisangle(q), want, err_msg=name)
+    state = ref.fastwam_state(np.array([1, 2, 3, 0, 0.6, 0.8, 0, 0.01, -0.01], np.float32),
+                              {"state_input": "eef_pos_quat_gripper"})
+    np.testing.assert_allclose(state, [1, 2, 3, 0, 0.6 * np.pi, 0.8 * np.pi, 0.01, -0.01], rtol=1e-6)

@@ -178,6 +178,17 @@ def test_committed_goldens_match_reference(tmp_path, name):
     result, io = ref.run_bundle(bundle, ref.cpu_runners(bundle, tmp_path), golden)
     for key, value in result.items():
         np.testing.assert_array_equal(value, golden[key], err_msg=f"{name}: {key}")
+    quat = bundle / "golden" / "end_to_end_quat.npz"
+    if quat.is_file():
+        # The same observation as `state_input: eef_pos_quat_gripper` writes it (9 values).
+        golden_quat = load_npz(quat)
+        variant = json.loads(json.dumps(manifest))
+        variant["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper"
+        assert golden_quat["state"].shape == (9,)
+        r, _ = ref.run_bundle(bundle, ref.cpu_runners(bundle, tmp_path), golden_quat, manifest=variant)
+        assert sorted(r) == sorted(k for k in golden_quat if k not in ("frames", "state", "instruction_id", "seed"))
+        for key, value in r.items():
+            np.testing.assert_array_equal(value, golden_quat[key], err_msg=f"{name} (quaternion state): {key}")
     for component, entry in manifest["components"].items():
         stored = load_npz(bundle / entry["golden"])
         feeds, outs = io[component]

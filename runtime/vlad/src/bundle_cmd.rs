@@ -10,6 +10,7 @@ use vla_policy::{Bundle, BundleParity, ObservationFile, Policy};
 
 pub(crate) fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
     let bundle = Bundle::open(dir)?;
+    crate::gate::note_upstream_deviations(&bundle);
     let (_, backend) = qnn_setup::load_backend(common)?;
     let t = Instant::now();
     let policy = Policy::load(&bundle, &backend)?;

@@ -152,6 +152,22 @@ impl std::error::Error for InferError {
     }
 }
 
+/// Says in one log line which of a Fast-WAM bundle's settings differ from upstream's LIBERO
+/// evaluation and what upstream uses (nothing for MolmoAct2 or a bundle that matches).
+pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
+    let deviations = bundle
+        .manifest
+        .fastwam
+        .as_ref()
+        .and_then(|f| f.upstream_eval_deviations());
+    if let Some(d) = deviations {
+        log::warn!(
+            "bundle {} deviates from upstream Fast-WAM's LIBERO eval settings: {d}",
+            bundle.dir.display()
+        );
+    }
+}
+
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
 /// golden (which also warms up every context). Also returns the end-to-end cosine.
 pub fn load_gated(
@@ -160,6 +176,7 @@ pub fn load_gated(
     options: &vla_policy::LoadOptions,
 ) -> Result<(Bundle, Policy, f64), LoadError> {
     let bundle = Bundle::open(dir)?;
+    note_upstream_deviations(&bundle);
     let mut policy = Policy::load_with(&bundle, backend, options)?;
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {

@@ -9,6 +9,7 @@
 mod chain;
 pub mod image;
 pub mod norm;
+pub mod state;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
@@ -256,8 +257,8 @@ impl FastWam {
         prefix: Option<&ActionPrefix<'_>>,
         actions: &mut [f32],
     ) -> Result<(), PolicyError> {
-        if let Some(c) = &self.chain {
-            c.check(obs)?;
+        if let Some(c) = &mut self.chain {
+            c.accept(obs)?;
         }
         if let Some(p) = prefix {
             let (norm, f) = (&self.action_norm, &self.settings);

@@ -31,6 +31,7 @@ pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
 pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
 pub use fastwam::norm::FastWamNormalizer;
+pub use fastwam::state::quat2axisangle;
 pub use fastwam::{map_gripper, proprio_row, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
 pub use manifest::{Manifest, PolicyKind};
@@ -122,7 +123,7 @@ fn fastwam_geometry(f: &manifest::FastWamSettings) -> Geometry {
             cameras: c.cameras,
             height: c.frame_height,
             width: c.frame_width,
-            state_dims: c.state_dims,
+            state_dims: c.ring_state_dims(),
             action_dims: f.action_dims,
             chunk_len: f.action_horizon,
             instructions: c.instructions.len(),

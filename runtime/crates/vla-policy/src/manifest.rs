@@ -181,10 +181,51 @@ pub struct FastWamSettings {
     pub gripper_map: GripperMap,
 }
 
+/// Upstream Fast-WAM's LIBERO evaluation (github yuantianyuan01/FastWAM 45d8e14):
+/// `configs/train.yaml` `eval_num_inference_steps: 10`, `configs/model/fastwam.yaml`
+/// `infer_shift: 5.0` (`sim_libero.yaml` leaves `sigma_shift` null), `sim_libero.yaml`
+/// `binarize_gripper: true`, and the eval's `g*2 - 1`, `invert_gripper_action` gripper map.
+pub const UPSTREAM_LIBERO_FLOW_STEPS: usize = 10;
+pub const UPSTREAM_LIBERO_SHIFT: f64 = 5.0;
+pub const UPSTREAM_LIBERO_GRIPPER_MAP: GripperMap = GripperMap::Libero;
+pub const UPSTREAM_LIBERO_GRIPPER_BINARIZE: bool = true;
+
 impl FastWamSettings {
     /// True when the actions do not depend on the observation (constant world model).
     pub fn open_loop(&self) -> bool {
         self.chain.is_none()
+    }
+
+    /// The settings that differ from upstream's LIBERO eval, each as `name value (upstream
+    /// value)`, joined by ", " (None when the bundle runs upstream's settings).
+    pub fn upstream_eval_deviations(&self) -> Option<String> {
+        let mut d = Vec::new();
+        if self.flow_steps != UPSTREAM_LIBERO_FLOW_STEPS {
+            d.push(format!(
+                "flow_steps {} (upstream {UPSTREAM_LIBERO_FLOW_STEPS})",
+                self.flow_steps
+            ));
+        }
+        if self.shift != UPSTREAM_LIBERO_SHIFT {
+            d.push(format!(
+                "shift {} (upstream {UPSTREAM_LIBERO_SHIFT})",
+                self.shift
+            ));
+        }
+        if self.gripper_map != UPSTREAM_LIBERO_GRIPPER_MAP {
+            d.push(format!(
+                "gripper_map {} (upstream {})",
+                self.gripper_map.name(),
+                UPSTREAM_LIBERO_GRIPPER_MAP.name()
+            ));
+        }
+        if self.gripper_binarize != UPSTREAM_LIBERO_GRIPPER_BINARIZE {
+            d.push(format!(
+                "gripper_binarize {} (upstream {UPSTREAM_LIBERO_GRIPPER_BINARIZE})",
+                self.gripper_binarize
+            ));
+        }
+        (!d.is_empty()).then(|| d.join(", "))
     }
 }
 
@@ -197,6 +238,16 @@ pub enum GripperMap {
     None,
     /// Upstream LIBERO eval: `g = -(g * 2 - 1)`, then `sign(g)` with `gripper_binarize`.
     Libero,
+}
+
+impl GripperMap {
+    /// The setting's name in `bundle.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            GripperMap::None => "none",
+            GripperMap::Libero => "libero",
+        }
+    }
 }
 
 /// The Fast-WAM world-model chain: wm_vae_enc -> wm_embed -> wm_prefill_split0..K-1.
@@ -221,13 +272,57 @@ pub struct FastWamChain {
     pub prefill_layers: Vec<usize>,
     pub text_tokens: usize,
     pub context_width: usize,
+    /// Values of the state the policy normalizes (8 for LIBERO: eef position 3, axis-angle
+    /// 3, gripper qpos 2).
     pub state_dims: usize,
+    /// What the robot writes on the ring in place of that state (see [`StateInput`]).
+    #[serde(default)]
+    pub state_input: StateInput,
     pub state_norm: Normalization,
     /// npz: `text_rows [instructions, text_tokens, context_width]` (f16 or f32),
     /// `proprio_weight [context_width, state_dims]`, `proprio_bias [context_width]` (f32).
     pub tables: String,
     pub instructions: Vec<String>,
 }
+
+/// The state the robot writes on the observation ring for a Fast-WAM chain.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StateInput {
+    /// The policy's state itself, `state_dims` values, normalized as it comes.
+    #[default]
+    State,
+    /// Upstream LIBERO's raw robot state, 9 values: eef position (3), eef quaternion (4,
+    /// robosuite's x, y, z, w order), gripper qpos (2). The host turns it into the 8 values
+    /// the policy normalizes as upstream's eval does (`eef_pos + quat2axisangle(eef_quat) +
+    /// gripper_qpos`); needs `state_dims` 8.
+    EefPosQuatGripper,
+}
+
+impl StateInput {
+    /// The setting's name in `bundle.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StateInput::State => "state",
+            StateInput::EefPosQuatGripper => "eef_pos_quat_gripper",
+        }
+    }
+}
+
+impl FastWamChain {
+    /// Values per observation on the ring: `state_dims`, or 9 for `eef_pos_quat_gripper`.
+    pub fn ring_state_dims(&self) -> usize {
+        match self.state_input {
+            StateInput::State => self.state_dims,
+            StateInput::EefPosQuatGripper => EEF_POS_QUAT_GRIPPER_DIMS,
+        }
+    }
+}
+
+/// The raw LIBERO robot state: position 3, quaternion 4, gripper qpos 2.
+pub const EEF_POS_QUAT_GRIPPER_DIMS: usize = 9;
+/// The state upstream builds from it: position 3, axis-angle 3, gripper qpos 2.
+pub const EEF_POS_AXISANGLE_GRIPPER_DIMS: usize = 8;
 
 /// Most prefill splits a Fast-WAM chain may have.
 pub const MAX_PREFILL_SPLITS: usize = 64;
@@ -655,6 +750,18 @@ fn validate_chain(c: &FastWamChain) -> Result<(), Invalid> {
             "lists no instruction",
         ));
     }
+    if c.state_input == StateInput::EefPosQuatGripper
+        && c.state_dims != EEF_POS_AXISANGLE_GRIPPER_DIMS
+    {
+        return Err(invalid(
+            "fastwam.chain.state_input",
+            format!(
+                "`eef_pos_quat_gripper` builds {EEF_POS_AXISANGLE_GRIPPER_DIMS} state values \
+                 (position 3, axis-angle 3, gripper 2), but fastwam.chain.state_dims is {}",
+                c.state_dims
+            ),
+        ));
+    }
     c.state_norm
         .validate("fastwam.chain.state_norm", c.state_dims)
 }
@@ -669,4 +776,79 @@ fn inside_bundle(field: impl FnOnce() -> String, path: &str) -> Result<(), Inval
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The closed-loop fixture's manifest, edited by `edit`.
+    fn closed_loop(edit: impl FnOnce(&mut serde_json::Value)) -> Manifest {
+        let path =
+            vla_test_support::repo_root().join("golden/bundles/fastwam-closed-loop/bundle.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        edit(&mut v);
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn state_input_defaults_to_the_state_and_sets_the_rings_state_length() {
+        let m = closed_loop(|_| {});
+        let c = m.fastwam.as_ref().unwrap().chain.as_ref().unwrap();
+        assert_eq!(c.state_input, StateInput::State);
+        assert_eq!(m.geometry().state_dims, 8);
+        let m =
+            closed_loop(|v| v["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper".into());
+        m.validate().unwrap();
+        assert_eq!(
+            m.geometry().state_dims,
+            9,
+            "position 3 + quaternion 4 + gripper 2"
+        );
+        let m = closed_loop(|v| {
+            v["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper".into();
+            v["fastwam"]["chain"]["state_dims"] = 7.into();
+            v["fastwam"]["chain"]["state_norm"]["low"] = serde_json::json!(vec![0.0; 7]);
+            v["fastwam"]["chain"]["state_norm"]["high"] = serde_json::json!(vec![1.0; 7]);
+        });
+        let e = m.validate().unwrap_err();
+        assert_eq!(e.field, "fastwam.chain.state_input");
+        assert!(e.reason.contains("state_dims is 7"), "{}", e.reason);
+        let path =
+            vla_test_support::repo_root().join("golden/bundles/fastwam-closed-loop/bundle.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        v["fastwam"]["chain"]["state_input"] = "eef_pos_quat".into();
+        let e = serde_json::from_value::<Manifest>(v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("eef_pos_quat") && e.contains("eef_pos_quat_gripper"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn deviations_from_upstreams_libero_eval_are_named_with_upstreams_values() {
+        let f = closed_loop(|_| {}).fastwam.unwrap();
+        assert_eq!(
+            f.upstream_eval_deviations(),
+            None,
+            "the fixture runs upstream's settings"
+        );
+        let f = closed_loop(|v| {
+            v["fastwam"]["flow_steps"] = 4.into();
+            v["fastwam"]["shift"] = 3.0.into();
+            v["fastwam"]["gripper_map"] = "none".into();
+            v["fastwam"]["gripper_binarize"] = false.into();
+        })
+        .fastwam
+        .unwrap();
+        assert_eq!(
+            f.upstream_eval_deviations().unwrap(),
+            "flow_steps 4 (upstream 10), shift 3 (upstream 5), gripper_map none (upstream libero), \
+             gripper_binarize false (upstream true)"
+        );
+    }
 }

@@ -402,3 +402,79 @@ fn fastwam_chain_bad_input_is_named() {
     );
     assert!(actions.iter().all(|a| *a == 0.0), "nothing is published");
 }
+
+/// `state_input: eef_pos_quat_gripper`: a quaternion with a non-finite value, or one whose
+/// axis-angle overflows f32, is refused before any context runs (the loop then publishes
+/// hold), naming the state; nothing is written; the ring's 8-value state of the default
+/// input is refused by length; the same policy then runs a good observation.
+#[test]
+fn a_quaternion_that_does_not_convert_is_refused_never_converted() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let dir = common::quaternion_state_fixture("quat-bad");
+    let bundle = Bundle::open(&dir).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let base = file.observation();
+    assert_eq!(base.state.len(), 9);
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    for (index, value) in [
+        (3, f32::NAN),
+        (6, f32::NAN),
+        (4, f32::INFINITY),
+        (5, f32::NEG_INFINITY),
+    ] {
+        let mut state = base.state.to_vec();
+        state[index] = value;
+        let obs = Observation {
+            state: &state,
+            ..base
+        };
+        let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+        assert!(
+            msg.contains("observation state") && msg.contains(&format!("index {index}")),
+            "{msg}"
+        );
+    }
+    // Finite, but x * 2 * acos(w) / sqrt(1 - w^2) is past f32's range.
+    let mut state = base.state.to_vec();
+    state[3..7].copy_from_slice(&[3e38, 0.0, 0.0, 0.5]);
+    let obs = Observation {
+        state: &state,
+        ..base
+    };
+    let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+    assert!(
+        msg.contains("observation state") && msg.contains("quaternion"),
+        "{msg}"
+    );
+    // The converted 8-vector, as a robot of the default input would write it.
+    let eight = [&base.state[..3], &[3.1, 0.2, -0.1], &base.state[7..]].concat();
+    let obs = Observation {
+        state: &eight,
+        ..base
+    };
+    let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+    assert!(
+        msg.contains("expected 9 values") && msg.contains("found 8 values"),
+        "{msg}"
+    );
+    assert!(
+        actions.iter().all(|a| *a == 0.0),
+        "no action written on refusal"
+    );
+    policy
+        .infer(&base, &mut actions)
+        .expect("the same policy still runs a good observation");
+    let want = Npz::open(bundle.path(&bundle.manifest.end_to_end))
+        .unwrap()
+        .array("actions")
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let c = vla_tensor::compare(&actions, &want, 0.0, 0.0).cosine;
+    assert!(c >= 0.999, "actions cosine {c} against the golden");
+    let _ = std::fs::remove_dir_all(&dir);
+}

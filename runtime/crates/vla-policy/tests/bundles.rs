@@ -6,10 +6,14 @@ mod common;
 use vla_policy::{Bundle, Policy};
 
 fn gate(name: &str) {
+    gate_at(name, &common::fixture(name));
+}
+
+fn gate_at(name: &str, dir: &std::path::Path) {
     let Some(backend) = common::backend() else {
         return;
     };
-    let bundle = Bundle::open(common::fixture(name)).unwrap();
+    let bundle = Bundle::open(dir).unwrap();
     let mut policy = Policy::load(&bundle, &backend).unwrap();
     let report = bundle.parity(&mut policy).unwrap();
     assert!(report.passed(), "{name}: {:?}", report.failure_summary());
@@ -76,6 +80,21 @@ fn fastwam_closed_loop() {
 /// Closed loop: an observation that differs from the golden's only in the camera frames,
 /// and one that differs only in the state, each give different actions, each matching the
 /// reference's actions for that observation (golden/observation_{camera,state}.npz).
+/// The robot writes position, quaternion and gripper (9 values); the host converts the
+/// quaternion as robosuite does and the whole chain still matches the reference.
+#[test]
+fn fastwam_closed_loop_with_the_state_as_libero_writes_it() {
+    let dir = common::quaternion_state_fixture("quat-gate");
+    let manifest = Bundle::open(&dir).unwrap().manifest;
+    assert_eq!(
+        manifest.geometry().state_dims,
+        9,
+        "the ring carries 9 state values"
+    );
+    gate_at("fastwam-closed-loop (eef_pos_quat_gripper)", &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn fastwam_closed_loop_actions_follow_the_camera_and_the_state() {
     let Some(backend) = common::backend() else {

@@ -17,15 +17,22 @@ fn steady_state_inference_allocates_nothing() {
     let Some(backend) = common::backend() else {
         return;
     };
-    for name in [
+    let quaternion = common::quaternion_state_fixture("no-alloc-quat");
+    for (name, dir) in [
         "molmoact2-drift-keystone",
         "molmoact2-lp-vtp-sd",
         "fastwam",
         "fastwam-closed-loop",
-    ] {
-        let bundle = Bundle::open(common::fixture(name)).unwrap();
+    ]
+    .map(|n| (n, common::fixture(n)))
+    .into_iter()
+    .chain([(
+        "fastwam-closed-loop (eef_pos_quat_gripper)",
+        quaternion.clone(),
+    )]) {
+        let bundle = Bundle::open(&dir).unwrap();
         let mut policy = Policy::load(&bundle, &backend).unwrap();
-        let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+        let obs = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
         let g = policy.geometry();
         let mut actions = vec![0f32; g.chunk_len * g.action_dims];
         policy.infer(&obs.observation(), &mut actions).unwrap();
@@ -44,4 +51,5 @@ fn steady_state_inference_allocates_nothing() {
             "{name}: same observation and seed give the same actions"
         );
     }
+    let _ = std::fs::remove_dir_all(&quaternion);
 }

@@ -216,3 +216,27 @@ fn libero_eval_observation_and_actions_match_upstream() {
         assert_bits(&actions, &f32s(&g, key), key);
     }
 }
+
+/// Upstream's `_extract_sim_state` (eef_pos + its `quat2axisangle` copied from robosuite +
+/// gripper_qpos, cast to f32) on the eval's observation, against the axis-angle vlad
+/// computes from the quaternion as the ring carries it (f32; upstream's was f64, so the
+/// axis-angle is compared to within f32 rounding of the input, the rest bit for bit).
+#[test]
+fn libero_state_from_the_eef_quaternion_matches_upstream() {
+    let g = golden("libero_eval.npz");
+    let (pos, quat, grip) = (
+        f32s(&g, "eef_pos"),
+        f32s(&g, "eef_quat"),
+        f32s(&g, "gripper_qpos"),
+    );
+    let want = f32s(&g, "state");
+    let aa = vla_policy::quat2axisangle([quat[0], quat[1], quat[2], quat[3]]);
+    assert_bits(&pos, &want[..3], "eef_pos");
+    assert_bits(&grip, &want[6..], "gripper_qpos");
+    for (d, (a, w)) in aa.iter().zip(&want[3..6]).enumerate() {
+        assert!(
+            (a - w).abs() <= 2e-6 * w.abs().max(1.0),
+            "axis-angle[{d}]: {a} vs upstream {w}"
+        );
+    }
+}

@@ -10,10 +10,12 @@
 //! written once per instruction change; per observation only the proprio row (the last
 //! one) is recomputed on the host: `proprio_weight @ normalize(state) + proprio_bias`, a
 //! Linear(state_dims -> context_width) of a few thousand MACs, cheaper here than as a
-//! context of its own.
+//! context of its own. The state it normalizes is built first from what the robot wrote
+//! (`state_input`, the `state` module), when the observation is accepted.
 
 use super::image::FastWamImage;
 use super::norm::FastWamNormalizer;
+use super::state::build_state;
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
@@ -65,6 +67,8 @@ pub struct WorldModel {
     tokens: [AlignedBuf; 2],
     context_embedding: AlignedBuf,
     state_norm: FastWamNormalizer,
+    /// The policy's state (`state_dims`) built from the accepted observation's raw state.
+    state: Vec<f32>,
     normalized_state: Vec<f32>,
     /// `[instructions, text_tokens * context_width]` f32.
     text_rows: Vec<f32>,
@@ -226,6 +230,7 @@ impl WorldModel {
             tokens: [f32s(t * w), f32s(t * w)],
             context_embedding: f32s(m * w),
             state_norm: FastWamNormalizer::new(&c.state_norm, c.state_dims),
+            state: vec![0.0; c.state_dims],
             normalized_state: vec![0.0; c.state_dims],
             text_rows,
             proprio_weight,
@@ -246,8 +251,10 @@ impl WorldModel {
         v
     }
 
-    /// Refuses an observation that does not fit the chain, before any context runs.
-    pub fn check(&self, obs: &Observation<'_>) -> Result<(), PolicyError> {
+    /// Refuses an observation that does not fit the chain, before any context runs, and
+    /// builds the policy's state from it (a quaternion that does not convert is refused
+    /// here too).
+    pub fn accept(&mut self, obs: &Observation<'_>) -> Result<(), PolicyError> {
         let c = &self.settings;
         if (obs.cameras, obs.height, obs.width) != (c.cameras, c.frame_height, c.frame_width)
             || obs.frames.len() != self.pre.frames_len()
@@ -270,10 +277,11 @@ impl WorldModel {
                 ),
             });
         }
-        obs.check_state_and_instruction(c.state_dims, c.instructions.len())
+        obs.check_state_and_instruction(c.ring_state_dims(), c.instructions.len())?;
+        build_state(c.state_input, obs.state, &mut self.state)
     }
 
-    /// Writes the context rows of `obs` into `context` (`[1, text_tokens + 1, E]`).
+    /// Writes the context rows of `obs` (accepted) into `context` (`[1, text_tokens + 1, E]`).
     pub fn write_context(&mut self, obs: &Observation<'_>, context: &mut [f32]) {
         let c = &self.settings;
         let (e, text) = (c.context_width, c.text_tokens * c.context_width);
@@ -284,7 +292,7 @@ impl WorldModel {
         }
         proprio_row(
             &self.state_norm,
-            obs.state,
+            &self.state,
             &mut self.normalized_state,
             &self.proprio_weight,
             &self.proprio_bias,
@@ -292,7 +300,7 @@ impl WorldModel {
         );
     }
 
-    /// Runs the chain for `obs` (checked): fills `context`, then `keys`/`values`
+    /// Runs the chain for `obs` (accepted): fills `context`, then `keys`/`values`
     /// (action_step's inputs) in place. `t0` is the first timing slot of the chain.
     pub fn run(
         &mut self,

@@ -67,3 +67,15 @@ pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     edit(&mut v);
     std::fs::write(&p, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
 }
+
+/// A private copy of the closed-loop Fast-WAM fixture whose robot writes upstream LIBERO's
+/// raw state (`state_input: eef_pos_quat_gripper`, 9 values), gated by the fixture's
+/// `golden/end_to_end_quat.npz` (the same observation with the quaternion; make_golden.py).
+pub fn quaternion_state_fixture(tag: &str) -> PathBuf {
+    let dir = copy_fixture("fastwam-closed-loop", tag);
+    edit_manifest(&dir, |v| {
+        v["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper".into();
+        v["end_to_end"] = "golden/end_to_end_quat.npz".into();
+    });
+    dir
+}
