@@ -101,7 +101,7 @@ def run_cell(vlad, bundle, out, latency, hz, mode, base_ms, seconds, trigger, ti
     if sim.returncode != 0 or not report.exists():
         raise SystemExit(f"cell {tag}: simulate failed: {sim.stdout}{sim.stderr}")
     r = json.loads(report.read_text())
-    m = re.search(r"inferences p10\.\.p90 [0-9. ]+ ms, p95 ([0-9.]+) ms", dout)
+    m = re.search(r"inferences p5 .* p95 ([0-9.]+) ms", dout)
     point = next((l.strip() for l in err_lines if "operating point" in l), "")
     # The daemon's prediction at READY (the gate's latency) and at the end of the run (the
     # latency and observation period it measured), next to the simulator's measurement.

@@ -320,13 +320,12 @@ pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
         r.published_ok, r.published_hold, r.published_fault
     );
     println!(
-        "  latency         capture->chunk ready over the last {} inferences p10..p90 {:.1} {:.1} {:.1} {:.1} {:.1} ms, p95 {:.1} ms; robot observations every {:.1} ms; {} chunks refused for NaN/Inf",
+        "  latency         capture->chunk ready over the last {} inferences p5 {:.1} p25 {:.1} p50 {:.1} p75 {:.1} p95 {:.1} ms; robot observations every {:.1} ms; {} chunks refused for NaN/Inf",
         vla_control::LATENCY_WINDOW,
         ms(r.measured.latency_spread_ns[0]),
-        ms(r.measured.latency_spread_ns[1]),
         ms(r.measured.latency_spread_ns[2]),
-        ms(r.measured.latency_spread_ns[3]),
-        ms(r.measured.latency_spread_ns[4]),
+        ms(r.measured.p50_ns()),
+        ms(r.measured.latency_spread_ns[7]),
         ms(r.measured.latency_p95_ns),
         ms(r.measured.observation_period_ns),
         r.non_finite_chunks

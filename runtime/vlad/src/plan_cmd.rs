@@ -82,7 +82,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         };
         let measured = Measured {
             latency_p95_ns: p95,
-            latency_spread_ns: [typical; 5],
+            latency_spread_ns: [typical; vla_control::SPREAD_LEN],
             observation_period_ns,
         };
         if let Some(point) = OperatingPoint::estimate(&settings, &measured) {

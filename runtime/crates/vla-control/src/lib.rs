@@ -24,7 +24,7 @@ mod scheduler;
 mod stats;
 mod tap;
 
-pub use operating::{Limit, Measured, OperatingPoint, PointSettings, SPREAD_QUANTILES};
+pub use operating::{Limit, Measured, OperatingPoint, PointSettings, SPREAD_LEN, SPREAD_QUANTILES};
 pub use plan::{
     build_prefix, crossfade_weight, delay_steps, observation_in_time, sample_row, trigger_at,
     MergeMode, Prefix, TickGrid, Trigger,

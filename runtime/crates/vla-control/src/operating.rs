@@ -18,7 +18,8 @@
 //!
 //! Latencies vary (the emulator's by 2x under load, a board's less): the expected hold
 //! averages that over every pair of this and the next chunk's latency drawn from the
-//! window's p10, p30, p50, p70 and p90, so a tail of slow inferences counts.
+//! window's deciles (their midpoints p5, p15, ..., p95), so a tail of slow inferences
+//! counts.
 //! The merge mode does not create steps (crossfade blends, prefix and inpaint condition
 //! the same rows), so apart from the prefix wait it does not enter the share. `d` (the
 //! delay in steps, what prefixes freeze and the trigger leads by) comes from the p95.
@@ -42,8 +43,13 @@ pub struct PointSettings {
     pub hold_after_chunk_end_ns: u64,
 }
 
-/// The quantiles of the latency window the expected hold averages over.
-pub const SPREAD_QUANTILES: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+/// How many latencies stand for the window's spread.
+pub const SPREAD_LEN: usize = 10;
+
+/// The quantiles of the latency window the expected hold averages over: the midpoints of
+/// its deciles, each standing for a tenth of the inferences.
+pub const SPREAD_QUANTILES: [f64; SPREAD_LEN] =
+    [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
 
 /// What was measured (or is known before the loop runs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,7 +57,7 @@ pub struct Measured {
     /// p95 capture -> chunk ready: `d` is computed from it (planning is conservative).
     pub latency_p95_ns: u64,
     /// Capture -> chunk ready at [`SPREAD_QUANTILES`]: the expected hold averages over them.
-    pub latency_spread_ns: [u64; 5],
+    pub latency_spread_ns: [u64; SPREAD_LEN],
     /// The robot's observation period (0: not measured yet).
     pub observation_period_ns: u64,
 }
@@ -61,14 +67,20 @@ impl Measured {
     pub fn from_latency(latency_ns: u64) -> Self {
         Self {
             latency_p95_ns: latency_ns,
-            latency_spread_ns: [latency_ns; 5],
+            latency_spread_ns: [latency_ns; SPREAD_LEN],
             observation_period_ns: 0,
         }
     }
 
-    /// The median latency.
+    /// The median latency (between the 45th and 55th percentiles).
     pub fn p50_ns(&self) -> u64 {
-        self.latency_spread_ns[2]
+        let s = &self.latency_spread_ns;
+        s[SPREAD_LEN / 2 - 1] / 2 + s[SPREAD_LEN / 2] / 2
+    }
+
+    /// The slow end of the spread (its p95): what a limit must cover.
+    pub fn slow_ns(&self) -> u64 {
+        self.latency_spread_ns[SPREAD_LEN - 1]
     }
 }
 
@@ -281,7 +293,7 @@ impl Model {
         if self.synchronous() {
             // Holding while inferring is the protocol; only an age limit that refuses
             // executed rows is a limit.
-            let slow = self.landing(self.m.latency_spread_ns[4] as f64);
+            let slow = self.landing(self.m.slow_ns() as f64);
             let needed = slow + self.executed();
             let a = self.s.max_chunk_age_ns;
             return (a != 0 && (a as f64) < needed).then(|| Limit::ChunkAge {
@@ -310,9 +322,9 @@ impl Model {
         }
         // Rounded up to 10 ms: settings are written in ms.
         let ms10 = |ns: f64| ((ns / 1e7).ceil() * 1e7) as u64;
-        // Until the next chunk lands, at the spread's p90 (a limit set to the median would
-        // still hold the slower half of the cycles).
-        let slow = self.m.latency_spread_ns[4] as f64;
+        // Until the next chunk lands, at the spread's slow end (a limit set to the median
+        // would still hold the slower half of the cycles).
+        let slow = self.m.slow_ns() as f64;
         let needed = self.landing(slow) + self.cycle(slow);
         Some(match best {
             0 => {
@@ -364,7 +376,7 @@ impl OperatingPoint {
         }
         let mut m = *measured;
         if m.latency_spread_ns.contains(&0) {
-            m.latency_spread_ns = [m.latency_p95_ns; 5];
+            m.latency_spread_ns = [m.latency_p95_ns; SPREAD_LEN];
         }
         let model = Model { s: *settings, m };
         Some(Self {
@@ -698,7 +710,7 @@ mod tests {
     fn the_typical_latency_sets_the_share_and_the_p95_sets_d() {
         let m = Measured {
             latency_p95_ns: 400 * MS,
-            latency_spread_ns: [200 * MS; 5],
+            latency_spread_ns: [200 * MS; SPREAD_LEN],
             observation_period_ns: 0,
         };
         let p = OperatingPoint::estimate(&settings(), &m).unwrap();
@@ -710,19 +722,30 @@ mod tests {
     fn a_tail_of_slow_inferences_holds_in_the_cycles_it_slows() {
         // H = 32 (rows to 1600 ms); one latency in five at 1.3 s, the rest 300 ms. A fast
         // chunk then a slow one, or a slow one then a fast one, hold 25 ms (the next lands
-        // at 1625); two slow ones 1025. Held 4 x 25 + 4 x 25 + 1025 of 4 x 5 x 300 +
-        // 5 x 1300 ms.
+        // at 1625); two slow ones 1025. Over the 10 x 10 pairs: held 16 x 25 + 16 x 25 +
+        // 4 x 1025 of 8 x 10 x 300 + 2 x 10 x 1300 ms.
         let s = PointSettings {
             horizon: 32,
             ..settings()
         };
         let m = Measured {
             latency_p95_ns: 1300 * MS,
-            latency_spread_ns: [300 * MS, 300 * MS, 300 * MS, 300 * MS, 1300 * MS],
+            latency_spread_ns: [
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                300 * MS,
+                1300 * MS,
+                1300 * MS,
+            ],
             observation_period_ns: 0,
         };
         let p = OperatingPoint::estimate(&s, &m).unwrap();
-        assert!(close(p.hold_share, 1225.0 / 12500.0), "{}", p.hold_share);
+        assert!(close(p.hold_share, 4900.0 / 50000.0), "{}", p.hold_share);
         assert_eq!(
             at(&s, 300).hold_share,
             0.0,

@@ -194,9 +194,9 @@ pub struct Health {
     pub inference_alive_ns: AtomicU64,
     /// p95 of the rolling latency window (capture -> chunk ready); 0 before any sample.
     pub latency_estimate_ns: AtomicU64,
-    /// The same window at `SPREAD_QUANTILES` (p10..p90): the operating point's expected
-    /// hold averages over them.
-    pub latency_spread_ns: [AtomicU64; 5],
+    /// The same window at `SPREAD_QUANTILES` (its deciles' midpoints): the operating
+    /// point's expected hold averages over them.
+    pub latency_spread_ns: [AtomicU64; crate::operating::SPREAD_LEN],
     /// The robot's observation period, from the capture times and sequence numbers of the
     /// observations the inference thread took; 0 before two from one writer.
     pub observation_period_ns: AtomicU64,
