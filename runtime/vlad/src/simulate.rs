@@ -329,7 +329,21 @@ fn json_report(fields: &serde_json::Value, path: &Path) -> Result<(), Failure> {
     .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+/// The command line.
+struct Args {
+    common: Common,
+    config: PathBuf,
+    bundle: Option<PathBuf>,
+    obs: Option<PathBuf>,
+    json: Option<PathBuf>,
+    timeline: Option<PathBuf>,
+    duration: f64,
+    camera_hz: f64,
+    gaps: Gaps,
+}
+
+/// Parses and checks the command line; `None` when it asked for the help text.
+fn parse_args(args: Vec<OsString>) -> Result<Option<Args>, Failure> {
     let mut common = Common::default();
     let (mut config_path, mut bundle_dir, mut obs_path, mut json_path): (
         Option<PathBuf>,
@@ -358,7 +372,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Long("gap-length") => gap_length = Some(cli::number(&mut p, "--gap-length")?),
             Short('h') | Long("help") => {
                 println!("{HELP}");
-                return Ok(());
+                return Ok(None);
             }
             other => return Err(cli::unexpected(other)),
         }
@@ -396,318 +410,462 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             ))
         }
     };
-    let config_path =
+    let config =
         config_path.ok_or_else(|| Failure::Usage("simulate needs --config FILE".into()))?;
-    common.init_logging();
-    let config = vla_config::Config::load(&config_path)?;
-    let bundle =
-        Bundle::open(bundle_dir.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str())))?;
-    let m = &bundle.manifest;
-    let geometry = crate::daemon::ring_geometry(&m.geometry());
-    let source = ObservationFile::load(&obs_path.unwrap_or_else(|| bundle.path(&m.end_to_end)))?;
-    let mut obs = Observation::for_geometry(&geometry)?;
-    if obs.frames.len() != source.frames.len() || obs.state.len() != source.state.len() {
-        return Err(Failure::Error(format!(
-            "observation file has {} frame bytes and {} state values; the bundle needs {} and {}",
-            source.frames.len(),
-            source.state.len(),
-            obs.frames.len(),
-            obs.state.len()
-        )));
-    }
-    obs.frames.copy_from_slice(&source.frames);
-    obs.state.copy_from_slice(&source.state);
-    obs.instruction_id = source.instruction_id;
-
-    let obs_ring = PathBuf::from(config.rings.observation_path.as_str());
-    let act_ring = PathBuf::from(config.rings.action_path.as_str());
-    let action_valid_ns = config.control.action_valid().as_nanos() as u64;
-    let silence_limit_ns = config.control.writer_heartbeat_timeout().as_nanos() as u64;
-    // Read before taking the ring over: the take-over overwrites the heartbeat.
-    let previous = previous_writer(&obs_ring, geometry);
-    let mut writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)?;
-    println!(
-        "simulator: writing observations to {} at {camera_hz} Hz for {duration} s",
-        obs_ring.display()
-    );
-
-    let period = (1e9 / camera_hz) as u64;
-    let start = monotonic_ns();
-    let end = start + (duration * 1e9) as u64;
-    let mut next_obs = start;
-    // `(seq, capture_time_ns)`: seqs continue across writer restarts, so an action from a
-    // previous writer's observation is aged by the capture time that writer left.
-    let mut captures = vec![(0u64, 0u64); CAPTURE_SLOTS];
-    let first_own_seq = writer.next_seq();
-    // Silent periods `[last beat, back]` the daemon must hold through: a dead previous
-    // writer (until this take-over), then every gap.
-    let mut silences: Vec<(u64, u64)> = Vec::new();
-    let inherited = matches!(writer.origin(), Origin::Reopened);
-    if let (true, Some(prev)) = (inherited, &previous) {
-        for &(seq, capture) in &prev.captures {
-            captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, capture);
-        }
-        silences.push((prev.last_beat_ns, start));
-    }
-    let id = Identity {
-        start_ns: start,
-        writer_epoch: writer.epoch(),
-        previous_writer_epoch: previous.as_ref().filter(|_| inherited).map(|p| p.epoch),
-        first_own_seq,
+    Ok(Some(Args {
+        common,
+        config,
+        bundle: bundle_dir,
+        obs: obs_path,
+        json: json_path,
+        timeline: timeline_path,
+        duration,
+        camera_hz,
         gaps,
+    }))
+}
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some(args) = parse_args(args)? else {
+        return Ok(());
     };
-    let mut written = 0u64;
-    let mut timeline = String::new();
-    let mut reader: Option<RingReader<Action>> = None;
-    let mut action = Action::for_geometry(&geometry);
-    let mut last_seq = 0u64;
-    let mut seen_by_robot = Seen::default();
-    let s = &mut seen_by_robot;
-    let mut in_force: Option<InForce> = None;
-    let mut last_arrival: Option<u64> = None;
-    let mut last_beat = start;
-    let mut silent = false;
-    let mut prev_poll = start;
-    let mut next_json = start;
-    let mut track: Option<SilenceTrack> = silences.first().map(|&(from, back)| SilenceTrack {
-        from_ns: from,
-        back_ns: Some(back),
-        // Nobody was reading actions while the previous writer was dead.
-        held: true,
-        resumed: false,
-    });
-    while monotonic_ns() < end {
+    args.common.init_logging();
+    let mut sim = Simulator::start(&args)?;
+    while monotonic_ns() < sim.end_ns {
         let now = monotonic_ns();
-        if gaps.silent_at(now - start) {
-            if !silent {
-                silent = true;
-                s.gaps += 1;
-                silences.push((last_beat, u64::MAX));
-                track = Some(SilenceTrack {
-                    from_ns: last_beat,
+        sim.camera(now)?;
+        if sim.reader.is_none() {
+            sim.open_action_ring();
+        }
+        sim.read_actions();
+        sim.poll_done(args.json.as_deref())?;
+        std::thread::sleep(POLL);
+    }
+    sim.finish(&args)
+}
+
+/// The simulated robot: the camera writing observations, the firmware reading actions,
+/// and everything it saw.
+struct Simulator {
+    geometry: Geometry,
+    source: ObservationFile,
+    obs: Observation,
+    writer: RingWriter<Observation>,
+    act_ring: PathBuf,
+    action_valid_ns: u64,
+    silence_limit_ns: u64,
+    gaps: Gaps,
+    camera_period_ns: u64,
+    start_ns: u64,
+    end_ns: u64,
+    next_obs_ns: u64,
+    written: u64,
+    /// `(seq, capture_time_ns)`: seqs continue across writer restarts, so an action from
+    /// a previous writer's observation is aged by the capture time that writer left.
+    captures: Vec<(u64, u64)>,
+    /// Silent periods `[last beat, back]` the daemon must hold through: a dead previous
+    /// writer (until this take-over), then every gap.
+    silences: Vec<(u64, u64)>,
+    inherited: bool,
+    id: Identity,
+    /// Every received action as CSV rows, when `--timeline` asked for them.
+    timeline: Option<String>,
+    reader: Option<RingReader<Action>>,
+    action: Action,
+    last_seq: u64,
+    seen: Seen,
+    in_force: Option<InForce>,
+    last_arrival: Option<u64>,
+    last_beat_ns: u64,
+    silent: bool,
+    prev_poll_ns: u64,
+    next_json_ns: u64,
+    track: Option<SilenceTrack>,
+}
+
+impl Simulator {
+    /// Loads the config, the bundle and the observation source, and takes the
+    /// observation ring over.
+    fn start(args: &Args) -> Result<Self, Failure> {
+        let config = vla_config::Config::load(&args.config)?;
+        let bundle = Bundle::open(
+            args.bundle
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str())),
+        )?;
+        let m = &bundle.manifest;
+        let geometry = crate::daemon::ring_geometry(&m.geometry());
+        let source = ObservationFile::load(
+            &args
+                .obs
+                .clone()
+                .unwrap_or_else(|| bundle.path(&m.end_to_end)),
+        )?;
+        let mut obs = Observation::for_geometry(&geometry)?;
+        if obs.frames.len() != source.frames.len() || obs.state.len() != source.state.len() {
+            return Err(Failure::Error(format!(
+                "observation file has {} frame bytes and {} state values; the bundle needs {} and {}",
+                source.frames.len(),
+                source.state.len(),
+                obs.frames.len(),
+                obs.state.len()
+            )));
+        }
+        obs.frames.copy_from_slice(&source.frames);
+        obs.state.copy_from_slice(&source.state);
+        obs.instruction_id = source.instruction_id;
+
+        let obs_ring = PathBuf::from(config.rings.observation_path.as_str());
+        // Read before taking the ring over: the take-over overwrites the heartbeat.
+        let previous = previous_writer(&obs_ring, geometry);
+        let writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)?;
+        println!(
+            "simulator: writing observations to {} at {} Hz for {} s",
+            obs_ring.display(),
+            args.camera_hz,
+            args.duration
+        );
+        let start = monotonic_ns();
+        let mut captures = vec![(0u64, 0u64); CAPTURE_SLOTS];
+        let mut silences: Vec<(u64, u64)> = Vec::new();
+        let inherited = matches!(writer.origin(), Origin::Reopened);
+        if let (true, Some(prev)) = (inherited, &previous) {
+            for &(seq, capture) in &prev.captures {
+                captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, capture);
+            }
+            silences.push((prev.last_beat_ns, start));
+        }
+        let id = Identity {
+            start_ns: start,
+            writer_epoch: writer.epoch(),
+            previous_writer_epoch: previous.as_ref().filter(|_| inherited).map(|p| p.epoch),
+            first_own_seq: writer.next_seq(),
+            gaps: args.gaps,
+        };
+        let track = silences.first().map(|&(from, back)| SilenceTrack {
+            from_ns: from,
+            back_ns: Some(back),
+            // Nobody was reading actions while the previous writer was dead.
+            held: true,
+            resumed: false,
+        });
+        Ok(Self {
+            geometry,
+            source,
+            obs,
+            writer,
+            act_ring: PathBuf::from(config.rings.action_path.as_str()),
+            action_valid_ns: config.control.action_valid().as_nanos() as u64,
+            silence_limit_ns: config.control.writer_heartbeat_timeout().as_nanos() as u64,
+            gaps: args.gaps,
+            camera_period_ns: (1e9 / args.camera_hz) as u64,
+            start_ns: start,
+            end_ns: start + (args.duration * 1e9) as u64,
+            next_obs_ns: start,
+            written: 0,
+            captures,
+            silences,
+            inherited,
+            id,
+            timeline: args.timeline.as_ref().map(|_| String::new()),
+            reader: None,
+            action: Action::for_geometry(&geometry),
+            last_seq: 0,
+            seen: Seen::default(),
+            in_force: None,
+            last_arrival: None,
+            last_beat_ns: start,
+            silent: false,
+            prev_poll_ns: start,
+            next_json_ns: start,
+            track,
+        })
+    }
+
+    /// The camera at `now`: silent during a scheduled gap, else a new observation when one
+    /// is due (the state is where the applied actions took the arm), else a heartbeat.
+    fn camera(&mut self, now: u64) -> Result<(), Failure> {
+        if self.gaps.silent_at(now - self.start_ns) {
+            if !self.silent {
+                self.silent = true;
+                self.seen.gaps += 1;
+                self.silences.push((self.last_beat_ns, u64::MAX));
+                self.track = Some(SilenceTrack {
+                    from_ns: self.last_beat_ns,
                     back_ns: None,
                     held: false,
                     resumed: false,
                 });
             }
+            return Ok(());
+        }
+        if self.silent {
+            self.silent = false;
+            if let Some(gap) = self.silences.last_mut() {
+                gap.1 = now;
+            }
+            if let Some(t) = self.track.as_mut() {
+                t.back_ns = Some(now);
+            }
+            // A stalled camera does not deliver the frames it missed.
+            self.next_obs_ns = self.next_obs_ns.max(now);
+        }
+        if now >= self.next_obs_ns {
+            for (s, (&base, &p)) in self
+                .obs
+                .state
+                .iter_mut()
+                .zip(self.source.state.iter().zip(&self.seen.motion.pose))
+            {
+                *s = base + p as f32;
+            }
+            self.obs.capture_time_ns = now;
+            self.obs.seed = self.source.seed.wrapping_add(self.written);
+            let seq = self.writer.publish(&self.obs)?;
+            self.captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, now);
+            self.written += 1;
+            self.next_obs_ns += self.camera_period_ns;
         } else {
-            if silent {
-                silent = false;
-                if let Some(gap) = silences.last_mut() {
-                    gap.1 = now;
-                }
-                if let Some(t) = track.as_mut() {
-                    t.back_ns = Some(now);
-                }
-                // A stalled camera does not deliver the frames it missed.
-                next_obs = next_obs.max(now);
-            }
-            if now >= next_obs {
-                // The arm is where the applied actions took it.
-                for (s, (&base, &p)) in obs
-                    .state
-                    .iter_mut()
-                    .zip(source.state.iter().zip(&s.motion.pose))
+            self.writer.heartbeat();
+        }
+        self.last_beat_ns = monotonic_ns();
+        Ok(())
+    }
+
+    /// Opens the action ring once the daemon created it. The actions published while no
+    /// firmware was alive are still in the ring: none of them may be `ok` once the
+    /// silence outlasted the heartbeat timeout.
+    fn open_action_ring(&mut self) {
+        let Ok(r) = RingReader::<Action>::open(&self.act_ring, self.geometry) else {
+            return;
+        };
+        self.last_seq = r.published();
+        if let Some(&(silent_from, _)) = self.silences.first().filter(|_| self.inherited) {
+            let slots = u64::from(r.layout().slot_count);
+            for seq in self.last_seq.saturating_sub(slots - 1).max(1)..=self.last_seq {
+                if r.read_seq(seq, &mut self.action).is_ok()
+                    && self.action.status == ActionStatus::Ok
+                    && self.action.made_time_ns > silent_from + self.silence_limit_ns
                 {
-                    *s = base + p as f32;
-                }
-                obs.capture_time_ns = now;
-                obs.seed = source.seed.wrapping_add(written);
-                let seq = writer.publish(&obs)?;
-                captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, now);
-                written += 1;
-                next_obs += period;
-            } else {
-                writer.heartbeat();
-            }
-            last_beat = monotonic_ns();
-        }
-        if reader.is_none() {
-            reader = RingReader::<Action>::open(&act_ring, geometry).ok();
-            if let Some(r) = &reader {
-                last_seq = r.published();
-                // The actions published while no firmware was alive are still in the ring:
-                // none of them may be `ok` once the silence outlasted the heartbeat timeout.
-                if let Some(&(silent_from, _)) = silences.first().filter(|_| inherited) {
-                    let slots = u64::from(r.layout().slot_count);
-                    for seq in last_seq.saturating_sub(slots - 1).max(1)..=last_seq {
-                        if r.read_seq(seq, &mut action).is_ok()
-                            && action.status == ActionStatus::Ok
-                            && action.made_time_ns > silent_from + silence_limit_ns
-                        {
-                            s.ok_while_silent += 1;
-                        }
-                    }
+                    self.seen.ok_while_silent += 1;
                 }
             }
         }
-        if let Some(r) = &reader {
-            let published = r.published();
-            for seq in last_seq + 1..=published {
-                if r.read_seq(seq, &mut action).is_err() {
-                    continue;
+        self.reader = Some(r);
+    }
+
+    /// Every action published since the last poll, in order.
+    fn read_actions(&mut self) {
+        let Some(r) = self.reader.as_ref() else {
+            return;
+        };
+        let published = r.published();
+        for seq in self.last_seq + 1..=published {
+            let Some(r) = self.reader.as_ref() else {
+                return;
+            };
+            if r.read_seq(seq, &mut self.action).is_err() {
+                continue;
+            }
+            self.receive(monotonic_ns());
+        }
+        self.last_seq = published.max(self.last_seq);
+    }
+
+    /// One action as the firmware sees it at `seen`: counted, kept for the timeline, and
+    /// applied when it is `ok` and still valid.
+    fn receive(&mut self, seen: u64) {
+        let s = &mut self.seen;
+        let action = &self.action;
+        s.visible.record(seen.saturating_sub(action.made_time_ns));
+        if let Some(t) = self.last_arrival {
+            s.max_action_interval_ns = s.max_action_interval_ns.max(seen - t);
+        }
+        self.last_arrival = Some(seen);
+        let made = action.made_time_ns;
+        let window = action.valid_until_ns.saturating_sub(made);
+        if s.first_ok.is_some() || action.status == ActionStatus::Ok {
+            s.received_since_first_ok += 1;
+            if action.status != ActionStatus::Ok {
+                s.held_since_first_ok += 1;
+            }
+        }
+        if let Some(timeline) = self.timeline.as_mut() {
+            use std::fmt::Write;
+            let status = match action.status {
+                ActionStatus::Ok if action.applicable_at(seen) => "ok",
+                ActionStatus::Ok => "expired",
+                ActionStatus::Hold => "hold",
+                ActionStatus::Fault => "fault",
+            };
+            let _ = write!(
+                timeline,
+                "{:.4},{status},{},{}",
+                seen.saturating_sub(self.start_ns) as f64 / 1e9,
+                action.chunk_id,
+                action.step_index
+            );
+            for v in &action.values {
+                let _ = write!(timeline, ",{v}");
+            }
+            timeline.push('\n');
+        }
+        if action.status == ActionStatus::Ok {
+            if window == 0 || window > self.action_valid_ns {
+                s.window_invalid += 1;
+            }
+            let limit = self.silence_limit_ns;
+            if self
+                .silences
+                .iter()
+                .any(|&(from, back)| made > from + limit && made < back)
+            {
+                s.ok_while_silent += 1;
+            }
+        }
+        if action.status == ActionStatus::Ok && action.applicable_at(seen) {
+            self.apply(seen, window);
+        } else {
+            self.refuse(seen, window);
+        }
+    }
+
+    /// An applicable `ok` action: the arm moves, and how old and how stale it was.
+    fn apply(&mut self, seen: u64, window: u64) {
+        let s = &mut self.seen;
+        let action = &self.action;
+        let made = action.made_time_ns;
+        s.ok += 1;
+        s.motion.apply(action.chunk_id, &action.values);
+        s.first_ok.get_or_insert(seen);
+        if action.values.iter().all(|v| *v == 0.0) {
+            s.applied_zero += 1;
+        }
+        let (known_seq, capture) =
+            self.captures[(action.source_obs_seq % CAPTURE_SLOTS as u64) as usize];
+        let capture = (capture != 0 && known_seq == action.source_obs_seq).then_some(capture);
+        if let Some(c) = capture {
+            s.age.record(seen.saturating_sub(c));
+        }
+        if let Some(t) = self.track.as_mut() {
+            if let Some(back) = t.back_ns.filter(|&b| seen >= b) {
+                if !t.resumed {
+                    t.resumed = true;
+                    s.resume_latency_max_ns = s.resume_latency_max_ns.max(seen - back);
                 }
-                let seen = monotonic_ns();
-                s.visible.record(seen.saturating_sub(action.made_time_ns));
-                if let Some(t) = last_arrival {
-                    s.max_action_interval_ns = s.max_action_interval_ns.max(seen - t);
-                }
-                last_arrival = Some(seen);
-                let made = action.made_time_ns;
-                let window = action.valid_until_ns.saturating_sub(made);
-                if s.first_ok.is_some() || action.status == ActionStatus::Ok {
-                    s.received_since_first_ok += 1;
-                    if action.status != ActionStatus::Ok {
-                        s.held_since_first_ok += 1;
-                    }
-                }
-                if timeline_path.is_some() {
-                    use std::fmt::Write;
-                    let status = match action.status {
-                        ActionStatus::Ok if action.applicable_at(seen) => "ok",
-                        ActionStatus::Ok => "expired",
-                        ActionStatus::Hold => "hold",
-                        ActionStatus::Fault => "fault",
-                    };
-                    let _ = write!(
-                        timeline,
-                        "{:.4},{status},{},{}",
-                        seen.saturating_sub(start) as f64 / 1e9,
-                        action.chunk_id,
-                        action.step_index
-                    );
-                    for v in &action.values {
-                        let _ = write!(timeline, ",{v}");
-                    }
-                    timeline.push('\n');
-                }
-                if action.status == ActionStatus::Ok {
-                    if window == 0 || window > action_valid_ns {
-                        s.window_invalid += 1;
-                    }
-                    if silences
-                        .iter()
-                        .any(|&(from, back)| made > from + silence_limit_ns && made < back)
-                    {
-                        s.ok_while_silent += 1;
-                    }
-                }
-                match action.status {
-                    ActionStatus::Ok if action.applicable_at(seen) => {
-                        s.ok += 1;
-                        s.motion.apply(action.chunk_id, &action.values);
-                        s.first_ok.get_or_insert(seen);
-                        if action.values.iter().all(|v| *v == 0.0) {
-                            s.applied_zero += 1;
-                        }
-                        let (known_seq, capture) =
-                            captures[(action.source_obs_seq % CAPTURE_SLOTS as u64) as usize];
-                        let capture =
-                            (capture != 0 && known_seq == action.source_obs_seq).then_some(capture);
-                        if let Some(c) = capture {
-                            s.age.record(seen.saturating_sub(c));
-                        }
-                        if let Some(t) = track.as_mut() {
-                            if let Some(back) = t.back_ns.filter(|&b| seen >= b) {
-                                if !t.resumed {
-                                    t.resumed = true;
-                                    s.resume_latency_max_ns =
-                                        s.resume_latency_max_ns.max(seen - back);
-                                }
-                                // Unknown capture: a seq older than the ring kept (stale too).
-                                let before = capture.is_none_or(|c| c < t.from_ns);
-                                if before {
-                                    s.stale_resumes += 1;
-                                    if let Some(c) = capture {
-                                        s.stale_resume_age_max_ns =
-                                            s.stale_resume_age_max_ns.max(seen - c);
-                                    }
-                                }
-                            }
-                        }
-                        if action.source_obs_seq < first_own_seq {
-                            s.inherited_ok += 1;
-                        }
-                        s.staleness.record(seen.saturating_sub(made));
-                        if let Some(t) = s.holding_since.take() {
-                            s.longest_hold_ns = s.longest_hold_ns.max(seen.saturating_sub(t));
-                        }
-                        in_force = Some(InForce {
-                            made_ns: made,
-                            valid_until_ns: action.valid_until_ns,
-                            full_window: window >= action_valid_ns,
-                        });
-                    }
-                    status => {
-                        match status {
-                            ActionStatus::Ok => {
-                                s.hold += 1;
-                                if seen.saturating_sub(prev_poll) >= window {
-                                    s.expired.robot_late += 1;
-                                } else if window < SHORT_WINDOW_NS {
-                                    s.expired.short_window += 1;
-                                } else {
-                                    s.expired.published_late += 1;
-                                }
-                            }
-                            ActionStatus::Hold => s.hold += 1,
-                            ActionStatus::Fault => s.fault += 1,
-                        }
-                        if in_force.take().is_some() {
-                            s.hold_episodes += 1;
-                            s.holding_since = Some(seen);
-                        }
-                        if let Some(t) = track.as_mut().filter(|t| !t.held) {
-                            t.held = true;
-                            s.gap_hold_latency_max_ns = s
-                                .gap_hold_latency_max_ns
-                                .max(seen.saturating_sub(t.from_ns));
-                        }
+                // Unknown capture: a seq older than the ring kept (stale too).
+                let before = capture.is_none_or(|c| c < t.from_ns);
+                if before {
+                    s.stale_resumes += 1;
+                    if let Some(c) = capture {
+                        s.stale_resume_age_max_ns = s.stale_resume_age_max_ns.max(seen - c);
                     }
                 }
             }
-            last_seq = published.max(last_seq);
         }
+        if action.source_obs_seq < self.id.first_own_seq {
+            s.inherited_ok += 1;
+        }
+        s.staleness.record(seen.saturating_sub(made));
+        if let Some(t) = s.holding_since.take() {
+            s.longest_hold_ns = s.longest_hold_ns.max(seen.saturating_sub(t));
+        }
+        self.in_force = Some(InForce {
+            made_ns: made,
+            valid_until_ns: action.valid_until_ns,
+            full_window: window >= self.action_valid_ns,
+        });
+    }
+
+    /// An action the arm does not move on: `hold`, `fault`, or `ok` already expired (and
+    /// why).
+    fn refuse(&mut self, seen: u64, window: u64) {
+        let s = &mut self.seen;
+        match self.action.status {
+            ActionStatus::Ok => {
+                s.hold += 1;
+                if seen.saturating_sub(self.prev_poll_ns) >= window {
+                    s.expired.robot_late += 1;
+                } else if window < SHORT_WINDOW_NS {
+                    s.expired.short_window += 1;
+                } else {
+                    s.expired.published_late += 1;
+                }
+            }
+            ActionStatus::Hold => s.hold += 1,
+            ActionStatus::Fault => s.fault += 1,
+        }
+        if self.in_force.take().is_some() {
+            s.hold_episodes += 1;
+            s.holding_since = Some(seen);
+        }
+        if let Some(t) = self.track.as_mut().filter(|t| !t.held) {
+            t.held = true;
+            s.gap_hold_latency_max_ns = s
+                .gap_hold_latency_max_ns
+                .max(seen.saturating_sub(t.from_ns));
+        }
+    }
+
+    /// End of a poll: the action in force expires on its own when nothing newer came in
+    /// time; the JSON report is rewritten once a second.
+    fn poll_done(&mut self, json: Option<&Path>) -> Result<(), Failure> {
         let polled = monotonic_ns();
-        if let Some(f) = in_force.take_if(|f| polled >= f.valid_until_ns) {
-            // Nothing newer arrived in time: the firmware holds on its own.
+        let s = &mut self.seen;
+        if let Some(f) = self.in_force.take_if(|f| polled >= f.valid_until_ns) {
             if f.full_window {
                 s.robot_expiries += 1;
             }
             s.hold_episodes += 1;
             s.holding_since = Some(f.valid_until_ns);
-            if let Some(t) = track.as_mut().filter(|t| !t.held) {
+            if let Some(t) = self.track.as_mut().filter(|t| !t.held) {
                 t.held = true;
                 s.gap_hold_latency_max_ns = s
                     .gap_hold_latency_max_ns
                     .max(f.valid_until_ns.saturating_sub(t.from_ns));
             }
-        } else if let Some(f) = &in_force {
+        } else if let Some(f) = &self.in_force {
             s.in_force_age_max_ns = s.in_force_age_max_ns.max(polled - f.made_ns);
         }
-        s.longest_poll_gap_ns = s.longest_poll_gap_ns.max(polled - prev_poll);
-        prev_poll = polled;
-        if let Some(path) = json_path.as_deref().filter(|_| polled >= next_json) {
-            next_json = polled + 1_000_000_000;
-            json_report(&s.json(&id, written, polled, false), path)?;
+        s.longest_poll_gap_ns = s.longest_poll_gap_ns.max(polled - self.prev_poll_ns);
+        self.prev_poll_ns = polled;
+        if let Some(path) = json.filter(|_| polled >= self.next_json_ns) {
+            self.next_json_ns = polled + 1_000_000_000;
+            json_report(&s.json(&self.id, self.written, polled, false), path)?;
         }
-        std::thread::sleep(POLL);
+        Ok(())
     }
-    if let Some(path) = &json_path {
-        json_report(&s.json(&id, written, monotonic_ns(), true), path)?;
+
+    /// The final JSON, the timeline and the text report.
+    fn finish(self, args: &Args) -> Result<(), Failure> {
+        let s = &self.seen;
+        if let Some(path) = &args.json {
+            json_report(&s.json(&self.id, self.written, monotonic_ns(), true), path)?;
+        }
+        if let (Some(path), Some(timeline)) = (&args.timeline, &self.timeline) {
+            let header: String = (0..self.geometry.action_dims)
+                .map(|i| format!(",v{i}"))
+                .collect();
+            std::fs::write(
+                path,
+                format!("t_s,status,chunk_id,step{header}\n{timeline}"),
+            )
+            .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+        }
+        print_report(s, self.written, args.duration, self.start_ns);
+        if self.reader.is_none() {
+            return Err(Failure::Error(format!(
+                "no action ring appeared at {} (is `vlad run` up?)",
+                self.act_ring.display()
+            )));
+        }
+        Ok(())
     }
-    if let Some(path) = &timeline_path {
-        let header: String = (0..geometry.action_dims)
-            .map(|i| format!(",v{i}"))
-            .collect();
-        std::fs::write(
-            path,
-            format!("t_s,status,chunk_id,step{header}\n{timeline}"),
-        )
-        .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
-    }
+}
+
+/// The text report.
+fn print_report(s: &Seen, written: u64, secs: f64, start: u64) {
     let (ok, hold, fault) = (s.ok, s.hold, s.fault);
-    let secs = duration;
     let ms = |ns: u64| ns as f64 / 1e6;
     println!("simulator report ({secs:.1} s):");
     println!(
@@ -752,11 +910,4 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         m.distance
     );
     println!("  all-zero actions applied: {}", s.applied_zero);
-    if reader.is_none() {
-        return Err(Failure::Error(format!(
-            "no action ring appeared at {} (is `vlad run` up?)",
-            act_ring.display()
-        )));
-    }
-    Ok(())
 }
