@@ -21,6 +21,8 @@ Writes under --out (default build/upstream-fastwam-tiny):
   release/      onnx/<c>/<c>.onnx, golden/<c>_io.npz (upstream fp32 at the boundaries, from
                 observation 0), golden/trace.json (instructions, text rows)
   tables.npz    text_rows (upstream `encode_prompt` per instruction), proprio_weight/bias
+  text_encoder.{json,npz}  upstream's tokenizer call and encode_prompt at 128 tokens on
+                instructions with HTML entities, odd whitespace, unicode and > 128 tokens
   upstream.npz  `_predict_action_chunk` -> `FastWAM.infer_action` on every observation
                 (obs{o}_frames, _state, _instruction_id, _seed, _actions, the gripper before
                 `np.sign`, the stages)
@@ -678,10 +680,16 @@ def export_onnx(mods, goldens, out: Path):
 
 
 def write_checkpoint(model, sizes, stats, nz, ckpt: Path):
+    from safetensors.torch import save_file
+
     model.save_checkpoint(str(ckpt / "libero_tiny.pt"))
     nz.save_dataset_stats_to_json(stats, str(ckpt / "libero_tiny_dataset_stats.json"))
-    torch.save({k: v.to(torch.bfloat16) for k, v in model.text_encoder.state_dict().items()},
-               ckpt / "models_t5_umt5-xxl-enc-bf16.pth")
+    # Wan's text encoder weights in both forms upstream's loader takes: Wan's .pth and the
+    # converted .safetensors it downloads instead by default (redirect_common_files); the
+    # WanTextEncoder state-dict names, bf16.
+    encoder = {k: v.to(torch.bfloat16).contiguous() for k, v in model.text_encoder.state_dict().items()}
+    torch.save(encoder, ckpt / "models_t5_umt5-xxl-enc-bf16.pth")
+    save_file(encoder, str(ckpt / "models_t5_umt5-xxl-enc-bf16.safetensors"))
     # The VAE (stock Wan2.2 weights upstream, not part of a Fast-WAM checkpoint): the tiny random
     # one's encoder side, what infer_action runs; its decoder is never used and not kept.
     torch.save({k: v for k, v in model.vae.model.state_dict().items() if not k.startswith("decoder.")},
@@ -703,6 +711,47 @@ def synthetic_stats(rng):
     a_lo = np.array([-0.9, -0.9, -0.9, -0.2, -0.2, -0.2, 0.0])
     a_hi = np.array([0.9, 0.9, 0.9, 0.2, 0.2, 0.2, 1.0])
     return {"state": {"default": one(s_lo, s_hi)}, "action": {"default": one(a_lo, a_hi)}}
+
+
+# ---------------------------------------------------------------------------------------
+# Text rows as upstream makes them (issue 25 item 3): Wan's tokenizer call and encode_prompt
+# ---------------------------------------------------------------------------------------
+
+# Instructions that exercise upstream's cleaning (ftfy, html.unescape twice, whitespace) and its
+# truncation at 128 tokens (the EOS kept).
+TEXT_CASES = [
+    "put the black bowl on the plate",
+    "put the bowl &amp; the plate in the basket",
+    "pick &amp;lt;the&amp;gt; bowl &quot;now&quot;",
+    "  \tpick up\n\n the\u00a0bowl   and\u2003place it\r\n",
+    "caf\u00c3\u00a9 \u2014 stra\u00dfe \u00fcber \u4e2d\u6587 \u00e9t\u00e9",
+    "the " * 150 + "plate",
+]
+TEXT_SEQ_LEN = 128  # fastwam.yaml tokenizer_max_len
+
+
+def text_goldens(model, tok_dir: Path):
+    """Upstream's own tokenizer call (HuggingfaceTokenizer, clean="whitespace", seq_len 128) and
+    encode_prompt (WanTextEncoder, the rows past the text zeroed) on TEXT_CASES."""
+    import fastwam.models.wan22.wan_video_text_encoder as wte
+    from fastwam.models.wan22.wan_video_text_encoder import HuggingfaceTokenizer
+
+    env = {"ftfy_fix_text": hasattr(wte.ftfy, "__version__"), "whitespace_re": wte.re.__name__}
+    tok = HuggingfaceTokenizer(name=str(tok_dir), seq_len=TEXT_SEQ_LEN, clean="whitespace")
+    saved, model.tokenizer = model.tokenizer, tok
+    meta, arrays = [], {}
+    try:
+        for i, task in enumerate(TEXT_CASES):
+            prompt = DEFAULT_PROMPT.format(task=task)
+            ids, mask = tok(prompt, return_mask=True, add_special_tokens=True)
+            emb, _ = model.encode_prompt(prompt)
+            meta.append({"task": task, "prompt": prompt, "cleaned": tok._clean(prompt), "length": int(mask.sum())})
+            arrays[f"ids{i}"] = ids[0].numpy().astype(np.int32)
+            arrays[f"mask{i}"] = mask[0].numpy().astype(np.int32)
+            arrays[f"rows{i}"] = n(emb[0])
+    finally:
+        model.tokenizer = saved
+    return meta, arrays, env
 
 
 # ---------------------------------------------------------------------------------------
@@ -762,6 +811,10 @@ def main():
         ids, mask = model.tokenizer(DEFAULT_PROMPT.format(task=task), return_mask=True, add_special_tokens=True)
         text_rows.append(n(emb[0]))
         lengths.append(int(mask.sum()))
+    text_meta, text_arrays, text_env = text_goldens(model, ckpt / "google" / "umt5-xxl")
+    save_npz(out / "text_encoder.npz", text_arrays)
+    (out / "text_encoder.json").write_text(json.dumps({"seq_len": TEXT_SEQ_LEN, **text_env, "cases": text_meta},
+                                                      indent=1, ensure_ascii=True) + "\n")
     goldens = context_goldens(st0)
     mods = wrappers(model, st0)
     report = {"upstream": "github.com/yuantianyuan01/FastWAM", "commit": commit, "bound": EXPORT_BOUND,

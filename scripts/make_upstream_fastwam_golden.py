@@ -145,13 +145,16 @@ def main():
     trace = json.loads((src / "release" / "golden" / "trace.json").read_text())
     up = load_npz(src / "upstream.npz")
     shutil.rmtree(BUILD, ignore_errors=True)
-    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for old in OUT.iterdir():  # everything but the hand-written README is generated
+        if old.name != "README.md":
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
     shutil.rmtree(BUNDLE, ignore_errors=True)
-    OUT.mkdir(parents=True)
     shutil.copytree(src / "checkpoint", OUT / "checkpoint")
     shutil.copytree(src / "release" / "golden", OUT / "release" / "golden")
     shutil.copytree(src / "release" / "onnx", OUT / "release" / "onnx")
-    shutil.copyfile(src / "export_report.json", OUT / "export_report.json")
+    for name in ("export_report.json", "text_encoder.json", "text_encoder.npz"):
+        shutil.copyfile(src / name, OUT / name)
     save_npz(OUT / "upstream.npz", up)
 
     goldens = {c: load_npz(src / "release" / "golden" / f"{c}_io.npz") for c in COMPONENTS}
