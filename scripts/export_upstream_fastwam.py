@@ -697,6 +697,32 @@ def write_checkpoint(model, sizes, stats, nz, ckpt: Path):
     (ckpt / "model_config.json").write_text(json.dumps(sizes, indent=1, default=list) + "\n")
 
 
+def check_checkpoint(model, ckpt: Path):
+    """The checkpoint loads back through upstream's own `FastWAM.load_checkpoint` (and the
+    encoder files through `load_state_dict`) into a model whose weights were wiped, exactly."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    fresh = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in list(fresh.mot.parameters()) + list(fresh.proprio_encoder.parameters()) \
+                + list(fresh.text_encoder.parameters()):
+            p.zero_()
+    fresh.load_checkpoint(str(ckpt / "libero_tiny.pt"))
+    want = {**model.mot.state_dict(), **{f"proprio.{k}": v for k, v in model.proprio_encoder.state_dict().items()}}
+    got = {**fresh.mot.state_dict(), **{f"proprio.{k}": v for k, v in fresh.proprio_encoder.state_dict().items()}}
+    for name in ("models_t5_umt5-xxl-enc-bf16.pth", "models_t5_umt5-xxl-enc-bf16.safetensors"):
+        path = ckpt / name
+        sd = load_file(str(path)) if name.endswith(".safetensors") else torch.load(path)
+        fresh.text_encoder.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+        want.update({f"{name}.{k}": v for k, v in model.text_encoder.state_dict().items()})
+        got.update({f"{name}.{k}": v for k, v in fresh.text_encoder.state_dict().items()})
+    bad = [k for k in want if not torch.equal(want[k], got[k])]
+    if bad:
+        raise SystemExit(f"checkpoint {ckpt}: {len(bad)} tensors do not load back, e.g. {bad[0]}")
+
+
 def synthetic_stats(rng):
     """Dataset statistics in upstream's layout, wide enough that the normalized state stays
     inside the [-5, 5] clamp."""
@@ -779,6 +805,7 @@ def main():
     rng = np.random.default_rng(SEED)
     stats = synthetic_stats(rng)
     write_checkpoint(model, sizes, stats, nz, ckpt)
+    check_checkpoint(model, ckpt)
     cfg = eval_cfg(src)
     processor = uf.make_processor(ev, cfg, ckpt / "libero_tiny_dataset_stats.json")
 
