@@ -40,4 +40,7 @@ fi
     accelerate==1.12.0 psutil==7.1.3 huggingface_hub==1.6.0 safetensors==0.8.0 packaging==26.4 \
     imageio==2.37.0 rich==14.2.0 markdown-it-py==4.3.0 mdurl==0.1.2 Pygments==2.21.0 \
     tqdm==4.66.5 typing_extensions==4.16.0 filelock==4.3.1 fsspec==2026.9.0
+# Not installed: ftfy. Upstream's pyproject does not pin it, and without it Wan's `basic_clean`
+# skips `ftfy.fix_text` (wan_video_text_encoder.py falls back to the identity): the goldens of
+# scripts/export_upstream_fastwam.py are made that way, as upstream's pinned environment runs.
 "$VENV/bin/python" -c "import torch, omegaconf, hydra, git, accelerate, imageio; print('fastwam upstream venv ready:', torch.__version__)"

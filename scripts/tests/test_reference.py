@@ -166,7 +166,38 @@ def test_imported_goldens_match_reference(name):
             np.testing.assert_array_equal(stored[key], published[key], err_msg=f"{name}/{component}: {key}")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in BUNDLES.iterdir() if not _imported(p.name)))
+def _from_upstream(name: str) -> bool:
+    """Bundles made from upstream's own model and goldens (upstream.json), not from seeds."""
+    return (BUNDLES / name / "upstream.json").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BUNDLES.iterdir() if _from_upstream(p.name)))
+def test_upstream_bundle_goldens_are_upstreams(name):
+    """A bundle made from upstream's model (scripts/make_upstream_fastwam_golden.py): its
+    goldens are upstream's own tensors, its binaries the release's, and the release's fp32
+    graphs through the reference reproduce upstream's actions on every observation."""
+    bundle = BUNDLES / name
+    provenance = json.loads((bundle / "upstream.json").read_text())
+    release, up = REPO / provenance["release"], load_npz(REPO / provenance["upstream"])
+    manifest = json.loads((bundle / "bundle.json").read_text())
+    o = provenance["end_to_end_observation"]
+    golden = load_npz(bundle / manifest["end_to_end"])
+    for key, value in golden.items():
+        np.testing.assert_array_equal(value, up[f"obs{o}_{key}"], err_msg=f"{name}: {key}")
+    for component, entry in manifest["components"].items():
+        assert (bundle / entry["binary"]).read_bytes() == (release / entry["binary"]).read_bytes()
+        assert (bundle / entry["golden"]).read_bytes() == (release / entry["golden"]).read_bytes()
+    runners = {c: ref.OrtCpuRunner(release / "onnx" / c / f"{c}.onnx") for c in manifest["components"]}
+    for i in range(int(up["observations"][0])):
+        obs = {k: up[f"obs{i}_{k}"] for k in ("frames", "state", "instruction_id", "seed")}
+        result, _ = ref.run_bundle(bundle, runners, obs)
+        want = up[f"obs{i}_actions"]
+        assert ref.cosine(result["actions"], want) >= 0.99999, (name, i)
+        assert np.abs(result["actions"] - want).max() <= 1e-4, (name, i)  # measured <= 6.5e-6
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BUNDLES.iterdir()
+                                        if not _imported(p.name) and not _from_upstream(p.name)))
 def test_committed_goldens_match_reference(tmp_path, name):
     """Rebuilds the graphs from their seeds and reruns the CPU reference: the committed
     end-to-end and per-context goldens must come out bit-identical."""
