@@ -221,13 +221,13 @@ impl Drop for BackendInner {
                 if let Some(free) = core.device_free {
                     let rc = free(self.device);
                     if rc != ffi::QNN_SUCCESS {
-                        log::warn!("QNN deviceFree returned {}", rc & 0xFFFF);
+                        log::warn!("QNN deviceFree returned {}", ffi::error_code(rc));
                     }
                 }
             }
             let rc = (core.backend_free)(self.backend);
             if rc != ffi::QNN_SUCCESS {
-                log::warn!("QNN backendFree returned {}", rc & 0xFFFF);
+                log::warn!("QNN backendFree returned {}", ffi::error_code(rc));
             }
             if !self.log.is_null() {
                 (core.log_free)(self.log);
@@ -298,7 +298,7 @@ impl Backend {
             // Not fatal: without a logger QNN prints to stdout.
             log::warn!(
                 "QNN logCreate failed with {}; QNN messages go to stdout",
-                log_rc & 0xFFFF
+                ffi::error_code(log_rc)
             );
         }
         let mut device: Handle = core::ptr::null_mut();
@@ -311,7 +311,7 @@ impl Backend {
                 // The HTP emulator and some platforms run without a device handle.
                 log::debug!(
                     "QNN deviceCreate returned {}; continuing without a device",
-                    rc & 0xFFFF
+                    ffi::error_code(rc)
                 );
                 device = core::ptr::null_mut();
             }

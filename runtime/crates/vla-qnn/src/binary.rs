@@ -133,12 +133,16 @@ fn element_type(data_type: u32, q: &ffi::QuantizeParams) -> Result<ElementType, 
     })
 }
 
-fn c_str(ptr: *const c_char) -> Option<String> {
+/// A copy of the C string at `ptr` (`None` for NULL).
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string alive for the call (strings in a
+/// binary's info live as long as the system context that read it).
+unsafe fn c_str(ptr: *const c_char) -> Option<String> {
     if ptr.is_null() {
         return None;
     }
-    // SAFETY: non-null strings in binary info are NUL-terminated and live as long as the
-    // system context, which outlives this call.
+    // SAFETY: non-NULL, and NUL-terminated and alive for the call by the caller's contract.
     Some(
         unsafe { CStr::from_ptr(ptr) }
             .to_string_lossy()
@@ -167,7 +171,9 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
     if version != 1 && version != 2 {
         return Err(bad(format!("tensor struct version {version}")));
     }
-    let name = c_str(v1.name).ok_or_else(|| bad(format!("tensor id {} has no name", v1.id)))?;
+    // SAFETY: a tensor name in the metadata of the live system context (the caller's).
+    let name =
+        unsafe { c_str(v1.name) }.ok_or_else(|| bad(format!("tensor id {} has no name", v1.id)))?;
     if v1.rank > MAX_RANK || (v1.rank > 0 && v1.dimensions.is_null()) {
         return Err(bad(format!(
             "tensor `{name}` has rank {} without dimensions",

@@ -46,7 +46,7 @@ impl Drop for ContextInner {
             log::warn!(
                 "QNN contextFree({}) returned {}",
                 self.binary.path().display(),
-                rc & 0xFFFF
+                ffi::error_code(rc)
             );
         }
     }

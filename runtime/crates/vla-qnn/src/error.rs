@@ -68,11 +68,17 @@ pub struct HtpRefusal {
 
 /// Everything the binding can fail with.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum QnnError {
     /// The configured library directory does not exist or is not a directory.
     LibraryDirMissing { dir: PathBuf },
-    /// `dlopen` or a symbol lookup failed.
-    LibraryLoad { path: PathBuf, reason: String },
+    /// `dlopen` or a symbol lookup failed (`source`: the loader's own error, when it
+    /// has one), or the library is not a usable QNN library.
+    LibraryLoad {
+        path: PathBuf,
+        reason: String,
+        source: Option<libloading::Error>,
+    },
     /// No provider with a usable API version.
     ApiVersion {
         library: PathBuf,
@@ -134,8 +140,12 @@ impl core::fmt::Display for QnnError {
                 "QNN library directory {} does not exist (set qnn.lib_dir or VLA_QNN_LIB_DIR)",
                 dir.display()
             ),
-            QnnError::LibraryLoad { path, reason } => {
-                write!(f, "cannot load QNN library {}: {reason}", path.display())
+            QnnError::LibraryLoad { path, reason, source } => {
+                write!(f, "cannot load QNN library {}: {reason}", path.display())?;
+                match source {
+                    Some(cause) => write!(f, ": {cause}"),
+                    None => Ok(()),
+                }
             }
             QnnError::ApiVersion { library, found, needed } => write!(
                 f,
@@ -221,7 +231,17 @@ impl core::fmt::Display for QnnError {
     }
 }
 
-impl std::error::Error for QnnError {}
+impl std::error::Error for QnnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            QnnError::LibraryLoad {
+                source: Some(cause),
+                ..
+            } => Some(cause),
+            _ => None,
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -12,6 +12,12 @@
 use core::ffi::{c_char, c_void};
 
 pub type ErrorHandle = u64;
+
+/// The error code of a QNN error handle: its low 16 bits (`QNN_GET_ERROR_CODE`). The
+/// handle itself is what `errorGetMessage` takes.
+pub const fn error_code(handle: ErrorHandle) -> u64 {
+    handle & 0xFFFF
+}
 pub type Handle = *mut c_void;
 
 /// `QnnInterface_getProviders` / `QnnSystemInterface_getProviders`.

@@ -154,6 +154,7 @@ fn open_library(path: &Path) -> Result<libloading::Library, QnnError> {
         return Err(QnnError::LibraryLoad {
             path: path.to_owned(),
             reason: "no such file".into(),
+            source: None,
         });
     }
     // SAFETY: loading a shared library runs its initializers; the QNN libraries are
@@ -161,7 +162,8 @@ fn open_library(path: &Path) -> Result<libloading::Library, QnnError> {
     // their $ORIGIN-relative dependencies resolve.
     unsafe { libloading::Library::new(path) }.map_err(|e| QnnError::LibraryLoad {
         path: path.to_owned(),
-        reason: e.to_string(),
+        reason: "dlopen failed".into(),
+        source: Some(e),
     })
 }
 
@@ -175,7 +177,11 @@ fn providers(
     let get: libloading::Symbol<GetProvidersFn> =
         unsafe { lib.get(symbol) }.map_err(|e| QnnError::LibraryLoad {
             path: path.to_owned(),
-            reason: e.to_string(),
+            reason: format!(
+                "no symbol {}",
+                String::from_utf8_lossy(&symbol[..symbol.len() - 1])
+            ),
+            source: Some(e),
         })?;
     let mut list: *const *const c_void = core::ptr::null();
     let mut count: u32 = 0;
@@ -189,8 +195,9 @@ fn providers(
             reason: format!(
                 "{} returned code {} and {count} providers",
                 String::from_utf8_lossy(&symbol[..symbol.len() - 1]),
-                rc & 0xFFFF
+                ffi::error_code(rc)
             ),
+            source: None,
         });
     }
     // SAFETY: the library reported `count` valid provider pointers at `list`.
@@ -199,14 +206,46 @@ fn providers(
         .collect())
 }
 
-fn c_string(ptr: *const c_char) -> String {
+/// A copy of the C string at `ptr` (empty for NULL).
+///
+/// # Safety
+/// `ptr` is NULL or points to a NUL-terminated string that stays valid for the call
+/// (QNN's strings live as long as the library that returned them).
+unsafe fn c_string(ptr: *const c_char) -> String {
     if ptr.is_null() {
         return String::new();
     }
-    // SAFETY: non-null strings from QNN are NUL-terminated and owned by the library.
+    // SAFETY: non-NULL, and NUL-terminated and alive for the call by the caller's contract.
     unsafe { CStr::from_ptr(ptr) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// Turns a QNN return value into a typed error for `operation` on `subject`: the code
+/// (the handle's low 16 bits) and, through `get_message` (the provider's errorGetMessage),
+/// the backend's message for the whole handle.
+fn call_error(
+    rc: u64,
+    operation: &'static str,
+    subject: String,
+    get_message: Option<ffi::ErrorGetMessageFn>,
+) -> QnnError {
+    let backend_message = get_message.and_then(|f| {
+        let mut p: *const c_char = core::ptr::null();
+        // SAFETY: `f` is the provider's errorGetMessage (a non-NULL slot of the checked
+        // table, or a test's stand-in with its signature); `rc` is an error handle the
+        // same library returned, `p` a local it writes.
+        let ok = unsafe { f(rc, &mut p) } == ffi::QNN_SUCCESS;
+        // SAFETY: `p` is NULL or the library's NUL-terminated message, copied at once.
+        let m = unsafe { c_string(p) };
+        (ok && !m.is_empty()).then_some(m)
+    });
+    QnnError::Call {
+        operation,
+        subject,
+        code: ffi::error_code(rc),
+        backend_message,
+    }
 }
 
 /// Reads function pointer `index` of a table at `base + table`.
@@ -298,6 +337,7 @@ impl QnnLibrary {
         let missing = |what: &str, path: &Path| QnnError::LibraryLoad {
             path: path.to_owned(),
             reason: format!("provider has no {what} entry"),
+            source: None,
         };
         let t = ffi::IFACE_TABLE;
         // SAFETY: the chosen core API version guarantees a table reaching slot::HIGHEST_USED.
@@ -379,7 +419,8 @@ impl QnnLibrary {
         // mapped. `p` is a local it writes; the string it points to is the library's and is
         // copied out by `c_string` before `self` can be dropped.
         let rc = unsafe { (self.core.backend_get_build_id)(&mut p) };
-        (rc == ffi::QNN_SUCCESS && !p.is_null()).then(|| c_string(p))
+        // SAFETY: `p` is the library's NUL-terminated build id when the call succeeded.
+        (rc == ffi::QNN_SUCCESS && !p.is_null()).then(|| unsafe { c_string(p) })
     }
 
     /// Turns a QNN return value into a typed error for `operation` on `subject`.
@@ -392,20 +433,65 @@ impl QnnLibrary {
         if rc == ffi::QNN_SUCCESS {
             return Ok(());
         }
-        let backend_message = self.core.error_get_message.and_then(|f| {
-            let mut p: *const c_char = core::ptr::null();
-            // SAFETY: `f` is the provider's errorGetMessage, a non-NULL slot of the checked
-            // table; `rc` is an error handle the same library returned, `p` a local it
-            // writes; the message is the library's and `c_string` copies it at once.
-            let ok = unsafe { f(rc, &mut p) } == ffi::QNN_SUCCESS;
-            let m = c_string(p);
-            (ok && !m.is_empty()).then_some(m)
-        });
-        Err(QnnError::Call {
+        Err(call_error(
+            rc,
             operation,
-            subject: subject(),
-            code: rc & 0xFFFF,
-            backend_message,
-        })
+            subject(),
+            self.core.error_get_message,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The handle the stand-in errorGetMessage was asked about.
+    static ASKED: AtomicU64 = AtomicU64::new(0);
+    /// A handle with bits above the code, as a backend may return.
+    const HANDLE: u64 = (0x2A << 32) | 13002;
+
+    /// errorGetMessage as QNN declares it: knows a message for [`HANDLE`] only.
+    unsafe extern "C" fn get_message(handle: u64, out: *mut *const c_char) -> u64 {
+        ASKED.store(handle, Ordering::SeqCst);
+        if handle != HANDLE {
+            return 1000;
+        }
+        // SAFETY: `out` is the caller's local out-pointer (call_error passes `&mut p`).
+        unsafe { *out = c"unknown power config option 99".as_ptr() };
+        ffi::QNN_SUCCESS
+    }
+
+    #[test]
+    fn a_failed_call_reports_the_code_and_asks_for_the_message_with_the_whole_handle() {
+        let e = call_error(HANDLE, "setPowerConfig", "id 7".into(), Some(get_message));
+        assert_eq!(ASKED.load(Ordering::SeqCst), HANDLE, "not the masked code");
+        match e {
+            QnnError::Call {
+                code,
+                backend_message,
+                ..
+            } => {
+                assert_eq!(code, 13002);
+                assert_eq!(
+                    backend_message.as_deref(),
+                    Some("unknown power config option 99")
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // The masked code (what perf.rs passed before) finds no message.
+        let masked = call_error(13002, "setPowerConfig", "id 7".into(), Some(get_message));
+        assert!(
+            matches!(
+                masked,
+                QnnError::Call {
+                    backend_message: None,
+                    ..
+                }
+            ),
+            "{masked:?}"
+        );
     }
 }

@@ -274,7 +274,9 @@ impl PerformanceVote {
         self.id
     }
 
-    /// Applies `list`; the raw QNN code (low 16 bits) on refusal. Allocates nothing.
+    /// Applies `list`; on refusal QNN's error handle as returned (its low 16 bits are
+    /// the code, [`ffi::error_code`]; the whole handle is what `errorGetMessage` takes).
+    /// Allocates nothing.
     pub fn apply_raw(&self, list: &PowerConfigList) -> Result<(), u64> {
         // SAFETY: the id is live (destroyed only in Drop); `pointers` is a NULL-terminated
         // array of configs owned by `list`, alive for the call.
@@ -282,7 +284,7 @@ impl PerformanceVote {
         if rc == ffi::QNN_SUCCESS {
             Ok(())
         } else {
-            Err(rc & 0xFFFF)
+            Err(rc)
         }
     }
 
@@ -290,7 +292,7 @@ impl PerformanceVote {
     pub fn apply(&self, list: &PowerConfigList) -> Result<(), QnnError> {
         match self.apply_raw(list) {
             Ok(()) => Ok(()),
-            Err(code) => self.backend.lib.check(code, "setPowerConfig", || {
+            Err(handle) => self.backend.lib.check(handle, "setPowerConfig", || {
                 format!("power config id {}", self.id)
             }),
         }
@@ -306,7 +308,7 @@ impl Drop for PerformanceVote {
             log::warn!(
                 "QNN destroyPowerConfigId({}) returned {}",
                 self.id,
-                rc & 0xFFFF
+                ffi::error_code(rc)
             );
         }
     }
@@ -353,9 +355,10 @@ impl Shared {
                 counter.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Err(code) => {
+            Err(handle) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                self.last_refused_code.store(code, Ordering::Relaxed);
+                self.last_refused_code
+                    .store(ffi::error_code(handle), Ordering::Relaxed);
                 false
             }
         }

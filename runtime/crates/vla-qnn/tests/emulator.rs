@@ -362,9 +362,16 @@ fn missing_or_unloadable_libraries_are_named() {
     let err = QnnLibrary::load(&LoadOptions::htp(&tmp)).unwrap_err();
     assert!(matches!(err, QnnError::LibraryLoad { .. }), "{err}");
     assert!(err.to_string().starts_with(&format!(
-        "cannot load QNN library {}",
+        "cannot load QNN library {}: dlopen failed: ",
         tmp.join("libQnnHtp.so").display()
     )));
+    // The loader's own error is kept as the cause, not only as text.
+    use std::error::Error;
+    let cause = err.source().expect("the loader's error as source()");
+    assert!(
+        cause.downcast_ref::<libloading::Error>().is_some(),
+        "{cause:?}"
+    );
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
@@ -418,6 +425,9 @@ fn performance_votes_are_made_released_and_refused() {
     }]);
     let err = vote.apply(&unknown).unwrap_err();
     assert!(matches!(err, QnnError::Call { code: 13002, .. }), "{err}");
+    // apply_raw hands out QNN's error handle unmasked (what errorGetMessage takes); on
+    // the emulator the handle is the bare code.
+    assert_eq!(vote.apply_raw(&unknown), Err(13002));
     assert!(err.to_string().contains("setPowerConfig"), "{err}");
     vote.apply(&PowerConfigList::relaxed(vote.id())).unwrap();
     drop(vote);
