@@ -9,6 +9,7 @@ use vla_qnn::Backend;
 
 /// Why a bundle could not be brought into service.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum LoadError {
     /// The configured path does not resolve (a dangling link, a missing directory).
     Resolve {
@@ -75,6 +76,7 @@ pub enum Recovery {
 
 /// Why a reload (SIGHUP) did not bring the new bundle into service.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ReloadError {
     /// The configured bundle path does not resolve; nothing changed.
     Target(LoadError),
@@ -128,6 +130,7 @@ impl std::error::Error for ReloadError {
 
 /// Why an inference failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum InferError {
     /// No policy is loaded: the last reload failed and so did the fallback.
     NoPolicy,

@@ -77,6 +77,7 @@ impl Default for LoopBenchSettings {
 
 /// Errors of the loop benchmark, each naming what failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum LoopBenchError {
     ObservationRing {
         path: PathBuf,

@@ -30,6 +30,7 @@ pub const GEOMETRY: Geometry = Geometry {
 
 /// Errors of the ring benchmark, each naming what failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RingBenchError {
     Io {
         what: String,

@@ -132,6 +132,7 @@ pub struct LoopSettings {
 }
 
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ControlError {
     ActionRing(vla_ring::CreateError),
     Thread(std::io::Error),

@@ -12,6 +12,7 @@ use crate::DType;
 /// (for in-memory parsing); `array` is the array name without the `.npy` suffix and
 /// `entry` the raw zip entry name.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum NpzError {
     /// Reading or writing the file itself failed.
     Io {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 /// Why an OTA operation stopped. Nothing is activated when one of these is returned,
 /// except where a variant says so ([`OtaError::GateFailed`] reports the rollback it made).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum OtaError {
     /// A file system call failed; `action` says what was being done ("reading", "fsync of").
     Io {
@@ -333,6 +334,7 @@ impl std::error::Error for OtaError {
 
 /// Why [`crate::SignalDaemon`] could not ask the daemon to reload (its gate's refusal).
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum SignalError {
     /// The pid file exists but cannot be read.
     ReadPid {

@@ -33,6 +33,7 @@ impl Default for GateOptions {
 
 /// Why golden data could not be fed to or compared with a graph.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ParityError {
     MissingTensor {
         npz: String,

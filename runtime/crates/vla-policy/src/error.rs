@@ -4,6 +4,7 @@ use crate::manifest::Invalid;
 use std::path::PathBuf;
 
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// A file the bundle needs is absent or unreadable.
     MissingFile {

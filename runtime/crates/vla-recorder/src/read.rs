@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// Why a recording could not be read back; each names the file.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum RecordingError {
     Io {
         path: PathBuf,

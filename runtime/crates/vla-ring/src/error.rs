@@ -9,6 +9,7 @@ use crate::layout::RingKind;
 
 /// A geometry or slot count that cannot make a ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// A geometry field that must be at least 1 is 0.
     Zero { field: &'static str },
@@ -39,6 +40,7 @@ impl std::error::Error for ConfigError {}
 
 /// Why a writer could not create or take over a ring segment.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum CreateError {
     Config {
         path: PathBuf,
@@ -85,6 +87,7 @@ impl std::error::Error for CreateError {
 
 /// Why a reader could not open (attach to) a ring segment.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum OpenError {
     /// The reader's own expected geometry is unusable.
     Config { path: PathBuf, source: ConfigError },
@@ -216,6 +219,7 @@ impl std::error::Error for OpenError {
 /// Why a read returned no data. Carries no path so that reads never allocate; the caller
 /// knows which ring it read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReadError {
     /// Nothing published yet.
     Empty,
@@ -301,6 +305,7 @@ impl std::error::Error for ReadError {}
 
 /// Why a publish was refused (nothing was written).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PublishError {
     /// A variable-length field does not match the ring geometry.
     Length {

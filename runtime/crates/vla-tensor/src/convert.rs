@@ -8,6 +8,7 @@ use half::f16;
 
 /// A conversion that could not run because the buffers do not match.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConvertError {
     /// The byte buffer does not hold exactly `elements` values of the element type.
     Length {
