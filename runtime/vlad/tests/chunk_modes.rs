@@ -101,9 +101,9 @@ fn expected_hold(line: &str) -> f64 {
 /// end of the run, from the latency spread and observation period it measured: the
 /// emulator's latency moves with the machine's load, which the READY line (from the gate's
 /// one inference) cannot know; the READY line is compared in the sweep
-/// (docs/benchmarks.md). Margin: 0.15 of the ticks, the sweep's largest disagreement
-/// between the end-of-run prediction and the measurement plus the spread of a 10 s run
-/// (about 8 cycles at 1.2 s).
+/// (docs/benchmarks.md). Margin: 0.2 of the ticks, the sweep's largest disagreement
+/// between the end-of-run prediction and the measurement on a heavily loaded machine (18
+/// points, a 10 s cell of about 8 cycles at 1.2 s).
 #[test]
 fn the_expected_hold_matches_what_the_robot_measures() {
     if !qnn() {
@@ -182,7 +182,7 @@ fn the_expected_hold_matches_what_the_robot_measures() {
             }
         );
         assert!(
-            (predicted - measured).abs() <= 0.15,
+            (predicted - measured).abs() <= 0.2,
             "{}: predicted {predicted:.2}, measured {measured:.3}: {run_line}",
             cell.tag
         );
