@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import upstream_molmoact2 as um  # noqa: E402  (loads the vendored HF package, no torch model)
 from det_npz import save_npz  # noqa: E402
+from export_contract import check_io  # noqa: E402
 from reference import U64, gaussian_noise  # noqa: E402  (vlad's noise, numpy only)
 
 torch.set_num_threads(1)
@@ -463,18 +464,6 @@ def np32(t: torch.Tensor) -> np.ndarray:
 
 def max_abs(a, b) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max())
-
-
-def check_io(component: str, got: dict, want: dict) -> None:
-    """The contract's I/O: every tensor present with the expected shape, nothing else."""
-    for name, shape in want.items():
-        if name not in got:
-            raise SystemExit(f"{component}: tensor {name}: expected shape {list(shape)}, found none")
-        if list(got[name].shape) != list(shape):
-            raise SystemExit(f"{component}: tensor {name}: expected shape {list(shape)}, found {list(got[name].shape)}")
-    extra = sorted(set(got) - set(want))
-    if extra:
-        raise SystemExit(f"{component}: unexpected tensors {extra}")
 
 
 def export(module: nn.Module, args: tuple, names_in, names_out, path: Path) -> None:
