@@ -854,3 +854,41 @@ def test_fastwam_chain_raw_robot_state_on_a_synthetic_observation(chain_copies, 
     run = subprocess.run([rel.vlad_command(None), "parity", "--bundle", str(out)], env=rel.qnn_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.returncode == 0, run.stdout
+
+
+def test_fastwam_chain_from_hub_repo_ids_fetches_only_what_it_reads(chain_copies, capsys, tmp_path, monkeypatch):
+    """The closed-loop import by repo ids over a local stand-in for the download: the .pt, the
+    statistics and Wan's text encoder and tokenizer are fetched; the VAE and the encoder's .pth
+    form are not."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    release, checkpoint, out = chain_copies
+    hub = {"someone/tiny-fastwam-qnn": release, "someone/tiny-fastwam": checkpoint}
+    fetched = {}
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        src = hub[repo_id]
+        files = [str(p.relative_to(src)) for p in src.rglob("*") if p.is_file()]
+        keep = list(filter_repo_objects(files, allow_patterns=allow_patterns))
+        dst = tmp_path / "hub" / repo_id.replace("/", "--")
+        for rel in keep:
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src / rel, dst / rel)
+        fetched[repo_id] = sorted(keep)
+        return str(dst)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert main(chain_args("someone/tiny-fastwam-qnn", "someone/tiny-fastwam", out)) == 0, capsys.readouterr().err
+    assert fetched["someone/tiny-fastwam"] == sorted([
+        "google/umt5-xxl/tokenizer.json", "google/umt5-xxl/tokenizer_config.json", "libero_tiny.pt",
+        UPFW_STATS, "models_t5_umt5-xxl-enc-bf16.safetensors"])
+    assert "golden/trace.json" in fetched["someone/tiny-fastwam-qnn"]
+    assert "onnx/wm_prefill_split1/wm_prefill_split1.onnx" in fetched["someone/tiny-fastwam-qnn"]
+
+
+def test_fastwam_chain_without_rotate_180_in_the_trace(chain_copies, capsys):
+    release, checkpoint, out = chain_copies
+    _edit_json(release / "golden" / "trace.json", lambda t: t.pop("rotate_180"))
+    refused(capsys, chain_args(release, checkpoint, out), out, "trace.json rotate_180",
+            "expected a bool or 2 bools, found None")

@@ -251,6 +251,8 @@ def run(a) -> dict:
         ck_dir = sources.resolve(a.checkpoint, sources.FASTWAM_FILES, "checkpoint")
         return run_fastwam(a, comps, ck_dir)
     ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
+    for flag, value in (("--state-input", a.state_input), ("--text-encoder", a.text_encoder)):
+        expect(not value, flag, "a Fast-WAM setting, found for a MolmoAct2 release")
     release.require_trace(rel_dir)
     order = contract.check_names(comps)
     policy = checkpoint.read_json(ck_dir / "config.json")

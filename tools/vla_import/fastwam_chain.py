@@ -117,7 +117,7 @@ def cameras(d: dict, trace: dict, where: str) -> dict:
     expect(ch == d["image_height"] and d["image_width"] % cw == 0, f"{where} camera",
            f"expected [{d['image_height']}, w] with w dividing {d['image_width']} (wm_vae_enc's image), found {[ch, cw]}")
     n = d["image_width"] // cw
-    rot = trace.get("rotate_180", False)
+    rot = trace.get("rotate_180")
     rot = [rot] * n if isinstance(rot, bool) else rot
     expect(isinstance(rot, list) and len(rot) == n and all(isinstance(x, bool) for x in rot), f"{where} rotate_180",
            f"expected a bool or {n} bools, found {trace.get('rotate_180')!r}")
