@@ -212,7 +212,8 @@ def run_fastwam_chain(a, comps: dict, rel_dir, ck_dir) -> dict:
         "statistics": f"{where} action.{tag}, state.{tag} ({s['norm_mode']})",
         "proprio": f"{pt} proprio_encoder", "text_encoder": f"{enc} with the tokenizer {tok}",
         "text_lengths": [int(x) for x in lengths],
-        "truncated_instructions": [t for t, n in zip(instructions, lengths) if n == d["text_tokens"]],
+        # cut at text_tokens as upstream's tokenizer cuts (or exactly that long)
+        "instructions_filling_text_tokens": [t for t, n in zip(instructions, lengths) if n == d["text_tokens"]],
         "settings": {k: s[k] for k in ("flow_steps", "shift", "gripper_map", "gripper_binarize")},
         "settings_from": "upstream LIBERO eval defaults unless given on the command line",
         "state_input": state_input, "traced": proof,
