@@ -5,6 +5,8 @@
         --instruction "put the bowl on the stove" [--instruction ...] [--frame-size 256x256] --out BUNDLE
     Fast-WAM (the public release's action_step on its golden world model: OPEN LOOP):
     scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --out BUNDLE
+    Fast-WAM with the world-model contexts (CLOSED LOOP; --tag: the dataset statistics' key):
+    scripts/vla-import --release DIR --checkpoint DIR [--tag default] --instruction "..." --out BUNDLE
 """
 
 import argparse
@@ -15,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 
-from . import bundle, checkpoint, contract, fastwam, lerobot, prompt, release, sources  # noqa: E402
+from . import bundle, checkpoint, contract, fastwam, fastwam_chain, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid")
@@ -40,7 +42,8 @@ def arguments(argv):
     ap.add_argument("--base-checkpoint", help="a LeRobot checkpoint's Hugging Face checkpoint "
                     "(default: its config.json checkpoint_path)")
     ap.add_argument("--tag", help="normalization tag in norm_stats.json metadata_by_tag (Hugging Face layout; "
-                    "a LeRobot checkpoint carries its statistics)")
+                    "a LeRobot checkpoint carries its statistics); Fast-WAM: the key in *_dataset_stats.json "
+                    "action/state (upstream's shape_meta key, default 'default')")
     ap.add_argument("--instruction", action="append", default=[], help="an instruction (repeatable)")
     ap.add_argument("--instructions", type=Path, help=".json list of instructions")
     ap.add_argument("--frame-size", type=parse_size, help="raw camera frame HxW (an HF checkpoint does not state it)")
@@ -55,6 +58,11 @@ def arguments(argv):
                     help="Fast-WAM: libero = upstream LIBERO eval's g*2-1 inverted (default)")
     ap.add_argument("--gripper-binarize", action=argparse.BooleanOptionalAction,
                     help="Fast-WAM: binarize the gripper (default on, upstream LIBERO)")
+    ap.add_argument("--state-input", choices=fastwam_chain.STATE_INPUTS,
+                    help="Fast-WAM closed loop: what the robot writes (default state: the 8-D state itself; "
+                    "eef_pos_quat_gripper: LIBERO's raw eef position, quaternion, gripper qpos)")
+    ap.add_argument("--text-encoder", help="Fast-WAM closed loop: directory with Wan's "
+                    f"{fastwam_chain.TEXT_ENCODER} and {fastwam_chain.TOKENIZER}/ (default: the checkpoint)")
     ap.add_argument("--keystone-k", type=int, help="KeyStone's K (off when absent)")
     ap.add_argument("--keystone-selector", choices=KEYSTONE_SELECTORS, default="guarded_medoid")
     ap.add_argument("--keystone-distance", choices=DISTANCES, default="l2")
@@ -114,23 +122,24 @@ def normalization(ck, a, m: dict) -> dict:
 def run_fastwam(a, comps: dict, ck_dir) -> dict:
     """The open-loop Fast-WAM bundle: the release's action_step on its golden world model."""
     order = fastwam.check_names(comps)
-    for flag, value in (("--tag", a.tag), ("--instruction", a.instruction or a.instructions),
+    for flag, value in (("--instruction", a.instruction or a.instructions),
                         ("--frame-size", a.frame_size), ("--observation", a.observation),
                         ("--keystone-k", a.keystone_k), ("--step-output", a.step_output),
-                        ("--base-checkpoint", a.base_checkpoint)):
+                        ("--base-checkpoint", a.base_checkpoint), ("--state-input", a.state_input),
+                        ("--text-encoder", a.text_encoder)):
         expect(not value, flag, "a MolmoAct2 setting, found for a Fast-WAM release (open loop: no prompt, "
                "no observation but the seed)")
     s = fastwam.settings(a)
     _, horizon, dims = comps["action_step"].inputs["latents_action"][0]
     where = fastwam.stats_file(ck_dir)
-    norm = fastwam.action_norm(checkpoint.read_json(where), s["norm_mode"], dims, str(where))
+    norm = fastwam.action_norm(checkpoint.read_json(where), s["norm_mode"], dims, str(where), a.tag or "default")
     man = fastwam.manifest(a.name or a.out.name, comps, s, norm, horizon, dims)
     world = fastwam.world_model(comps)
     provenance = {
         "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "policy": "fastwam",
         "open_loop": "the world model is the release's golden action_step_io.npz video_keys/video_values/"
                      "context/context_mask: the actions depend on the noise seed only",
-        "statistics": f"{where} action.default ({s['norm_mode']})",
+        "statistics": f"{where} action.{a.tag or 'default'} ({s['norm_mode']})",
         "settings": {k: s[k] for k in ("flow_steps", "shift", "gripper_map", "gripper_binarize")},
         "settings_from": "upstream LIBERO eval defaults unless given on the command line",
     }
@@ -147,14 +156,104 @@ def run_fastwam(a, comps: dict, ck_dir) -> dict:
     return {"bundle": str(a.out), **provenance}
 
 
+def run_fastwam_chain(a, comps: dict, rel_dir, ck_dir) -> dict:
+    """The closed-loop Fast-WAM bundle: the release's world-model chain and action_step, the
+    text rows and proprio Linear from the checkpoint, proved against the release's goldens."""
+    from .torch_zip import Checkpoint
+
+    order = fastwam_chain.check_names(comps)
+    for flag, value in (("--frame-size", a.frame_size), ("--keystone-k", a.keystone_k),
+                        ("--step-output", a.step_output), ("--base-checkpoint", a.base_checkpoint)):
+        expect(not value, flag, "a MolmoAct2 setting, found for a Fast-WAM release")
+    instructions = list(a.instruction)
+    if a.instructions:
+        loaded = checkpoint.read_json(a.instructions)
+        instructions += loaded["instructions"] if isinstance(loaded, dict) else loaded
+    expect(bool(instructions), "--instruction", "expected at least one instruction, found none")
+    trace, trace_where = fastwam_chain.read_trace(rel_dir)
+    d = fastwam_chain.dims({c: {**{t: s for t, (s, _) in comps[c].inputs.items()},
+                                **{t: s for t, (s, _) in comps[c].outputs.items()}} for c in order},
+                           {c: comps[c].binary for c in order})
+    cams = fastwam_chain.cameras(d, trace, trace_where)
+    s = fastwam.settings(a)
+    tag = a.tag or "default"
+    where = fastwam.stats_file(ck_dir)
+    stats = checkpoint.read_json(where)
+    norm = fastwam.action_norm(stats, s["norm_mode"], d["action_dims"], str(where), tag)
+    pt = fastwam_chain.one_file(ck_dir, "*.pt", "the checkpoint FastWAM.save_checkpoint wrote (mot, proprio_encoder)")
+    weight, bias = fastwam_chain.proprio(Checkpoint(pt), d)
+    state_norm = fastwam.feature_norm(stats, "state", tag, s["norm_mode"], weight.shape[1], str(where),
+                                      f"{pt.name} proprio_encoder.weight's columns")
+    enc, tok = fastwam_chain.text_encoder(Path(a.text_encoder) if a.text_encoder else ck_dir, d)
+    make_rows = lambda tasks: fastwam_chain.text_rows(tasks, enc, tok, d["text_tokens"])  # noqa: E731
+    golden_ctx = comps["wm_embed"].arrays["context"]
+    traced = [t for t in trace.get("instructions") or [] if t not in instructions]
+    proof = fastwam_chain.prove(golden_ctx, instructions + traced, make_rows, str(comps["wm_embed"].golden))
+    proof["from"] = "--instruction" if proof["instruction"] in instructions else f"{trace_where} instructions"
+    proof["proprio"] = fastwam_chain.prove_proprio(golden_ctx, weight, bias, str(comps["wm_embed"].golden))
+    text_rows, lengths = make_rows(instructions)
+    tables = {"text_rows": text_rows, "text_lengths": lengths, "proprio_weight": weight, "proprio_bias": bias}
+    state_input = a.state_input or "state"
+    expect(state_input != "eef_pos_quat_gripper" or weight.shape[1] == 8, "--state-input",
+           f"eef_pos_quat_gripper builds 8 state values (position, axis-angle, gripper 2), but {pt.name} "
+           f"proprio_encoder.weight takes {weight.shape[1]}")
+    man = fastwam_chain.manifest(a.name or a.out.name, {c: comps[c].graph for c in order}, d, cams, s, norm,
+                                 state_norm, state_input, instructions)
+    chain = man["fastwam"]["chain"]
+    if a.observation:
+        obs = bundle.check_observation(release.load_npz(a.observation),
+                                       dict(chain, state_dims=9 if state_input == "eef_pos_quat_gripper"
+                                            else chain["state_dims"]), str(a.observation))
+        seeds, observation = [int(obs["seed"][0])], str(a.observation)
+    else:
+        seeds, observation = range(a.seed, a.seed + fastwam.SEED_TRIES), "synthetic"
+    provenance = {
+        "release": a.release, "checkpoint": a.checkpoint, "policy": "fastwam", "closed_loop": True,
+        "statistics": f"{where} action.{tag}, state.{tag} ({s['norm_mode']})",
+        "proprio": f"{pt} proprio_encoder", "text_encoder": f"{enc} with the tokenizer {tok}",
+        "text_lengths": [int(x) for x in lengths],
+        # cut at text_tokens as upstream's tokenizer cuts (or exactly that long)
+        "instructions_filling_text_tokens": [t for t, n in zip(instructions, lengths) if n == d["text_tokens"]],
+        "settings": {k: s[k] for k in ("flow_steps", "shift", "gripper_map", "gripper_binarize")},
+        "settings_from": "upstream LIBERO eval defaults unless given on the command line",
+        "state_input": state_input, "traced": proof,
+    }
+
+    def e2e(stage):
+        for seed in seeds:
+            ob = obs if a.observation else fastwam_chain.synthetic_observation(chain, seed)
+            arrays, closest = fastwam_chain.end_to_end(stage, comps, order, man, ob)
+            if a.observation or closest is None or closest >= fastwam.GRIPPER_MARGIN:
+                break
+        else:
+            raise ImportRefused("--seed", f"no seed in {a.seed}..{a.seed + fastwam.SEED_TRIES - 1} keeps every "
+                                f"gripper value {fastwam.GRIPPER_MARGIN} away from the binarize threshold")
+        skipped = (f"; seeds {a.seed}..{seed - 1} skipped: a gripper value within {fastwam.GRIPPER_MARGIN} of "
+                   "the binarize threshold" if not a.observation and seed != a.seed else "")
+        provenance["end_to_end_observation"] = (observation if a.observation else
+                                                f"synthetic (seed {seed}{skipped}): no observation was given")
+        if closest is not None:
+            provenance["end_to_end_gripper_margin"] = closest
+        return arrays
+
+    bundle.write(a.out, comps, order, man, {"inputs/context_tables.npz": tables}, e2e, provenance)
+    return {"bundle": str(a.out), **provenance}
+
+
 def run(a) -> dict:
     vlad = release.vlad_command(a.vlad)
     rel_dir = sources.resolve(a.release, sources.RELEASE_FILES, "release")
     overlay = sources.resolve(a.overlay, sources.RELEASE_FILES, "overlay") if a.overlay else None
-    ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
     comps = release.load(rel_dir, vlad, overlay)
+    if fastwam_chain.is_chain(comps):
+        ck_dir = sources.resolve(a.checkpoint, sources.FASTWAM_CHAIN_FILES, "checkpoint")
+        return run_fastwam_chain(a, comps, rel_dir, ck_dir)
     if fastwam.is_fastwam(comps):
+        ck_dir = sources.resolve(a.checkpoint, sources.FASTWAM_FILES, "checkpoint")
         return run_fastwam(a, comps, ck_dir)
+    ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
+    for flag, value in (("--state-input", a.state_input), ("--text-encoder", a.text_encoder)):
+        expect(not value, flag, "a Fast-WAM setting, found for a MolmoAct2 release")
     release.require_trace(rel_dir)
     order = contract.check_names(comps)
     policy = checkpoint.read_json(ck_dir / "config.json")
@@ -270,6 +369,9 @@ def main(argv=None) -> int:
         print(f"vla-import: wrote {report['bundle']} (prompt traced with instruction "
               f"{report['prompt_matched']['instruction']}: {report['prompt_matched']['text']!r}; "
               f"end-to-end observation {report['end_to_end_observation']})")
+    elif report.get("closed_loop"):
+        print(f"vla-import: wrote {report['bundle']} (Fast-WAM closed loop; text rows traced with instruction "
+              f"{report['traced']['instruction']!r}; end-to-end observation {report['end_to_end_observation']})")
     else:
         print(f"vla-import: wrote {report['bundle']} (Fast-WAM OPEN LOOP: {report['open_loop']}; "
               f"end-to-end observation {report['end_to_end_observation']})")

@@ -8,7 +8,7 @@ checkpoint (upstream layout) gives the dataset statistics, `*_dataset_stats.json
 `{action: {default: {global_min, global_max, global_q01, global_q99, global_mean, global_std}}}`;
 the settings are upstream's LIBERO eval (`train.yaml` `eval_num_inference_steps` 10, shift 5,
 `libero_2cam.yaml` `norm_default_mode` min/max, `g*2 - 1` inverted, `binarize_gripper`) unless
-overridden. A release with the world-model contexts (closed loop) is refused: not imported yet."""
+overridden. A release with the world-model contexts (closed loop) is `fastwam_chain`'s."""
 
 import numpy as np
 
@@ -31,9 +31,8 @@ def is_fastwam(comps: dict) -> bool:
 
 
 def check_names(comps: dict) -> list:
-    chain = sorted(c for c in comps if c != "action_step")
-    expect(not chain, "release ctx/", f"expected only action_step (the open-loop release), found {chain}: "
-           "a closed-loop Fast-WAM release is not imported yet")
+    extra = sorted(c for c in comps if c != "action_step")
+    expect(not extra, "release ctx/", f"expected only action_step (the open-loop release), found {extra}")
     c = comps["action_step"]
     for role, want, have in (("input", STEP_INPUTS, c.inputs), ("output", STEP_OUTPUTS, c.outputs)):
         expect(sorted(have) == sorted(want), f"{c.binary} {role}s", f"expected {want}, found {sorted(have)}")
@@ -47,22 +46,31 @@ def stats_file(root):
     return found[0]
 
 
-def action_norm(stats: dict, mode: str, dims: int, where: str) -> dict:
+def feature_norm(stats: dict, feature: str, tag: str, mode: str, dims: int, where: str, dims_from: str) -> dict:
+    """`stats[feature][tag]` (upstream's `shape_meta` key: `default` for LIBERO) as the bundle's
+    normalization in `mode` (upstream's `norm_default_mode`)."""
     expect(mode in NORM_MODES, "--norm-mode", f"expected one of {', '.join(NORM_MODES)}, found {mode!r}")
     name, low_key, high_key = NORM_MODES[mode]
-    feature = (stats.get("action") or {}).get("default")
-    expect(isinstance(feature, dict), f"{where} action.default", "expected the action statistics, found none")
+    tags = stats.get(feature)
+    expect(isinstance(tags, dict), f"{where} {feature}", f"expected the {feature} statistics, found none")
+    expect(tag in tags, f"{where} {feature}", f"tag {tag!r} not found; tags: {', '.join(sorted(tags))}")
+    stat = tags[tag]
+    key0 = f"{where} {feature}.{tag}"
+    expect(isinstance(stat, dict), key0, f"expected an object of statistics, found {type(stat).__name__}")
 
     def arr(key):
-        expect(key in feature, f"{where} action.default.{key}", f"expected for {mode}, found keys {sorted(feature)}")
-        a = np.asarray(feature[key], np.float64).reshape(-1)
-        expect(len(a) == dims, f"{where} action.default.{key}",
-               f"length: expected {dims} (latents_action's last dim), found {len(a)}")
-        expect(np.isfinite(a).all(), f"{where} action.default.{key}", "expected finite values")
+        expect(key in stat, f"{key0}.{key}", f"expected for {mode}, found keys {sorted(stat)}")
+        a = np.asarray(stat[key], np.float64).reshape(-1)
+        expect(len(a) == dims, f"{key0}.{key}", f"length: expected {dims} ({dims_from}), found {len(a)}")
+        expect(np.isfinite(a).all(), f"{key0}.{key}", "expected finite values")
         return a.tolist()
 
     keys = ("mean", "std") if name == "mean_std" else ("low", "high")
     return {"mode": name, keys[0]: arr(low_key), keys[1]: arr(high_key)}
+
+
+def action_norm(stats: dict, mode: str, dims: int, where: str, tag: str = "default") -> dict:
+    return feature_norm(stats, "action", tag, mode, dims, where, "latents_action's last dim")
 
 
 def manifest(name: str, comps: dict, settings: dict, norm: dict, horizon: int, dims: int) -> dict:

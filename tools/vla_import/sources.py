@@ -9,8 +9,12 @@ RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**", "convert_report.json"]
 CHECKPOINT_FILES = ["config.json", "processor_config.json", "preprocessor_config.json", "tokenizer.json",
                     "tokenizer_config.json", "special_tokens_map.json", "norm_stats.json",
                     "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
-                    "policy_*processor*.json", "policy_*processor*.safetensors",
-                    "*_dataset_stats.json"]  # the last: Fast-WAM's statistics
+                    "policy_*processor*.json", "policy_*processor*.safetensors"]
+# A Fast-WAM checkpoint (upstream's layout): the open-loop import reads only the statistics; the
+# closed loop also the .pt (for its proprio Linear: the whole file, mot included, is fetched)
+# and Wan's text encoder and tokenizer.
+FASTWAM_FILES = ["*_dataset_stats.json"]
+FASTWAM_CHAIN_FILES = FASTWAM_FILES + ["*.pt", "models_t5_umt5-xxl-enc-bf16.safetensors", "google/umt5-xxl/*"]
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model-*.safetensors")
 # The Hugging Face checkpoint a LeRobot one names: its weights only when the LeRobot checkpoint
 # lacks an embedding tensor (a full MolmoAct2 is many GB).
