@@ -34,10 +34,12 @@ class Component:
 def vlad_command(explicit: str | None) -> str:
     if explicit:
         return explicit
-    for profile in ("release", "debug"):
-        built = Path(__file__).resolve().parents[2] / "target" / profile / "vlad"
-        if built.is_file():
-            return str(built)
+    # The newest build: a release binary left from an older checkout must not win over
+    # the debug one `cargo test` just built (it may refuse fields the bundle now has).
+    target = Path(__file__).resolve().parents[2] / "target"
+    built = [b for b in (target / "release" / "vlad", target / "debug" / "vlad") if b.is_file()]
+    if built:
+        return str(max(built, key=lambda b: b.stat().st_mtime))
     found = shutil.which("vlad")
     if not found:
         raise ImportRefused("vlad", "not found: build it (cargo build --release -p vlad) or pass --vlad")
