@@ -71,7 +71,7 @@ def arguments(argv):
     ap.add_argument("--seed", type=int, default=7, help="seed of the synthetic observation when none is given")
     ap.add_argument("--name", help="bundle name (default: from the output directory)")
     ap.add_argument("--variant", default="original")
-    ap.add_argument("--vlad", help="the vlad binary (default: target/release/vlad, else PATH)")
+    ap.add_argument("--vlad", help="the vlad binary (default: the newer of target/release/vlad and target/debug/vlad, else PATH)")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args(argv)
 
