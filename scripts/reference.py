@@ -116,43 +116,69 @@ def _norm_arrays(norm: dict, n: int):
 RANGE_FLOOR = np.float32(1e-6)  # upstream _FeatureNormalizer's eps
 
 
-def _clips(mode: str) -> bool:
-    return mode in ("quantile", "min_max")
+LEROBOT_EPS = np.float32(1e-8)  # lerobot NormalizerProcessorStep's default eps
+
+
+def _lerobot(norm: dict) -> bool:
+    """The bundle follows LeRobot's policy pipeline rather than the HF _FeatureNormalizer."""
+    return norm.get("follows", "hf_feature_normalizer") == "lerobot_pipeline"
+
+
+def _clips(norm: dict) -> bool:
+    return _lerobot(norm) or norm["mode"] in ("quantile", "min_max")
+
+
+def _lerobot_range(low, high, norm):
+    """LeRobot's divisor: the range itself, its eps where the range is exactly 0."""
+    d = high - low
+    return np.where(d == 0, np.float32(norm.get("eps", LEROBOT_EPS)), d).astype(np.float32)
 
 
 def normalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """The checkpoint's _FeatureNormalizer.normalize: floored ranges, clipped for
-    quantile/min_max, pass-through dims untouched, constant dims 0."""
+    """The checkpoint's normalizer. HF _FeatureNormalizer.normalize: floored ranges, clipped for
+    quantile/min_max, pass-through dims untouched, constant dims 0. LeRobot's masked normalizer
+    and clamp step: the range (eps where 0) or std + eps, every mode clipped, a pass-through
+    value outside [-1, 1] refused (ValueError, as lerobot raises)."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
-    mode = norm["mode"]
+    mode, lerobot = norm["mode"], _lerobot(norm)
+    if lerobot and ((np.abs(x) > 1) & passthrough).any():
+        raise ValueError("gripper (pass-through) values are not under [-1, 1], as lerobot refuses")
     if mode in ("quantile", "min_max"):
-        y = np.float32(2) * (x - low) / np.maximum(high - low, RANGE_FLOOR) - np.float32(1)
+        d = _lerobot_range(low, high, norm) if lerobot else np.maximum(high - low, RANGE_FLOOR)
+        y = np.float32(2) * (x - low) / d - np.float32(1)
     elif mode == "mean_std":
-        y = (x - mean) / np.maximum(std, RANGE_FLOOR)
+        d = (std + np.float32(norm.get("eps", LEROBOT_EPS))) if lerobot else np.maximum(std, RANGE_FLOOR)
+        y = (x - mean) / d
     elif mode == "identity":
         y = x.copy()
     else:
         raise ValueError(f"normalization mode {mode!r}")
-    if _clips(mode):
+    if _clips(norm):
         y = np.clip(y, np.float32(-1), np.float32(1))
     y = np.where(passthrough, x, y)
     constant = np.asarray(norm.get("constant", [False] * x.shape[-1]), bool)
-    if mode == "min_max":
+    if mode == "min_max" and not lerobot:
         constant = constant | (low == high)
     return np.where(constant, np.float32(0), y).astype(np.float32)
 
 
 def denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """_FeatureNormalizer.unnormalize: quantile/min_max clip every dim first (the
-    pass-through gripper comes out clipped too); mean_std does not clip."""
+    """HF _FeatureNormalizer.unnormalize: quantile/min_max clip every dim first (the
+    pass-through gripper comes out clipped too); mean_std does not clip. LeRobot's clamp-action
+    step clips every dim in every mode, then its masked unnormalizer in its own orders."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
-    mode = norm["mode"]
-    if _clips(mode):
+    mode, lerobot = norm["mode"], _lerobot(norm)
+    if _clips(norm):
         x = np.clip(x, np.float32(-1), np.float32(1))
-    if mode in ("quantile", "min_max"):
-        y = (x + np.float32(1)) * (high - low) / np.float32(2) + low
+    one, two = np.float32(1), np.float32(2)
+    if mode == "quantile" and lerobot:
+        y = (x + one) * _lerobot_range(low, high, norm) / two + low
+    elif mode == "min_max" and lerobot:
+        y = (x + one) / two * _lerobot_range(low, high, norm) + low
+    elif mode in ("quantile", "min_max"):
+        y = (x + one) * (high - low) / two + low
     elif mode == "mean_std":
         y = x * std + mean
     elif mode == "identity":

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use vla_npz::Npz;
-use vla_policy::manifest::{Distance, KeyStone, NormMode, Normalization, Selector};
+use vla_policy::manifest::{Distance, KeyStone, NormFollows, NormMode, Normalization, Selector};
 use vla_policy::{attention_bias, state_token_id, KeyStoneSelector, Normalizer, Preprocessor};
 
 fn golden(name: &str) -> Npz {
@@ -121,6 +121,8 @@ fn stats_norm(npz: &Npz, mode: &str, prefix: &str, zero_mask: bool) -> Normaliza
     };
     Normalization {
         mode,
+        follows: Default::default(),
+        eps: None,
         low,
         high,
         mean: get("mean"),
@@ -188,6 +190,114 @@ fn action_denormalization_matches_upstream() {
         let want = f32s(&actions, &format!("denormalized_{mode}"));
         assert_eq!(first_mismatch(&got, &want), None, "{mode}");
     }
+}
+
+/// One normalization block of `golden/upstream/lerobot_norm/norm.npz` (`part` = `state` or
+/// `action`) as the bundle states it for either convention: the HF normalizer's zero mask
+/// (min == max, clipping modes) only for `hf_feature_normalizer`.
+fn lerobot_norm_block(npz: &Npz, part: &str, mode: &str, follows: NormFollows) -> Normalization {
+    let get = |k: &str| Some(f32s(npz, &format!("{part}_{k}")));
+    let (lo, hi) = (get("min").unwrap(), get("max").unwrap());
+    let (mode, low, high, mean, std) = match mode {
+        "quantiles" => (NormMode::Quantile, get("q01"), get("q99"), None, None),
+        "min_max" => (NormMode::MinMax, get("min"), get("max"), None, None),
+        _ => (NormMode::MeanStd, None, None, get("mean"), get("std")),
+    };
+    let zero_mask = follows == NormFollows::HfFeatureNormalizer && mode == NormMode::Quantile;
+    Normalization {
+        mode,
+        follows,
+        eps: None,
+        low,
+        high,
+        mean,
+        std,
+        passthrough: Some(
+            bools(npz, &format!("{part}_mask"))
+                .iter()
+                .map(|m| !m)
+                .collect(),
+        ),
+        constant: zero_mask.then(|| lo.iter().zip(&hi).map(|(a, b)| a == b).collect()),
+    }
+}
+
+/// Both normalizers a checkpoint is run with, against upstream's own: LeRobot's policy
+/// pipeline as loaded from the `policy_preprocessor.json` / `policy_postprocessor.json` it
+/// saved, and the HF `_FeatureNormalizer`, on dims where they disagree (min == max with
+/// q01 != q99, q01 == q99, ranges of 1e-7 and 5e-7, std 0 and 5e-9, a pass-through gripper).
+#[test]
+fn both_normalizers_match_upstream_bit_for_bit() {
+    let g = golden("lerobot_norm/norm.npz");
+    let states = f32s(&g, "states");
+    let probe = f32s(&g, "gripper_probe");
+    let (sd, ad) = (8, 7);
+    let (out, raw) = (f32s(&g, "actions_normalized"), f32s(&g, "actions_raw"));
+    let mut differ = 0;
+    for mode in ["quantiles", "min_max", "mean_std"] {
+        for (follows, tag) in [
+            (NormFollows::LerobotPipeline, "lerobot"),
+            (NormFollows::HfFeatureNormalizer, "hf"),
+        ] {
+            let what = format!("{tag} {mode}");
+            let sn = Normalizer::new(&lerobot_norm_block(&g, "state", mode, follows), sd);
+            let an = Normalizer::new(&lerobot_norm_block(&g, "action", mode, follows), ad);
+            let want = f32s(&g, &format!("{tag}_{mode}_state_normalized"));
+            let bins = i64s(&g, &format!("{tag}_{mode}_state_bins"));
+            for (r, row) in states.chunks_exact(sd).enumerate() {
+                assert_eq!(sn.refused(row), None, "{what} state {r}");
+                for (i, &x) in row.iter().enumerate() {
+                    let y = sn.normalize(x, i);
+                    let w = want[r * sd + i];
+                    assert_eq!(
+                        y.to_bits(),
+                        w.to_bits(),
+                        "{what} state {r} dim {i}: {x} -> {y}, upstream {w}"
+                    );
+                    assert_eq!(
+                        state_token_id(y) as i64,
+                        bins[r * sd + i],
+                        "{what} state {r} dim {i}"
+                    );
+                }
+            }
+            let mut got = vec![0f32; out.len()];
+            an.denormalize_into(&out, &mut got);
+            let want = f32s(&g, &format!("{tag}_{mode}_actions"));
+            assert_eq!(first_mismatch(&got, &want), None, "{what} actions");
+            let got: Vec<f32> = raw
+                .iter()
+                .enumerate()
+                .map(|(j, &a)| an.normalize(a, j % ad))
+                .collect();
+            let want = f32s(&g, &format!("{tag}_{mode}_actions_raw_normalized"));
+            assert_eq!(
+                first_mismatch(&got, &want),
+                None,
+                "{what} raw actions normalized"
+            );
+            if tag == "lerobot" {
+                // The gripper values LeRobot refuses (and the edges it accepts), in state 4.
+                let refused = bools(&g, &format!("lerobot_{mode}_gripper_refused"));
+                assert!(refused.iter().any(|&r| r) && refused.iter().any(|&r| !r));
+                for (&v, &r) in probe.iter().zip(&refused) {
+                    let mut row = states[4 * sd..5 * sd].to_vec();
+                    row[7] = v;
+                    assert_eq!(sn.refused(&row).is_some(), r, "{what} gripper {v}");
+                }
+                let hf = i64s(&g, &format!("hf_{mode}_state_bins"));
+                differ += bins.iter().zip(&hf).filter(|(a, b)| a != b).count();
+            } else {
+                let mut row = states[4 * sd..5 * sd].to_vec();
+                row[7] = 1.5;
+                assert_eq!(sn.refused(&row), None, "the HF normalizer refuses nothing");
+            }
+        }
+    }
+    assert!(
+        differ >= 20,
+        "the goldens must separate the two normalizers ({differ} state tokens differ)"
+    );
 }
 
 #[test]
