@@ -235,52 +235,90 @@ def attention_bias(valid: np.ndarray, is_image: np.ndarray, blocked: float) -> n
 # ---------------------------------------------------------------------------------------
 
 
-def _distance(a: np.ndarray, b: np.ndarray, kind: str) -> float:
-    if kind == "l2":
-        return float(np.linalg.norm(a - b))
-    if kind == "l1":
-        return float(np.abs(a - b).sum())
+F32 = np.float32
+
+
+def _seq_sum(values: np.ndarray) -> np.float32:
+    """Left-to-right f32 sum (torch.cdist's CPU kernel accumulates so)."""
+    acc = F32(0)
+    for v in values:
+        acc = F32(acc + v)
+    return acc
+
+
+def distance_matrix(pts: np.ndarray, kind: str) -> np.ndarray:
+    """KeyStone's `_pairwise_distances` in f32: cdist p=1 / p=2 (per pair, |a - b| mapped and
+    summed left to right, sqrt for l2), cosine `1 - (a / (|a| + 1e-8)) . (b / (|b| + 1e-8))`."""
+    k = pts.shape[0]
+    out = np.zeros((k, k), F32)
     if kind == "cosine":
-        return float(1.0 - (a / (np.linalg.norm(a) + 1e-8)) @ (b / (np.linalg.norm(b) + 1e-8)))
-    raise ValueError(f"keystone distance {kind!r}")
+        unit = np.stack([p / F32(np.sqrt(_seq_sum(p * p)) + F32(1e-8)) for p in pts]).astype(F32)
+    for i in range(k):
+        for j in range(k):
+            if kind == "l1":
+                out[i, j] = _seq_sum(np.abs(pts[i] - pts[j]))
+            elif kind == "l2":
+                d = np.abs(pts[i] - pts[j])
+                out[i, j] = np.sqrt(_seq_sum(d * d))
+            elif kind == "cosine":
+                out[i, j] = F32(1) - _seq_sum(unit[i] * unit[j])
+            else:
+                raise ValueError(f"keystone distance {kind!r}")
+    return out
+
+
+def _medoid(dist: np.ndarray, members) -> int:
+    sums = [_seq_sum(dist[i, members]) for i in members]
+    return int(members[int(np.argmin(sums))])
 
 
 def keystone_select(candidates: np.ndarray, keystone: dict) -> int:
-    """candidates [K, H, action_dims] (normalized space) -> chosen index. f64 throughout."""
+    """candidates [K, H, action_dims] (normalized space) -> chosen index, in f32 as KeyStone's
+    `selection.py` computes on the policy's f32 candidates."""
     k = candidates.shape[0]
     rows = keystone.get("executed_steps") or candidates.shape[1]
-    pts = candidates[:, :rows].reshape(k, -1).astype(np.float64)
-    kind = keystone.get("distance", "l2")
-    dist = np.array([[_distance(pts[i], pts[j], kind) for j in range(k)] for i in range(k)])
-    medoid = int(np.argmin(dist.sum(axis=1)))
-    if keystone["selector"] == "medoid":
+    pts = candidates[:, :rows].reshape(k, -1).astype(F32)
+    dist = distance_matrix(pts, keystone.get("distance", "l2"))
+    everyone = np.arange(k)
+    medoid = _medoid(dist, everyone)
+    selector, clusters = keystone["selector"], keystone.get("num_clusters", 2)
+    if selector == "medoid" or (selector == "guarded_medoid" and k == 1):
         return medoid
-    pairwise = np.sort(dist[np.triu_indices(k, 1)])
-    median = pairwise[(len(pairwise) - 1) // 2]  # torch.median: the lower middle value
-    spread = np.linalg.norm(pts.mean(axis=0) - pts[medoid]) / (median + 1e-8)
-    if spread <= keystone.get("spread_threshold", 0.3):
-        return medoid
-    assign = two_means(pts)
-    members = np.flatnonzero(assign == (0 if (assign == 0).sum() >= (assign == 1).sum() else 1))
-    return int(members[np.argmin(dist[np.ix_(members, members)].sum(axis=1))])
+    if selector == "guarded_medoid":
+        pairwise = np.sort(dist[np.triu_indices(k, 1)])
+        median = pairwise[(len(pairwise) - 1) // 2]  # torch.median: the lower middle value
+        mean = (np.sum(pts, axis=0, dtype=F32) / F32(k)).astype(F32)
+        gap = np.sqrt(_seq_sum((mean - pts[medoid]) ** 2))
+        spread = F32(gap / F32(median + F32(1e-8)))
+        if not spread > F32(keystone.get("spread_threshold", 0.3)):
+            return medoid
+    assign = k_means(pts, clusters)
+    counts = np.bincount(assign, minlength=min(clusters, k))
+    return _medoid(dist, np.flatnonzero(assign == int(np.argmax(counts))))
 
 
-def two_means(pts: np.ndarray, iterations: int = 10) -> np.ndarray:
-    """KeyStone's k-means with 2 clusters: stop when the centroids are allclose, then
-    assign once more against the centroids kept."""
+def k_means(pts: np.ndarray, clusters: int, iterations: int = 10) -> np.ndarray:
+    """KeyStone's `_kmeans_assignments`: centroids start at the first C points, at most 10 rounds
+    of assign (nearest by l2, first on ties) and mean (an empty cluster keeps its centroid),
+    stopping when the new centroids are allclose (atol 1e-6, rtol 1e-5) to the old; then one
+    more assignment against the centroids kept."""
+    k = pts.shape[0]
+    clusters = min(clusters, k)
+    if clusters <= 1:
+        return np.zeros(k, np.int64)
 
     def nearest(centroids):
-        d = ((pts[:, None, :] - centroids[None]) ** 2).sum(axis=2)
-        return np.where(d[:, 1] < d[:, 0], 1, 0)
+        return np.array([int(np.argmin(distance_matrix(np.concatenate([p[None], centroids]), "l2")[0, 1:]))
+                         for p in pts])
 
-    centroids = pts[:2].copy()
+    centroids = pts[:clusters].copy()
     for _ in range(iterations):
         assign = nearest(centroids)
         new = centroids.copy()
-        for c in range(2):
+        for c in range(clusters):
             if (assign == c).any():
-                new[c] = pts[assign == c].mean(axis=0)
-        if np.allclose(centroids, new, rtol=1e-5, atol=1e-6):
+                new[c] = np.sum(pts[assign == c], axis=0, dtype=F32) / F32((assign == c).sum())
+        if (np.abs(centroids - new) <= F32(1e-6) + F32(1e-5) * np.abs(new)).all():
             break
         centroids = new
     return nearest(centroids)

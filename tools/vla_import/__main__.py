@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 from . import bundle, checkpoint, contract, fastwam, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
-KEYSTONE_SELECTORS = ("medoid", "guarded_medoid")
+KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")
 
 
@@ -59,6 +59,10 @@ def arguments(argv):
     ap.add_argument("--keystone-selector", choices=KEYSTONE_SELECTORS, default="guarded_medoid")
     ap.add_argument("--keystone-distance", choices=DISTANCES, default="l2")
     ap.add_argument("--keystone-threshold", type=float, default=0.3)
+    ap.add_argument("--keystone-clusters", type=int, default=2,
+                    help="KeyStone's cluster_medoid_num_clusters (C of its k-means)")
+    ap.add_argument("--keystone-executed-steps", type=int, default=None,
+                    help="KeyStone's executed_steps (distances over the first n steps only)")
     ap.add_argument("--observation", type=Path, help="npz with frames, state, instruction_id, seed for the end-to-end golden")
     ap.add_argument("--seed", type=int, default=7, help="seed of the synthetic observation when none is given")
     ap.add_argument("--name", help="bundle name (default: from the output directory)")
@@ -208,7 +212,13 @@ def run(a) -> dict:
     keystone = None
     if a.keystone_k:
         keystone = {"k": a.keystone_k, "selector": a.keystone_selector, "distance": a.keystone_distance,
-                    "executed_steps": None, "spread_threshold": a.keystone_threshold}
+                    "executed_steps": a.keystone_executed_steps, "spread_threshold": a.keystone_threshold}
+        e = a.keystone_executed_steps
+        expect(e is None or 1 <= e <= m["action_horizon"], "--keystone-executed-steps",
+               f"expected 1..={m['action_horizon']} (the action horizon), found {e}")
+        expect(1 <= a.keystone_clusters <= 64, "--keystone-clusters", f"expected 1..=64, found {a.keystone_clusters}")
+        if a.keystone_clusters != 2:
+            keystone["num_clusters"] = a.keystone_clusters
     m.update({
         "frame_height": int(frame_h), "frame_width": int(frame_w), "rope_left_pad": 0,
         "action_dims": action_dims, "flow_steps": flow_steps, "step_output": step_out, "keystone": keystone,

@@ -63,8 +63,12 @@ pub enum StepOutput {
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Selector {
+    /// Upstream `medoid`.
     Medoid,
+    /// Upstream `cluster_medoid_guarded` (its default).
     GuardedMedoid,
+    /// Upstream `cluster_medoid`: the largest cluster's medoid, no unimodality guard.
+    ClusterMedoid,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -86,6 +90,13 @@ pub struct KeyStone {
     pub executed_steps: Option<usize>,
     #[serde(default = "default_spread")]
     pub spread_threshold: f64,
+    /// Upstream `cluster_medoid_num_clusters` (C of the k-means; clustering uses min(C, K)).
+    #[serde(default = "default_clusters")]
+    pub num_clusters: usize,
+}
+
+fn default_clusters() -> usize {
+    2
 }
 
 fn default_distance() -> Distance {
@@ -548,6 +559,12 @@ impl Manifest {
                                 format!("{e} is not in 1..={}", m.action_horizon),
                             ));
                         }
+                    }
+                    if k.num_clusters == 0 || k.num_clusters > 64 {
+                        return Err(invalid(
+                            "molmoact2.keystone.num_clusters",
+                            format!("{} is not in 1..=64", k.num_clusters),
+                        ));
                     }
                     if !(k.spread_threshold.is_finite() && k.spread_threshold >= 0.0) {
                         return Err(invalid(
