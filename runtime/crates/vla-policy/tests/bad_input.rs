@@ -47,6 +47,24 @@ fn manifest_rules_name_the_field() {
 
     common::edit_manifest(&dir, |v| {
         v["molmoact2"]["keystone"]["k"] = 5.into();
+        v["molmoact2"]["keystone"]["num_clusters"] = 0.into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.keystone.num_clusters` 0 is not in 1..=64"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["keystone"]["num_clusters"] = 2.into();
+        v["molmoact2"]["keystone"]["selector"] = "cluster_mean".into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("unknown variant `cluster_mean`, expected one of `medoid`, `guarded_medoid`, `cluster_medoid`"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["keystone"]["selector"] = "cluster_medoid".into();
         v["molmoact2"]["frobnicate"] = 1.into();
     });
     let msg = open_err(&dir);
