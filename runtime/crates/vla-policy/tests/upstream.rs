@@ -479,3 +479,86 @@ fn keystone_edges_match_upstream_selection() {
         "cosine near-ties: {cosine_apart} of {cosine_cases} apart (measured 46)"
     );
 }
+
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Every patch of the real 378 crop against upstream's image processor, for frames of six
+/// sizes (golden/upstream/resize378.npz, scripts/upstream_resize.py): each patch's uint8
+/// levels hash to upstream's once the values at exact-.5 positions take upstream's level,
+/// and at those positions vlad is at most one level off. The rate is printed and bounded.
+#[test]
+fn pixel_values_at_the_real_crop_match_upstream_in_every_patch() {
+    let g = golden("resize378.npz");
+    let images = golden("images.npz");
+    let libero = images.array("frames_256x256").unwrap().to_u8().unwrap();
+    let one = 256 * 256 * 3;
+    let cases: Vec<(String, usize, usize, Vec<u8>)> = [(37, 53), (97, 131), (150, 200), (61, 480)]
+        .iter()
+        .map(|&(h, w)| {
+            let name = format!("{h}x{w}");
+            let frame = g.array(&format!("frame_{name}")).unwrap().to_u8().unwrap();
+            (name, h, w, frame)
+        })
+        .chain((0..2).map(|c| {
+            (
+                format!("256x256_cam{c}"),
+                256,
+                256,
+                libero[c * one..(c + 1) * one].to_vec(),
+            )
+        }))
+        .collect();
+    let (values, patches) = (588, 729);
+    let (mut apart, mut ties, mut total) = (0usize, 0usize, 0usize);
+    for (name, h, w, frame) in &cases {
+        let got = pixel_values(frame, 1, *h, *w, 378);
+        assert_eq!(got.len(), patches * values);
+        let mut levels: Vec<u8> = got
+            .iter()
+            .map(|&x| ((f64::from(x) + 1.0) / 2.0 * 255.0).round() as u8)
+            .collect();
+        let index = g.array(&format!("tie_index_{name}")).unwrap();
+        let index: Vec<usize> = index
+            .bytes()
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .collect();
+        let want_tie = g
+            .array(&format!("tie_level_{name}"))
+            .unwrap()
+            .to_u8()
+            .unwrap();
+        for (&i, &want) in index.iter().zip(&want_tie) {
+            let d = (i16::from(levels[i]) - i16::from(want)).abs();
+            assert!(d <= 1, "{name}: value {i} is {d} levels from upstream");
+            apart += usize::from(d == 1);
+            levels[i] = want;
+        }
+        let hashes = g
+            .array(&format!("patch_fnv_{name}"))
+            .unwrap()
+            .to_u64()
+            .unwrap();
+        for (p, want) in hashes.iter().enumerate() {
+            assert_eq!(
+                fnv1a64(&levels[p * values..(p + 1) * values]),
+                *want,
+                "{name}: patch {p} differs from upstream outside its .5 ties"
+            );
+        }
+        ties += index.len();
+        total += levels.len();
+    }
+    eprintln!(
+        "378 crop, {} frames: {apart} of {total} values one uint8 level from upstream ({ties} at .5 ties)",
+        cases.len()
+    );
+    assert!(
+        apart * 2_000 <= total,
+        "{apart} of {total} values one level off"
+    );
+}
