@@ -12,6 +12,8 @@ golden/upstream/lerobot_norm/.
    checkpoint's `policy_preprocessor.json` / `policy_postprocessor.json` run. The saved pipelines
    are kept next to the goldens: they are a real LeRobot checkpoint's processor files.
 2. The Hugging Face `_FeatureNormalizer` (`predict_action`) on the same statistics and inputs.
+3. The sequence cap of the pack step (`infer_molmoact2_max_sequence_length`) for a few image and
+   state counts (manifest.json), which a LeRobot checkpoint's prompts must not exceed.
 
 Upstream is the pinned lerobot==0.6.1 wheel in the venv of scripts/setup_upstream.sh (CPython
 3.11). lerobot's package `__init__`s pull in draccus and more that the venv lacks, so the modules
@@ -322,6 +324,12 @@ def main() -> None:
         cfg = json.loads((ckpt / "policy_preprocessor.json").read_text())
         meta["lerobot"][tag] = {"eps": cfg["steps"][0]["config"].get("eps"),
                                 "files": sorted(p.name for p in ckpt.iterdir())}
+    # The sequence cap the pack step enforces when its max_sequence_length is null (inference:
+    # no discrete action labels), for image and state counts around LIBERO's 2 and 8.
+    meta["inferred_max_sequence_length"] = [
+        [n, s, pm.infer_molmoact2_max_sequence_length(num_images=n, state_dim=s, action_dim=7, action_horizon=10,
+                                                      include_discrete_action=False)]
+        for n in (0, 1, 2, 3) for s in (0, 7, 8, 64)]
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}
     meta["versions"] = versions
     meta["state_names"], meta["action_names"] = STATE_NAMES, ACTION_NAMES

@@ -95,3 +95,11 @@ def test_a_bad_eps_is_refused(tmp_path):
     (d / "policy_preprocessor.json").write_text(json.dumps(pre))
     with pytest.raises(ImportRefused, match=r"steps\[0\].config.eps"):
         lerobot.normalization(d, policy())
+
+
+def test_inferred_sequence_cap_is_upstreams():
+    manifest = json.loads((GOLD / "manifest.json").read_text())
+    rows = manifest["inferred_max_sequence_length"]
+    assert len(rows) == 16
+    for images, state, cap in rows:
+        assert lerobot.inferred_max_sequence_length(images, state) == cap, (images, state)

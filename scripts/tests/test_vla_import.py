@@ -357,6 +357,20 @@ def test_lerobot_quantile10_reads_q10_q90(copies, capsys, tmp_path):
             "expected for quantile")
 
 
+@pytest.mark.parametrize("where", ["pack", "policy"])
+def test_lerobot_prompt_above_the_sequence_cap_is_refused(copies, capsys, tmp_path, where):
+    """lerobot's pack step raises on a prompt longer than max_sequence_length: so does the import."""
+    release, hf, out = copies
+    edit = (lambda p: p.update(max_sequence_length=64)) if where == "policy" else None
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, policy_edit=edit)
+    if where == "pack":
+        pre = json.loads((lr / "policy_preprocessor.json").read_text())
+        pre["steps"][5]["config"]["max_sequence_length"] = 64
+        (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    needle = "policy_preprocessor.json molmoact2_pack_inputs" if where == "pack" else "config.json max_sequence_length"
+    refused(capsys, lerobot_args(release, lr, out), out, needle, "above the cap 64", "refuses such a prompt")
+
+
 def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):
     release, hf, out = copies
     lr = lerobot_checkpoint(tmp_path / "lerobot", hf,

@@ -231,6 +231,11 @@ def run(a) -> dict:
                            "step_output", "keystone", "state_dims", "state_norm", "action_norm",
                            "attention_blocked_value", "prompt", "instructions")}
 
+    if ck.policy is not None:
+        cap, cap_where = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"])
+        expect(m["seq_len"] <= cap, cap_where, f"the exported prompt has {m['seq_len']} tokens, above the cap "
+               f"{cap}: lerobot's pack step refuses such a prompt")
+
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))

@@ -143,6 +143,33 @@ def pack_settings(root: Path) -> dict:
     return dict(found[0].get("config") or {}) if found else {}
 
 
+# processor_molmoact2.py's budget for the sequence cap its pack step infers when its
+# max_sequence_length is null (inference: no discrete action labels).
+IMAGE_TOKENS, FIXED, TASK, MARGIN, MULTIPLE, DEFAULT_IMAGES = 196, 80, 32, 32, 64, 2
+
+
+def inferred_max_sequence_length(num_images: int, state_dim: int) -> int:
+    """`infer_molmoact2_max_sequence_length(..., include_discrete_action=False)`."""
+    num_images = num_images if num_images >= 1 else DEFAULT_IMAGES
+    total = num_images * IMAGE_TOKENS + FIXED + TASK + max(state_dim, 0) + MARGIN
+    return -(-total // MULTIPLE) * MULTIPLE
+
+
+def sequence_cap(root: Path, policy: dict, cameras: int, state_dims: int) -> tuple[int, str]:
+    """The longest prompt the pipeline's pack step accepts (it raises on a longer one): its
+    `max_sequence_length`, else the policy config's, else the inferred budget; and where from."""
+    pack = pack_settings(root)
+    for value, where in ((pack.get("max_sequence_length"), f"{root / PREPROCESSOR} {PACK} max_sequence_length"),
+                         (policy.get("max_sequence_length"), f"{root / 'config.json'} max_sequence_length")):
+        if value is not None:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            expect(ok, where, f"expected a positive integer or null, found {value!r}")
+            return value, where
+    return (inferred_max_sequence_length(cameras, state_dims),
+            f"{root / PREPROCESSOR} {PACK} max_sequence_length (null: lerobot's budget for {cameras} images, "
+            f"{state_dims} state dims)")
+
+
 def frame_size(policy: dict, image_keys: list, where: str):
     """(H, W) of the cameras from `input_features` (VISUAL, shape [3, H, W]); None when absent."""
     feats = policy.get("input_features") or {}
