@@ -12,6 +12,9 @@ golden/upstream/lerobot_norm/.
    checkpoint's `policy_preprocessor.json` / `policy_postprocessor.json` run. The saved pipelines
    are kept next to the goldens: they are a real LeRobot checkpoint's processor files.
 2. The Hugging Face `_FeatureNormalizer` (`predict_action`) on the same statistics and inputs.
+4. The pack step's prompt text for every combination of add_setup_tokens, add_control_tokens,
+   normalize_language, plain / already-wrapped / empty setup and control, 8 or 0 state dims, 1 or
+   2 images (golden/upstream/prompt_text.json).
 3. The sequence cap of the pack step (`infer_molmoact2_max_sequence_length`) for a few image and
    state counts (manifest.json), which a LeRobot checkpoint's prompts must not exceed.
 
@@ -259,6 +262,36 @@ def run_transform_action(pre, action: np.ndarray) -> np.ndarray:
     return out["action"].numpy()
 
 
+PROMPT_TASKS = ["Put the bowl on the plate.", '"Task: Turn on the stove."', "open the   top drawer"]
+PROMPT_SETUPS = [("single franka arm", "delta end effector"), ("<setup_start>wrapped arm<setup_end>",
+                 "<control_start>wrapped control<control_end>"), ("", "")]
+
+
+def write_prompt_texts(pm, path: Path) -> None:
+    """The pack step's prompt text (`_normalize_question_text` when normalize_language, then
+    `_build_discrete_state_string` and `_build_robot_text`, as MolmoAct2PackInputsProcessorStep
+    calls them) for every combination of the settings vlad's builder takes from a checkpoint."""
+    cases = []
+    for add_setup in (True, False):
+        for add_control in (True, False):
+            for normalize in (True, False):
+                for setup, control in PROMPT_SETUPS:
+                    for state_dims in (8, 0):
+                        for images in (1, 2):
+                            for task in PROMPT_TASKS:
+                                t = pm._normalize_question_text(task) if normalize else task
+                                state = pm._build_discrete_state_string(np.full(state_dims, -1.0, np.float32), 256)
+                                text = pm._build_robot_text(
+                                    task=t, discrete_state_string=state, setup_type=setup, control_mode=control,
+                                    add_setup_tokens=add_setup, add_control_tokens=add_control, num_images=images)
+                                cases.append({"task": task, "setup": setup, "control": control,
+                                              "add_setup_tokens": add_setup, "add_control_tokens": add_control,
+                                              "normalize_language": normalize, "state_dims": state_dims,
+                                              "images": images, "text": text})
+    path.write_text(json.dumps({"producer": "lerobot 0.6.1 processor_molmoact2.py", "cases": cases}, indent=1)
+                    + "\n")
+
+
 def parse_state_tokens(text: str) -> list[int]:
     """The bins of an upstream `<state_start><state_K>...<state_end>` string (derived here)."""
     return [int(k) for k in re.findall(r"<state_(\d+)>", text)]
@@ -330,6 +363,7 @@ def main() -> None:
         [n, s, pm.infer_molmoact2_max_sequence_length(num_images=n, state_dim=s, action_dim=7, action_horizon=10,
                                                       include_discrete_action=False)]
         for n in (0, 1, 2, 3) for s in (0, 7, 8, 64)]
+    write_prompt_texts(pm, args.out.parent / "prompt_text.json")
     versions = {"python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}
     meta["versions"] = versions
     meta["state_names"], meta["action_names"] = STATE_NAMES, ACTION_NAMES

@@ -371,6 +371,25 @@ def test_lerobot_prompt_above_the_sequence_cap_is_refused(copies, capsys, tmp_pa
     refused(capsys, lerobot_args(release, lr, out), out, needle, "above the cap 64", "refuses such a prompt")
 
 
+@pytest.mark.parametrize("key", ["add_setup_tokens", "add_control_tokens"])
+def test_lerobot_template_settings_reach_the_builder(copies, capsys, tmp_path, key):
+    """add_setup_tokens / add_control_tokens false are no longer refused: the builder renders
+    without the two markers, as upstream (129 tokens), so a release traced with them (131) no longer
+    matches."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    pre = json.loads((lr / "policy_preprocessor.json").read_text())
+    pre["steps"][5]["config"][key] = False
+    (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    refused(capsys, lerobot_args(release, lr, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
+
+
+def test_hf_template_setting_reaches_the_builder(copies, capsys):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "config.json", lambda c: c.update(add_setup_tokens=False))
+    refused(capsys, args(release, checkpoint, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
+
+
 def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):
     release, hf, out = copies
     lr = lerobot_checkpoint(tmp_path / "lerobot", hf,

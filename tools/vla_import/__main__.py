@@ -94,6 +94,7 @@ def normalization(ck, a, m: dict) -> dict:
         n["action_mode"] = pack.get("action_mode") or ck.policy.get("action_mode")
         expect(n["action_mode"] in (None, "both", "continuous"), f"{ck.root / lerobot.PREPROCESSOR} "
                f"{lerobot.PACK} action_mode", f"expected 'both' or 'continuous', found {n['action_mode']!r}")
+        n["prompt_settings"] = contract.prompt_settings(pack, ck.policy)
         n["norm_mode"] = "lerobot processor"
         n["stats_where"] = n["from"][1]
         return n
@@ -247,8 +248,10 @@ def run(a) -> dict:
     grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
     action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
+    settings = norm.get("prompt_settings") or contract.prompt_settings(
+        {k: v for k, v in ck.config.items() if k != "normalize_language"})
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
-                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction")
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings)
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))
