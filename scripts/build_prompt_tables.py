@@ -93,21 +93,40 @@ def image_tokens(grid: tuple, col_tokens: bool) -> str:
     return IM_START + row * rows + IM_END
 
 
-def render_prompt(task: str, cameras: int, grid: tuple, state_dims: int, col_tokens: bool = True,
-                  setup: str = SETUP, control: str = CONTROL) -> str:
-    """The full text upstream tokenizes (images expanded, state as placeholders)."""
-    state = (" The current state of the robot is " + STATE_START + "<state_0>" * state_dims
-             + STATE_END + ".") if state_dims else ""
-    setup_text = f"{SETUP_START}{setup}{SETUP_END}" if setup else ""
-    control_text = f"{CONTROL_START}{control}{CONTROL_END}" if control else ""
-    body = (f"The task is to {normalize_task(task)}. The setup is {setup_text}.{state} "
-            f"The expected control mode is {control_text}. Given these, what action should the "
-            f"robot take to complete the task?")
-    if cameras == 1:
+def _wrap(text: str, start: str, end: str, add: bool) -> str:
+    """Upstream `_wrap_setup_text` / `_wrap_control_text`: an already-wrapped or empty text is
+    kept, and so is any text when the checkpoint does not add the markers."""
+    if (text.startswith(start) and text.endswith(end)) or not text or not add:
+        return text
+    return f"{start}{text}{end}"
+
+
+def render_text(task: str, cameras: int, state_dims: int, setup: str = SETUP, control: str = CONTROL,
+                add_setup_tokens: bool = True, add_control_tokens: bool = True,
+                normalize_language: bool = True) -> str:
+    """Upstream `_build_robot_text` as the pack step calls it (the task normalized when
+    `normalize_language`), images as `<|image|>`, state as `<state_0>` placeholders; a state of
+    zero dims still has its clause, `<state_start><state_end>`, as upstream renders it."""
+    task = normalize_task(task) if normalize_language else task
+    state = STATE_START + "<state_0>" * state_dims + STATE_END
+    body = (f"The task is to {task}. The setup is {_wrap(setup, SETUP_START, SETUP_END, add_setup_tokens)}. "
+            f"The current state of the robot is {state}. The expected control mode is "
+            f"{_wrap(control, CONTROL_START, CONTROL_END, add_control_tokens)}. Given these, what action "
+            f"should the robot take to complete the task?")
+    if cameras <= 0:
+        images = ""
+    elif cameras == 1:
         images = IMAGE_PROMPT
     else:
         images = "".join(f"Image {i + 1}{IMAGE_PROMPT}" for i in range(cameras))
-    text = f"{images}<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n{ACTION_OUTPUT}"
+    return f"{images}<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n{ACTION_OUTPUT}"
+
+
+def render_prompt(task: str, cameras: int, grid: tuple, state_dims: int, col_tokens: bool = True,
+                  setup: str = SETUP, control: str = CONTROL, **settings) -> str:
+    """The full text upstream tokenizes (images expanded, state as placeholders); `settings`:
+    `add_setup_tokens`, `add_control_tokens`, `normalize_language` (see `render_text`)."""
+    text = render_text(task, cameras, state_dims, setup, control, **settings)
     return text.replace(IMAGE_PROMPT, image_tokens(grid, col_tokens))
 
 
@@ -128,7 +147,9 @@ def encode_prompt(tokenizer, prompt: str, bos_id: int) -> list:
 def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: tuple, state_dims: int,
                  seq_len: int, rope_left_pad: int, action_mode: str, col_tokens: bool = True,
                  bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                 setup: str = SETUP, control: str = CONTROL) -> dict:
+                 setup: str = SETUP, control: str = CONTROL, **settings) -> dict:
+    """`settings`: the checkpoint's `add_setup_tokens`, `add_control_tokens`,
+    `normalize_language` (all true when absent, upstream's defaults)."""
     if wte.ndim != 2:
         raise PromptError(f"wte: expected [V, D], got shape {list(wte.shape)}")
     if not instructions:
@@ -148,7 +169,7 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
     sequences = []
     for n, text in enumerate(instructions):
         ids = encode_prompt(tokenizer, render_prompt(text, cameras, grid, state_dims, col_tokens, setup,
-                                                     control), bos_id)
+                                                     control, **settings), bos_id)
         if max(ids) >= wte.shape[0]:
             raise PromptError(f"instruction {n}: token id {max(ids)} outside wte rows {wte.shape[0]}")
         if len(ids) != length:
@@ -245,6 +266,10 @@ def main():
     ap.add_argument("--bos-token", default=None, help="default: the EOS token, as upstream for Molmo2's tokenizer")
     ap.add_argument("--eos-token", default="<|im_end|>")
     ap.add_argument("--pad-token", default="<|endoftext|>")
+    ap.add_argument("--no-setup-tokens", action="store_true", help="the checkpoint's add_setup_tokens is false")
+    ap.add_argument("--no-control-tokens", action="store_true", help="the checkpoint's add_control_tokens is false")
+    ap.add_argument("--no-normalize-language", action="store_true",
+                    help="the instruction is used as given (lerobot's normalize_language false)")
     ap.add_argument("--setup", default=SETUP)
     ap.add_argument("--control", default=CONTROL)
     ap.add_argument("--out", type=Path, required=True)
@@ -254,7 +279,9 @@ def main():
                               load_instructions(args.instructions), args.cameras, args.grid,
                               args.state_dims, args.seq_len, args.rope_left_pad, args.action_mode,
                               not args.no_col_tokens, args.bos_token, args.eos_token, args.pad_token,
-                              args.setup, args.control)
+                              args.setup, args.control, add_setup_tokens=not args.no_setup_tokens,
+                              add_control_tokens=not args.no_control_tokens,
+                              normalize_language=not args.no_normalize_language)
     except PromptError as err:
         sys.exit(f"build_prompt_tables: {err}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

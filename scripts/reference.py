@@ -117,43 +117,69 @@ def _norm_arrays(norm: dict, n: int):
 RANGE_FLOOR = np.float32(1e-6)  # upstream _FeatureNormalizer's eps
 
 
-def _clips(mode: str) -> bool:
-    return mode in ("quantile", "min_max")
+LEROBOT_EPS = np.float32(1e-8)  # lerobot NormalizerProcessorStep's default eps
+
+
+def _lerobot(norm: dict) -> bool:
+    """The bundle follows LeRobot's policy pipeline rather than the HF _FeatureNormalizer."""
+    return norm.get("follows", "hf_feature_normalizer") == "lerobot_pipeline"
+
+
+def _clips(norm: dict) -> bool:
+    return _lerobot(norm) or norm["mode"] in ("quantile", "min_max")
+
+
+def _lerobot_range(low, high, norm):
+    """LeRobot's divisor: the range itself, its eps where the range is exactly 0."""
+    d = high - low
+    return np.where(d == 0, np.float32(norm.get("eps", LEROBOT_EPS)), d).astype(np.float32)
 
 
 def normalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """The checkpoint's _FeatureNormalizer.normalize: floored ranges, clipped for
-    quantile/min_max, pass-through dims untouched, constant dims 0."""
+    """The checkpoint's normalizer. HF _FeatureNormalizer.normalize: floored ranges, clipped for
+    quantile/min_max, pass-through dims untouched, constant dims 0. LeRobot's masked normalizer
+    and clamp step: the range (eps where 0) or std + eps, every mode clipped, a pass-through
+    value outside [-1, 1] refused (ValueError, as lerobot raises)."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
-    mode = norm["mode"]
+    mode, lerobot = norm["mode"], _lerobot(norm)
+    if lerobot and ((np.abs(x) > 1) & passthrough).any():
+        raise ValueError("gripper (pass-through) values are not under [-1, 1], as lerobot refuses")
     if mode in ("quantile", "min_max"):
-        y = np.float32(2) * (x - low) / np.maximum(high - low, RANGE_FLOOR) - np.float32(1)
+        d = _lerobot_range(low, high, norm) if lerobot else np.maximum(high - low, RANGE_FLOOR)
+        y = np.float32(2) * (x - low) / d - np.float32(1)
     elif mode == "mean_std":
-        y = (x - mean) / np.maximum(std, RANGE_FLOOR)
+        d = (std + np.float32(norm.get("eps", LEROBOT_EPS))) if lerobot else np.maximum(std, RANGE_FLOOR)
+        y = (x - mean) / d
     elif mode == "identity":
         y = x.copy()
     else:
         raise ValueError(f"normalization mode {mode!r}")
-    if _clips(mode):
+    if _clips(norm):
         y = np.clip(y, np.float32(-1), np.float32(1))
     y = np.where(passthrough, x, y)
     constant = np.asarray(norm.get("constant", [False] * x.shape[-1]), bool)
-    if mode == "min_max":
+    if mode == "min_max" and not lerobot:
         constant = constant | (low == high)
     return np.where(constant, np.float32(0), y).astype(np.float32)
 
 
 def denormalize(x: np.ndarray, norm: dict) -> np.ndarray:
-    """_FeatureNormalizer.unnormalize: quantile/min_max clip every dim first (the
-    pass-through gripper comes out clipped too); mean_std does not clip."""
+    """HF _FeatureNormalizer.unnormalize: quantile/min_max clip every dim first (the
+    pass-through gripper comes out clipped too); mean_std does not clip. LeRobot's clamp-action
+    step clips every dim in every mode, then its masked unnormalizer in its own orders."""
     x = np.asarray(x, np.float32)
     low, high, mean, std, passthrough = _norm_arrays(norm, x.shape[-1])
-    mode = norm["mode"]
-    if _clips(mode):
+    mode, lerobot = norm["mode"], _lerobot(norm)
+    if _clips(norm):
         x = np.clip(x, np.float32(-1), np.float32(1))
-    if mode in ("quantile", "min_max"):
-        y = (x + np.float32(1)) * (high - low) / np.float32(2) + low
+    one, two = np.float32(1), np.float32(2)
+    if mode == "quantile" and lerobot:
+        y = (x + one) * _lerobot_range(low, high, norm) / two + low
+    elif mode == "min_max" and lerobot:
+        y = (x + one) / two * _lerobot_range(low, high, norm) + low
+    elif mode in ("quantile", "min_max"):
+        y = (x + one) * (high - low) / two + low
     elif mode == "mean_std":
         y = x * std + mean
     elif mode == "identity":
@@ -210,52 +236,90 @@ def attention_bias(valid: np.ndarray, is_image: np.ndarray, blocked: float) -> n
 # ---------------------------------------------------------------------------------------
 
 
-def _distance(a: np.ndarray, b: np.ndarray, kind: str) -> float:
-    if kind == "l2":
-        return float(np.linalg.norm(a - b))
-    if kind == "l1":
-        return float(np.abs(a - b).sum())
+F32 = np.float32
+
+
+def _seq_sum(values: np.ndarray) -> np.float32:
+    """Left-to-right f32 sum (torch.cdist's CPU kernel accumulates so)."""
+    acc = F32(0)
+    for v in values:
+        acc = F32(acc + v)
+    return acc
+
+
+def distance_matrix(pts: np.ndarray, kind: str) -> np.ndarray:
+    """KeyStone's `_pairwise_distances` in f32: cdist p=1 / p=2 (per pair, |a - b| mapped and
+    summed left to right, sqrt for l2), cosine `1 - (a / (|a| + 1e-8)) . (b / (|b| + 1e-8))`."""
+    k = pts.shape[0]
+    out = np.zeros((k, k), F32)
     if kind == "cosine":
-        return float(1.0 - (a / (np.linalg.norm(a) + 1e-8)) @ (b / (np.linalg.norm(b) + 1e-8)))
-    raise ValueError(f"keystone distance {kind!r}")
+        unit = np.stack([p / F32(np.sqrt(_seq_sum(p * p)) + F32(1e-8)) for p in pts]).astype(F32)
+    for i in range(k):
+        for j in range(k):
+            if kind == "l1":
+                out[i, j] = _seq_sum(np.abs(pts[i] - pts[j]))
+            elif kind == "l2":
+                d = np.abs(pts[i] - pts[j])
+                out[i, j] = np.sqrt(_seq_sum(d * d))
+            elif kind == "cosine":
+                out[i, j] = F32(1) - _seq_sum(unit[i] * unit[j])
+            else:
+                raise ValueError(f"keystone distance {kind!r}")
+    return out
+
+
+def _medoid(dist: np.ndarray, members) -> int:
+    sums = [_seq_sum(dist[i, members]) for i in members]
+    return int(members[int(np.argmin(sums))])
 
 
 def keystone_select(candidates: np.ndarray, keystone: dict) -> int:
-    """candidates [K, H, action_dims] (normalized space) -> chosen index. f64 throughout."""
+    """candidates [K, H, action_dims] (normalized space) -> chosen index, in f32 as KeyStone's
+    `selection.py` computes on the policy's f32 candidates."""
     k = candidates.shape[0]
     rows = keystone.get("executed_steps") or candidates.shape[1]
-    pts = candidates[:, :rows].reshape(k, -1).astype(np.float64)
-    kind = keystone.get("distance", "l2")
-    dist = np.array([[_distance(pts[i], pts[j], kind) for j in range(k)] for i in range(k)])
-    medoid = int(np.argmin(dist.sum(axis=1)))
-    if keystone["selector"] == "medoid":
+    pts = candidates[:, :rows].reshape(k, -1).astype(F32)
+    dist = distance_matrix(pts, keystone.get("distance", "l2"))
+    everyone = np.arange(k)
+    medoid = _medoid(dist, everyone)
+    selector, clusters = keystone["selector"], keystone.get("num_clusters", 2)
+    if selector == "medoid" or (selector == "guarded_medoid" and k == 1):
         return medoid
-    pairwise = np.sort(dist[np.triu_indices(k, 1)])
-    median = pairwise[(len(pairwise) - 1) // 2]  # torch.median: the lower middle value
-    spread = np.linalg.norm(pts.mean(axis=0) - pts[medoid]) / (median + 1e-8)
-    if spread <= keystone.get("spread_threshold", 0.3):
-        return medoid
-    assign = two_means(pts)
-    members = np.flatnonzero(assign == (0 if (assign == 0).sum() >= (assign == 1).sum() else 1))
-    return int(members[np.argmin(dist[np.ix_(members, members)].sum(axis=1))])
+    if selector == "guarded_medoid":
+        pairwise = np.sort(dist[np.triu_indices(k, 1)])
+        median = pairwise[(len(pairwise) - 1) // 2]  # torch.median: the lower middle value
+        mean = (np.sum(pts, axis=0, dtype=F32) / F32(k)).astype(F32)
+        gap = np.sqrt(_seq_sum((mean - pts[medoid]) ** 2))
+        spread = F32(gap / F32(median + F32(1e-8)))
+        if not spread > F32(keystone.get("spread_threshold", 0.3)):
+            return medoid
+    assign = k_means(pts, clusters)
+    counts = np.bincount(assign, minlength=min(clusters, k))
+    return _medoid(dist, np.flatnonzero(assign == int(np.argmax(counts))))
 
 
-def two_means(pts: np.ndarray, iterations: int = 10) -> np.ndarray:
-    """KeyStone's k-means with 2 clusters: stop when the centroids are allclose, then
-    assign once more against the centroids kept."""
+def k_means(pts: np.ndarray, clusters: int, iterations: int = 10) -> np.ndarray:
+    """KeyStone's `_kmeans_assignments`: centroids start at the first C points, at most 10 rounds
+    of assign (nearest by l2, first on ties) and mean (an empty cluster keeps its centroid),
+    stopping when the new centroids are allclose (atol 1e-6, rtol 1e-5) to the old; then one
+    more assignment against the centroids kept."""
+    k = pts.shape[0]
+    clusters = min(clusters, k)
+    if clusters <= 1:
+        return np.zeros(k, np.int64)
 
     def nearest(centroids):
-        d = ((pts[:, None, :] - centroids[None]) ** 2).sum(axis=2)
-        return np.where(d[:, 1] < d[:, 0], 1, 0)
+        return np.array([int(np.argmin(distance_matrix(np.concatenate([p[None], centroids]), "l2")[0, 1:]))
+                         for p in pts])
 
-    centroids = pts[:2].copy()
+    centroids = pts[:clusters].copy()
     for _ in range(iterations):
         assign = nearest(centroids)
         new = centroids.copy()
-        for c in range(2):
+        for c in range(clusters):
             if (assign == c).any():
-                new[c] = pts[assign == c].mean(axis=0)
-        if np.allclose(centroids, new, rtol=1e-5, atol=1e-6):
+                new[c] = np.sum(pts[assign == c], axis=0, dtype=F32) / F32((assign == c).sum())
+        if (np.abs(centroids - new) <= F32(1e-6) + F32(1e-5) * np.abs(new)).all():
             break
         centroids = new
     return nearest(centroids)

@@ -147,3 +147,23 @@ def test_cli_reproduces_bundle_tables(tmp_path, bundle, grid):
     golden = REPO / "golden" / "bundles" / bundle / "prompt" / "prompt_tables.npz"
     assert out.read_bytes() == golden.read_bytes()
     assert load_npz(out)["scaffold"].shape[0] == 3
+
+
+def test_template_is_the_pack_steps_for_every_checkpoint_setting():
+    """golden/upstream/prompt_text.json: lerobot's pack step (`_normalize_question_text`,
+    `_build_discrete_state_string`, `_build_robot_text`) for add_setup_tokens, add_control_tokens,
+    normalize_language true and false, plain / already-wrapped / empty setup and control, 8 and 0
+    state dims, 1 and 2 images."""
+    import json
+    from pathlib import Path
+
+    import build_prompt_tables as bpt
+
+    cases = json.loads((Path(__file__).resolve().parents[2] / "golden" / "upstream" / "prompt_text.json")
+                       .read_text())["cases"]
+    assert len(cases) == 288
+    for c in cases:
+        got = bpt.render_text(c["task"], c["images"], c["state_dims"], c["setup"], c["control"],
+                              add_setup_tokens=c["add_setup_tokens"], add_control_tokens=c["add_control_tokens"],
+                              normalize_language=c["normalize_language"])
+        assert got == c["text"], c

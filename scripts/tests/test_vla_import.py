@@ -311,6 +311,13 @@ def test_lerobot_checkpoint_gives_the_same_bundle(copies, capsys, tmp_path):
         if rel.name not in ("bundle.json", "import.json"):
             assert (out / rel).read_bytes() == (plain / rel).read_bytes(), rel
     got, want = (_f32_norms(json.loads((d / "bundle.json").read_text())) for d in (out, plain))
+    for key in ("state_norm", "action_norm"):
+        # The blocks say whose normalizer runs them: LeRobot's pipeline (its eps, no zero mask)
+        # for a LeRobot checkpoint, the HF one for an HF checkpoint; the statistics are the same.
+        lr_block, hf_block = got["molmoact2"][key], want["molmoact2"][key]
+        assert (lr_block.pop("follows"), lr_block.pop("eps")) == ("lerobot_pipeline", 1e-8)
+        assert hf_block.pop("follows") == "hf_feature_normalizer"
+        assert not any(hf_block.pop("constant", [])), "the tiny checkpoint has no min == max dim"
     assert got == want
     assert got["molmoact2"]["state_norm"]["passthrough"] == [False] * 8
     assert got["molmoact2"]["action_norm"]["passthrough"] == [False] * 6 + [True]  # the gripper mask
@@ -343,11 +350,45 @@ def test_lerobot_fine_tuned_new_embedding_wins(copies, capsys, tmp_path):
     assert json.loads((out / "import.json").read_text())["embedding_from"][1] == f"{lr / 'model.safetensors'} model.{ck.NEW}"
 
 
-def test_lerobot_quantile10_is_refused(copies, capsys, tmp_path):
+def test_lerobot_quantile10_reads_q10_q90(copies, capsys, tmp_path):
+    """QUANTILE10 is lerobot's quantile formula on q10/q90: the import reads those bounds."""
     release, hf, out = copies
     lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "QUANTILE10"})
-    refused(capsys, lerobot_args(release, lr, out), out, "policy_preprocessor.json steps[3].config.norm_map.STATE",
-            "q01/q99", "'QUANTILE10'")
+    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.q10",
+            "expected for quantile")
+
+
+@pytest.mark.parametrize("where", ["pack", "policy"])
+def test_lerobot_prompt_above_the_sequence_cap_is_refused(copies, capsys, tmp_path, where):
+    """lerobot's pack step raises on a prompt longer than max_sequence_length: so does the import."""
+    release, hf, out = copies
+    edit = (lambda p: p.update(max_sequence_length=64)) if where == "policy" else None
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf, policy_edit=edit)
+    if where == "pack":
+        pre = json.loads((lr / "policy_preprocessor.json").read_text())
+        pre["steps"][5]["config"]["max_sequence_length"] = 64
+        (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    needle = "policy_preprocessor.json molmoact2_pack_inputs" if where == "pack" else "config.json max_sequence_length"
+    refused(capsys, lerobot_args(release, lr, out), out, needle, "above the cap 64", "refuses such a prompt")
+
+
+@pytest.mark.parametrize("key", ["add_setup_tokens", "add_control_tokens"])
+def test_lerobot_template_settings_reach_the_builder(copies, capsys, tmp_path, key):
+    """add_setup_tokens / add_control_tokens false are no longer refused: the builder renders
+    without the two markers, as upstream (129 tokens), so a release traced with them (131) no longer
+    matches."""
+    release, hf, out = copies
+    lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
+    pre = json.loads((lr / "policy_preprocessor.json").read_text())
+    pre["steps"][5]["config"][key] = False
+    (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
+    refused(capsys, lerobot_args(release, lr, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
+
+
+def test_hf_template_setting_reaches_the_builder(copies, capsys):
+    release, checkpoint, out = copies
+    _edit_json(checkpoint / "config.json", lambda c: c.update(add_setup_tokens=False))
+    refused(capsys, args(release, checkpoint, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
 
 
 def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):
@@ -421,10 +462,12 @@ def test_config_settings_vlad_cannot_express_are_refused(copies, capsys, edit, n
     refused(capsys, args(release, checkpoint, out), out, *needles)
 
 
-def test_quantile_bounds_other_than_q01_q99_are_refused(copies, capsys):
+def test_q10_q90_reads_those_bounds_and_other_modes_are_refused(copies, capsys):
     release, checkpoint, out = copies
     _edit_json(checkpoint / "norm_stats.json", lambda s: s.update(norm_mode="q10_q90"))
-    refused(capsys, args(release, checkpoint, out), out, "norm_stats.json", "norm_mode", "'q10_q90'")
+    refused(capsys, args(release, checkpoint, out), out, "norm_stats.json", "q10", "expected for norm_mode 'q10_q90'")
+    _edit_json(checkpoint / "norm_stats.json", lambda s: s.update(norm_mode="q05_q95"))
+    refused(capsys, args(release, checkpoint, out), out, "norm_stats.json", "norm_mode", "'q05_q95'")
 
 
 def test_bf16_checkpoint_is_read_exactly(tmp_path):
@@ -596,22 +639,28 @@ def _flatten_state_dim(lr: Path, stats: tuple, dim: int = 2):
 
 
 def test_lerobot_zero_range_quantile_dim_is_not_constant(copies, capsys, tmp_path):
-    """lerobot's QUANTILES divides a zero range by its eps (the value maps to -1), it has no zero
-    mask: the dim is imported as an ordinary one, vlad's floored divisor does the same."""
+    """lerobot's QUANTILES divides a zero range by its eps, it has no zero mask: the dim is
+    imported as an ordinary one and the bundle says it follows lerobot's pipeline (vlad then
+    divides by that eps, golden/upstream/lerobot_norm)."""
     release, hf, out = copies
     lr = lerobot_checkpoint(tmp_path / "lerobot", hf)
     _flatten_state_dim(lr, ("q01", "q99"))
     assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
     norm = json.loads((out / "bundle.json").read_text())["molmoact2"]["state_norm"]
-    assert norm["low"][2] == norm["high"][2] and norm["constant"] == [False] * 8
+    assert norm["low"][2] == norm["high"][2] and "constant" not in norm
+    assert (norm["follows"], norm["eps"]) == ("lerobot_pipeline", 1e-8)
 
 
-def test_lerobot_zero_range_min_max_state_dim_is_refused(copies, capsys, tmp_path):
+def test_lerobot_zero_range_min_max_state_dim_is_imported(copies, capsys, tmp_path):
+    """lerobot's MIN_MAX maps a zero range through its eps (not to 0 as the HF zero mask does):
+    with `follows: lerobot_pipeline` vlad computes that, so the dim is no longer refused."""
     release, hf, out = copies
     lr = lerobot_checkpoint(tmp_path / "lerobot", hf, norm_map={**NORM_MAP, "STATE": "MIN_MAX"})
     _flatten_state_dim(lr, ("min", "max"))
-    refused(capsys, lerobot_args(release, lr, out), out, f"{NORMALIZER_FILE} observation.state.min/max",
-            "dims [2] have min == max")
+    assert main(lerobot_args(release, lr, out)) == 0, capsys.readouterr().err
+    norm = json.loads((out / "bundle.json").read_text())["molmoact2"]["state_norm"]
+    assert norm["mode"] == "min_max" and norm["low"][2] == norm["high"][2] and "constant" not in norm
+    assert norm["follows"] == "lerobot_pipeline"
 
 
 def test_fastwam_refuses_molmoact2_settings(fastwam_copies, capsys):

@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 from . import bundle, checkpoint, contract, fastwam, fastwam_chain, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
-KEYSTONE_SELECTORS = ("medoid", "guarded_medoid")
+KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")
 
 
@@ -67,6 +67,10 @@ def arguments(argv):
     ap.add_argument("--keystone-selector", choices=KEYSTONE_SELECTORS, default="guarded_medoid")
     ap.add_argument("--keystone-distance", choices=DISTANCES, default="l2")
     ap.add_argument("--keystone-threshold", type=float, default=0.3)
+    ap.add_argument("--keystone-clusters", type=int, default=2,
+                    help="KeyStone's cluster_medoid_num_clusters (C of its k-means)")
+    ap.add_argument("--keystone-executed-steps", type=int, default=None,
+                    help="KeyStone's executed_steps (distances over the first n steps only)")
     ap.add_argument("--observation", type=Path, help="npz with frames, state, instruction_id, seed for the end-to-end golden")
     ap.add_argument("--seed", type=int, default=7, help="seed of the synthetic observation when none is given")
     ap.add_argument("--name", help="bundle name (default: from the output directory)")
@@ -98,6 +102,7 @@ def normalization(ck, a, m: dict) -> dict:
         n["action_mode"] = pack.get("action_mode") or ck.policy.get("action_mode")
         expect(n["action_mode"] in (None, "both", "continuous"), f"{ck.root / lerobot.PREPROCESSOR} "
                f"{lerobot.PACK} action_mode", f"expected 'both' or 'continuous', found {n['action_mode']!r}")
+        n["prompt_settings"] = contract.prompt_settings(pack, ck.policy)
         n["norm_mode"] = "lerobot processor"
         n["stats_where"] = n["from"][1]
         return n
@@ -307,7 +312,13 @@ def run(a) -> dict:
     keystone = None
     if a.keystone_k:
         keystone = {"k": a.keystone_k, "selector": a.keystone_selector, "distance": a.keystone_distance,
-                    "executed_steps": None, "spread_threshold": a.keystone_threshold}
+                    "executed_steps": a.keystone_executed_steps, "spread_threshold": a.keystone_threshold}
+        e = a.keystone_executed_steps
+        expect(e is None or 1 <= e <= m["action_horizon"], "--keystone-executed-steps",
+               f"expected 1..={m['action_horizon']} (the action horizon), found {e}")
+        expect(1 <= a.keystone_clusters <= 64, "--keystone-clusters", f"expected 1..=64, found {a.keystone_clusters}")
+        if a.keystone_clusters != 2:
+            keystone["num_clusters"] = a.keystone_clusters
     m.update({
         "frame_height": int(frame_h), "frame_width": int(frame_w), "rope_left_pad": 0,
         "action_dims": action_dims, "flow_steps": flow_steps, "step_output": step_out, "keystone": keystone,
@@ -320,6 +331,11 @@ def run(a) -> dict:
                            "step_output", "keystone", "state_dims", "state_norm", "action_norm",
                            "attention_blocked_value", "prompt", "instructions")}
 
+    if ck.policy is not None:
+        cap, cap_where = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"])
+        expect(m["seq_len"] <= cap, cap_where, f"the exported prompt has {m['seq_len']} tokens, above the cap "
+               f"{cap}: lerobot's pack step refuses such a prompt")
+
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))
@@ -331,8 +347,10 @@ def run(a) -> dict:
     grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
     action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
+    settings = norm.get("prompt_settings") or contract.prompt_settings(
+        {k: v for k, v in ck.config.items() if k != "normalize_language"})
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
-                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction")
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings)
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))

@@ -39,9 +39,13 @@ def synthetic_observation(m: dict, seed: int) -> dict:
     # whether they came as JSON doubles or as a LeRobot checkpoint's f32 tensors.
     low = np.array(norm.get("low", norm.get("mean", [0.0] * m["state_dims"])), np.float32).astype(np.float64)
     high = np.array(norm.get("high", low), np.float32).astype(np.float64)
+    state = low + (high - low) * rng.uniform(0, 1, m["state_dims"])
+    if norm.get("follows") == "lerobot_pipeline":
+        # lerobot refuses a pass-through (gripper) value outside [-1, 1]: draw one it accepts.
+        state = np.where(norm.get("passthrough", False), np.clip(state, -1.0, 1.0), state)
     return {
         "frames": rng.integers(0, 256, (m["cameras"], m["frame_height"], m["frame_width"], 3), dtype=np.uint8),
-        "state": (low + (high - low) * rng.uniform(0, 1, m["state_dims"])).astype(np.float32),
+        "state": state.astype(np.float32),
         "instruction_id": np.array([0], np.int32),
         "seed": np.array([seed], np.uint64),
     }
@@ -57,6 +61,11 @@ def check_observation(obs: dict, m: dict, where: str) -> dict:
            f"expected {[m['state_dims']]}, found {list(obs['state'].shape)}")
     expect(0 <= int(obs["instruction_id"][0]) < len(m["instructions"]), f"{where} instruction_id",
            f"expected 0..{len(m['instructions']) - 1}, found {int(obs['instruction_id'][0])}")
+    norm = m["state_norm"]
+    if norm.get("follows") == "lerobot_pipeline":
+        bad = [i for i, p in enumerate(norm.get("passthrough", [])) if p and abs(float(obs["state"][i])) > 1]
+        expect(not bad, f"{where} state", f"pass-through (gripper) dims {bad} outside [-1, 1]: lerobot's "
+               "pipeline refuses such a state")
     return {"frames": obs["frames"], "state": obs["state"].astype(np.float32),
             "instruction_id": obs["instruction_id"].astype(np.int32), "seed": obs["seed"].astype(np.uint64)}
 

@@ -137,7 +137,8 @@ def tag_metadata(ck: Checkpoint, tag: str) -> dict:
 
 def normalization(stats: dict, mode: str, where: str) -> dict:
     """A bundle normalization block from upstream's `_FeatureNormalizer.from_stats` rules:
-    mask False = passthrough, min == max = constant (zero_mask)."""
+    mask False = passthrough, min == max = constant (zero_mask); the bundle says it follows that
+    normalizer (`predict_action`'s), not LeRobot's pipeline."""
     def arr(key):
         expect(key in stats, f"{where} {key}", f"expected for norm_mode {mode!r}, found none")
         return [float(v) for v in stats[key]]
@@ -147,17 +148,20 @@ def normalization(stats: dict, mode: str, where: str) -> dict:
         block = {"mode": "quantile", "low": arr("q01"), "high": arr("q99")}
     elif mode == "min_max":
         block = {"mode": "min_max", "low": arr("min"), "high": arr("max")}
+    elif mode == "q10_q90":
+        block = {"mode": "quantile", "low": arr("q10"), "high": arr("q90")}
     elif mode == "mean_std":
         block = {"mode": "mean_std", "mean": arr("mean"), "std": arr("std")}
     elif mode == "none":
         block = {"mode": "identity"}
     else:
-        raise ImportRefused(f"{where} norm_mode", f"expected q01_q99, min_max, mean_std or none, found {mode!r} "
-                            "(vlad has no other quantile bounds)")
-    n = len(next(iter(v for k, v in block.items() if k != "mode"), [])) or len(mask or [])
+        raise ImportRefused(f"{where} norm_mode", f"expected q01_q99, q10_q90, min_max, mean_std or none, "
+                            f"found {mode!r}")
+    block = {"mode": block.pop("mode"), "follows": "hf_feature_normalizer", **block}
+    n = len(next(iter(v for k, v in block.items() if k not in ("mode", "follows")), [])) or len(mask or [])
     if mask is not None:
         expect(len(mask) == n, f"{where} mask", f"length: expected {n}, found {len(mask)}")
         block["passthrough"] = [not bool(m) for m in mask]
-    if mode in ("q01_q99", "min_max") and "min" in stats and "max" in stats:
+    if mode in ("q01_q99", "q10_q90", "min_max") and "min" in stats and "max" in stats:
         block["constant"] = [a == b for a, b in zip(arr("min"), arr("max"))]
     return block

@@ -109,8 +109,6 @@ def refuse_unsupported(config: dict, processor: dict) -> None:
            f"expected 'discrete', found {config.get('state_format')!r}")
     expect(not config.get("action_expert_depth_gate"), "config.json action_expert_depth_gate",
            "expected false (vlad has no depth gate), found true")
-    for key in ("add_setup_tokens", "add_control_tokens"):
-        expect(config.get(key, True) is True, f"config.json {key}", "expected true (the prompt builder wraps), found false")
     expect(config.get("num_state_tokens") == 256, "config.json num_state_tokens",
            f"expected 256 (the prompt tables' state rows), found {config.get('num_state_tokens')}")
     expect(config.get("action_mode", "both") in ("both", "continuous"), "config.json action_mode",
@@ -130,17 +128,29 @@ def refuse_policy(policy: dict, where: str) -> None:
            f"expected 'molmoact2', found {policy.get('type')!r}")
     expect(policy.get("n_obs_steps", 1) == 1, f"{where} n_obs_steps",
            f"expected 1 (actions from the chunk's first row), found {policy.get('n_obs_steps')}")
-    for key in ("add_setup_tokens", "add_control_tokens"):
-        expect(policy.get(key, True) is True, f"{where} {key}", "expected true (the prompt builder wraps), found false")
     expect(policy.get("num_state_tokens", 256) == 256, f"{where} num_state_tokens",
            f"expected 256 (the prompt tables' state rows), found {policy.get('num_state_tokens')}")
     expect(policy.get("action_mode", "continuous") in ("both", "continuous"), f"{where} action_mode",
            f"expected 'both' or 'continuous', found {policy.get('action_mode')!r}")
     expect(policy.get("inference_action_mode") in (None, "continuous"), f"{where} inference_action_mode",
            f"expected 'continuous' (vlad runs the flow-matching expert), found {policy.get('inference_action_mode')!r}")
-    expect(policy.get("normalize_language", True) is True, f"{where} normalize_language",
-           "expected true (the prompt builder normalizes the instruction as upstream), found false")
     refuse_joint_transform(policy, where)
+
+
+PROMPT_SETTINGS = ("add_setup_tokens", "add_control_tokens", "normalize_language")
+
+
+def prompt_settings(*sources: dict) -> dict:
+    """The template settings the checkpoint renders its prompt with, from the first source that
+    has each (a LeRobot pack step, its policy config; a Hugging Face model config), else true,
+    upstream's default. `normalize_language` is a `predict_action` argument (default true) for a
+    Hugging Face checkpoint, not a config key."""
+    out = {}
+    for key in PROMPT_SETTINGS:
+        value = next((s[key] for s in sources if s.get(key) is not None), True)
+        expect(isinstance(value, bool), key, f"expected true or false, found {value!r}")
+        out[key] = value
+    return out
 
 
 def col_tokens(processor: dict) -> bool:

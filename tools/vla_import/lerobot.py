@@ -8,7 +8,8 @@ differ between lerobot versions and forks, so the steps are found by registry na
 
 What vlad computes is lerobot's policy pipeline (`processor_molmoact2.py`,
 `processor/normalize_processor.py`): the masked normalizer, the masked clamp of the normalized
-state, the clamp of every action dim, the masked unnormalizer."""
+state, the clamp of every action dim, the masked unnormalizer. The bundle says so:
+`follows: lerobot_pipeline` with the steps' own `eps` in both normalization blocks."""
 
 import json
 from pathlib import Path
@@ -23,10 +24,13 @@ NORMALIZER = "molmoact2_masked_normalizer"
 UNNORMALIZER = "molmoact2_masked_unnormalizer"
 PACK = "molmoact2_pack_inputs"
 STATE, ACTION = "observation.state", "action"
-# lerobot NormalizationMode -> the bundle's mode and the stats it reads. QUANTILE10 (q10/q90)
-# has no counterpart: vlad's quantile mode is q01/q99.
-MODES = {"QUANTILES": ("quantile", "q01", "q99"), "MIN_MAX": ("min_max", "min", "max"),
-         "MEAN_STD": ("mean_std", "mean", "std"), "IDENTITY": ("identity", None, None)}
+# lerobot NormalizationMode -> the bundle's mode and the stats it reads. QUANTILE10 is the same
+# formula on q10/q90 (normalize_processor.py), so it is the quantile mode on those bounds.
+MODES = {"QUANTILES": ("quantile", "q01", "q99"), "QUANTILE10": ("quantile", "q10", "q90"),
+         "MIN_MAX": ("min_max", "min", "max"), "MEAN_STD": ("mean_std", "mean", "std"),
+         "IDENTITY": ("identity", None, None)}
+FOLLOWS = "lerobot_pipeline"
+DEFAULT_EPS = 1e-8  # NormalizerProcessorStep's dataclass default, when a config omits it
 
 
 def is_lerobot(config: dict) -> bool:
@@ -71,16 +75,20 @@ def _mode(path: Path, index: int, step: dict, feature_type: str) -> tuple[str, s
     where = f"{path} steps[{index}].config.norm_map.{feature_type}"
     expect(isinstance(norm_map, dict), f"{path} steps[{index}].config.norm_map", "expected an object")
     mode = norm_map.get(feature_type, "IDENTITY")
-    expect(mode in MODES, where, f"expected one of {', '.join(MODES)} (vlad's quantile bounds are q01/q99), "
-           f"found {mode!r}")
+    expect(mode in MODES, where, f"expected one of {', '.join(MODES)}, found {mode!r}")
     return MODES[mode]
 
 
-def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int | None,
-                   forward: bool) -> dict:
-    """The bundle block for one feature. `constant` stays false: lerobot's normalizer has no
-    zero mask, it divides a zero range by its eps (the value maps to -1), and vlad's floored
-    divisor does the same. `forward`: the feature is normalized on the way in (the state)."""
+def _eps(path: Path, index: int, step: dict) -> float:
+    eps = step.get("config", {}).get("eps", DEFAULT_EPS)
+    ok = isinstance(eps, (int, float)) and not isinstance(eps, bool) and np.isfinite(eps) and eps > 0
+    expect(ok, f"{path} steps[{index}].config.eps", f"expected a positive number, found {eps!r}")
+    return float(eps)
+
+
+def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int | None, eps: float) -> dict:
+    """The bundle block for one feature, following lerobot's pipeline: no zero mask (a zero range
+    divides by `eps`), every mode clamped, a pass-through value outside [-1, 1] refused."""
     name, low_key, high_key = mode
 
     def arr(stat):
@@ -99,20 +107,12 @@ def _normalization(stats: dict, feature: str, mode: tuple, where: str, dims: int
                f"length: expected {len(low)} ({low_key}'s), found {len(high)}")
         keys = ("mean", "std") if name == "mean_std" else ("low", "high")
         block, n = {"mode": name, keys[0]: low.tolist(), keys[1]: high.tolist()}, len(low)
+    block["follows"], block["eps"] = FOLLOWS, eps
     mask_key = f"{feature}.mask"
     if mask_key in stats:
         mask = np.asarray(stats[mask_key]).reshape(-1)
         expect(len(mask) == n, f"{where} {mask_key}", f"length: expected {n}, found {len(mask)}")
         block["passthrough"] = [not bool(m) for m in mask]
-    if name in ("quantile", "min_max"):
-        block["constant"] = [False] * n
-    if name == "min_max" and forward:
-        # vlad's min_max maps a zero range to 0 (the Hugging Face normalizer's zero mask); lerobot's
-        # maps it to -1: for a normalized input (the state) that is a different state token.
-        flat = [i for i, (lo, hi) in enumerate(zip(block["low"], block["high"]))
-                if lo == hi and not block.get("passthrough", [False] * n)[i]]
-        expect(not flat, f"{where} {feature}.min/max", f"dims {flat} have min == max: lerobot's MIN_MAX maps them "
-               "to -1, vlad's to 0 (use QUANTILES or mask them)")
     return block, n
 
 
@@ -128,9 +128,9 @@ def normalization(root: Path, policy: dict) -> dict:
     dims = {STATE: (feats[0].get(STATE) or {}).get("shape", [None])[0],
             ACTION: (feats[1].get(ACTION) or {}).get("shape", [None])[0]}
     state, state_dims = _normalization(state_stats, STATE, _mode(pre, i, step, "STATE"), str(state_file),
-                                       dims[STATE], forward=True)
+                                       dims[STATE], _eps(pre, i, step))
     action, action_dims = _normalization(action_stats, ACTION, _mode(post, j, unstep, "ACTION"), str(action_file),
-                                         dims[ACTION], forward=False)
+                                         dims[ACTION], _eps(post, j, unstep))
     return {"state_norm": state, "action_norm": action, "state_dims": state_dims, "action_dims": action_dims,
             "from": [str(state_file), str(action_file)]}
 
@@ -141,6 +141,33 @@ def pack_settings(root: Path) -> dict:
     path, steps = _pipeline(root, PREPROCESSOR)
     found = [s for s in steps if isinstance(s, dict) and s.get("registry_name") == PACK]
     return dict(found[0].get("config") or {}) if found else {}
+
+
+# processor_molmoact2.py's budget for the sequence cap its pack step infers when its
+# max_sequence_length is null (inference: no discrete action labels).
+IMAGE_TOKENS, FIXED, TASK, MARGIN, MULTIPLE, DEFAULT_IMAGES = 196, 80, 32, 32, 64, 2
+
+
+def inferred_max_sequence_length(num_images: int, state_dim: int) -> int:
+    """`infer_molmoact2_max_sequence_length(..., include_discrete_action=False)`."""
+    num_images = num_images if num_images >= 1 else DEFAULT_IMAGES
+    total = num_images * IMAGE_TOKENS + FIXED + TASK + max(state_dim, 0) + MARGIN
+    return -(-total // MULTIPLE) * MULTIPLE
+
+
+def sequence_cap(root: Path, policy: dict, cameras: int, state_dims: int) -> tuple[int, str]:
+    """The longest prompt the pipeline's pack step accepts (it raises on a longer one): its
+    `max_sequence_length`, else the policy config's, else the inferred budget; and where from."""
+    pack = pack_settings(root)
+    for value, where in ((pack.get("max_sequence_length"), f"{root / PREPROCESSOR} {PACK} max_sequence_length"),
+                         (policy.get("max_sequence_length"), f"{root / 'config.json'} max_sequence_length")):
+        if value is not None:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+            expect(ok, where, f"expected a positive integer or null, found {value!r}")
+            return value, where
+    return (inferred_max_sequence_length(cameras, state_dims),
+            f"{root / PREPROCESSOR} {PACK} max_sequence_length (null: lerobot's budget for {cameras} images, "
+            f"{state_dims} state dims)")
 
 
 def frame_size(policy: dict, image_keys: list, where: str):

@@ -248,6 +248,8 @@ fn time(step: &mut Step, evict: &mut Evictor, f: impl FnOnce()) {
 fn quantile_norm(dims: usize, low: f32, high: f32) -> Normalization {
     Normalization {
         mode: NormMode::Quantile,
+        follows: Default::default(),
+        eps: None,
         low: Some(vec![low; dims]),
         high: Some(vec![high; dims]),
         mean: None,

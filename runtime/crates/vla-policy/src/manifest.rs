@@ -63,8 +63,12 @@ pub enum StepOutput {
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Selector {
+    /// Upstream `medoid`.
     Medoid,
+    /// Upstream `cluster_medoid_guarded` (its default).
     GuardedMedoid,
+    /// Upstream `cluster_medoid`: the largest cluster's medoid, no unimodality guard.
+    ClusterMedoid,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -86,6 +90,13 @@ pub struct KeyStone {
     pub executed_steps: Option<usize>,
     #[serde(default = "default_spread")]
     pub spread_threshold: f64,
+    /// Upstream `cluster_medoid_num_clusters` (C of the k-means; clustering uses min(C, K)).
+    #[serde(default = "default_clusters")]
+    pub num_clusters: usize,
+}
+
+fn default_clusters() -> usize {
+    2
 }
 
 fn default_distance() -> Distance {
@@ -104,10 +115,39 @@ pub enum NormMode {
     Identity,
 }
 
+/// Whose normalizer a MolmoAct2 checkpoint is run with: they differ in their floors, their
+/// zero mask, what they clip and what they refuse (`norm.rs` has the rules).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum NormFollows {
+    /// The Hugging Face model's `_FeatureNormalizer` (`predict_action`): an HF checkpoint.
+    #[default]
+    HfFeatureNormalizer,
+    /// LeRobot's policy pipeline (`select_action`): a LeRobot checkpoint.
+    LerobotPipeline,
+}
+
+impl NormFollows {
+    /// The name the bundle spells it with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NormFollows::HfFeatureNormalizer => "hf_feature_normalizer",
+            NormFollows::LerobotPipeline => "lerobot_pipeline",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Normalization {
     pub mode: NormMode,
+    /// Absent in bundles made before the field existed: those followed the HF normalizer.
+    #[serde(default)]
+    pub follows: NormFollows,
+    /// LeRobot's normalizer `eps` (its step config's; 1e-8 when absent). Only with
+    /// `lerobot_pipeline`: the HF normalizer's floor is fixed.
+    #[serde(default)]
+    pub eps: Option<f32>,
     #[serde(default)]
     pub low: Option<Vec<f32>>,
     #[serde(default)]
@@ -386,6 +426,28 @@ impl Normalization {
                 Some(_) => Ok(()),
             }
         };
+        if let Some(eps) = self.eps {
+            if self.follows != NormFollows::LerobotPipeline {
+                return Err(invalid(
+                    format!("{field}.eps"),
+                    "is LeRobot's normalizer setting: set `follows` to `lerobot_pipeline` or drop it",
+                ));
+            }
+            if !(eps.is_finite() && eps > 0.0) {
+                return Err(invalid(
+                    format!("{field}.eps"),
+                    format!("{eps} is not a positive finite value"),
+                ));
+            }
+        }
+        if self.follows == NormFollows::LerobotPipeline {
+            if let Some(i) = self.constant.iter().flatten().position(|&c| c) {
+                return Err(invalid(
+                    format!("{field}.constant[{i}]"),
+                    "is true, but LeRobot's pipeline has no zero mask (it divides by its eps)",
+                ));
+            }
+        }
         match self.mode {
             NormMode::Quantile | NormMode::MinMax => {
                 need("low", &self.low)?;
@@ -593,6 +655,12 @@ impl Manifest {
                             ));
                         }
                     }
+                    if k.num_clusters == 0 || k.num_clusters > 64 {
+                        return Err(invalid(
+                            "molmoact2.keystone.num_clusters",
+                            format!("{} is not in 1..=64", k.num_clusters),
+                        ));
+                    }
                     if !(k.spread_threshold.is_finite() && k.spread_threshold >= 0.0) {
                         return Err(invalid(
                             "molmoact2.keystone.spread_threshold",
@@ -604,6 +672,16 @@ impl Manifest {
                     .validate("molmoact2.state_norm", m.state_dims)?;
                 m.action_norm
                     .validate("molmoact2.action_norm", m.action_dims)?;
+                if m.state_norm.follows != m.action_norm.follows {
+                    return Err(invalid(
+                        "molmoact2.action_norm.follows",
+                        format!(
+                            "is {} while state_norm follows {}: one checkpoint is run by one normalizer",
+                            m.action_norm.follows.as_str(),
+                            m.state_norm.follows.as_str()
+                        ),
+                    ));
+                }
             }
             PolicyKind::Fastwam => {
                 let f = self
@@ -625,6 +703,7 @@ impl Manifest {
                 }
                 f.action_norm
                     .validate("fastwam.action_norm", f.action_dims)?;
+                hf_only(&f.action_norm, "fastwam.action_norm")?;
                 match (&f.world_model, &f.chain) {
                     (Some(_), Some(_)) => {
                         return Err(invalid(
@@ -671,6 +750,17 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// Fast-WAM has its own normalizer: the MolmoAct2 conventions do not apply to it.
+fn hf_only(n: &Normalization, field: &str) -> Result<(), Invalid> {
+    if n.follows != NormFollows::HfFeatureNormalizer || n.eps.is_some() {
+        return Err(invalid(
+            format!("{field}.follows"),
+            "is MolmoAct2's setting; Fast-WAM's normalizer is its own (drop `follows` and `eps`)",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_chain(c: &FastWamChain) -> Result<(), Invalid> {
@@ -762,6 +852,7 @@ fn validate_chain(c: &FastWamChain) -> Result<(), Invalid> {
             ),
         ));
     }
+    hf_only(&c.state_norm, "fastwam.chain.state_norm")?;
     c.state_norm
         .validate("fastwam.chain.state_norm", c.state_dims)
 }

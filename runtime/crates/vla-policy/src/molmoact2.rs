@@ -314,7 +314,18 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        obs.check_state_and_instruction(m.state_dims, m.instructions.len())
+        obs.check_state_and_instruction(m.state_dims, m.instructions.len())?;
+        // LeRobot's pipeline raises on such a gripper ("set normalize_gripper=True"): no
+        // action from it, so none from vlad either (the loop holds), never a clipped one.
+        if let Some((i, x)) = self.state_norm.refused(obs.state) {
+            return Err(PolicyError::Observation {
+                field: "state",
+                expected: "pass-through (gripper) values in [-1, 1], as LeRobot's pipeline demands"
+                    .into(),
+                found: format!("{x} at index {i}"),
+            });
+        }
+        Ok(())
     }
 
     fn qnn(component: &str) -> impl FnOnce(vla_qnn::QnnError) -> PolicyError + '_ {

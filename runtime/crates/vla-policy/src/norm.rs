@@ -1,24 +1,37 @@
-//! State normalization and action de-normalization with per-dimension pass-through.
+//! State normalization and action de-normalization with per-dimension pass-through, as
+//! whichever of upstream's two normalizers the bundle says its checkpoint is run with
+//! (`follows`), in f32, operation by operation.
 //!
-//! The formulas are the checkpoint's own (`_FeatureNormalizer` in the HF remote code
-//! that LeRobot's MolmoAct2 policy vendors), in f32, operation by operation, with its edge
-//! cases: ranges and `std` floored at [`RANGE_FLOOR`]; quantile and min_max values clipped
-//! to [-1, 1] both ways (on the way out every dim, the pass-through gripper too, is clipped
-//! before de-normalizing); dims whose dataset min equals its max normalize to 0; mean_std
-//! is never clipped. Checked bit for bit against golden/upstream/.
+//! - `hf_feature_normalizer` (`_FeatureNormalizer` in the HF remote code, `predict_action`):
+//!   ranges and `std` floored at [`RANGE_FLOOR`]; quantile and min_max values clipped to
+//!   [-1, 1] both ways (on the way out every dim, the pass-through gripper too, is clipped
+//!   before de-normalizing); dims whose dataset min equals its max normalize to 0; mean_std
+//!   is never clipped.
+//! - `lerobot_pipeline` (LeRobot's `select_action`: the masked normalizer, the clamp of the
+//!   normalized state, the clamp of every action dim, the masked unnormalizer): a range of
+//!   exactly 0 divides by its `eps` (1e-8), any other range by itself; `std + eps`; no zero
+//!   mask; every mode clipped both ways; a pass-through value outside [-1, 1] refused.
+//!
+//! Checked bit for bit against golden/upstream/ and golden/upstream/lerobot_norm/.
 
-use crate::manifest::{NormMode, Normalization};
+use crate::manifest::{NormFollows, NormMode, Normalization};
 
 /// Upstream's `eps`: the least range (`high - low`) or `std` a normalization divides by.
 pub const RANGE_FLOOR: f32 = 1e-6;
+
+/// LeRobot's normalizer `eps` when the bundle does not state it (its dataclass default).
+pub const LEROBOT_EPS: f32 = 1e-8;
 
 /// Statistics resolved into dense per-dimension arrays once at load.
 #[derive(Clone, Debug)]
 pub struct Normalizer {
     mode: NormMode,
+    lerobot: bool,
     a: Vec<f32>,
     b: Vec<f32>,
-    /// The divisor of `normalize`: `max(high - low, RANGE_FLOOR)` or `max(std, RANGE_FLOOR)`.
+    /// The divisor of `normalize` (and LeRobot's multiplier of quantile / min_max
+    /// `denormalize`): HF `max(high - low, RANGE_FLOOR)` / `max(std, RANGE_FLOOR)`, LeRobot
+    /// `high - low` (`eps` when exactly 0) / `std + eps`.
     denom: Vec<f32>,
     passthrough: Vec<bool>,
     constant: Vec<bool>,
@@ -27,6 +40,8 @@ pub struct Normalizer {
 impl Normalizer {
     /// `n` dimensions; the manifest was validated to have the statistics `mode` needs.
     pub fn new(n: &Normalization, dims: usize) -> Self {
+        let lerobot = n.follows == NormFollows::LerobotPipeline;
+        let eps = n.eps.unwrap_or(LEROBOT_EPS);
         let pick = |v: &Option<Vec<f32>>| v.clone().unwrap_or_else(|| vec![0.0; dims]);
         let (a, b) = match n.mode {
             NormMode::Quantile | NormMode::MinMax => (pick(&n.low), pick(&n.high)),
@@ -36,15 +51,18 @@ impl Normalizer {
         let denom = a
             .iter()
             .zip(&b)
-            .map(|(&a, &b)| match n.mode {
-                NormMode::Quantile | NormMode::MinMax => (b - a).max(RANGE_FLOOR),
-                NormMode::MeanStd => b.max(RANGE_FLOOR),
-                NormMode::Identity => 1.0,
+            .map(|(&a, &b)| match (n.mode, lerobot) {
+                (NormMode::Quantile | NormMode::MinMax, false) => (b - a).max(RANGE_FLOOR),
+                (NormMode::Quantile | NormMode::MinMax, true) if b - a == 0.0 => eps,
+                (NormMode::Quantile | NormMode::MinMax, true) => b - a,
+                (NormMode::MeanStd, false) => b.max(RANGE_FLOOR),
+                (NormMode::MeanStd, true) => b + eps,
+                (NormMode::Identity, _) => 1.0,
             })
             .collect();
         let mut constant = n.constant.clone().unwrap_or_else(|| vec![false; dims]);
-        if n.mode == NormMode::MinMax {
-            // min_max's zero mask is `min == max` of the very stats it uses.
+        if n.mode == NormMode::MinMax && !lerobot {
+            // The HF min_max zero mask is `min == max` of the very stats it uses.
             for (c, (lo, hi)) in constant.iter_mut().zip(a.iter().zip(&b)) {
                 *c |= lo == hi;
             }
@@ -52,6 +70,7 @@ impl Normalizer {
         let passthrough = n.passthrough.clone().unwrap_or_else(|| vec![false; dims]);
         Self {
             mode: n.mode,
+            lerobot,
             a,
             b,
             denom,
@@ -60,12 +79,28 @@ impl Normalizer {
         }
     }
 
+    /// Whether values are clipped to [-1, 1] after normalizing and before de-normalizing:
+    /// LeRobot's clamp steps clip every mode, the HF normalizer the bounded ones.
     fn clips(&self) -> bool {
-        matches!(self.mode, NormMode::Quantile | NormMode::MinMax)
+        self.lerobot || matches!(self.mode, NormMode::Quantile | NormMode::MinMax)
+    }
+
+    /// The first dim of `x` (a raw state or action) the normalizer refuses, with its
+    /// value: LeRobot's masked steps raise on a pass-through value outside [-1, 1] ("set
+    /// normalize_gripper=True"); the HF normalizer refuses nothing. NaN is not caught here
+    /// (upstream lets it through; the caller refuses non-finite input before).
+    pub fn refused(&self, x: &[f32]) -> Option<(usize, f32)> {
+        if !self.lerobot {
+            return None;
+        }
+        x.iter()
+            .zip(&self.passthrough)
+            .position(|(&v, &p)| p && !(-1.0..=1.0).contains(&v))
+            .map(|i| (i, x[i]))
     }
 
     /// Raw state -> normalized (the inverse of [`Normalizer::denormalize`]). A constant
-    /// dim is 0 in the clipping modes, as upstream's `zero_mask` (which mean_std lacks).
+    /// dim is 0 in the HF clipping modes, as upstream's `zero_mask` (which mean_std lacks).
     pub fn normalize(&self, x: f32, i: usize) -> f32 {
         if self.constant[i] && self.clips() {
             return 0.0;
@@ -99,18 +134,22 @@ impl Normalizer {
         }
     }
 
-    /// Normalized model output -> robot units. Quantile and min_max clip first, every
-    /// dim: a pass-through dim comes out clipped too.
+    /// Normalized model output -> robot units. Clipped first (see [`Normalizer::clips`]),
+    /// every dim: a pass-through dim comes out clipped too.
     pub fn denormalize(&self, x: f32, i: usize) -> f32 {
         let x = if self.clips() { x.clamp(-1.0, 1.0) } else { x };
         if self.passthrough[i] {
             return x;
         }
         let (a, b) = (self.a[i], self.b[i]);
-        match self.mode {
-            NormMode::Quantile | NormMode::MinMax => (x + 1.0) * (b - a) / 2.0 + a,
-            NormMode::MeanStd => x * b + a,
-            NormMode::Identity => x,
+        match (self.mode, self.lerobot) {
+            (NormMode::Quantile | NormMode::MinMax, false) => (x + 1.0) * (b - a) / 2.0 + a,
+            // LeRobot's own orders: quantile `(x + 1) * denom / 2 + q01`, min_max
+            // `(x + 1) / 2 * denom + min`, with the eps-substituted range.
+            (NormMode::Quantile, true) => (x + 1.0) * self.denom[i] / 2.0 + a,
+            (NormMode::MinMax, true) => (x + 1.0) / 2.0 * self.denom[i] + a,
+            (NormMode::MeanStd, _) => x * b + a,
+            (NormMode::Identity, _) => x,
         }
     }
 }
@@ -131,6 +170,8 @@ mod tests {
     fn norm(mode: NormMode) -> Normalization {
         Normalization {
             mode,
+            follows: NormFollows::HfFeatureNormalizer,
+            eps: None,
             low: Some(vec![-2.0, 0.0]),
             high: Some(vec![2.0, 1.0]),
             mean: Some(vec![1.0, 0.0]),
@@ -177,6 +218,8 @@ mod tests {
         let n = Normalizer::new(
             &Normalization {
                 mode: NormMode::Quantile,
+                follows: NormFollows::HfFeatureNormalizer,
+                eps: None,
                 low: Some(vec![0.5, 0.5]),
                 high: Some(vec![0.5, 0.5 + 1e-7]),
                 mean: None,
@@ -193,6 +236,8 @@ mod tests {
         let ms = Normalizer::new(
             &Normalization {
                 mode: NormMode::MeanStd,
+                follows: NormFollows::HfFeatureNormalizer,
+                eps: None,
                 low: None,
                 high: None,
                 mean: Some(vec![1.0]),

@@ -205,6 +205,8 @@ mod tests {
         Normalizer::new(
             &Normalization {
                 mode: NormMode::Identity,
+                follows: Default::default(),
+                eps: None,
                 mean: None,
                 std: None,
                 low: None,

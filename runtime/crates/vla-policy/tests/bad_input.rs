@@ -47,6 +47,24 @@ fn manifest_rules_name_the_field() {
 
     common::edit_manifest(&dir, |v| {
         v["molmoact2"]["keystone"]["k"] = 5.into();
+        v["molmoact2"]["keystone"]["num_clusters"] = 0.into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.keystone.num_clusters` 0 is not in 1..=64"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["keystone"]["num_clusters"] = 2.into();
+        v["molmoact2"]["keystone"]["selector"] = "cluster_mean".into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("unknown variant `cluster_mean`, expected one of `medoid`, `guarded_medoid`, `cluster_medoid`"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["keystone"]["selector"] = "cluster_medoid".into();
         v["molmoact2"]["frobnicate"] = 1.into();
     });
     let msg = open_err(&dir);
@@ -72,6 +90,108 @@ fn manifest_rules_name_the_field() {
         msg.contains("`molmoact2.action_norm.mean` required"),
         "{msg}"
     );
+
+    // Which normalizer the checkpoint is run with: one for both blocks, LeRobot's eps only
+    // with LeRobot's, no zero mask with LeRobot's.
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["action_norm"] = serde_json::json!({"mode": "identity"});
+        v["molmoact2"]["action_norm"]["follows"] = "lerobot_pipeline".into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.action_norm.follows` is lerobot_pipeline while state_norm follows hf_feature_normalizer"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["action_norm"]["follows"] = "hf_feature_normalizer".into();
+        v["molmoact2"]["action_norm"]["eps"] = 1e-8.into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.action_norm.eps` is LeRobot's normalizer setting"),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        for n in ["state_norm", "action_norm"] {
+            v["molmoact2"][n]["follows"] = "lerobot_pipeline".into();
+        }
+        let dims = v["molmoact2"]["state_norm"]["low"]
+            .as_array()
+            .unwrap()
+            .len();
+        let mut constant = vec![false; dims];
+        constant[1] = true;
+        v["molmoact2"]["state_norm"]["constant"] = serde_json::json!(constant);
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains(
+            "`molmoact2.state_norm.constant[1]` is true, but LeRobot's pipeline has no zero mask"
+        ),
+        "{msg}"
+    );
+    common::edit_manifest(&dir, |v| {
+        v["molmoact2"]["state_norm"]
+            .as_object_mut()
+            .unwrap()
+            .remove("constant");
+        v["molmoact2"]["state_norm"]["eps"] = 0.0.into();
+    });
+    let msg = open_err(&dir);
+    assert!(
+        msg.contains("`molmoact2.state_norm.eps` 0 is not a positive finite value"),
+        "{msg}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bundle that follows LeRobot's pipeline refuses a pass-through gripper outside [-1, 1]
+/// as that pipeline does (no action: the loop holds), where the HF normalizer clips it.
+#[test]
+fn a_gripper_lerobot_refuses_is_refused_not_clipped() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let dir = common::copy_fixture("molmoact2-lp-vtp-sd", "lerobot-gripper");
+    common::edit_manifest(&dir, |v| {
+        let dims = v["molmoact2"]["state_dims"].as_u64().unwrap() as usize;
+        let mut passthrough = vec![false; dims];
+        passthrough[dims - 1] = true;
+        v["molmoact2"]["state_norm"]["passthrough"] = serde_json::json!(passthrough);
+        for n in ["state_norm", "action_norm"] {
+            v["molmoact2"][n]["follows"] = "lerobot_pipeline".into();
+        }
+    });
+    let bundle = Bundle::open(&dir).unwrap();
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+    let obs = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+    let g = policy.geometry();
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    let last = g.state_dims - 1;
+    for (gripper, refused) in [
+        (1.5f32, true),
+        (-1.0000001, true),
+        (1.0, false),
+        (-0.25, false),
+    ] {
+        let mut state = obs.state.clone();
+        state[last] = gripper;
+        let o = Observation {
+            state: &state,
+            ..obs.observation()
+        };
+        match policy.infer(&o, &mut actions) {
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(refused, "gripper {gripper}: {msg}");
+                assert_eq!(
+                    msg,
+                    format!("observation state: expected pass-through (gripper) values in [-1, 1], as LeRobot's pipeline demands, found {gripper} at index {last}")
+                );
+            }
+            Ok(()) => assert!(!refused, "gripper {gripper} must be refused"),
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

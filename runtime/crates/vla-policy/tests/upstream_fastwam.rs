@@ -136,6 +136,8 @@ fn norm(g: &Npz, part: &str, mode: NormMode) -> Normalization {
     };
     Normalization {
         mode,
+        follows: Default::default(),
+        eps: None,
         low,
         high,
         mean,

@@ -101,6 +101,8 @@ mod tests {
     fn norm(mode: NormMode) -> Normalization {
         Normalization {
             mode,
+            follows: Default::default(),
+            eps: None,
             low: Some(vec![-2.0, 0.5]),
             high: Some(vec![2.0, 0.5 + 5e-5]),
             mean: Some(vec![1.0, 0.0]),
