@@ -720,7 +720,7 @@ def replay_recordings(vlad: Path, fixture: Path, directory: Path, check) -> dict
     replays = []
     for f in files[:REPLAYED]:
         r = vlad_cmd(vlad, "replay", str(f), "--bundle", str(fixture), check=False)
-        lines = [ln for ln in r.stdout.splitlines() if ln.strip() and "# LIBNATIVE" not in ln]
+        lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
         last = next((ln for ln in reversed(lines) if "compared" in ln), lines[-1] if lines else "")
         replays.append({"file": f.name, "exit": r.returncode, "summary": last})
         check(r.returncode == 0, f"vlad replay {f.name} exit {r.returncode}: {last} {r.stderr.strip()[-300:]}")
