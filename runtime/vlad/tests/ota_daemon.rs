@@ -443,3 +443,100 @@ fn state_healthy(root: &Path) -> u64 {
         .and_then(|v| v["healthy_inferences"].as_u64())
         .unwrap_or(0)
 }
+
+/// `vlad ota verdict --wait` is keyed on the daemon's progress, not on a guess of the
+/// machine's speed: it waits for as long as the daemon named in the pid file is alive and
+/// has not yet gated the bundle (however long loading and gating take), then for SECS plus
+/// twice the gate's inference time, and ends SECS after the daemon is gone. The daemon is
+/// a stand-in (`sleep` run under the name `vlad`, so its `comm` is the daemon's); no QNN.
+/// Only lower bounds on time are asserted, and a bound that only ends a hang.
+#[test]
+fn the_verdict_wait_follows_the_daemon_named_in_the_pid_file() {
+    let pid = std::process::id();
+    let tmp = std::env::temp_dir().join(format!("vlad-ota-wait-{pid}"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+    let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
+    ok(&["ota", "activate", &a, "--config", cfg]);
+    let pid_file = root.join("vlad.pid");
+    let verdict = |secs: &str| {
+        Drained::spawn(
+            Command::new(env!("CARGO_BIN_EXE_vlad"))
+                .args(["ota", "verdict", &a, "--config", cfg, "--wait", secs]),
+        )
+    };
+    // Ends a hang of the command under test; no assertion depends on its length.
+    let finish = |mut w: Drained| {
+        let end = Instant::now() + Duration::from_secs(600);
+        while w.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < end, "vlad ota verdict --wait hangs");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (status, out, err) = w.finish();
+        (status.code(), out + &err)
+    };
+
+    // No daemon has started: the wait is SECS.
+    let (code, out) = finish(verdict("0.3"));
+    assert_eq!(code, Some(4), "{out}");
+    assert!(out.contains("no daemon runs on"), "{out}");
+
+    // A live daemon that is still loading or gating: the wait goes on past SECS.
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no sleep binary");
+    let fake = tmp.join("vlad");
+    std::os::unix::fs::symlink(sleep, &fake).unwrap();
+    let mut daemon = Command::new(&fake).arg("600").spawn().unwrap();
+    std::fs::write(&pid_file, format!("{}\n", daemon.id())).unwrap();
+    let mut waiting = verdict("0.3");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        waiting.child.try_wait().unwrap().is_none(),
+        "the wait ended while the daemon was alive and had not gated the bundle"
+    );
+
+    // The daemon has gated the bundle, an inference takes 1 s here: the wait ends SECS
+    // plus 2 s later at the earliest, saying the bundle runs but no inference came.
+    let gated = Instant::now();
+    std::fs::write(
+        &pid_file,
+        format!("{} - - {a} {}\n", daemon.id(), 1_000_000_000u64),
+    )
+    .unwrap();
+    let (code, out) = finish(waiting);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        gated.elapsed() >= Duration::from_millis(2300),
+        "ended {:?} after the gate",
+        gated.elapsed()
+    );
+    assert!(
+        out.contains("passed its gate and runs it") && out.contains("robot"),
+        "{out}"
+    );
+
+    // The daemon is gone (its pid file left behind, as after a crash): SECS.
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let (code, out) = finish(verdict("0.3"));
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("the daemon is gone") && out.contains("not running"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
