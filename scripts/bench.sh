@@ -38,7 +38,8 @@ part() { [[ $parts == *" $1 "* ]]; }
 rt_tests_version=2.4-1
 started=$(date +%s)
 step() { printf '\n=== %s (%ds)\n' "$*" "$(($(date +%s) - started))" >&2; }
-# The HTP emulator prints "# LIBNATIVE" lines on stdout.
+# onnxruntime's QNN provider (bench_numpy.py ort, the sweep's reference) lets the HTP
+# emulator print its "# LIBNATIVE" load banner on stdout (vlad sends it to its qnn log).
 quiet() { "$@" | grep -v '# LIBNATIVE' || true; }
 
 step "set-up: venv, rt-tests $rt_tests_version"

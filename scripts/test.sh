@@ -28,7 +28,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "Rust tests (x86_64, real QNN HTP emulator), with SIGHUP ignored"
 # Run with SIGHUP ignored, as under `nohup` or a CI runner that ignores it: every child a
 # test starts inherits that, so a test that relies on the default disposition fails here.
-env --ignore-signal=HUP cargo test --workspace --locked 2>&1 | grep -v '# LIBNATIVE'
+env --ignore-signal=HUP cargo test --workspace --locked
 
 step "Python fixture tests"
 .venv/bin/python -m pytest -q scripts/tests

@@ -24,14 +24,19 @@ a=$(grep -oE '[0-9a-f]{64}' "$results/a-install.out" | head -n 1)
 "$VLAD" ota activate "$a" --config "$VLAD_CONFIG" >> "$results/a-install.out" 2>&1
 echo "$a" > "$results/a.hash"
 
-"$VLAD" run --config "$VLAD_CONFIG" --duration 900 > "$results/daemon.out" 2> "$results/daemon.log" &
+# The daemon and the robot run until the scenario stops them (SIGTERM at the end): their
+# lifetime is the scenario's, however slowly this machine gates and infers.
+"$VLAD" run --config "$VLAD_CONFIG" > "$results/daemon.out" 2> "$results/daemon.log" &
 daemon=$!
-i=0
-while [ ! -f "$OTA_ROOT/vlad.pid" ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i + 1)); done
-"$VLAD" simulate --config "$VLAD_CONFIG" --duration 900 > "$results/robot.out" 2> "$results/robot.log" &
+# The pid file comes once the daemon has read its config and loaded QNN: wait for it
+# while the daemon lives (the VM's time limit is the guard against a hang).
+while [ ! -f "$OTA_ROOT/vlad.pid" ] && kill -0 "$daemon" 2>/dev/null; do sleep 0.2; done
+"$VLAD" simulate --config "$VLAD_CONFIG" --duration 86400 > "$results/robot.out" 2> "$results/robot.log" &
 robot=$!
-# A's own trial (one healthy inference) before any update.
-"$VLAD" ota verdict "$a" --wait 120 --config "$VLAD_CONFIG" > "$results/a-verdict.out" 2>&1
+# A's own trial (one healthy inference) before any update. `--wait` is keyed on the
+# daemon's progress (vlad ota verdict --help): it waits while the daemon loads and gates A,
+# then VLA_RAUC_WAIT plus twice the gate's measured inference time for the first one.
+"$VLAD" ota verdict "$a" --wait "$VLA_RAUC_WAIT" --config "$VLAD_CONFIG" > "$results/a-verdict.out" 2>&1
 echo $? > "$results/a-verdict.rc"
 
 for name in good gate-fails untrusted; do

@@ -244,6 +244,7 @@ impl PolicyEngine {
                 if let Some(o) = &self.ota {
                     o.trial.running(hash.clone(), true);
                 }
+                self.record_gated(store);
                 Ok(format!("bundle {hash}"))
             }
             Err(rejected) => {
@@ -265,6 +266,7 @@ impl PolicyEngine {
                         });
                     }
                 }
+                self.record_gated(store);
                 let recovery = match rolled {
                     Ok(Some(r)) => Recovery::RolledBack(r),
                     Ok(None) => Recovery::RunningAgain(self.good.clone()),
@@ -276,6 +278,27 @@ impl PolicyEngine {
                 })
             }
         }
+    }
+}
+
+impl PolicyEngine {
+    /// Names the bundle now running, and its gate's inference time, in the pid file.
+    fn record_gated(&self, store: &Store) {
+        if let (Some(o), Some(p)) = (&self.ota, &self.policy) {
+            record_gated(
+                store,
+                &o.trial.running_hash(),
+                p.timings().total + self.extra_latency,
+            );
+        }
+    }
+}
+
+/// What `vlad ota verdict --wait` keys its wait on: the bundle this daemon gated and how
+/// long an inference takes here now (see `vla_ota::Daemon`).
+fn record_gated(store: &Store, hash: &str, inference: Duration) {
+    if let Err(e) = store.record_daemon(Some((hash, inference))) {
+        log::warn!("cannot record the gated bundle in the pid file: {e}");
     }
 }
 
@@ -535,7 +558,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             let (hash, dir) = start.current.clone().ok_or_else(|| {
                 Failure::Error(format!("no bundle is installed in {}", ota_root.display()))
             })?;
-            if let Err(e) = store.record_daemon() {
+            if let Err(e) = store.record_daemon(None) {
                 log::warn!(
                     "cannot write {}: {e}; `vlad ota activate` cannot signal this daemon",
                     ota_root.join(vla_ota::PID_FILE).display()
@@ -580,6 +603,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     // The gate's end-to-end inference ran after every context had run its own golden, so
     // it is warm: the first latency estimate, before the loop has measured any.
     let gate_latency = policy.timings().total + c.extra_latency();
+    if let (Some(store), Some(o)) = (&store, &ota) {
+        record_gated(store, &o.trial.running_hash(), gate_latency);
+    }
 
     let settings = LoopSettings {
         geometry,

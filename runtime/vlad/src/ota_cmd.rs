@@ -15,7 +15,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use vla_ota::{
-    DeviceTarget, OtaError, OtaSettings, Placement, PublicKey, SignalDaemon, Store, Verdict,
+    Daemon, DeviceTarget, OtaError, OtaSettings, Placement, PublicKey, SignalDaemon, Store, Verdict,
 };
 
 const HELP: &str = "usage: vlad ota <command> [--config FILE] [--root DIR] [--trusted-key HEX]...
@@ -32,6 +32,9 @@ commands:
   verdict <hash> [--wait SECS]
                          what the daemon made of an activated bundle: pending, running
                          (gate passed), committed or rolled back; --wait: until not pending
+--wait SECS is keyed on the daemon's progress (its pid file): it waits as long as the
+daemon is alive and loading or gating the bundle, then SECS plus twice the gate's measured
+inference time for the first healthy inference; SECS alone while no daemon runs.
   commit                 mark the bundle on trial good
   rollback [--reason T]  return to the previous bundle; signal the daemon to reload
   gc                     delete bundles that are not current, previous, on trial or mapped
@@ -335,19 +338,51 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
 }
 
 /// Polls the state until the daemon has run the bundle healthily (after its parity
-/// gate), committed it or rolled it back, or `limit` passes.
+/// gate), committed it or rolled it back. How long it waits is keyed on what the daemon
+/// reports in its pid file, not on a guess of the machine's speed (loading and gating take
+/// seconds on the NPU, minutes on a loaded emulator):
+/// - while the pid file names a live daemon that has not yet gated `hash` (it is loading
+///   or gating it), the wait goes on: a wedged start is its supervisor's to end (systemd's
+///   start timeout and watchdog), or the caller's own time limit;
+/// - once the daemon has gated `hash`, its first healthy inference needs an observation
+///   and one inference: the wait allows `limit` plus twice the gate's measured inference
+///   time from then (a robot that sends nothing ends it there);
+/// - while no live daemon is named, `limit` runs (a supervised daemon restarts within it).
+///
+/// `limit` zero: no wait, the verdict as it stands.
 fn wait_for_verdict(store: &Store, hash: &str, limit: Duration) -> Result<(), Failure> {
     let start = Instant::now();
+    let mut deadline = start + limit;
+    let mut gated_seen = false;
     loop {
         match store.verdict(hash)? {
-            Verdict::Pending if start.elapsed() < limit => {
-                std::thread::sleep(Duration::from_millis(100));
-            }
             Verdict::Pending => {
-                return Err(Failure::Pending(format!(
-                    "no verdict on {hash} after {:.1} s: it is current and on trial, and the daemon has not run it yet (is vlad running and the robot sending observations?)",
-                    limit.as_secs_f64()
-                )))
+                let now = Instant::now();
+                let daemon = store
+                    .daemon("vlad")
+                    .map_err(|e| Failure::Error(crate::error_line(&e)))?;
+                match &daemon {
+                    Daemon::Alive { gated: Some(g), .. } if g.hash == hash => {
+                        if !gated_seen && !limit.is_zero() {
+                            deadline = deadline.max(now + limit + 2 * g.inference);
+                        }
+                        gated_seen = true;
+                    }
+                    Daemon::Alive { .. } if !limit.is_zero() => {
+                        gated_seen = false;
+                        deadline = deadline.max(now + limit);
+                    }
+                    _ => gated_seen = false,
+                }
+                if now >= deadline {
+                    return Err(Failure::Pending(pending_reason(
+                        store,
+                        hash,
+                        &daemon,
+                        now - start,
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
             Verdict::Running { healthy, needed } => {
                 println!(
@@ -372,6 +407,31 @@ fn wait_for_verdict(store: &Store, hash: &str, limit: Duration) -> Result<(), Fa
                 )))
             }
         }
+    }
+}
+
+/// Why the verdict on `hash` is still pending, from what the pid file says of the daemon.
+fn pending_reason(store: &Store, hash: &str, daemon: &Daemon, waited: Duration) -> String {
+    let waited = waited.as_secs_f64();
+    match daemon {
+        Daemon::Absent => format!(
+            "no verdict on {hash} after {waited:.1} s: it is current and on trial, and no daemon runs on {} (no {}): it is gated at the daemon's next start",
+            store.root().display(),
+            vla_ota::PID_FILE
+        ),
+        Daemon::Gone { why, .. } => format!(
+            "no verdict on {hash} after {waited:.1} s: it is current and on trial, and the daemon is gone ({why})"
+        ),
+        Daemon::Alive {
+            pid,
+            gated: Some(g),
+        } if g.hash == hash => format!(
+            "no verdict on {hash} after {waited:.1} s: the daemon (pid {pid}) passed its gate and runs it, but has completed no healthy inference (one takes {:.1} s here): is the robot sending observations?",
+            g.inference.as_secs_f64()
+        ),
+        Daemon::Alive { pid, .. } => format!(
+            "no verdict on {hash} after {waited:.1} s: it is current and on trial, and the daemon (pid {pid}) has not gated it yet"
+        ),
     }
 }
 

@@ -7,11 +7,10 @@
 
 mod common;
 
-use common::{qnn, Drained};
+use common::{notified, qnn, wait_while_running, Drained};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 use vla_test_support::repo_root;
 
 fn config(dir: &Path, tag: &str, merge: &str, extra_ms: u32) -> PathBuf {
@@ -48,9 +47,9 @@ fn scratch(tag: &str) -> PathBuf {
     d
 }
 
-/// Runs the daemon on `config` and `vlad simulate` (6 s, camera at 30 Hz, plus `extra`
-/// arguments) against it, then stops the daemon: the simulator's output and the daemon's
-/// stderr.
+/// Runs the daemon on `config` and, once it is READY (however long it takes to gate
+/// here), `vlad simulate` (6 s, camera at 30 Hz, plus `extra` arguments) against it, then
+/// stops the daemon: the simulator's output and the daemon's stderr.
 fn drive(config: &Path, extra: &[&str]) -> (std::process::Output, String) {
     let (sim, _, err) = drive_for(config, 6, extra);
     (sim, err)
@@ -62,13 +61,18 @@ fn drive_for(
     seconds: u32,
     extra: &[&str],
 ) -> (std::process::Output, String, String) {
-    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
-        "run",
-        "--config",
-        config.to_str().unwrap(),
-        "--duration",
-        "600",
-    ]));
+    let sock_path = config.with_extension("notify.sock");
+    let _ = std::fs::remove_file(&sock_path);
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let daemon = Drained::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["run", "--config", config.to_str().unwrap()])
+            .env("NOTIFY_SOCKET", &sock_path),
+    );
+    if let Err(e) = notified(&sock, daemon.id(), "READY=1") {
+        let (_, _, err) = daemon.finish();
+        panic!("{e}\n{err}");
+    }
     let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
         .args(["simulate", "--config", config.to_str().unwrap()])
         .args(["--duration", &seconds.to_string(), "--camera-hz", "30"])
@@ -212,22 +216,12 @@ fn a_latency_beyond_the_horizon_warns_at_start_up_and_ready_states_the_operating
     let cfg = config(&dir, "warn", "skip", 1700);
     let sock_path = dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
     let daemon = Drained::spawn(
         Command::new(env!("CARGO_BIN_EXE_vlad"))
             .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "1"])
             .env("NOTIFY_SOCKET", &sock_path),
     );
-    let mut ready = String::new();
-    let mut buf = [0u8; 1024];
-    while let Ok(n) = sock.recv(&mut buf) {
-        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if m.contains("READY=1") {
-            ready = m;
-            break;
-        }
-    }
+    let ready = notified(&sock, daemon.id(), "READY=1").unwrap_or_else(|e| e);
     let (_, _, err) = daemon.finish();
     assert!(
         ready.contains("operating point: latency p95") && ready.contains("of H 32 steps"),
@@ -382,41 +376,26 @@ fn the_helpers_the_inference_thread_waits_on_are_set_up_like_it() {
     std::fs::write(&cfg, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
     let sock_path = dir.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
     let daemon = Drained::spawn(
         Command::new(env!("CARGO_BIN_EXE_vlad"))
-            .args(["run", "--config", cfg.to_str().unwrap(), "--duration", "60"])
+            .args(["run", "--config", cfg.to_str().unwrap()])
             .env("NOTIFY_SOCKET", &sock_path),
     );
     let pid = nix::unistd::Pid::from_raw(daemon.id() as i32);
-    let mut buf = [0u8; 1024];
-    let mut ready = false;
-    // Until READY, while the daemon lives (a generous bound, not a timing assertion).
-    for _ in 0..300 {
-        match sock.recv(&mut buf) {
-            Ok(n) if String::from_utf8_lossy(&buf[..n]).contains("READY=1") => {
-                ready = true;
-                break;
-            }
-            _ if nix::sys::signal::kill(pid, None).is_err() => break,
-            _ => {}
-        }
-    }
+    // Until READY, while the daemon lives.
+    let ready = notified(&sock, daemon.id(), "READY=1").is_ok();
     // A thread takes its name (and pins itself) once it runs, which can be just after
-    // READY: read again until every named thread is there and the inference thread is
-    // pinned (a bound, not a timing test; the assertions below say what was missing).
+    // READY: read again, while the daemon lives, until every named thread is there and
+    // the inference thread is pinned (the assertions below say what was missing).
     let named = ["vla-inference", "vla-guard", "vla-fork"];
     let mut threads = thread_affinities(daemon.id());
-    for _ in 0..100 {
+    let _ = wait_while_running("the named threads", &[daemon.id()], || {
+        threads = thread_affinities(daemon.id());
         let pinned = threads
             .iter()
             .any(|(t, c)| t == "vla-inference" && *c == cpu.to_string());
-        if pinned && named.iter().all(|n| threads.iter().any(|(t, _)| t == n)) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        threads = thread_affinities(daemon.id());
-    }
+        ready && pinned && named.iter().all(|n| threads.iter().any(|(t, _)| t == n))
+    });
     let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
     let (_, _, err) = daemon.finish();
     assert!(ready, "no READY: {err}");

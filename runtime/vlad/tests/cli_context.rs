@@ -78,6 +78,39 @@ fn inspect_shows_soc_blob_build_and_tensors() {
     assert!(out.contains("[1,10,32]") && out.contains("f32"), "{out}");
 }
 
+/// The HTP emulator's libQnnHtp.so prints a `# LIBNATIVE: ...` banner on stdout when it
+/// is loaded: it must not reach a command's output (it goes to the `qnn` log target),
+/// while the command's own output is all there.
+#[test]
+fn the_emulators_load_banner_goes_to_the_qnn_log_not_to_stdout() {
+    let Some(dir) = common::qnn_dir() else {
+        return;
+    };
+    let banner = b"# LIBNATIVE: ";
+    let library = std::fs::read(Path::new(&dir).join("libQnnHtp.so")).unwrap();
+    let prints_banner = library.windows(banner.len()).any(|w| w == banner);
+    let o = vlad(&[
+        "inspect",
+        ctx("action_step").to_str().unwrap(),
+        "--log-level",
+        "warn,qnn=debug",
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.contains("LIBNATIVE"), "{out}");
+    assert!(
+        out.starts_with("file:") && out.contains("soc model:"),
+        "{out}"
+    );
+    if prints_banner {
+        assert!(
+            err.lines()
+                .any(|l| l.contains(" qnn]") && l.contains("# LIBNATIVE: ")),
+            "the banner is not in the qnn log: {err}"
+        );
+    }
+}
+
 #[test]
 fn parity_passes_on_the_golden_and_fails_the_gate_on_a_wrong_one() {
     if !qnn_available() {

@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::{qnn, Drained};
+use common::{qnn, wait_while_running, Drained, HANG_GUARD};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
 use vla_test_support::repo_root;
@@ -118,42 +118,37 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     ok(&["ota", "activate", &a, "--config", cfg]);
     assert!(current_target(&root).ends_with(&a));
 
-    let mut daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
-        "run",
+    // The daemon and the robot run until this test stops them: however slowly this
+    // machine gates, each step below waits for what the daemon reports.
+    let mut daemon =
+        Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args(["run", "--config", cfg]));
+    let pid_file = root.join("vlad.pid");
+    wait_while_running("the daemon's pid file", &[daemon.id()], || {
+        pid_file.exists()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let robot = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "simulate",
         "--config",
         cfg,
         "--duration",
-        "300",
+        &HANG_GUARD.as_secs().to_string(),
     ]));
-    let pid_file = root.join("vlad.pid");
-    let end = Instant::now() + Duration::from_secs(120);
-    while !pid_file.exists() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(pid_file.exists(), "daemon wrote no pid file");
-    // Let it load and gate A; a simulated robot gives it inferences (commits A's trial).
-    let sim = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["simulate", "--config", cfg, "--duration", "6"])
-        .output()
-        .unwrap();
+    // A's trial (one inference) commits it once the daemon has gated it.
+    let a_verdict = vlad(&["ota", "verdict", &a, "--config", cfg, "--wait", "30"]);
     assert!(
-        sim.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sim.stderr)
+        a_verdict.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&a_verdict.stdout),
+        String::from_utf8_lossy(&a_verdict.stderr)
     );
 
     // B: good. Activate from the CLI: the daemon gets SIGHUP, reloads and gates it.
     // B runs inferences for the robot meanwhile: its trial (1 inference here) commits it,
     // so B is the known-good bundle a later failure returns to. `--wait` returns once the
-    // daemon has gated B and run it.
+    // daemon has gated B and run it (it waits while the daemon gates; 30 s of slack).
     let b = sign("bundle-b", &|d| set_version(d, "1.1.0"));
-    let robot = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(["simulate", "--config", cfg, "--duration", "10"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let waited = vlad(&["ota", "activate", &b, "--config", cfg, "--wait", "120"]);
+    let waited = vlad(&["ota", "activate", &b, "--config", cfg, "--wait", "30"]);
     let out = String::from_utf8_lossy(&waited.stdout).into_owned();
     assert!(
         waited.status.success(),
@@ -165,12 +160,6 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         out.contains(&format!("{b} passed the daemon's parity gate"))
             || out.contains(&format!("{b} passed its trial and is committed")),
         "{out}"
-    );
-    let sim = robot.wait_with_output().unwrap();
-    assert!(
-        sim.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sim.stderr)
     );
 
     // C: signed and intact, but its end-to-end golden disagrees with what the contexts
@@ -194,7 +183,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         write_npz(&p, &arrays.iter().collect::<Vec<_>>()).unwrap();
     });
     // `--wait` sees the daemon's rollback: exit 3 with its reason.
-    let refused = vlad(&["ota", "activate", &c, "--config", cfg, "--wait", "120"]);
+    let refused = vlad(&["ota", "activate", &c, "--config", cfg, "--wait", "30"]);
     let refusal = String::from_utf8_lossy(&refused.stderr).into_owned();
     assert_eq!(refused.status.code(), Some(3), "{refusal}");
     assert!(
@@ -202,13 +191,14 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
             && refusal.contains("parity"),
         "{refusal}"
     );
-    let end = Instant::now() + Duration::from_secs(120);
-    while !current_target(&root).ends_with(&b) && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let rolled_back = current_target(&root).ends_with(&b);
+    let rolled_back = wait_while_running("the rollback to B", &[daemon.id()], || {
+        current_target(&root).ends_with(&b)
+    })
+    .is_ok();
+    // An observation window, not a bound: a daemon that died of the rejection shows here.
     std::thread::sleep(Duration::from_secs(3));
     let running = daemon.child.try_wait().unwrap().is_none();
+    drop(robot);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -317,21 +307,17 @@ fn an_install_during_a_trial_never_stalls_inference() {
     // A is activated before the daemon starts: it starts on trial.
     let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
     ok(&["ota", "activate", &a, "--config", cfg]);
-    let daemon = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
-        "run",
-        "--config",
-        cfg,
-        "--duration",
-        "300",
-    ]));
+    // Both run until this test stops them; every wait below lasts while they run.
+    let daemon =
+        Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args(["run", "--config", cfg]));
     let robot = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
         "simulate",
         "--config",
         cfg,
         "--duration",
-        "300",
+        &HANG_GUARD.as_secs().to_string(),
     ]));
-    let patience = Duration::from_secs(120);
+    let both = [daemon.id(), robot.id()];
     let g = Geometry {
         cameras: 0,
         height: 0,
@@ -341,14 +327,13 @@ fn an_install_during_a_trial_never_stalls_inference() {
         action_dims: 7,
         chunk_len: 32,
     };
-    let end = Instant::now() + patience;
-    let ring = loop {
-        match RingReader::<Action>::open(&act_path, g) {
-            Ok(r) => break r,
-            Err(e) => assert!(Instant::now() < end, "no action ring: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut ring = None;
+    wait_while_running("the action ring", &both, || {
+        ring = RingReader::<Action>::open(&act_path, g).ok();
+        ring.is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ring = ring.unwrap();
     // The chunks landing from now on, by the observation each came from.
     let mut next = ring.published() + 1;
     let mut buf = Action::for_geometry(&g);
@@ -362,12 +347,11 @@ fn an_install_during_a_trial_never_stalls_inference() {
     };
     let wait_for_chunks = |what: &str, n: usize, read_new: &mut dyn FnMut(&mut _)| {
         let mut seen = std::collections::BTreeSet::new();
-        let end = Instant::now() + patience;
-        while seen.len() < n {
+        wait_while_running(what, &both, || {
             read_new(&mut seen);
-            assert!(Instant::now() < end, "{what}: {} of {n} chunks", seen.len());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            seen.len() >= n
+        })
+        .unwrap_or_else(|e| panic!("{e} ({} of {n} chunks)", seen.len()));
         seen
     };
     wait_for_chunks("before the install", 2, &mut read_new);
@@ -407,14 +391,10 @@ fn an_install_during_a_trial_never_stalls_inference() {
     drop(installer);
     let (status, out, err) = install.finish();
     assert!(status.success(), "the queued install failed: {out}{err}");
-    let end = Instant::now() + patience;
-    while state_healthy(&root) <= healthy_before_release {
-        assert!(
-            Instant::now() < end,
-            "the trial's counts never reached the store"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_while_running("the trial's counts in the store", &both, || {
+        state_healthy(&root) > healthy_before_release
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     for child in [&robot, &daemon] {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
@@ -442,4 +422,101 @@ fn state_healthy(root: &Path) -> u64 {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["healthy_inferences"].as_u64())
         .unwrap_or(0)
+}
+
+/// `vlad ota verdict --wait` is keyed on the daemon's progress, not on a guess of the
+/// machine's speed: it waits for as long as the daemon named in the pid file is alive and
+/// has not yet gated the bundle (however long loading and gating take), then for SECS plus
+/// twice the gate's inference time, and ends SECS after the daemon is gone. The daemon is
+/// a stand-in (`sleep` run under the name `vlad`, so its `comm` is the daemon's); no QNN.
+/// Only lower bounds on time are asserted, and a bound that only ends a hang.
+#[test]
+fn the_verdict_wait_follows_the_daemon_named_in_the_pid_file() {
+    let pid = std::process::id();
+    let tmp = std::env::temp_dir().join(format!("vlad-ota-wait-{pid}"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+    let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
+    ok(&["ota", "activate", &a, "--config", cfg]);
+    let pid_file = root.join("vlad.pid");
+    let verdict = |secs: &str| {
+        Drained::spawn(
+            Command::new(env!("CARGO_BIN_EXE_vlad"))
+                .args(["ota", "verdict", &a, "--config", cfg, "--wait", secs]),
+        )
+    };
+    // Ends a hang of the command under test; no assertion depends on its length.
+    let finish = |mut w: Drained| {
+        let end = Instant::now() + HANG_GUARD;
+        while w.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < end, "vlad ota verdict --wait hangs");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (status, out, err) = w.finish();
+        (status.code(), out + &err)
+    };
+
+    // No daemon has started: the wait is SECS.
+    let (code, out) = finish(verdict("0.3"));
+    assert_eq!(code, Some(4), "{out}");
+    assert!(out.contains("no daemon runs on"), "{out}");
+
+    // A live daemon that is still loading or gating: the wait goes on past SECS.
+    let sleep = ["/usr/bin/sleep", "/bin/sleep"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("no sleep binary");
+    let fake = tmp.join("vlad");
+    std::os::unix::fs::symlink(sleep, &fake).unwrap();
+    let mut daemon = Command::new(&fake).arg("600").spawn().unwrap();
+    std::fs::write(&pid_file, format!("{}\n", daemon.id())).unwrap();
+    let mut waiting = verdict("0.3");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        waiting.child.try_wait().unwrap().is_none(),
+        "the wait ended while the daemon was alive and had not gated the bundle"
+    );
+
+    // The daemon has gated the bundle, an inference takes 1 s here: the wait ends SECS
+    // plus 2 s later at the earliest, saying the bundle runs but no inference came.
+    let gated = Instant::now();
+    std::fs::write(
+        &pid_file,
+        format!("{} - - {a} {}\n", daemon.id(), 1_000_000_000u64),
+    )
+    .unwrap();
+    let (code, out) = finish(waiting);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        gated.elapsed() >= Duration::from_millis(2300),
+        "ended {:?} after the gate",
+        gated.elapsed()
+    );
+    assert!(
+        out.contains("passed its gate and runs it") && out.contains("robot"),
+        "{out}"
+    );
+
+    // The daemon is gone (its pid file left behind, as after a crash): SECS.
+    daemon.kill().unwrap();
+    daemon.wait().unwrap();
+    let (code, out) = finish(verdict("0.3"));
+    assert_eq!(code, Some(4), "{out}");
+    assert!(
+        out.contains("the daemon is gone") && out.contains("not running"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -8,7 +8,6 @@ mod common;
 use common::qnn_dir;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use vla_test_support::repo_root;
 
 fn bundle(name: &str) -> String {
@@ -24,17 +23,6 @@ fn vlad(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
     c.args(args);
     c
-}
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + limit;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
 }
 
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -73,7 +61,9 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
     let cfg = config.to_str().unwrap();
 
-    let daemon = vlad(&["run", "--config", cfg, "--duration", "120"])
+    // The daemon and the robot run until this test stops them; each wait below lasts
+    // while both run, however slowly this machine gates and infers.
+    let daemon = vlad(&["run", "--config", cfg])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -84,7 +74,7 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
         "--config",
         cfg,
         "--duration",
-        "60",
+        &common::HANG_GUARD.as_secs().to_string(),
         "--camera-hz",
         "20",
     ])
@@ -95,25 +85,22 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     let read_metrics = || std::fs::read_to_string(&textfile).unwrap_or_default();
     // A few chunks and enough ticks published (the history must hold >= 20 actions
     // however fast this machine runs inferences), then ask for a recording.
-    assert!(
-        wait_until(Duration::from_secs(120), || {
-            let m = read_metrics();
-            metric(&m, "vlad_inferences_total").is_some_and(|n| n >= 5.0)
-                && metric(&m, "vlad_ticks_total").is_some_and(|n| n >= 60.0)
-        }),
-        "no inferences in the textfile: {}",
-        read_metrics()
-    );
+    let both = [daemon.id(), sim.id()];
+    if let Err(e) = common::wait_while_running("5 inferences and 60 ticks", &both, || {
+        let m = read_metrics();
+        metric(&m, "vlad_inferences_total").is_some_and(|n| n >= 5.0)
+            && metric(&m, "vlad_ticks_total").is_some_and(|n| n >= 60.0)
+    }) {
+        panic!("{e}: {}", read_metrics());
+    }
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
     let found = || -> Vec<PathBuf> {
         std::fs::read_dir(&recordings)
             .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default()
     };
-    assert!(
-        wait_until(Duration::from_secs(30), || !found().is_empty()),
-        "no recording written"
-    );
+    common::wait_while_running("a recording", &both, || !found().is_empty())
+        .unwrap_or_else(|e| panic!("{e}"));
     let text = read_metrics();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let _ = sim.kill();

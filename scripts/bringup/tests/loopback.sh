@@ -111,11 +111,15 @@ chmod 600 "$tmp/password" "$tmp/wrong_password"
 mkdir -p /run/sshd
 "$sshd_bin" -D -e -f "$tmp/sshd_config" 2>"$tmp/sshd.log" &
 sshd_pid=$!
-for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then break; fi
+# Until sshd listens, for as long as it lives (its -D -e log says why it would not); the
+# 900 s bound only turns a hang into a failure.
+listening=0
+for _ in $(seq 9000); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then listening=1; break; fi
     kill -0 "$sshd_pid" 2>/dev/null || { cat "$tmp/sshd.log" >&2; echo "loopback: sshd died" >&2; exit 1; }
     sleep 0.1
 done
+((listening)) || { cat "$tmp/sshd.log" >&2; echo "loopback: sshd alive but not listening on $port after 900 s" >&2; exit 1; }
 echo "loopback: sshd (pid $sshd_pid) on 127.0.0.1:$port"
 
 # --- checks -------------------------------------------------------------------------------

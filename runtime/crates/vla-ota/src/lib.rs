@@ -15,7 +15,8 @@
 //! previous -> bundles/<hash>       the rollback target
 //! ota-state.json                   current, previous, trial, trial_starts, healthy count
 //! ota.lock                         flock serializing OTA operations between processes
-//! vlad.pid                         the daemon's pid (the CLI signals it to reload)
+//! vlad.pid                         the daemon's pid (the CLI signals it to reload) and, once
+//!                                  gated, its bundle and inference time (verdict waits)
 //! ```
 //!
 //! The content hash is the SHA-256 of the signed `ota-manifest.json` bytes, which list
@@ -66,8 +67,8 @@ pub use manifest::{
 pub use signing::{keygen, read_secret_key, sign, PublicKey};
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
-    Activated, BundleInfo, GcReport, Installed, Placement, RolledBack, SignalDaemon, StartReport,
-    Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
+    Activated, BundleInfo, Daemon, Gated, GcReport, Installed, Placement, RolledBack, SignalDaemon,
+    StartReport, Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
 };
 pub use trial::{TrialRecorder, FLUSH_INTERVAL};
 pub use verify::{verify, VerifiedBundle};

@@ -26,7 +26,7 @@ pub use activation::{Activated, RolledBack};
 pub use gc::{BundleInfo, GcReport, Status};
 pub use install::{Installed, Placement};
 pub use recovery::StartReport;
-pub use signal::SignalDaemon;
+pub use signal::{Daemon, Gated, SignalDaemon};
 pub use trial::{TrialProgress, Verdict};
 
 use crate::durable;

@@ -584,7 +584,7 @@ fn sighup_ignored_or_blocked(pid: u32) -> (bool, bool) {
             break;
         }
         assert!(
-            started.elapsed() < std::time::Duration::from_secs(60),
+            started.elapsed() < vla_test_support::HANG_GUARD,
             "the stand-in daemon never exec'd sleep"
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -699,7 +699,7 @@ fn the_daemon_record_names_this_process_in_this_boot_and_replaces_the_old_one() 
     let root = tmp.join("root");
     let (store, _a) = with_committed(&root, &tmp.join("src"));
     std::fs::write(root.join(vla_ota::PID_FILE), "").unwrap();
-    store.record_daemon().unwrap();
+    store.record_daemon(None).unwrap();
     let text = std::fs::read_to_string(root.join(vla_ota::PID_FILE)).unwrap();
     let fields: Vec<&str> = text.split_whitespace().collect();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
@@ -719,6 +719,55 @@ fn the_daemon_record_names_this_process_in_this_boot_and_replaces_the_old_one() 
         .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// What `vlad ota verdict --wait` keys on: the record names this (live) process, and once
+/// it has gated a bundle, that bundle and its gate's inference time; a record naming
+/// another program, or a process that is gone, is no live daemon.
+#[test]
+fn the_daemon_record_says_whether_it_lives_and_what_it_has_gated() {
+    let tmp = TempDir::new("store-daemon");
+    let root = tmp.join("root");
+    let (store, a) = with_committed(&root, &tmp.join("src"));
+    assert_eq!(store.daemon("vlad").unwrap(), vla_ota::Daemon::Absent);
+    let comm = std::fs::read_to_string("/proc/self/comm").unwrap();
+    let comm = comm.trim();
+    let me = std::process::id() as i32;
+    store.record_daemon(None).unwrap();
+    assert_eq!(
+        store.daemon(comm).unwrap(),
+        vla_ota::Daemon::Alive {
+            pid: me,
+            gated: None
+        }
+    );
+    let inference = std::time::Duration::from_millis(88_908);
+    store.record_daemon(Some((&a, inference))).unwrap();
+    let text = std::fs::read_to_string(root.join(vla_ota::PID_FILE)).unwrap();
+    assert_eq!(text.split_whitespace().count(), 5, "{text:?}");
+    assert_eq!(
+        store.daemon(comm).unwrap(),
+        vla_ota::Daemon::Alive {
+            pid: me,
+            gated: Some(vla_ota::Gated {
+                hash: a.clone(),
+                inference
+            })
+        }
+    );
+    match store.daemon("vlad").unwrap() {
+        vla_ota::Daemon::Gone { why, .. } => assert!(why.contains("not vlad"), "{why}"),
+        other => panic!("another program's pid is no daemon: {other:?}"),
+    }
+    // A process that has exited.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    std::fs::write(root.join(vla_ota::PID_FILE), format!("{pid}\n")).unwrap();
+    match store.daemon(comm).unwrap() {
+        vla_ota::Daemon::Gone { why, .. } => assert!(why.contains("not running"), "{why}"),
+        other => panic!("an exited pid is no daemon: {other:?}"),
+    }
 }
 
 #[test]

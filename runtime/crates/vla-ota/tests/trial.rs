@@ -15,7 +15,7 @@ use vla_ota::{TrialRecorder, Verdict};
 
 /// Generous bound for work that takes microseconds: only turns a thread stuck behind the
 /// lock into a failure instead of a hang. Nothing is timed against it.
-const PATIENCE: Duration = Duration::from_secs(60);
+const PATIENCE: Duration = vla_test_support::HANG_GUARD;
 
 /// Inferences the "inference thread" reports while the installer holds the lock.
 const INFERENCES: u64 = 10_000;

@@ -31,6 +31,7 @@ mod error;
 pub mod ffi;
 mod group;
 mod library;
+mod load_output;
 mod perf;
 mod release;
 

@@ -277,8 +277,10 @@ impl QnnLibrary {
         }
         let backend_path = opts.lib_dir.join(&opts.backend_lib);
         let system_path = opts.lib_dir.join(&opts.system_lib);
-        let backend_lib = open_library(&backend_path)?;
-        let system_lib = open_library(&system_path)?;
+        // The emulator's libQnnHtp.so prints a banner on stdout when it loads.
+        let (backend_lib, system_lib) = crate::load_output::capture(|| {
+            Ok::<_, QnnError>((open_library(&backend_path)?, open_library(&system_path)?))
+        })?;
 
         let mut found = Vec::new();
         let mut chosen = None;

@@ -25,7 +25,7 @@ const RUNNER_ENV: &str = "VLA_RING_TEST_RUNNER";
 const WRITER_RESTARTS: u64 = 12;
 const SLOTS: u32 = 8;
 /// Guards against a hang only; never reached in a passing run.
-const PATIENCE: Duration = Duration::from_secs(120);
+const PATIENCE: Duration = vla_test_support::HANG_GUARD;
 
 fn geometry() -> Geometry {
     Geometry {

@@ -3,11 +3,20 @@
 //! run on this machine. Such a test says that it skipped and why; under
 //! `VLA_REQUIRE_QNN=1` (a missing QNN library) or `VLA_REQUIRE_ALL_TESTS=1` (anything
 //! else: no C compiler, no `unshare`, not root), which `scripts/test.sh` sets as CI does,
-//! it fails instead, so CI never passes a test that did not run.
+//! it fails instead, so CI never passes a test that did not run. And the one bound on a
+//! test's wait for an event ([`HANG_GUARD`]).
 
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The bound on a test's wait for something a program or thread reports (READY, a pid
+/// file, a chunk, a commit, a new writer). Each such wait also ends as soon as what it
+/// waits on has exited or failed, so this bound only turns a hang into a failure: it is
+/// no estimate of how fast, or how loaded, this machine is. Never reached in a passing
+/// run (docs/testing.md lists every wait).
+pub const HANG_GUARD: Duration = Duration::from_secs(900);
 
 /// The repository root (canonical).
 pub fn repo_root() -> PathBuf {

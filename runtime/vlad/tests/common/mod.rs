@@ -9,6 +9,47 @@
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use vla_test_support::HANG_GUARD;
+
+/// Whether process `pid` (a child of this test) still runs: not exited, not a zombie.
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Polls `done` until it holds while every process in `pids` runs. The error names what
+/// was awaited and whether a process ended first or the hang guard ran out.
+pub fn wait_while_running(
+    what: &str,
+    pids: &[u32],
+    mut done: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let end = Instant::now() + HANG_GUARD;
+    loop {
+        if done() {
+            return Ok(());
+        }
+        if let Some(pid) = pids.iter().find(|&&p| !running(p)) {
+            return if done() {
+                Ok(())
+            } else {
+                Err(format!("{what}: process {pid} ended first"))
+            };
+        }
+        if Instant::now() >= end {
+            return Err(format!(
+                "{what}: still not there after the hang guard ({} s)",
+                HANG_GUARD.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// The QNN library directory as text for configs and `--lib-dir`, or `None` after saying
 /// the test is skipped (`vla_test_support::qnn_lib_dir`'s rule).
@@ -19,6 +60,40 @@ pub fn qnn_dir() -> Option<String> {
 /// [`qnn_dir`] as a yes/no.
 pub fn qnn() -> bool {
     qnn_dir().is_some()
+}
+
+/// The first datagram on the notify socket `sock` that contains `needle`, read while
+/// process `pid` runs (a daemon that exits first ends the wait, with the messages seen);
+/// [`HANG_GUARD`] only ends a hang. Sets a short read timeout on `sock` to poll.
+pub fn notified(
+    sock: &std::os::unix::net::UnixDatagram,
+    pid: u32,
+    needle: &str,
+) -> Result<String, String> {
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let end = Instant::now() + HANG_GUARD;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if m.contains(needle) {
+                    return Ok(m);
+                }
+                seen.push(m);
+            }
+            // Nothing queued: a daemon that has exited sends nothing more.
+            Err(_) if !running(pid) => {
+                return Err(format!("no {needle}: the daemon ended first; saw {seen:?}"))
+            }
+            Err(_) if Instant::now() >= end => {
+                return Err(format!("no {needle} within the hang guard; saw {seen:?}"))
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 pub struct Drained {

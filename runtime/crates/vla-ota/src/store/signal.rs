@@ -11,12 +11,39 @@
 //! simulate` or of this very CLI may match), is stale and not signalled, as is a pid
 //! whose `comm` is not the daemon's. A file with the pid alone (older daemons) gets the
 //! `comm` check only.
+//!
+//! Once a bundle has passed its gate, the daemon rewrites the file with that bundle's
+//! hash and its gate's inference time (`pid boot_id start_ticks hash inference_ns`, `-`
+//! for what it cannot read): [`Store::daemon`] hands that to `vlad ota verdict --wait`,
+//! which waits while the daemon is alive and loading, and then for as long as the first
+//! inference can take on this machine, instead of for a guess of the machine's speed.
 
 use super::{Store, PID_FILE};
 use crate::durable;
 use crate::error::{OtaError, SignalError};
 use crate::{Activation, GateError};
 use std::path::Path;
+use std::time::Duration;
+
+/// What `<root>/vlad.pid` says of the daemon, checked against `/proc` ([`Store::daemon`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Daemon {
+    /// No pid file: no daemon has started on this store, or the last one stopped cleanly.
+    Absent,
+    /// The file names no running daemon; `why` says so in words, naming the file.
+    Gone { pid: i32, why: String },
+    /// The daemon runs. `gated`: the bundle it has gated and runs, once it has one.
+    Alive { pid: i32, gated: Option<Gated> },
+}
+
+/// The bundle a running daemon has gated, from its pid file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gated {
+    pub hash: String,
+    /// How long the gate's end-to-end inference took (warm, on this machine, under its
+    /// load at the time): what the first inference of the loop takes.
+    pub inference: Duration,
+}
 
 /// This boot's id (`<proc_root>/sys/kernel/random/boot_id`).
 fn boot_id(proc_root: &Path) -> Option<String> {
@@ -36,16 +63,91 @@ fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
 impl Store {
     /// Names the calling process as the running daemon in `<root>/vlad.pid` (see the
     /// module doc), written to a temporary file, made durable and renamed over the old
-    /// one.
-    pub fn record_daemon(&self) -> Result<(), OtaError> {
+    /// one. `gated`: the bundle it has loaded and gated, and its gate's inference time
+    /// (`None` while it is still loading).
+    pub fn record_daemon(&self, gated: Option<(&str, Duration)>) -> Result<(), OtaError> {
         let pid = std::process::id();
-        let line = match (boot_id(&self.proc_root), start_ticks(&self.proc_root, pid)) {
-            (Some(boot), Some(start)) => format!("{pid} {boot} {start}\n"),
-            _ => format!("{pid}\n"),
+        let mut line = match (boot_id(&self.proc_root), start_ticks(&self.proc_root, pid)) {
+            (Some(boot), Some(start)) => format!("{pid} {boot} {start}"),
+            _ if gated.is_some() => format!("{pid} - -"),
+            _ => format!("{pid}"),
         };
+        if let Some((hash, inference)) = gated {
+            line.push_str(&format!(" {hash} {}", inference.as_nanos()));
+        }
+        line.push('\n');
         durable::write_atomic(&self.root().join(PID_FILE), line.as_bytes(), &mut |s| {
             self.step(s)
         })
+    }
+
+    /// Whether the daemon named in `<root>/vlad.pid` runs, checked as before a signal
+    /// (boot id, start time, `comm` = `expected_comm`), and what it has gated.
+    pub fn daemon(&self, expected_comm: &str) -> Result<Daemon, SignalError> {
+        let pid_path = self.root().join(PID_FILE);
+        let text = match std::fs::read_to_string(&pid_path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Daemon::Absent),
+            Err(source) => {
+                return Err(SignalError::ReadPid {
+                    path: pid_path,
+                    source,
+                })
+            }
+        };
+        let mut fields = text.split_whitespace();
+        let pid: i32 = fields
+            .next()
+            .and_then(|p| p.parse().ok())
+            .filter(|p| *p > 0)
+            .ok_or_else(|| SignalError::NotAPid {
+                path: pid_path.clone(),
+                text: text.trim().to_owned(),
+            })?;
+        let gone = |why: String| Ok(Daemon::Gone { pid, why });
+        if let (Some(boot), Some(start)) = (fields.next(), fields.next()) {
+            let stale = |why: &str| {
+                gone(format!(
+                    "pid {pid} from {} {why}: stale pid file",
+                    pid_path.display()
+                ))
+            };
+            // What this process cannot read is not judged: the comm check below still is.
+            if boot != "-" && boot_id(&self.proc_root).is_some_and(|now| now != boot) {
+                return stale("was written in an earlier boot");
+            }
+            match start_ticks(&self.proc_root, pid as u32) {
+                Some(started) if start != "-" && start.parse() != Ok(started) => {
+                    return stale("now names a process started after the daemon that wrote it")
+                }
+                _ => {}
+            }
+        }
+        let comm_path = self.proc_root.join(pid.to_string()).join("comm");
+        match std::fs::read_to_string(&comm_path) {
+            Ok(comm) if comm.trim() == expected_comm => {}
+            Ok(comm) => {
+                return gone(format!(
+                    "pid {pid} from {} is `{}`, not {expected_comm}: stale pid file",
+                    pid_path.display(),
+                    comm.trim(),
+                ))
+            }
+            Err(_) => {
+                return gone(format!(
+                    "pid {pid} from {} is not running",
+                    pid_path.display()
+                ))
+            }
+        }
+        let gated = match (fields.next(), fields.next().and_then(|n| n.parse().ok())) {
+            (Some(hash), Some(ns)) => Some(Gated {
+                hash: hash.to_owned(),
+                inference: Duration::from_nanos(ns),
+            }),
+            _ => None,
+        };
+        Ok(Daemon::Alive { pid, gated })
     }
 }
 
@@ -73,67 +175,25 @@ impl<'a> SignalDaemon<'a> {
     }
 
     fn signal(&self) -> Result<String, SignalError> {
-        let pid_path = self.store.root().join(PID_FILE);
-        let text = match std::fs::read_to_string(&pid_path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        let pid = match self.store.daemon(&self.expected_comm)? {
+            Daemon::Absent => {
                 return Ok(format!(
                     "no {}: the daemon loads the bundle at its next start",
-                    pid_path.display()
+                    self.store.root().join(PID_FILE).display()
                 ))
             }
-            Err(source) => {
-                return Err(SignalError::ReadPid {
-                    path: pid_path,
-                    source,
-                })
+            Daemon::Gone { why, .. } if why.ends_with("stale pid file") => {
+                return Ok(format!(
+                    "{why}, not signalled; the daemon loads the bundle at its next start"
+                ))
             }
+            Daemon::Gone { why, .. } => {
+                return Ok(format!(
+                    "{why}: the daemon loads the bundle at its next start"
+                ))
+            }
+            Daemon::Alive { pid, .. } => pid,
         };
-        let mut fields = text.split_whitespace();
-        let pid: i32 = fields
-            .next()
-            .and_then(|p| p.parse().ok())
-            .filter(|p| *p > 0)
-            .ok_or_else(|| SignalError::NotAPid {
-                path: pid_path.clone(),
-                text: text.trim().to_owned(),
-            })?;
-        if let (Some(boot), Some(start)) = (fields.next(), fields.next()) {
-            let stale = |why: &str| {
-                Ok(format!(
-                    "pid {pid} from {} {why}: stale pid file, not signalled; the daemon loads the bundle at its next start",
-                    pid_path.display()
-                ))
-            };
-            // What this process cannot read is not judged: the comm check below still is.
-            if boot_id(&self.store.proc_root).is_some_and(|now| now != boot) {
-                return stale("was written in an earlier boot");
-            }
-            match start_ticks(&self.store.proc_root, pid as u32) {
-                Some(started) if start.parse() != Ok(started) => {
-                    return stale("now names a process started after the daemon that wrote it")
-                }
-                _ => {}
-            }
-        }
-        let comm_path = self.store.proc_root.join(pid.to_string()).join("comm");
-        match std::fs::read_to_string(&comm_path) {
-            Ok(comm) if comm.trim() == self.expected_comm => {}
-            Ok(comm) => {
-                return Ok(format!(
-                    "pid {pid} from {} is `{}`, not {}: stale pid file, not signalled; the daemon loads the bundle at its next start",
-                    pid_path.display(),
-                    comm.trim(),
-                    self.expected_comm
-                ))
-            }
-            Err(_) => {
-                return Ok(format!(
-                    "pid {pid} from {} is not running: the daemon loads the bundle at its next start",
-                    pid_path.display()
-                ))
-            }
-        }
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGHUP)
             .map_err(|source| SignalError::Kill { pid, source })?;
         Ok(format!(
