@@ -19,9 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{
-    ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings, Measured, PointSettings,
-};
+use vla_control::{ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings, Measured};
 use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
@@ -403,20 +401,38 @@ pub(crate) fn trigger(c: &vla_config::ControlConfig) -> vla_control::Trigger {
     }
 }
 
-/// The operating point's limits from the config's `control` section and a horizon:
-/// what the daemon's loop settings give, without a bundle loaded.
-pub(crate) fn point_settings(c: &vla_config::ControlConfig, horizon: u64) -> PointSettings {
-    let ns = |d: Duration| d.as_nanos() as u64;
-    PointSettings {
-        period_ns: ns(c.publish_period()),
-        chunk_period_ns: ns(c.chunk_period().max(c.publish_period())),
-        horizon,
+/// The loop's settings from the config, for rings of `geometry`: the one conversion
+/// (the daemon's loop and `vlad plan` both take theirs from here).
+pub(crate) fn loop_settings(
+    config: &vla_config::Config,
+    geometry: vla_ring::Geometry,
+    initial_latency: Option<Duration>,
+) -> LoopSettings {
+    let (c, rt) = (&config.control, &config.realtime);
+    LoopSettings {
+        action_slots: config.rings.action_slots,
+        period: c.publish_period(),
+        max_observation_age: c.max_observation_age(),
+        max_chunk_age: c.max_chunk_age(),
+        hold_after_chunk_end: c.hold_after_chunk_end(),
+        action_valid: c.action_valid(),
+        writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
+        publisher_priority: rt.publisher_priority,
+        publisher_cpus: rt
+            .publisher_cpu
+            .map(|cpu| vec![cpu as usize])
+            .unwrap_or_default(),
+        inference_priority: rt.inference_priority,
+        inference_cpus: rt.inference_cpus.iter().map(|&cpu| cpu as usize).collect(),
         merge: merge_mode(c),
         trigger: trigger(c),
-        max_chunk_age_ns: ns(c.max_chunk_age()),
-        max_observation_age_ns: ns(c.max_observation_age()),
-        action_valid_ns: ns(c.action_valid()),
-        hold_after_chunk_end_ns: ns(c.hold_after_chunk_end()),
+        chunk_period: c.chunk_period(),
+        initial_latency,
+        ..LoopSettings::new(
+            geometry,
+            PathBuf::from(config.rings.observation_path.as_str()),
+            PathBuf::from(config.rings.action_path.as_str()),
+        )
     }
 }
 
@@ -607,30 +623,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
 
-    let settings = LoopSettings {
-        geometry,
-        observation_path: PathBuf::from(config.rings.observation_path.as_str()),
-        action_path: PathBuf::from(config.rings.action_path.as_str()),
-        action_slots: config.rings.action_slots,
-        period: c.publish_period(),
-        max_observation_age: c.max_observation_age(),
-        max_chunk_age: c.max_chunk_age(),
-        hold_after_chunk_end: c.hold_after_chunk_end(),
-        action_valid: c.action_valid(),
-        writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
-        publisher_priority: rt.publisher_priority,
-        publisher_cpus: rt
-            .publisher_cpu
-            .map(|c| vec![c as usize])
-            .unwrap_or_default(),
-        inference_priority: rt.inference_priority,
-        inference_cpus: rt.inference_cpus.iter().map(|&c| c as usize).collect(),
-        fault_after_failures: 3,
-        merge: merge_mode(c),
-        trigger: trigger(c),
-        chunk_period: c.chunk_period(),
-        initial_latency: Some(gate_latency),
-    };
+    let settings = loop_settings(&config, geometry, Some(gate_latency));
     let engine = PolicyEngine {
         backend,
         ota,

@@ -44,11 +44,20 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         }
     }
     let config = config.ok_or_else(|| Failure::Usage("plan needs --config FILE".into()))?;
-    let horizon = match (horizon, bundle) {
-        (Some(h), None) if h > 0 => h,
+    let geometry = match (horizon, bundle) {
+        (Some(h), None) if h > 0 => vla_ring::Geometry {
+            cameras: 0,
+            height: 0,
+            width: 0,
+            channels: 3,
+            state_dims: 0,
+            action_dims: 1,
+            chunk_len: u32::try_from(h)
+                .map_err(|_| Failure::Usage(format!("--horizon {h} is too large")))?,
+        },
         (None, Some(dir)) => {
             let b = vla_policy::Bundle::open(&dir)?;
-            b.manifest.geometry().chunk_len as u64
+            crate::daemon::ring_geometry(&b.manifest.geometry())
         }
         _ => {
             return Err(Failure::Usage(
@@ -73,7 +82,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         None => 0,
     };
     let cfg = vla_config::Config::load(&config)?;
-    let settings = crate::daemon::point_settings(&cfg.control, horizon);
+    let settings = crate::daemon::loop_settings(&cfg, geometry, None).point_settings();
     for l in latencies {
         let p95 = (positive("--latency-ms", l)? * 1e6) as u64;
         let typical = match p50 {

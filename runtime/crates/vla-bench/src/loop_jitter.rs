@@ -271,27 +271,16 @@ fn settings_for(hz: u32, tag: &str) -> LoopSettings {
         "/dev/shm/vla-bench-loop-{}-{hz}hz-{tag}",
         std::process::id()
     );
+    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)));
+    // Otherwise config/vlad.json's control section (the constructor's defaults).
     LoopSettings {
-        geometry: GEOMETRY,
-        observation_path: PathBuf::from(format!("{base}-obs")),
-        action_path: PathBuf::from(format!("{base}-act")),
-        action_slots: 64,
-        period: Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1))),
-        // config/vlad.json's control section.
-        max_observation_age: Duration::from_millis(200),
-        max_chunk_age: Duration::from_millis(1500),
-        hold_after_chunk_end: Duration::from_millis(100),
-        action_valid: Duration::from_millis(100),
-        writer_heartbeat_timeout: Duration::from_millis(500),
-        publisher_priority: 0,
-        publisher_cpus: vec![],
-        inference_priority: 0,
-        inference_cpus: vec![],
-        fault_after_failures: 3,
-        merge: vla_control::MergeMode::Skip,
-        trigger: vla_control::Trigger::BackToBack,
-        chunk_period: Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1))),
-        initial_latency: None,
+        period,
+        chunk_period: period,
+        ..LoopSettings::new(
+            GEOMETRY,
+            PathBuf::from(format!("{base}-obs")),
+            PathBuf::from(format!("{base}-act")),
+        )
     }
 }
 

@@ -103,7 +103,9 @@ pub trait Engine: Send + 'static {
     }
 }
 
-/// Everything the loop needs to know, resolved from the config and the bundle.
+/// Everything the loop needs to know, resolved from the config and the bundle. Built one
+/// way: [`LoopSettings::new`] with the rings and the device's defaults, then struct
+/// update for what differs (`LoopSettings { period, ..LoopSettings::new(g, obs, act) }`).
 #[derive(Clone, Debug)]
 pub struct LoopSettings {
     pub geometry: Geometry,
@@ -401,6 +403,36 @@ pub fn measured(health: &Health) -> Measured {
 }
 
 impl LoopSettings {
+    /// The loop on these rings with the device's control values (`config/vlad.json`): 20 Hz
+    /// and chunk steps at the same rate, observations up to 200 ms old, chunks up to
+    /// 1500 ms, 100 ms of grace after a chunk and of validity per action, a writer silent
+    /// for 500 ms is dead, 64 action slots; no real-time priority or pinning; `fault` after
+    /// 3 failed inferences in a row; `skip` back to back; no latency known yet.
+    pub fn new(geometry: Geometry, observation_path: PathBuf, action_path: PathBuf) -> Self {
+        let period = Duration::from_millis(50);
+        Self {
+            geometry,
+            observation_path,
+            action_path,
+            action_slots: 64,
+            period,
+            max_observation_age: Duration::from_millis(200),
+            max_chunk_age: Duration::from_millis(1500),
+            hold_after_chunk_end: Duration::from_millis(100),
+            action_valid: Duration::from_millis(100),
+            writer_heartbeat_timeout: Duration::from_millis(500),
+            publisher_priority: 0,
+            publisher_cpus: Vec::new(),
+            inference_priority: 0,
+            inference_cpus: Vec::new(),
+            fault_after_failures: 3,
+            merge: MergeMode::Skip,
+            trigger: Trigger::BackToBack,
+            chunk_period: period,
+            initial_latency: None,
+        }
+    }
+
     /// The limits the operating point is computed from.
     pub fn point_settings(&self) -> PointSettings {
         let ns = |d: Duration| d.as_nanos() as u64;

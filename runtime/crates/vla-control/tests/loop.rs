@@ -85,25 +85,18 @@ impl Engine for Tracing {
 fn settings(tag: &str) -> LoopSettings {
     let dir = std::path::PathBuf::from("/dev/shm");
     LoopSettings {
-        geometry: G,
-        observation_path: dir.join(format!("vla-test-{}-{tag}-obs", std::process::id())),
-        action_path: dir.join(format!("vla-test-{}-{tag}-act", std::process::id())),
-        action_slots: 64,
         period: Duration::from_millis(10),
-        max_observation_age: Duration::from_millis(200),
         max_chunk_age: Duration::from_millis(500),
         hold_after_chunk_end: Duration::from_millis(20),
         action_valid: Duration::from_millis(15),
         writer_heartbeat_timeout: Duration::from_millis(60),
-        publisher_priority: 0,
-        publisher_cpus: vec![],
-        inference_priority: 0,
-        inference_cpus: vec![],
         fault_after_failures: 2,
-        merge: MergeMode::Skip,
-        trigger: Trigger::BackToBack,
         chunk_period: Duration::from_millis(10),
-        initial_latency: None,
+        ..LoopSettings::new(
+            G,
+            dir.join(format!("vla-test-{}-{tag}-obs", std::process::id())),
+            dir.join(format!("vla-test-{}-{tag}-act", std::process::id())),
+        )
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{ControlLoop, Engine, EngineError, LoopSettings, MergeMode, Trigger};
+use vla_control::{ControlLoop, Engine, EngineError, LoopSettings};
 use vla_recorder::{Frames, Observer, ObserverSettings, RecorderSettings};
 use vla_ring::{monotonic_ns, Geometry, Observation, RingWriter};
 
@@ -79,25 +79,18 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
     let dir = std::env::temp_dir().join(format!("vla-recorder-test-{tag}"));
     let _ = std::fs::remove_dir_all(&dir);
     let settings = LoopSettings {
-        geometry: G,
-        observation_path: format!("/dev/shm/vla-rec-test-{tag}-obs").into(),
-        action_path: format!("/dev/shm/vla-rec-test-{tag}-act").into(),
-        action_slots: 64,
         period: Duration::from_millis(10),
         max_observation_age: Duration::from_millis(500),
         max_chunk_age: Duration::from_millis(2000),
         hold_after_chunk_end: Duration::from_millis(20),
         action_valid: Duration::from_millis(30),
-        writer_heartbeat_timeout: Duration::from_millis(500),
-        publisher_priority: 0,
-        publisher_cpus: vec![],
-        inference_priority: 0,
-        inference_cpus: vec![],
         fault_after_failures: 2,
-        merge: MergeMode::Skip,
-        trigger: Trigger::BackToBack,
         chunk_period: Duration::from_millis(10),
-        initial_latency: None,
+        ..LoopSettings::new(
+            G,
+            format!("/dev/shm/vla-rec-test-{tag}-obs").into(),
+            format!("/dev/shm/vla-rec-test-{tag}-act").into(),
+        )
     };
     let observer = Observer::start(ObserverSettings {
         geometry: G,
