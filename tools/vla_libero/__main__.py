@@ -1,0 +1,151 @@
+"""vla-libero: `tasks` lists a suite, `episode` runs one episode through vlad and writes its
+report, `eval` runs several and writes the per-suite success table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import checks as ck
+from . import conventions as cv
+from . import daemon as dm
+from . import episode as ep
+from . import recording as rc
+from . import report as rp
+from . import ring as rg
+from . import sim as sm
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vla-libero", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tasks", help="list a suite's tasks")
+    t.add_argument("--suite", default="libero_spatial")
+    for name in ("episode", "eval"):
+        e = sub.add_parser(name, help="one episode with its report" if name == "episode" else
+                           "several episodes per task and suite: the success-rate table")
+        e.add_argument("--bundle", required=True, type=Path, help="a closed-loop Fast-WAM bundle with "
+                       "fastwam.chain.state_input eef_pos_quat_gripper")
+        e.add_argument("--suite", action="append", help="LIBERO suite (repeat for eval); default libero_spatial")
+        e.add_argument("--task", default="0", help="index, bddl name or language (eval: comma list or 'all')")
+        e.add_argument("--init", type=int, default=0, help="first stored init state")
+        e.add_argument("--episodes", type=int, default=1, help="episodes per task (eval)")
+        e.add_argument("--max-steps", type=int, help="policy steps cap (default: upstream's per suite)")
+        e.add_argument("--instruction-id", type=int, help="the bundle instruction to use instead of the task's "
+                       "language (a tiny fixture has no LIBERO prompt)")
+        e.add_argument("--publish-hz", type=float, default=2.0, help="vlad's row pace (lockstep: any rate works)")
+        e.add_argument("--seed", type=int, default=0, help="env seed (upstream seeds its env)")
+        e.add_argument("--vlad", help="vlad binary (default target/release or target/debug)")
+        e.add_argument("--out", type=Path, default=Path("build/libero"))
+        e.add_argument("--sheet-rows", type=int, default=8)
+    return p
+
+
+def _episodes(args, conv):
+    suites = args.suite or ["libero_spatial"]
+    for s in suites:
+        if args.max_steps is None and s not in cv.MAX_STEPS:
+            raise sm.TaskError(f"suite {s}: upstream's eval sets no episode length for it (only "
+                               f"{', '.join(cv.MAX_STEPS)}): pass --max-steps")
+        if args.cmd == "eval" and args.task == "all":
+            tasks = [sm.task(s, i) for i in range(sm.suite(s).n_tasks)]
+        else:
+            tasks = [sm.task(s, x.strip()) for x in args.task.split(",")]
+        for t in tasks:
+            cv.instruction_id(conv, t.language, args.instruction_id)
+            for i in range(args.episodes if args.cmd == "eval" else 1):
+                yield t, args.init + i
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "tasks":
+            s = sm.suite(args.suite)
+            for i in range(s.n_tasks):
+                t = s.get_task(i)
+                print(f"{i}\t{t.name}\t{t.language}")
+            return 0
+        return _run(args)
+    except (sm.TaskError, cv.BundleError, rg.RingError, dm.DaemonError, ep.LockstepError) as e:
+        print(f"vla-libero: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    conv = cv.from_bundle(args.bundle)
+    plan = list(_episodes(args, conv))  # every task checked before anything starts
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}"
+    daemon = dm.Daemon(dm.vlad_binary(args.vlad), dm.eval_config(args.bundle, out, tag, args.publish_hz,
+                                                                  conv.execute_steps), out)
+    writer = reader = None
+    summaries: list = []
+    sims: dict = {}
+    try:
+        writer = rg.ObservationWriter(daemon.obs_path, conv.geometry)
+        reader = rg.ActionReader(daemon.act_path, conv.geometry)
+        for n, (task, init_index) in enumerate(plan):
+            if task.name not in sims:
+                for s in sims.values():
+                    s.close()
+                sims = {task.name: sm.Sim(task, conv.geometry.height, conv.geometry.width, args.seed)}
+            simulator = sims[task.name]
+            t0 = time.monotonic()
+            while not reader.try_open():  # vlad gates the bundle first
+                daemon.check_alive()
+                writer.heartbeat()
+                if time.monotonic() - t0 > 900:
+                    raise dm.DaemonError(f"vlad made no action ring in 900 s (log {daemon.log_path})")
+                time.sleep(0.1)
+            inits = sm.init_states(task)
+            instruction = cv.instruction_id(conv, task.language, args.instruction_id)
+            max_steps = args.max_steps or conv.max_steps(task.suite)
+            log = ep.run(simulator, inits[init_index % len(inits)], conv, writer, reader, instruction, max_steps,
+                         alive=daemon.check_alive)
+            ep_dir = out / (f"{task.suite}-{task.index}-{init_index}" if args.cmd == "eval" else "episode")
+            ep_dir.mkdir(parents=True, exist_ok=True)
+            ep.save(log, ep_dir / "robot.npz")
+            recording = daemon.record()
+            target = ep_dir / "recording.mcap"
+            recording.replace(target)
+            saved = dict(np.load(ep_dir / "robot.npz"))
+            rec = rc.read(target)
+            rec.path = target
+            results = ck.run(saved, rec, conv, instruction)
+            summary = rp.summarize(saved, rec, results, {
+                "bundle": str(args.bundle), "suite": task.suite, "task_index": task.index, "task": task.language,
+                "init_index": init_index, "max_steps": max_steps, "execute_steps": conv.execute_steps,
+                "publish_hz": args.publish_hz, "frame": f"{conv.geometry.height}x{conv.geometry.width}"})
+            summary["contact_sheet"] = str(rp.contact_sheet(saved, ep_dir / "contact-sheet.png", args.sheet_rows))
+            rp.write(summary, ep_dir)
+            print(rp.text(summary), flush=True)
+            summaries.append(summary)
+    finally:
+        for s in sims.values():
+            s.close()
+        if writer:
+            writer.close()
+        if reader:
+            reader.close()
+        code = daemon.stop()
+    if args.cmd == "eval":
+        table = rp.suite_table(summaries)
+        (out / "success-rates.md").write_text(table + "\n")
+        (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
+        print(table)
+    if code not in (0, None):
+        print(f"vla-libero: vlad exited with {code} (log {daemon.log_path})", file=sys.stderr)
+        return 1
+    return 0 if all(s["checks_passed"] for s in summaries) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
