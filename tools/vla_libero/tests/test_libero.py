@@ -1,0 +1,144 @@
+"""LIBERO as the robot behind vlad, run by the LIBERO venv (scripts/setup_libero.sh):
+one short episode at the closed-loop fixture's frame size (2 cameras 40x48) through the
+daemon on the HTP emulator, asserting the boundary checks (not success: the fixture is an
+untrained tiny model), that the checks can fail, and the bad-input refusals."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tools"))
+
+from vla_libero import checks, conventions, recording, ring  # noqa: E402
+
+FIXTURE = REPO / "golden" / "bundles" / "fastwam-closed-loop"
+
+
+def require(what: str) -> None:
+    if os.environ.get("VLA_REQUIRE_ALL_TESTS") == "1":
+        pytest.fail(f"cannot run here: {what} (VLA_REQUIRE_ALL_TESTS=1)")
+    pytest.skip(what)
+
+
+def tool(*args, timeout=900):
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tools"), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    return subprocess.run([sys.executable, "-m", "vla_libero", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    """The fixture as a LIBERO robot drives it: the raw 9-value state
+    (`state_input: eef_pos_quat_gripper`), gated by its quaternion golden."""
+    dir = tmp_path_factory.mktemp("bundle") / "fastwam-closed-loop-libero"
+    shutil.copytree(FIXTURE, dir)
+    m = json.loads((dir / "bundle.json").read_text())
+    m["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper"
+    m["end_to_end"] = "golden/end_to_end_quat.npz"
+    (dir / "bundle.json").write_text(json.dumps(m, indent=1))
+    return dir
+
+
+@pytest.fixture(scope="module")
+def episode(bundle, tmp_path_factory):
+    vlads = [p for p in (REPO / "target" / prof / "vlad" for prof in ("release", "debug")) if p.exists()]
+    if not vlads:
+        require("no vlad binary (cargo build -p vlad)")
+    if not os.environ.get("VLA_QNN_LIB_DIR") and not (REPO / "build" / "qnn-lib-dir").exists():
+        require("no QNN library directory (VLA_QNN_LIB_DIR or build/qnn-lib-dir)")
+    out = tmp_path_factory.mktemp("episode")
+    r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
+             "--instruction-id", "0", "--publish-hz", "4", "--out", str(out))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return out / "episode", bundle, r.stdout
+
+
+def test_one_episode_through_vlad_passes_every_boundary_check(episode):
+    ep, bundle, stdout = episode
+    report = json.loads((ep / "report.json").read_text())
+    assert report["checks_passed"], "\n".join(report["checks"])
+    assert len(report["checks"]) >= 12 and all(c.startswith("PASS") for c in report["checks"])
+    # 20 policy steps in lockstep: two chunks of execute_steps 10, each from row 0, after
+    # upstream's 30 no-op steps; the arm held while each inference ran.
+    assert report["steps"] == 20 and report["chunks"] == 2 and report["cut_chunks"] == 0
+    assert report["noop_steps"] == 30 and report["ticks"]["ok"] == 20 and report["ticks"]["hold"] >= 1
+    assert 0 < report["hold_share"] < 1
+    assert "boundary checks:" in stdout and "FAIL" not in stdout
+    from PIL import Image
+    with Image.open(ep / "contact-sheet.png") as sheet:
+        assert sheet.width > 2 * 48 and sheet.height >= 3 * 40
+    # The recording holds the policy's whole input: vlad replays it to the same chunks.
+    vlad = max((p for p in (REPO / "target" / prof / "vlad" for prof in ("release", "debug")) if p.exists()),
+               key=lambda p: p.stat().st_mtime)
+    env = dict(os.environ)
+    env.setdefault("VLA_QNN_LIB_DIR", (REPO / "build" / "qnn-lib-dir").read_text().strip())
+    r = subprocess.run([str(vlad), "replay", str(ep / "recording.mcap"), "--bundle", str(bundle)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(episode):
+    ep, bundle, _ = episode
+    conv = conventions.from_bundle(bundle)
+    rec = recording.read(ep / "recording.mcap")
+    good = dict(np.load(ep / "robot.npz"))
+    assert all(c.ok for c in checks.run(good, rec, conv, 0))
+
+    def failing(log, chain=None):
+        c = conv if chain is None else conventions.Conventions(**{**conv.__dict__, "chain": chain})
+        return {x.name for x in checks.run(log, rec, c, 0) if not x.ok}
+
+    unturned = dict(good, point_upstream_images=good["point_frames"])
+    assert {"orientation: rotate_180 of the ring frames = upstream get_libero_image",
+            "policy image input = upstream's (crop-resize, side by side, x*2/255-1)"} <= failing(unturned)
+    assert "policy image input = upstream's (crop-resize, side by side, x*2/255-1)" in \
+        failing(good, {**conv.chain, "rotate_180": [False, False]})
+    # A state built without the quaternion conversion's sign care (the -q vector).
+    bent = good["point_upstream_state"].copy()
+    bent[:, 3:6] += 1e-3
+    assert "policy state input = upstream _extract_sim_state" in failing(dict(good, point_upstream_state=bent))
+    skipped = dict(good, applied=good["applied"][1:], applied_values=good["applied_values"][1:])
+    assert "lockstep: each chunk applied from row 0, in order, at most execute_steps rows" in failing(skipped)
+    short_warmup = dict(good, noop_actions=good["noop_actions"][:10])
+    assert "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]" in failing(short_warmup)
+
+
+def test_an_unknown_task_lists_the_suite_and_nothing_starts(bundle, tmp_path):
+    r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "stack the plates",
+             "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 1
+    err = [line for line in r.stderr.splitlines() if line.startswith("vla-libero:")]
+    assert len(err) == 1, r.stderr
+    assert "'stack the plates' is not in suite libero_spatial (10 tasks: 0: pick_up_the_black_bowl_between" in err[0]
+    assert not (tmp_path / "out").exists(), "refused before vlad or the simulator started"
+    r = tool("tasks", "--suite", "libero_nothing", timeout=300)
+    assert r.returncode == 1 and "suite 'libero_nothing' does not exist; suites: " in r.stderr
+    # A bundle the robot cannot feed the raw state to is refused by name.
+    r = tool("episode", "--bundle", str(FIXTURE), "--task", "0", "--out", str(tmp_path / "out"), timeout=300)
+    assert r.returncode == 1 and "`fastwam.chain.state_input` is 'state'" in r.stderr
+
+
+def test_the_ring_end_refuses_a_frame_or_state_of_another_size(tmp_path):
+    g = ring.Geometry(cameras=2, height=40, width=48, state_dims=9, action_dims=7, chunk_len=32)
+    path = Path(f"/dev/shm/vla-libero-test-{os.getpid()}-obs")
+    w = ring.ObservationWriter(path, g)
+    try:
+        frames = np.zeros((2, 40, 48, 3), np.uint8)
+        with pytest.raises(ring.RingError, match="state has 8 values, the ring's state_dims is 9"):
+            w.publish(np.zeros(8, np.float32), frames, 0)
+        with pytest.raises(ring.RingError, match=r"frames are 9216 bytes, the ring takes 2 cameras of 40x48x3 = 11520"):
+            w.publish(np.zeros(9, np.float32), np.zeros((2, 32, 48, 3), np.uint8), 0)
+        assert w.publish(np.zeros(9, np.float32), frames, 0) == 1, "nothing was written by the refusals"
+        # The observation ring is not an action ring: the reader's check names the field.
+        with pytest.raises(ring.RingError, match="wrong magic"):
+            ring.ActionReader(path, g).try_open()
+    finally:
+        w.close()
+        path.unlink()
