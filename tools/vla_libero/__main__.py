@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         e.add_argument("--vlad", help="vlad binary (default target/release or target/debug)")
         e.add_argument("--out", type=Path, default=Path("build/libero"))
         e.add_argument("--sheet-rows", type=int, default=8)
+        e.add_argument("--record-every-s", type=float, default=dm.RECORD_EVERY_S,
+                       help="take a flight recording between chunks this often (at most 300)")
     return p
 
 
@@ -84,8 +86,11 @@ def _run(args) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}"
+    if not 0 <= args.record_every_s <= 300:
+        raise dm.DaemonError(f"--record-every-s {args.record_every_s}: expected 0..300 (a recording covers 600 s "
+                             "at most)")
     daemon = dm.Daemon(dm.vlad_binary(args.vlad), dm.eval_config(args.bundle, out, tag, args.publish_hz,
-                                                                  conv.execute_steps), out)
+                                                                  conv.execute_steps, args.record_every_s), out)
     writer = reader = None
     summaries: list = []
     sims: dict = {}
@@ -108,22 +113,34 @@ def _run(args) -> int:
             inits = sm.init_states(task)
             instruction = cv.instruction_id(conv, task.language, args.instruction_id)
             max_steps = args.max_steps or conv.max_steps(task.suite)
-            log = ep.run(simulator, inits[init_index % len(inits)], conv, writer, reader, instruction, max_steps,
-                         alive=daemon.check_alive)
             ep_dir = out / (f"{task.suite}-{task.index}-{init_index}" if args.cmd == "eval" else "episode")
             ep_dir.mkdir(parents=True, exist_ok=True)
+            recordings: list[Path] = []
+            last = [time.monotonic()]
+
+            def take_recording():
+                target = ep_dir / f"recording-{len(recordings):03d}.mcap"
+                daemon.record().replace(target)
+                recordings.append(target)
+                last[0] = time.monotonic()
+
+            def between_chunks():
+                # A long episode outlasts one recording's history: take one on the way.
+                if time.monotonic() - last[0] >= args.record_every_s:
+                    take_recording()
+
+            log = ep.run(simulator, inits[init_index % len(inits)], conv, writer, reader, instruction, max_steps,
+                         alive=daemon.check_alive, between_chunks=between_chunks)
             ep.save(log, ep_dir / "robot.npz")
-            recording = daemon.record()
-            target = ep_dir / "recording.mcap"
-            recording.replace(target)
+            take_recording()
             saved = dict(np.load(ep_dir / "robot.npz"))
-            rec = rc.read(target)
-            rec.path = target
+            rec = rc.read_all(recordings)
             results = ck.run(saved, rec, conv, instruction)
             summary = rp.summarize(saved, rec, results, {
                 "bundle": str(args.bundle), "suite": task.suite, "task_index": task.index, "task": task.language,
                 "init_index": init_index, "max_steps": max_steps, "execute_steps": conv.execute_steps,
-                "publish_hz": args.publish_hz, "frame": f"{conv.geometry.height}x{conv.geometry.width}"})
+                "publish_hz": args.publish_hz, "frame": f"{conv.geometry.height}x{conv.geometry.width}",
+                "recordings": recordings})
             summary["contact_sheet"] = str(rp.contact_sheet(saved, ep_dir / "contact-sheet.png", args.sheet_rows))
             rp.write(summary, ep_dir)
             print(rp.text(summary), flush=True)

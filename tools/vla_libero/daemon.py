@@ -13,11 +13,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+RECORD_EVERY_S = 240
+
+
 class DaemonError(Exception):
     """vlad did not start or stopped; the message names its log."""
 
 
-def eval_config(bundle: Path, out: Path, tag: str, publish_hz: float, execute_steps: int) -> dict:
+def eval_config(bundle: Path, out: Path, tag: str, publish_hz: float, execute_steps: int,
+                record_every_s: float = RECORD_EVERY_S) -> dict:
     """The config a LIBERO eval runs vlad with. `trigger: synchronous`: each chunk starts at
     its first row, plays `execute_steps` rows, then holds until an observation captured
     after them has been inferred on (upstream's eval protocol). The real-time limits are
@@ -39,8 +43,12 @@ def eval_config(bundle: Path, out: Path, tag: str, publish_hz: float, execute_st
         "systemd": {"notify": False, "watchdog": False},
         "ota": {"root": str(out / "ota"), "trusted_keys": [], "trial_inferences": 1000000, "max_trial_starts": 100},
         "log": {"level": "info"},
-        "recorder": {"directory": str(out / "recordings"), "history_s": 600, "frames": "full", "max_chunks": 1000,
-                     "max_mb": 4000, "on_fault": True, "hold_limit_ms": 0},
+        # The tool asks for a recording every `record_every_s` and at the end of each
+        # episode; each covers twice that, and the chunks kept bound the memory (128 x two
+        # 256 x 256 frames: 50 MB).
+        "recorder": {"directory": str(out / "recordings"), "history_s": min(600, max(60, 2 * record_every_s)),
+                     "frames": "full",
+                     "max_chunks": 128, "max_mb": 100000, "on_fault": True, "hold_limit_ms": 0},
     }
 
 

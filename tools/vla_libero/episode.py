@@ -56,7 +56,9 @@ class Log:
 
 def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer: rg.ObservationWriter,
         reader: rg.ActionReader, instruction: int, max_steps: int, alive=lambda: None,
-        wait_s: float = 900.0) -> Log:
+        between_chunks=lambda: None, wait_s: float = 900.0) -> Log:
+    """`alive` raises when vlad is gone; `between_chunks` runs after each chunk's executed
+    rows, while the simulation waits anyway (the flight recording is taken there)."""
     log = Log()
     obs = simulator.reset(init_state)
     for _ in range(conv.num_steps_wait):
@@ -147,6 +149,7 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
         log.success = done
         deadline = time.monotonic() + wait_s
         if rows == conv.execute_steps:
+            between_chunks()
             idle, point = True, new_point(obs)
             # vlad takes the first copy captured after the last row's period (its hold
             # tick); earlier copies show the same state and are skipped by it.

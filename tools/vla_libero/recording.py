@@ -32,6 +32,20 @@ class Recording:
     metadata: dict
 
 
+def read_all(paths: list) -> Recording:
+    """Several recordings of one run (each covers the last `history_s`) as one: inferences
+    by observation and chunk, each once; ticks of the last."""
+    recs = [read(p) for p in paths]
+    seen, inferences = set(), []
+    for r in recs:
+        for inf in r.inferences:
+            if (inf.obs_seq, inf.chunk_id) not in seen:
+                seen.add((inf.obs_seq, inf.chunk_id))
+                inferences.append(inf)
+    inferences.sort(key=lambda i: i.obs_seq)
+    return Recording(recs[-1].path, inferences, recs[-1].ticks, recs[-1].metadata)
+
+
 def read(path: Path) -> Recording:
     from mcap.reader import make_reader
     by_seq: dict[int, Inference] = {}

@@ -40,6 +40,7 @@ def summarize(log: dict, rec, checks: list, meta: dict) -> dict:
         "cut_chunks": cut,
         "late_rows": int(sum(int(r[5]) > int(r[6]) for r in applied)),
         "recording": str(rec.path) if rec else None,
+        "recordings": [str(p) for p in meta.pop("recordings", [])],
         "checks": [c.line() for c in checks],
         "checks_passed": all(c.ok for c in checks),
     }
@@ -59,7 +60,8 @@ def text(s: dict) -> str:
         f"p95 {s['observation_to_first_action_s']['p95']:.3f} s (robot side, capture to first row read)",
         f"  ticks read      {s['ticks']['ok']} ok, {s['ticks']['hold']} hold, {s['ticks']['fault']} fault: "
         f"hold share {s['hold_share']:.0%} (the arm waits for each inference, by design)",
-        f"  recording       {s['recording']}",
+        f"  recording       {s['recording']}" + (f" (and {len(s['recordings']) - 1} earlier)"
+                                                   if len(s["recordings"]) > 1 else ""),
         f"  contact sheet   {s.get('contact_sheet')}",
         "  boundary checks:",
     ]

@@ -79,7 +79,8 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
                key=lambda p: p.stat().st_mtime)
     env = dict(os.environ)
     env.setdefault("VLA_QNN_LIB_DIR", (REPO / "build" / "qnn-lib-dir").read_text().strip())
-    r = subprocess.run([str(vlad), "replay", str(ep / "recording.mcap"), "--bundle", str(bundle)], env=env,
+    assert report["recordings"] == [str(ep / "recording-000.mcap")], "one recording for a short episode"
+    r = subprocess.run([str(vlad), "replay", report["recordings"][0], "--bundle", str(bundle)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -87,7 +88,7 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
 def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(episode):
     ep, bundle, _ = episode
     conv = conventions.from_bundle(bundle)
-    rec = recording.read(ep / "recording.mcap")
+    rec = recording.read_all(sorted(ep.glob("recording-*.mcap")))
     good = dict(np.load(ep / "robot.npz"))
     assert all(c.ok for c in checks.run(good, rec, conv, 0))
 
@@ -108,6 +109,20 @@ def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(e
     assert "lockstep: each chunk applied from row 0, in order, at most execute_steps rows" in failing(skipped)
     short_warmup = dict(good, noop_actions=good["noop_actions"][:10])
     assert "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]" in failing(short_warmup)
+
+
+def test_recordings_taken_between_chunks_together_hold_every_inference(episode):
+    ep, bundle, _ = episode
+    # A long episode outlasts one recording's history: the tool takes one between chunks
+    # every --record-every-s (0 here: after every chunk's rows) and one at the end, and
+    # checks their merge.
+    out = ep.parent / "again"
+    r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
+             "--instruction-id", "0", "--publish-hz", "4", "--record-every-s", "0", "--out", str(out))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    again = json.loads((out / "episode" / "report.json").read_text())
+    assert len(again["recordings"]) == 3 and again["checks_passed"], again["checks"]
+    assert again["steps"] == 20 and again["chunks"] == 2
 
 
 def test_an_unknown_task_lists_the_suite_and_nothing_starts(bundle, tmp_path):
