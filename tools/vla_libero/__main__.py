@@ -1,5 +1,6 @@
 """vla-libero: `tasks` lists a suite, `episode` runs one episode through vlad and writes its
-report, `eval` runs several and writes the per-suite success table."""
+report, `eval` runs several and writes the per-suite success table, `demo` runs a short
+episode on the tiny fixture."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("tasks", help="list a suite's tasks")
     t.add_argument("--suite", default="libero_spatial")
+    d = sub.add_parser("demo", help="one short episode on the tiny closed-loop Fast-WAM fixture (what CI runs)")
+    d.add_argument("--out", type=Path, default=Path("build/libero-demo"))
+    d.add_argument("--vlad", help="vlad binary (default: the newer of target/release and target/debug)")
     for name in ("episode", "eval"):
         e = sub.add_parser(name, help="one episode with its report" if name == "episode" else
                            "several episodes per task and suite: the success-rate table")
@@ -74,6 +78,13 @@ def main(argv=None) -> int:
                 t = s.get_task(i)
                 print(f"{i}\t{t.name}\t{t.language}")
             return 0
+        if args.cmd == "demo":
+            out = args.out.resolve()
+            bundle = cv.fixture_bundle(out / "bundle")
+            args = _parser().parse_args(
+                ["episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
+                 "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]
+                + (["--vlad", args.vlad] if args.vlad else []))
         return _run(args)
     except (sm.TaskError, cv.BundleError, rg.RingError, dm.DaemonError, ep.LockstepError) as e:
         print(f"vla-libero: {e}", file=sys.stderr)

@@ -69,6 +69,26 @@ def from_bundle(bundle: Path) -> Conventions:
                        geometry=geometry, instructions=tuple(c["instructions"]), state_input=state_input, chain=c)
 
 
+FIXTURE = Path(__file__).resolve().parents[2] / "golden" / "bundles" / "fastwam-closed-loop"
+
+
+def fixture_bundle(dst: Path) -> Path:
+    """The closed-loop Fast-WAM fixture as a LIBERO robot drives it: the raw 9-value state
+    (`state_input: eef_pos_quat_gripper`), gated by its quaternion golden (the same
+    observation with the quaternion, scripts/make_golden.py). Two cameras at 40 x 48, two
+    instructions that are no LIBERO task's (hence `--instruction-id`)."""
+    import shutil
+    dst = Path(dst)
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(FIXTURE, dst)
+    m = json.loads((dst / "bundle.json").read_text())
+    m["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper"
+    m["end_to_end"] = "golden/end_to_end_quat.npz"
+    (dst / "bundle.json").write_text(json.dumps(m, indent=1))
+    return dst
+
+
 def instruction_id(conv: Conventions, language: str, override: int | None) -> int:
     """The bundle's instruction for the task's language (or the override, for a fixture
     whose tiny prompt table has no LIBERO task)."""

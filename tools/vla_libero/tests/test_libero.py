@@ -5,7 +5,6 @@ untrained tiny model), that the checks can fail, and the bad-input refusals."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,29 +34,22 @@ def tool(*args, timeout=900):
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    """The fixture as a LIBERO robot drives it: the raw 9-value state
-    (`state_input: eef_pos_quat_gripper`), gated by its quaternion golden."""
-    dir = tmp_path_factory.mktemp("bundle") / "fastwam-closed-loop-libero"
-    shutil.copytree(FIXTURE, dir)
-    m = json.loads((dir / "bundle.json").read_text())
-    m["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper"
-    m["end_to_end"] = "golden/end_to_end_quat.npz"
-    (dir / "bundle.json").write_text(json.dumps(m, indent=1))
-    return dir
+    """The fixture as a LIBERO robot drives it (the raw 9-value state)."""
+    return conventions.fixture_bundle(tmp_path_factory.mktemp("bundle") / "fastwam-closed-loop-libero")
 
 
 @pytest.fixture(scope="module")
-def episode(bundle, tmp_path_factory):
+def episode(tmp_path_factory):
     vlads = [p for p in (REPO / "target" / prof / "vlad" for prof in ("release", "debug")) if p.exists()]
     if not vlads:
         require("no vlad binary (cargo build -p vlad)")
     if not os.environ.get("VLA_QNN_LIB_DIR") and not (REPO / "build" / "qnn-lib-dir").exists():
         require("no QNN library directory (VLA_QNN_LIB_DIR or build/qnn-lib-dir)")
     out = tmp_path_factory.mktemp("episode")
-    r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
-             "--instruction-id", "0", "--publish-hz", "4", "--out", str(out))
+    # The demo: libero_spatial task 0, 20 policy steps at 4 Hz, instruction 0 of the fixture.
+    r = tool("demo", "--out", str(out))
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    return out / "episode", bundle, r.stdout
+    return out / "episode", out / "bundle", r.stdout
 
 
 def test_one_episode_through_vlad_passes_every_boundary_check(episode):
