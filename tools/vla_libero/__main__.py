@@ -30,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--suite", default="libero_spatial")
     d = sub.add_parser("demo", help="one short episode on the tiny closed-loop Fast-WAM fixture (what CI runs)")
     d.add_argument("--out", type=Path, default=Path("build/libero-demo"))
+    d.add_argument("--policy", choices=("fastwam", "molmoact2"), default="fastwam",
+                   help="fastwam: golden/bundles/fastwam-closed-loop (raw state); molmoact2: "
+                        "golden/bundles/molmoact2-upstream-sd")
     d.add_argument("--vlad", help="vlad binary (default: the newer of target/release and target/debug)")
     for name in ("episode", "eval"):
         e = sub.add_parser(name, help="one episode with its report" if name == "episode" else
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
             return 0
         if args.cmd == "demo":
             out = args.out.resolve()
-            bundle = cv.fixture_bundle(out / "bundle")
+            out.mkdir(parents=True, exist_ok=True)
+            bundle = cv.fixture_bundle(out / "bundle") if args.policy == "fastwam" else cv.MOLMOACT2_FIXTURE
             args = _parser().parse_args(
                 ["episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
                  "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]

@@ -48,24 +48,51 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
                      f"{len(taken)} recorded inferences on this episode's observations, "
                      f"{len(applied_chunks - recorded_chunks)} applied chunks missing"))
 
-    # 1. The bytes vlad took are the simulator's, cameras in upstream's order.
+    fastwam = conv.policy == "fastwam"
+    # 1. The bytes vlad took are the robot's, cameras in upstream's order.
     frames_ok = state_ok = True
     for inf in taken:
         k = published[inf.obs_seq]
         raw = log["point_frames"][k]
         frames_ok &= len(inf.frames) == 2 and all(np.array_equal(inf.frames[c], raw[c]) for c in (0, 1))
         state_ok &= np.array_equal(inf.state, log["point_raw_state"][k].astype(np.float32))
-    out.append(Check("ring frames = rendered frames (camera 0 agent view, 1 wrist)", frames_ok and bool(taken),
+    out.append(Check("ring frames = the robot's frames (camera 0 agent view, 1 wrist)", frames_ok and bool(taken),
                      f"{len(taken)} observations, byte for byte"))
-    out.append(Check("ring state = eef_pos, eef_quat (x,y,z,w), gripper_qpos", state_ok and bool(taken),
-                     "9 values, MuJoCo's f64 as f32"))
+    out.append(Check("ring state = the robot's state", state_ok and bool(taken),
+                     "eef_pos, eef_quat (x,y,z,w), gripper_qpos: MuJoCo's f64 as f32" if fastwam else
+                     "LeRobot's observation.state: eef_pos, axis-angle, gripper_qpos in f32"))
 
-    # 2. Orientation: the bundle's 180-degree turn of the ring frames is upstream's image.
-    orient = all(np.array_equal(inf.frames[c][::-1, ::-1], log["point_upstream_images"][published[inf.obs_seq]][c])
-                 for inf in taken for c in (0, 1))
-    out.append(Check("orientation: rotate_180 of the ring frames = upstream get_libero_image", orient and bool(taken),
-                     f"rotate_180 {chain['rotate_180']}"))
+    # 2. Orientation: the frames vlad's policy sees are upstream's, turned 180 degrees.
+    rendered = log["point_rendered"]
+    if fastwam:
+        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c]) and
+                     np.array_equal(inf.frames[c][::-1, ::-1], log["point_upstream_images"][published[inf.obs_seq]][c])
+                     for inf in taken for c in (0, 1))
+        out.append(Check("orientation: rotate_180 of the ring frames = upstream get_libero_image",
+                         orient and bool(taken), f"ring frames as rendered, rotate_180 {chain['rotate_180']}"))
+    else:
+        # LeRobot's torch.flip(img, dims=[2, 3]) on [B, C, H, W] of the rendered frames.
+        orient = all(np.array_equal(inf.frames[c], np.flip(rendered[published[inf.obs_seq]][c], axis=(0, 1)))
+                     for inf in taken for c in (0, 1))
+        out.append(Check("orientation: ring frames = LeRobot's flipped image, image2 (vlad does not turn them)",
+                         orient and bool(taken), "the rendered frames flipped in H and W, as LiberoProcessorStep"))
+        worst = max((float(np.abs(inf.state - log["point_upstream_state"][published[inf.obs_seq]]).max())
+                     for inf in taken), default=float("inf"))
+        out.append(Check("policy state input = eef_pos + quat2axisangle + gripper_qpos (robosuite's, f64)",
+                         worst <= STATE_TOLERANCE, f"max abs {worst:.3g} (tolerance {STATE_TOLERANCE:g})"))
 
+    ids = sorted({inf.instruction_id for inf in taken})
+    out.append(Check("instruction id on every observation vlad took", ids == [instruction],
+                     f"ids {ids}, expected {instruction}"))
+    if fastwam:
+        out += _fastwam_inputs(ref, chain, taken, published, log)
+
+    out += _lockstep(log, taken, published, conv, check_gripper=fastwam)
+    return out
+
+
+def _fastwam_inputs(ref, chain, taken, published, log) -> list[Check]:
+    out = []
     # 3. The policy's image input: vlad's host glue on the recorded frames against
     #    upstream's _center_crop_resize (Pillow) on upstream's images.
     worst_img = 0.0
@@ -89,6 +116,11 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
                                              .max()))
     out.append(Check("policy state input = upstream _extract_sim_state", worst_state <= STATE_TOLERANCE and bool(taken),
                      f"max abs {worst_state:.3g} (tolerance {STATE_TOLERANCE:g}: f32 ring against f64)"))
+    return out
+
+
+def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
+    out = []
 
     # 5. Lockstep: inference k ran on the state after k chunks of execute_steps rows, each
     #    chunk's rows were applied in order from row 0, exactly as vlad computed them.
@@ -115,15 +147,15 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
                      rows_ok and bool(by_chunk), f"{len(by_chunk)} chunks, {full} with all {n} rows"))
     out.append(Check("applied actions = the recorded chunk rows (gripper already mapped by vlad)",
                      values_ok and bool(by_chunk), f"{len(applied)} env steps"))
-    grip = values[:, -1] if len(values) else np.zeros(0)
-    out.append(Check("gripper action in {-1, 0, 1} (upstream: -(2g-1), sign)", bool(np.isin(grip, (-1.0, 0.0, 1.0)).all()),
-                     f"values seen {sorted(set(np.round(grip, 6).tolist()))}"))
+    if check_gripper:
+        grip = values[:, -1] if len(values) else np.zeros(0)
+        out.append(Check("gripper action in {-1, 0, 1} (upstream: -(2g-1), sign)",
+                         bool(np.isin(grip, (-1.0, 0.0, 1.0)).all()),
+                         f"values seen {sorted(set(np.round(grip, 6).tolist()))}"))
 
     # 6. Warm-up and instruction.
     noop = log["noop_actions"]
     out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]",
                      len(noop) == conv.num_steps_wait and bool((noop == np.array(cv.NOOP_ACTION)).all()),
                      f"{len(noop)} steps"))
-    ids = sorted({inf.instruction_id for inf in taken})
-    out.append(Check("instruction id on every observation vlad took", ids == [instruction], f"ids {ids}, expected {instruction}"))
     return out

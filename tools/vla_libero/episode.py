@@ -36,9 +36,10 @@ class Log:
     """What the robot did, for the report and the boundary checks."""
     noop_actions: list = field(default_factory=list)
     # Observation points: the simulator state after the no-op steps and after each chunk.
-    point_frames: list = field(default_factory=list)       # raw frames [cams, H, W, 3]
+    point_frames: list = field(default_factory=list)       # ring frames [cams, H, W, 3]
+    point_rendered: list = field(default_factory=list)     # as robosuite rendered them
     point_upstream_images: list = field(default_factory=list)
-    point_raw_state: list = field(default_factory=list)    # f64 [9]
+    point_raw_state: list = field(default_factory=list)    # the ring's state, f64
     point_upstream_state: list = field(default_factory=list)  # f32 [8]
     point_steps: list = field(default_factory=list)        # policy steps done before it
     published: list = field(default_factory=list)          # (seq, point, capture_ns)
@@ -67,9 +68,10 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
         writer.heartbeat()
 
     def new_point(o):
-        log.point_frames.append(sm.raw_frames(o))
+        log.point_frames.append(conv.ring_frames(o))
+        log.point_rendered.append(sm.raw_frames(o))
         log.point_upstream_images.append(cv.upstream_images(o))
-        log.point_raw_state.append(sm.raw_state(o).astype(np.float64))
+        log.point_raw_state.append(conv.ring_state(o).astype(np.float64))
         log.point_upstream_state.append(cv.upstream_state(o))
         log.point_steps.append(log.steps)
         return len(log.point_frames) - 1
@@ -162,6 +164,7 @@ def save(log: Log, path) -> None:
         path,
         noop_actions=np.array(log.noop_actions, np.float64).reshape(-1, 7),
         point_frames=np.array(log.point_frames, np.uint8),
+        point_rendered=np.array(log.point_rendered, np.uint8),
         point_upstream_images=np.array(log.point_upstream_images, np.uint8),
         point_raw_state=np.array(log.point_raw_state, np.float64),
         point_upstream_state=np.array(log.point_upstream_state, np.float32),

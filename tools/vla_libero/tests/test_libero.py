@@ -88,7 +88,7 @@ def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(e
         c = conv if chain is None else conventions.Conventions(**{**conv.__dict__, "chain": chain})
         return {x.name for x in checks.run(log, rec, c, 0) if not x.ok}
 
-    unturned = dict(good, point_upstream_images=good["point_frames"])
+    unturned = dict(good, point_upstream_images=good["point_rendered"])
     assert {"orientation: rotate_180 of the ring frames = upstream get_libero_image",
             "policy image input = upstream's (crop-resize, side by side, x*2/255-1)"} <= failing(unturned)
     assert "policy image input = upstream's (crop-resize, side by side, x*2/255-1)" in \
@@ -101,6 +101,27 @@ def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(e
     assert "lockstep: each chunk applied from row 0, in order, at most execute_steps rows" in failing(skipped)
     short_warmup = dict(good, noop_actions=good["noop_actions"][:10])
     assert "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]" in failing(short_warmup)
+
+
+def test_a_molmoact2_episode_gets_lerobots_processed_frames_and_state(tmp_path):
+    """MolmoAct2 is evaluated through LeRobot's LIBERO env: its bundle takes the frames
+    flipped and the 8-value state as LeRobot's processor builds them, so the robot does
+    that processing; 10 no-op steps; every row of a chunk (H = 10)."""
+    r = tool("demo", "--policy", "molmoact2", "--out", str(tmp_path))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    report = json.loads((tmp_path / "episode" / "report.json").read_text())
+    assert report["checks_passed"], "\n".join(report["checks"])
+    names = " ".join(report["checks"])
+    assert "ring frames = LeRobot's flipped image, image2" in names and "quat2axisangle" in names
+    assert report["steps"] == 20 and report["chunks"] == 2 and report["noop_steps"] == 10
+    # Frames written as rendered (unflipped) would fail the orientation check.
+    conv = conventions.from_bundle(conventions.MOLMOACT2_FIXTURE)
+    rec = recording.read_all(sorted((tmp_path / "episode").glob("recording-*.mcap")))
+    log = dict(np.load(tmp_path / "episode" / "robot.npz"))
+    assert all(c.ok for c in checks.run(log, rec, conv, 0))
+    unflipped = dict(log, point_rendered=log["point_frames"])
+    assert [c.name for c in checks.run(unflipped, rec, conv, 0) if not c.ok] == \
+        ["orientation: ring frames = LeRobot's flipped image, image2 (vlad does not turn them)"]
 
 
 def test_recordings_taken_between_chunks_together_hold_every_inference(episode):
