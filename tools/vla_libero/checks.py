@@ -1,8 +1,9 @@
 """The boundary checks: what vlad's policy received (its flight recording) against what
-upstream Fast-WAM's LIBERO eval feeds for the same simulator state (the robot's log), and
-the lockstep protocol (rows, order, no-op steps, gripper values). Each check is a line
-`PASS|FAIL name: detail`; vlad's own host glue is stood for by scripts/reference.py, the
-numpy pipeline its parity tests hold it to (docs/bundle-format.md)."""
+the policy's upstream LIBERO eval feeds for the same simulator state (the robot's log:
+Fast-WAM's eval code, LeRobot's env for MolmoAct2), and the lockstep protocol (rows, order,
+no-op steps, gripper values). Each check is a line `PASS|FAIL name: detail`; vlad's own
+Fast-WAM host glue is stood for by scripts/reference.py, the numpy pipeline its parity tests
+hold it to (docs/bundle-format.md)."""
 
 from __future__ import annotations
 
