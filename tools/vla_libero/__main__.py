@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bridge as br
 from . import checks as ck
 from . import conventions as cv
 from . import daemon as dm
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         e.add_argument("--vlad", help="vlad binary (default target/release or target/debug)")
         e.add_argument("--out", type=Path, default=Path("build/libero"))
         e.add_argument("--sheet-rows", type=int, default=8)
+        e.add_argument("--bridge", help="reach the rings through vla-ring-bridge run by this command (e.g. "
+                       "'ssh root@board /tmp/vla-ring-bridge'; 'local': this machine's build), not directly")
         e.add_argument("--record-every-s", type=float, default=dm.RECORD_EVERY_S,
                        help="take a flight recording between chunks this often (at most 300)")
     return p
@@ -110,8 +113,14 @@ def _run(args) -> int:
     summaries: list = []
     sims: dict = {}
     try:
-        writer = rg.ObservationWriter(daemon.obs_path, conv.geometry)
-        reader = rg.ActionReader(daemon.act_path, conv.geometry)
+        if args.bridge:
+            bridge = br.Bridge(str(br.local_bridge()) if args.bridge == "local" else args.bridge, daemon.obs_path,
+                               daemon.act_path, conv.geometry)
+            writer, reader = br.RemoteObservationWriter(bridge), br.RemoteActionReader(bridge)
+        else:
+            bridge = None
+            writer = rg.ObservationWriter(daemon.obs_path, conv.geometry)
+            reader = rg.ActionReader(daemon.act_path, conv.geometry)
         for n, (task, init_index) in enumerate(plan):
             if task.name not in sims:
                 for s in sims.values():
@@ -157,6 +166,10 @@ def _run(args) -> int:
                 "publish_hz": args.publish_hz, "frame": f"{conv.geometry.height}x{conv.geometry.width}",
                 "recordings": recordings})
             summary["contact_sheet"] = str(rp.contact_sheet(saved, ep_dir / "contact-sheet.png", args.sheet_rows))
+            if bridge:
+                summary["bridge_rtt_ms"] = rp.rtt(bridge.rtt_s)
+                for v in bridge.rtt_s.values():
+                    v.clear()
             rp.write(summary, ep_dir)
             print(rp.text(summary), flush=True)
             summaries.append(summary)

@@ -77,10 +77,10 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
         return len(log.point_frames) - 1
 
     def publish(point):
-        capture = rg.now_ns()
+        # The capture time is the rings' clock (the board's, through a bridge).
         seq = writer.publish(log.point_raw_state[point].astype(np.float32), log.point_frames[point], instruction,
-                             seed=seq_seed(point), capture_ns=capture)
-        log.published.append((seq, point, capture))
+                             seed=seq_seed(point))
+        log.published.append((seq, point, writer.last_capture_ns))
         point_of[seq] = point
         return seq
 
@@ -114,7 +114,7 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
             time.sleep(0.001)
             continue
         next_seq += 1
-        read_ns = rg.now_ns()
+        read_ns = reader.last_read_ns
         if a.status != rg.STATUS_OK:
             if a.status == rg.STATUS_HOLD:
                 log.ticks_hold += 1

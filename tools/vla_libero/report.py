@@ -46,6 +46,12 @@ def summarize(log: dict, rec, checks: list, meta: dict) -> dict:
     }
 
 
+def rtt(samples: dict) -> dict:
+    """The bridge's round trips per request kind, in ms: what it adds, apart from the policy."""
+    return {k: {"n": len(v), "p50": 1e3 * _q(v, 50), "p95": 1e3 * _q(v, 95), "max": 1e3 * _q(v, 100)}
+            for k, v in samples.items() if v}
+
+
 def text(s: dict) -> str:
     lines = [
         f"LIBERO episode {s['suite']} task {s['task_index']} ({s['task']}), init state {s['init_index']}",
@@ -63,6 +69,11 @@ def text(s: dict) -> str:
         f"  recording       {s['recording']}" + (f" (and {len(s['recordings']) - 1} earlier)"
                                                    if len(s["recordings"]) > 1 else ""),
         f"  contact sheet   {s.get('contact_sheet')}",
+    ]
+    for kind, r in s.get("bridge_rtt_ms", {}).items():
+        lines.append(f"  bridge {kind:9s} round trip p50 {r['p50']:.3f} ms  p95 {r['p95']:.3f} ms  max "
+                     f"{r['max']:.3f} ms ({r['n']})")
+    lines += [
         "  boundary checks:",
     ]
     lines += [f"    {c}" for c in s["checks"]]

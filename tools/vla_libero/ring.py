@@ -121,8 +121,9 @@ class ObservationWriter:
         state = np.ascontiguousarray(state, dtype=np.float32).reshape(-1)
         frames = np.ascontiguousarray(frames, dtype=np.uint8).reshape(-1)
         err = ctypes.create_string_buffer(512)
+        self.last_capture_ns = now_ns() if capture_ns is None else capture_ns
         seq = _lib().vlr_writer_publish(
-            self._w, instruction_id, seed, now_ns() if capture_ns is None else capture_ns,
+            self._w, instruction_id, seed, self.last_capture_ns,
             state.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), state.size,
             frames.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), frames.size, err, len(err))
         if seq == 0:
@@ -169,6 +170,7 @@ class ActionReader:
         """Step `seq`: (READ_OK, step) or (a READ_* code, None)."""
         step = _Step()
         code = _lib().vlr_reader_read_seq(self._r, seq, ctypes.byref(step), self._values)
+        self.last_read_ns = now_ns()
         if code != READ_OK:
             if code == READ_INCOMPATIBLE:
                 raise RingError(f"action ring {self.path}: a writer restarted it with another layout")
