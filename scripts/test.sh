@@ -37,8 +37,9 @@ step "Python fixture tests"
 step "LIBERO as the robot: one short episode through vlad, the boundary checks (tools/vla_libero)"
 # Its own venv (LIBERO, robosuite 1.4.0, MuJoCo 2.3.7; pinned with hashes) and the ring shim
 # compiled from vla_ring.h; headless EGL rendering. 20-step episodes on the closed-loop
-# Fast-WAM fixture (2 cameras 40x48) and the tiny MolmoAct2 bundle on the emulator: about two
-# minutes (plus 1.5 min for the venv on a fresh machine).
+# Fast-WAM fixture (2 cameras 40x48), on the tiny MolmoAct2 bundle and through the ring bridge
+# over a loopback sshd, on the emulator: about two minutes (plus 1.5 min for the venv on a
+# fresh machine).
 scripts/setup_libero.sh
 MUJOCO_GL=egl PYTHONPATH=tools build/libero-venv/bin/python -m pytest -q -p no:cacheprovider tools/vla_libero/tests
 

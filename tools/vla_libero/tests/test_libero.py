@@ -170,3 +170,68 @@ def test_the_ring_end_refuses_a_frame_or_state_of_another_size(tmp_path):
     finally:
         w.close()
         path.unlink()
+    # The same refusals through the bridge (its ring end is the shim), and its action
+    # reader waits for a ring that is not there yet.
+    from vla_libero import bridge
+    b = bridge.Bridge(str(bridge.local_bridge()), str(path), f"{path}-act", g)
+    try:
+        remote = bridge.RemoteObservationWriter(b)
+        with pytest.raises(ring.RingError, match="state has 8 values, the ring's state_dims is 9"):
+            remote.publish(np.zeros(8, np.float32), np.zeros((2, 40, 48, 3), np.uint8), 0)
+        assert remote.publish(np.zeros(9, np.float32), np.zeros((2, 40, 48, 3), np.uint8), 0) >= 1
+        assert remote.last_capture_ns > 0
+        assert bridge.RemoteActionReader(b).try_open() is False
+    finally:
+        b.close()
+        path.unlink()
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """A loopback sshd for root with a fresh key: the board's end of an SSH bridge."""
+    import shutil as sh
+    import socket
+    import time
+    binary = sh.which("sshd") or "/usr/sbin/sshd"
+    if not Path(binary).exists() or not sh.which("ssh") or os.geteuid() != 0:
+        require("sshd, ssh and root are needed for the SSH bridge")
+    d = tmp_path / "sshd"
+    d.mkdir()
+    for key in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
+    (d / "authorized_keys").write_text((d / "user.pub").read_text())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (d / "config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
+        "PasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        f"UsePAM no\nStrictModes no\nPidFile {d / 'sshd.pid'}\n")
+    Path("/run/sshd").mkdir(exist_ok=True)
+    proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "config")], stderr=subprocess.DEVNULL)
+    ssh = (f"ssh -p {port} -i {d / 'user'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+           "-o BatchMode=yes -o LogLevel=ERROR root@127.0.0.1")
+    try:
+        end = time.monotonic() + 30
+        while subprocess.run(ssh.split() + ["true"], capture_output=True).returncode != 0:
+            assert time.monotonic() < end and proc.poll() is None, "loopback sshd did not come up"
+            time.sleep(0.2)
+        yield ssh
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_the_rings_through_the_bridge_over_ssh_with_its_round_trips_reported(bundle, sshd, tmp_path):
+    """The bring-up path: the simulator here, the rings on the 'board' (this machine through a
+    loopback sshd), reached only through vla-ring-bridge over ssh's stdin/stdout."""
+    bridge = Path(sys.prefix) / "lib" / "vla-ring-bridge"
+    assert bridge.exists(), "scripts/setup_libero.sh builds it"
+    r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
+             "--instruction-id", "0", "--publish-hz", "4", "--bridge", f"{sshd} {bridge}", "--out", str(tmp_path))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    report = json.loads((tmp_path / "episode" / "report.json").read_text())
+    assert report["checks_passed"] and report["steps"] == 20 and report["chunks"] == 2, report["checks"]
+    rtt = report["bridge_rtt_ms"]
+    assert rtt["publish"]["n"] >= 2 and rtt["read"]["n"] >= 20 and rtt["publish"]["p50"] > 0
+    assert "bridge publish   round trip" in r.stdout
