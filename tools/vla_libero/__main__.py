@@ -54,6 +54,12 @@ def _parser() -> argparse.ArgumentParser:
         e.add_argument("--sheet-rows", type=int, default=8)
         e.add_argument("--bridge", help="reach the rings through vla-ring-bridge run by this command (e.g. "
                        "'ssh root@board /tmp/vla-ring-bridge'; 'local': this machine's build), not directly")
+        e.add_argument("--board", help="run vlad on another machine through this command prefix (e.g. "
+                       "'ssh root@board'); use with --bridge, --board-vlad, --board-dir; --bundle is the board's path")
+        e.add_argument("--board-vlad", default="vlad", help="vlad on the board")
+        e.add_argument("--board-bundle", help="the bundle's path on the board (default: --bundle's)")
+        e.add_argument("--board-dir", default="/tmp/vla-libero", help="the config and recordings on the board")
+        e.add_argument("--board-qnn-lib-dir", help="VLA_QNN_LIB_DIR for vlad on the board (default: its config's)")
         e.add_argument("--record-every-s", type=float, default=dm.RECORD_EVERY_S,
                        help="take a flight recording between chunks this often (at most 300)")
     return p
@@ -107,8 +113,14 @@ def _run(args) -> int:
     if not 0 <= args.record_every_s <= 300:
         raise dm.DaemonError(f"--record-every-s {args.record_every_s}: expected 0..300 (a recording covers 600 s "
                              "at most)")
-    daemon = dm.Daemon(dm.vlad_binary(args.vlad), dm.eval_config(args.bundle, out, tag, args.publish_hz,
-                                                                  conv.execute_steps, args.record_every_s), out)
+    config = dm.eval_config(args.board_bundle or args.bundle, out, tag, args.publish_hz, conv.execute_steps,
+                            args.record_every_s)
+    if args.board:
+        if not args.bridge:
+            raise dm.DaemonError("--board needs --bridge: the rings are on the board")
+        daemon = dm.BoardDaemon(args.board, args.board_vlad, config, out, args.board_dir, args.board_qnn_lib_dir)
+    else:
+        daemon = dm.Daemon(dm.vlad_binary(args.vlad), config, out)
     writer = reader = None
     summaries: list = []
     sims: dict = {}

@@ -32,7 +32,7 @@ def eval_config(bundle: Path, out: Path, tag: str, publish_hz: float, execute_st
     return {
         "qnn": {"lib_dir": "/opt/qairt/lib/x86_64-linux-clang", "backend_lib": "libQnnHtp.so",
                 "system_lib": "libQnnSystem.so", "log_level": "warn"},
-        "bundle": {"path": str(Path(bundle).resolve())},
+        "bundle": {"path": str(bundle) if str(bundle).startswith("/") else str(Path(bundle).resolve())},
         "rings": {"observation_path": f"/dev/shm/vla-libero-{tag}-obs", "action_path": f"/dev/shm/vla-libero-{tag}-act",
                   "action_slots": 256},
         "control": {"publish_hz": publish_hz, "max_observation_age_ms": 30000, "max_chunk_age_ms": 60000,
@@ -124,4 +124,82 @@ class Daemon:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+        return self.proc.returncode
+
+
+class BoardDaemon(Daemon):
+    """`vlad run` on another machine reached by `ssh` (a command prefix, e.g. `ssh root@board`):
+    the config written there, vlad started there (its output in out/vlad.log), signalled
+    there, its recordings copied back. `board_dir` holds the config and the recordings; the
+    bundle path in the config is the board's."""
+
+    def __init__(self, ssh: str, vlad: str, config: dict, out: Path, board_dir: str, qnn_lib_dir: str | None):
+        import shlex
+        self.ssh = shlex.split(ssh)
+        self.board_dir = board_dir
+        self.config = dict(config, recorder=dict(config["recorder"], directory=f"{board_dir}/recordings"),
+                           ota=dict(config["ota"], root=f"{board_dir}/ota"))
+        self.out = out
+        self.config_path = out / "vlad-config.json"
+        self.config_path.write_text(json.dumps(self.config, indent=1))
+        self._run(f"mkdir -p {shlex.quote(board_dir)} && cat > {shlex.quote(board_dir)}/vlad-config.json",
+                  stdin=self.config_path.read_bytes())
+        self.log_path = out / "vlad.log"
+        self._log = self.log_path.open("wb")
+        env = f"VLA_QNN_LIB_DIR={shlex.quote(qnn_lib_dir)} " if qnn_lib_dir else ""
+        # The remote shell prints its pid and becomes vlad: signals go to that pid (a
+        # dropped ssh session would send SIGHUP, which vlad takes as "reload").
+        self.proc = subprocess.Popen(self.ssh + [f"echo $$; exec env {env}{shlex.quote(vlad)} run --config "
+                                                 f"{shlex.quote(board_dir)}/vlad-config.json 2>&1"],
+                                     stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL)
+        line = self.proc.stdout.readline().strip()
+        if not line.isdigit():
+            raise DaemonError(f"vlad did not start on the board: {line.decode(errors='replace') or 'no output'} "
+                              f"(log {self.log_path})")
+        self.pid = int(line)
+        import threading
+        threading.Thread(target=self._copy_log, daemon=True).start()
+
+    def _copy_log(self) -> None:
+        for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+            self._log.write(chunk)
+            self._log.flush()
+
+    def _run(self, command: str, stdin: bytes | None = None) -> bytes:
+        r = subprocess.run(self.ssh + [command], input=stdin, capture_output=True, timeout=120)
+        if r.returncode != 0:
+            raise DaemonError(f"on the board, `{command}` failed: {r.stderr.decode(errors='replace').strip()}")
+        return r.stdout
+
+    def record(self, timeout_s: float = 120) -> Path:
+        d = f"{self.board_dir}/recordings"
+        before = set(self._run(f"ls {d} 2>/dev/null || true").split())
+        self._run(f"kill -USR1 {self.pid}")
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            new = sorted(n for n in set(self._run(f"ls {d} 2>/dev/null || true").split()) - before
+                         if n.endswith(b".mcap") and not n.startswith(b"."))
+            if new:
+                name = new[-1].decode()
+                local = self.out / "recordings" / name
+                local.parent.mkdir(parents=True, exist_ok=True)
+                local.write_bytes(self._run(f"cat {d}/{name}"))
+                return local
+            self.check_alive()
+            time.sleep(0.5)
+        raise DaemonError(f"vlad on the board wrote no recording in {timeout_s} s after SIGUSR1")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            try:
+                self._run(f"kill -TERM {self.pid}")
+                self.proc.wait(timeout=120)
+            except (DaemonError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        try:
+            self._run(f"rm -f {self.config['rings']['observation_path']} {self.config['rings']['action_path']}")
+        except DaemonError:
+            pass
         return self.proc.returncode

@@ -222,16 +222,25 @@ def sshd(tmp_path):
         proc.wait()
 
 
-def test_the_rings_through_the_bridge_over_ssh_with_its_round_trips_reported(bundle, sshd, tmp_path):
-    """The bring-up path: the simulator here, the rings on the 'board' (this machine through a
-    loopback sshd), reached only through vla-ring-bridge over ssh's stdin/stdout."""
+def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_reported(bundle, sshd, tmp_path):
+    """The bring-up path: the simulator here; vlad and the rings on the 'board' (this machine
+    through a loopback sshd): vlad started, signalled and stopped over ssh, its recording
+    copied back, the rings reached only through vla-ring-bridge over ssh's stdin/stdout."""
     bridge = Path(sys.prefix) / "lib" / "vla-ring-bridge"
     assert bridge.exists(), "scripts/setup_libero.sh builds it"
+    vlad = max((p for p in (REPO / "target" / prof / "vlad" for prof in ("release", "debug")) if p.exists()),
+               key=lambda p: p.stat().st_mtime)
+    qnn = os.environ.get("VLA_QNN_LIB_DIR") or (REPO / "build" / "qnn-lib-dir").read_text().strip()
+    board = tmp_path / "board"
     r = tool("episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
-             "--instruction-id", "0", "--publish-hz", "4", "--bridge", f"{sshd} {bridge}", "--out", str(tmp_path))
+             "--instruction-id", "0", "--publish-hz", "4", "--bridge", f"{sshd} {bridge}", "--board", sshd,
+             "--board-vlad", str(vlad), "--board-dir", str(board), "--board-qnn-lib-dir", qnn,
+             "--out", str(tmp_path / "out"))
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
-    report = json.loads((tmp_path / "episode" / "report.json").read_text())
+    report = json.loads((tmp_path / "out" / "episode" / "report.json").read_text())
     assert report["checks_passed"] and report["steps"] == 20 and report["chunks"] == 2, report["checks"]
+    assert len(list((board / "recordings").glob("*.mcap"))) == 1, "recorded on the board, copied back"
+    assert "operating point" in (tmp_path / "out" / "vlad.log").read_text(), "the board's vlad log, streamed back"
     rtt = report["bridge_rtt_ms"]
     assert rtt["publish"]["n"] >= 2 and rtt["read"]["n"] >= 20 and rtt["publish"]["p50"] > 0
     assert "bridge publish   round trip" in r.stdout
