@@ -12,7 +12,9 @@ VENV="${LIBERO_VENV:-$ROOT/build/libero-venv}"
 PY="${PYTHON:-python3.11}"
 REQ="$ROOT/scripts/libero-requirements.txt"
 
-apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev)
+# EGL/Mesa: headless rendering; gcc: the ring shim and bridge; ssh: --board/--bridge (and
+# the loopback sshd their test runs as the board).
+apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev openssh-client openssh-server)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
