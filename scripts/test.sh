@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of the project on this machine (what CI runs):
 #   formatting, clippy, the Rust tests on x86_64 against the real QNN HTP emulator,
-#   the Python fixture tests, the aarch64 build with its QNN-free tests under qemu,
+#   the Python fixture tests, one LIBERO episode through vlad (tools/vla_libero),
+#   the aarch64 build with its QNN-free tests under qemu,
 #   the aarch64 vlad on Qualcomm's aarch64 QNN libraries under qemu,
 #   the release binary's dynamic dependencies, the layer/unit checks, fleet OTA through
 #   real RAUC in a qemu VM, power cuts under the OTA store in that VM, and a short
@@ -32,6 +33,15 @@ env --ignore-signal=HUP cargo test --workspace --locked
 
 step "Python fixture tests"
 .venv/bin/python -m pytest -q scripts/tests
+
+step "LIBERO as the robot: one short episode through vlad, the boundary checks (tools/vla_libero)"
+# Its own venv (LIBERO, robosuite 1.4.0, MuJoCo 2.3.7; pinned with hashes) and the ring shim
+# compiled from vla_ring.h; headless EGL rendering. 20-step episodes on the closed-loop
+# Fast-WAM fixture (2 cameras 40x48), on the tiny MolmoAct2 bundle and through the ring bridge
+# over a loopback sshd, on the emulator: about two minutes (plus 1.5 min for the venv on a
+# fresh machine).
+scripts/setup_libero.sh
+MUJOCO_GL=egl PYTHONPATH=tools build/libero-venv/bin/python -m pytest -q -p no:cacheprovider tools/vla_libero/tests
 
 step "aarch64 build and QNN-free tests under qemu-aarch64"
 # The QNN wheel is x86_64-only, so the aarch64 run covers the library crates' tests that

@@ -152,8 +152,16 @@ impl Scheduler {
     }
 
     /// The publisher missed `n` ticks (an overrun): their steps are gone, the position
-    /// moves on so that every step keeps its time.
+    /// moves on so that every step keeps its time. Under synchronous execution the rows
+    /// are delayed instead, never dropped: upstream's protocol executes every one of them,
+    /// and a robot in lockstep (a simulator slower than real time) steps once per row.
     pub fn skip_ticks(&mut self, n: u64) {
+        if self.synchronous_rows().is_some() {
+            if self.have_chunk {
+                self.landed_ns += n * self.chunk_period();
+            }
+            return;
+        }
         self.pos += n as f64 * self.advance;
     }
 
@@ -450,6 +458,21 @@ mod tests {
         // The ticks at 1100 and 1200 ms were missed: at 1300 ms it is step 3's time.
         s.skip_ticks(2);
         assert_eq!(s.tick(1300 * MS, true, false, &mut a), Decision::Step(3));
+    }
+
+    #[test]
+    fn synchronous_execution_delays_the_rows_of_missed_ticks_instead_of_dropping_them() {
+        let (mut s, mut a) = setup();
+        s.limits.synchronous_rows = Some(3);
+        s.land(&chunk(1, 1000), 1250 * MS);
+        assert_eq!(s.tick(1250 * MS, true, false, &mut a), Decision::Step(0));
+        // The ticks at 1350 and 1450 ms were missed: row 1 comes at 1550 ms, and the
+        // executed rows end two ticks later than planned.
+        s.skip_ticks(2);
+        assert_eq!(s.end_ns(), 1650 * MS);
+        assert_eq!(s.tick(1550 * MS, true, false, &mut a), Decision::Step(1));
+        assert_eq!(s.tick(1650 * MS, true, false, &mut a), Decision::Step(2));
+        assert_eq!(s.tick(1750 * MS, true, false, &mut a), Decision::Hold);
     }
 
     #[test]

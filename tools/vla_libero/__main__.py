@@ -1,0 +1,208 @@
+"""vla-libero: `tasks` lists a suite, `episode` runs one episode through vlad and writes its
+report, `eval` runs several and writes the per-suite success table, `demo` runs a short
+episode on the tiny fixture."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import bridge as br
+from . import checks as ck
+from . import conventions as cv
+from . import daemon as dm
+from . import episode as ep
+from . import recording as rc
+from . import report as rp
+from . import ring as rg
+from . import sim as sm
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vla-libero", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("tasks", help="list a suite's tasks")
+    t.add_argument("--suite", default="libero_spatial")
+    d = sub.add_parser("demo", help="one short episode on the tiny closed-loop Fast-WAM fixture (what CI runs)")
+    d.add_argument("--out", type=Path, default=Path("build/libero-demo"))
+    d.add_argument("--policy", choices=("fastwam", "molmoact2"), default="fastwam",
+                   help="fastwam: golden/bundles/fastwam-closed-loop (raw state); molmoact2: "
+                        "golden/bundles/molmoact2-upstream-sd")
+    d.add_argument("--vlad", help="vlad binary (default: the newer of target/release and target/debug)")
+    for name in ("episode", "eval"):
+        e = sub.add_parser(name, help="one episode with its report" if name == "episode" else
+                           "several episodes per task and suite: the success-rate table")
+        e.add_argument("--bundle", required=True, type=Path, help="a closed-loop Fast-WAM bundle with "
+                       "fastwam.chain.state_input eef_pos_quat_gripper")
+        e.add_argument("--suite", action="append", help="LIBERO suite (repeat for eval); default libero_spatial")
+        e.add_argument("--task", default="0", help="index, bddl name or language (eval: comma list or 'all')")
+        e.add_argument("--init", type=int, default=0, help="first stored init state")
+        e.add_argument("--episodes", type=int, default=1, help="episodes per task (eval)")
+        e.add_argument("--max-steps", type=int, help="policy steps cap (default: upstream's per suite)")
+        e.add_argument("--instruction-id", type=int, help="the bundle instruction to use instead of the task's "
+                       "language (a tiny fixture has no LIBERO prompt)")
+        e.add_argument("--publish-hz", type=float, default=2.0, help="vlad's row pace (lockstep: any rate works)")
+        e.add_argument("--seed", type=int, default=0, help="env seed (upstream seeds its env)")
+        e.add_argument("--vlad", help="vlad binary (default target/release or target/debug)")
+        e.add_argument("--out", type=Path, default=Path("build/libero"))
+        e.add_argument("--sheet-rows", type=int, default=8)
+        e.add_argument("--bridge", help="reach the rings through vla-ring-bridge run by this command (e.g. "
+                       "'ssh root@board /tmp/vla-ring-bridge'; 'local': this machine's build), not directly")
+        e.add_argument("--board", help="run vlad on another machine through this command prefix (e.g. "
+                       "'ssh root@board'); use with --bridge, --board-vlad, --board-dir; --bundle is the board's path")
+        e.add_argument("--board-vlad", default="vlad", help="vlad on the board")
+        e.add_argument("--board-bundle", help="the bundle's path on the board (default: --bundle's)")
+        e.add_argument("--board-dir", default="/tmp/vla-libero", help="the config and recordings on the board")
+        e.add_argument("--board-qnn-lib-dir", help="VLA_QNN_LIB_DIR for vlad on the board (default: its config's)")
+        e.add_argument("--record-every-s", type=float, default=dm.RECORD_EVERY_S,
+                       help="take a flight recording between chunks this often (at most 300)")
+    return p
+
+
+def _episodes(args, conv):
+    suites = args.suite or ["libero_spatial"]
+    for s in suites:
+        if args.max_steps is None and s not in cv.MAX_STEPS:
+            raise sm.TaskError(f"suite {s}: upstream's eval sets no episode length for it (only "
+                               f"{', '.join(cv.MAX_STEPS)}): pass --max-steps")
+        if args.cmd == "eval" and args.task == "all":
+            tasks = [sm.task(s, i) for i in range(sm.suite(s).n_tasks)]
+        else:
+            tasks = [sm.task(s, x.strip()) for x in args.task.split(",")]
+        for t in tasks:
+            cv.instruction_id(conv, t.language, args.instruction_id)
+            for i in range(args.episodes if args.cmd == "eval" else 1):
+                yield t, args.init + i
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "tasks":
+            s = sm.suite(args.suite)
+            for i in range(s.n_tasks):
+                t = s.get_task(i)
+                print(f"{i}\t{t.name}\t{t.language}")
+            return 0
+        if args.cmd == "demo":
+            out = args.out.resolve()
+            out.mkdir(parents=True, exist_ok=True)
+            bundle = cv.fixture_bundle(out / "bundle") if args.policy == "fastwam" else cv.MOLMOACT2_FIXTURE
+            args = _parser().parse_args(
+                ["episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
+                 "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]
+                + (["--vlad", args.vlad] if args.vlad else []))
+        return _run(args)
+    except (sm.TaskError, cv.BundleError, rg.RingError, dm.DaemonError, ep.LockstepError) as e:
+        print(f"vla-libero: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args) -> int:
+    conv = cv.from_bundle(args.bundle)
+    plan = list(_episodes(args, conv))  # every task checked before anything starts
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}"
+    if not 0 <= args.record_every_s <= 300:
+        raise dm.DaemonError(f"--record-every-s {args.record_every_s}: expected 0..300 (a recording covers 600 s "
+                             "at most)")
+    config = dm.eval_config(args.board_bundle or args.bundle, out, tag, args.publish_hz, conv.execute_steps,
+                            args.record_every_s)
+    if args.board:
+        if not args.bridge:
+            raise dm.DaemonError("--board needs --bridge: the rings are on the board")
+        daemon = dm.BoardDaemon(args.board, args.board_vlad, config, out, args.board_dir, args.board_qnn_lib_dir)
+    else:
+        daemon = dm.Daemon(dm.vlad_binary(args.vlad), config, out)
+    writer = reader = None
+    summaries: list = []
+    sims: dict = {}
+    try:
+        if args.bridge:
+            bridge = br.Bridge(str(br.local_bridge()) if args.bridge == "local" else args.bridge, daemon.obs_path,
+                               daemon.act_path, conv.geometry)
+            writer, reader = br.RemoteObservationWriter(bridge), br.RemoteActionReader(bridge)
+        else:
+            bridge = None
+            writer = rg.ObservationWriter(daemon.obs_path, conv.geometry)
+            reader = rg.ActionReader(daemon.act_path, conv.geometry)
+        for n, (task, init_index) in enumerate(plan):
+            if task.name not in sims:
+                for s in sims.values():
+                    s.close()
+                sims = {task.name: sm.Sim(task, conv.geometry.height, conv.geometry.width, args.seed)}
+            simulator = sims[task.name]
+            t0 = time.monotonic()
+            while not reader.try_open():  # vlad gates the bundle first
+                daemon.check_alive()
+                writer.heartbeat()
+                if time.monotonic() - t0 > 900:
+                    raise dm.DaemonError(f"vlad made no action ring in 900 s (log {daemon.log_path})")
+                time.sleep(0.1)
+            inits = sm.init_states(task)
+            instruction = cv.instruction_id(conv, task.language, args.instruction_id)
+            max_steps = args.max_steps or conv.max_steps(task.suite)
+            ep_dir = out / (f"{task.suite}-{task.index}-{init_index}" if args.cmd == "eval" else "episode")
+            ep_dir.mkdir(parents=True, exist_ok=True)
+            recordings: list[Path] = []
+            last = [time.monotonic()]
+
+            def take_recording():
+                target = ep_dir / f"recording-{len(recordings):03d}.mcap"
+                daemon.record().replace(target)
+                recordings.append(target)
+                last[0] = time.monotonic()
+
+            def between_chunks():
+                # A long episode outlasts one recording's history: take one on the way.
+                if time.monotonic() - last[0] >= args.record_every_s:
+                    take_recording()
+
+            log = ep.run(simulator, inits[init_index % len(inits)], conv, writer, reader, instruction, max_steps,
+                         alive=daemon.check_alive, between_chunks=between_chunks)
+            ep.save(log, ep_dir / "robot.npz")
+            take_recording()
+            saved = dict(np.load(ep_dir / "robot.npz"))
+            rec = rc.read_all(recordings)
+            results = ck.run(saved, rec, conv, instruction)
+            summary = rp.summarize(saved, rec, results, {
+                "bundle": str(args.bundle), "suite": task.suite, "task_index": task.index, "task": task.language,
+                "init_index": init_index, "max_steps": max_steps, "execute_steps": conv.execute_steps,
+                "publish_hz": args.publish_hz, "frame": f"{conv.geometry.height}x{conv.geometry.width}",
+                "recordings": recordings})
+            summary["contact_sheet"] = str(rp.contact_sheet(saved, ep_dir / "contact-sheet.png", args.sheet_rows))
+            if bridge:
+                summary["bridge_rtt_ms"] = rp.rtt(bridge.rtt_s)
+                for v in bridge.rtt_s.values():
+                    v.clear()
+            rp.write(summary, ep_dir)
+            print(rp.text(summary), flush=True)
+            summaries.append(summary)
+    finally:
+        for s in sims.values():
+            s.close()
+        if writer:
+            writer.close()
+        if reader:
+            reader.close()
+        code = daemon.stop()
+    if args.cmd == "eval":
+        table = rp.suite_table(summaries)
+        (out / "success-rates.md").write_text(table + "\n")
+        (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
+        print(table)
+    if code not in (0, None):
+        print(f"vla-libero: vlad exited with {code} (log {daemon.log_path})", file=sys.stderr)
+        return 1
+    return 0 if all(s["checks_passed"] for s in summaries) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

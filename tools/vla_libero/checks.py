@@ -1,0 +1,162 @@
+"""The boundary checks: what vlad's policy received (its flight recording) against what
+the policy's upstream LIBERO eval feeds for the same simulator state (the robot's log:
+Fast-WAM's eval code, LeRobot's env for MolmoAct2), and the lockstep protocol (rows, order,
+no-op steps, gripper values). Each check is a line `PASS|FAIL name: detail`; vlad's own
+Fast-WAM host glue is stood for by scripts/reference.py, the numpy pipeline its parity tests
+hold it to (docs/bundle-format.md)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import conventions as cv
+from .recording import Recording
+
+REPO = Path(__file__).resolve().parents[2]
+# vlad's state conversion in f32 against upstream's f64 (docs/bundle-format.md, step 2).
+STATE_TOLERANCE = 2e-6
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'FAIL'} {self.name}: {self.detail}"
+
+
+def _reference():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reference  # noqa: E402  (the project's numpy host glue)
+    return reference
+
+
+def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> list[Check]:
+    ref = _reference()
+    chain = conv.chain
+    out: list[Check] = []
+    published = {int(s): int(p) for s, p, _ in log["published"]}
+    taken = [inf for inf in rec.inferences if inf.obs_seq in published]
+    applied_chunks = {int(r[1]) for r in log["applied"]}
+    recorded_chunks = {inf.chunk_id for inf in taken}
+    out.append(Check("recording covers the episode", bool(taken) and applied_chunks <= recorded_chunks,
+                     f"{len(taken)} recorded inferences on this episode's observations, "
+                     f"{len(applied_chunks - recorded_chunks)} applied chunks missing"))
+
+    fastwam = conv.policy == "fastwam"
+    # 1. The bytes vlad took are the robot's, cameras in upstream's order.
+    frames_ok = state_ok = True
+    for inf in taken:
+        k = published[inf.obs_seq]
+        raw = log["point_frames"][k]
+        frames_ok &= len(inf.frames) == 2 and all(np.array_equal(inf.frames[c], raw[c]) for c in (0, 1))
+        state_ok &= np.array_equal(inf.state, log["point_raw_state"][k].astype(np.float32))
+    out.append(Check("ring frames = the robot's frames (camera 0 agent view, 1 wrist)", frames_ok and bool(taken),
+                     f"{len(taken)} observations, byte for byte"))
+    out.append(Check("ring state = the robot's state", state_ok and bool(taken),
+                     "eef_pos, eef_quat (x,y,z,w), gripper_qpos: MuJoCo's f64 as f32" if fastwam else
+                     "LeRobot's observation.state: eef_pos, axis-angle, gripper_qpos in f32"))
+
+    # 2. Orientation: the frames vlad's policy sees are upstream's, turned 180 degrees.
+    rendered = log["point_rendered"]
+    if fastwam:
+        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c]) and
+                     np.array_equal(inf.frames[c][::-1, ::-1], log["point_upstream_images"][published[inf.obs_seq]][c])
+                     for inf in taken for c in (0, 1))
+        out.append(Check("orientation: rotate_180 of the ring frames = upstream get_libero_image",
+                         orient and bool(taken), f"ring frames as rendered, rotate_180 {chain['rotate_180']}"))
+    else:
+        # LeRobot's torch.flip(img, dims=[2, 3]) on [B, C, H, W] of the rendered frames.
+        orient = all(np.array_equal(inf.frames[c], np.flip(rendered[published[inf.obs_seq]][c], axis=(0, 1)))
+                     for inf in taken for c in (0, 1))
+        out.append(Check("orientation: ring frames = LeRobot's flipped image, image2 (vlad does not turn them)",
+                         orient and bool(taken), "the rendered frames flipped in H and W, as LiberoProcessorStep"))
+        worst = max((float(np.abs(inf.state - log["point_upstream_state"][published[inf.obs_seq]]).max())
+                     for inf in taken), default=float("inf"))
+        out.append(Check("policy state input = eef_pos + quat2axisangle + gripper_qpos (robosuite's, f64)",
+                         worst <= STATE_TOLERANCE, f"max abs {worst:.3g} (tolerance {STATE_TOLERANCE:g})"))
+
+    ids = sorted({inf.instruction_id for inf in taken})
+    out.append(Check("instruction id on every observation vlad took", ids == [instruction],
+                     f"ids {ids}, expected {instruction}"))
+    if fastwam:
+        out += _fastwam_inputs(ref, chain, taken, published, log)
+
+    out += _lockstep(log, taken, published, conv, check_gripper=fastwam)
+    return out
+
+
+def _fastwam_inputs(ref, chain, taken, published, log) -> list[Check]:
+    out = []
+    # 3. The policy's image input: vlad's host glue on the recorded frames against
+    #    upstream's _center_crop_resize (Pillow) on upstream's images.
+    worst_img = 0.0
+    for inf in taken:
+        vlad_img = ref.fastwam_image(np.stack([inf.frames[0], inf.frames[1]]), chain)
+        up_img = cv.upstream_model_image(log["point_upstream_images"][published[inf.obs_seq]],
+                                         chain["camera_width"], chain["camera_height"])
+        worst_img = max(worst_img, float(np.abs(vlad_img - up_img).max()) if vlad_img.shape == up_img.shape
+                        else float("inf"))
+    out.append(Check("policy image input = upstream's (crop-resize, side by side, x*2/255-1)",
+                     worst_img == 0.0 and bool(taken),
+                     f"max abs {worst_img:g} over {len(taken)} inputs of {chain['camera_height']}x"
+                     f"{2 * chain['camera_width']}"))
+
+    # 4. The policy's state input: vlad's conversion of the recorded 9 values against
+    #    upstream's _extract_sim_state on MuJoCo's f64 observation.
+    worst_state = 0.0
+    for inf in taken:
+        vlad_state = ref.fastwam_state(inf.state, chain)
+        worst_state = max(worst_state, float(np.abs(vlad_state - log["point_upstream_state"][published[inf.obs_seq]])
+                                             .max()))
+    out.append(Check("policy state input = upstream _extract_sim_state", worst_state <= STATE_TOLERANCE and bool(taken),
+                     f"max abs {worst_state:.3g} (tolerance {STATE_TOLERANCE:g}: f32 ring against f64)"))
+    return out
+
+
+def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
+    out = []
+
+    # 5. Lockstep: inference k ran on the state after k chunks of execute_steps rows, each
+    #    chunk's rows were applied in order from row 0, exactly as vlad computed them.
+    applied, values = log["applied"], log["applied_values"]
+    chunks = {inf.chunk_id: inf for inf in taken if inf.ok}
+    steps_before = log["point_steps"]
+    seq_ok, rows_ok, values_ok = True, True, True
+    n = conv.execute_steps
+    for inf in taken:
+        k = published[inf.obs_seq]
+        seq_ok &= int(steps_before[k]) == min(k * n, int(log["counts"][5]))
+    by_chunk: dict[int, list] = {}
+    for row, v in zip(applied, values):
+        by_chunk.setdefault(int(row[1]), []).append((int(row[2]), v))
+    for cid, rows in by_chunk.items():
+        idx = [r for r, _ in rows]
+        rows_ok &= idx == list(range(len(idx))) and len(idx) <= n
+        c = chunks.get(cid)
+        values_ok &= c is not None and c.actions is not None and all(np.array_equal(v, c.actions[r]) for r, v in rows)
+    full = sum(len(r) == n for r in by_chunk.values())
+    out.append(Check("lockstep: inference k saw the state after k x execute_steps rows", seq_ok and bool(taken),
+                     f"execute_steps {n}, {len(taken)} inferences"))
+    out.append(Check("lockstep: each chunk applied from row 0, in order, at most execute_steps rows",
+                     rows_ok and bool(by_chunk), f"{len(by_chunk)} chunks, {full} with all {n} rows"))
+    out.append(Check("applied actions = the recorded chunk rows (gripper already mapped by vlad)",
+                     values_ok and bool(by_chunk), f"{len(applied)} env steps"))
+    if check_gripper:
+        grip = values[:, -1] if len(values) else np.zeros(0)
+        out.append(Check("gripper action in {-1, 0, 1} (upstream: -(2g-1), sign)",
+                         bool(np.isin(grip, (-1.0, 0.0, 1.0)).all()),
+                         f"values seen {sorted(set(np.round(grip, 6).tolist()))}"))
+
+    # 6. Warm-up and instruction.
+    noop = log["noop_actions"]
+    out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]",
+                     len(noop) == conv.num_steps_wait and bool((noop == np.array(cv.NOOP_ACTION)).all()),
+                     f"{len(noop)} steps"))
+    return out
