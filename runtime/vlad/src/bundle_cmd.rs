@@ -10,10 +10,10 @@ use vla_policy::{Bundle, BundleParity, ObservationFile, Policy};
 
 pub(crate) fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
     let bundle = Bundle::open(dir)?;
-    crate::gate::note_upstream_deviations(&bundle);
     let (_, backend) = qnn_setup::load_backend(common)?;
     let t = Instant::now();
     let policy = Policy::load(&bundle, &backend)?;
+    crate::gate::note_upstream_deviations(&bundle);
     Ok((bundle, policy, t.elapsed().as_secs_f64() * 1e3))
 }
 

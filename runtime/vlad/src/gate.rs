@@ -157,6 +157,8 @@ impl std::error::Error for InferError {
 
 /// Says in one log line which of a Fast-WAM bundle's settings differ from upstream's LIBERO
 /// evaluation and what upstream uses (nothing for MolmoAct2 or a bundle that matches).
+/// Called once the policy is loaded: a bundle that cannot even load (no NPU) gets its one
+/// error line, not a note about its settings first.
 pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
     let deviations = bundle
         .manifest
@@ -179,7 +181,6 @@ pub fn load_gated(
     options: &vla_policy::LoadOptions,
 ) -> Result<(Bundle, Policy, f64), LoadError> {
     let bundle = Bundle::open(dir)?;
-    note_upstream_deviations(&bundle);
     let mut policy = Policy::load_with(&bundle, backend, options)?;
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {
@@ -195,6 +196,7 @@ pub fn load_gated(
         bundle.manifest.version,
         report.end_to_end.comparison.cosine
     );
+    note_upstream_deviations(&bundle);
     if report.open_loop {
         log::warn!(
             "bundle {} is OPEN LOOP: constant world model, its actions ignore the camera and the state",
