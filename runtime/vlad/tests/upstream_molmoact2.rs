@@ -54,18 +54,13 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// Cosine and max abs difference: the project's parity metric.
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
+    vla_tensor::compare(a, b, 0.0, 0.0).cosine
 }
 
 fn max_abs(a: &[f32], b: &[f32]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).abs())
-        .fold(0.0, f64::max)
+    vla_tensor::compare(a, b, 0.0, 0.0).max_abs_diff
 }
 
 /// Upstream's observations and results for one variant: `obs{o}_{frames,state,

@@ -130,6 +130,11 @@ pub struct OperatingPoint {
     pub synchronous: bool,
 }
 
+/// `ns` rounded up to 10 ms: the values a limit names are written into a config in ms.
+fn ms10(ns: f64) -> u64 {
+    ((ns / 1e7).ceil() * 1e7) as u64
+}
+
 /// Below this share of the time held, no limit is named.
 const NEGLIGIBLE: f64 = 0.01;
 
@@ -298,7 +303,7 @@ impl Model {
             let a = self.s.max_chunk_age_ns;
             return (a != 0 && (a as f64) < needed).then(|| Limit::ChunkAge {
                 limit_ns: a,
-                raise_to_ns: ((needed / 1e7).ceil() * 1e7) as u64,
+                raise_to_ns: ms10(needed),
             });
         }
         let unlimited_rows = self.with(|s| {
@@ -320,8 +325,6 @@ impl Model {
         if gains[best] < NEGLIGIBLE {
             return None;
         }
-        // Rounded up to 10 ms: settings are written in ms.
-        let ms10 = |ns: f64| ((ns / 1e7).ceil() * 1e7) as u64;
         // Until the next chunk lands, at the spread's slow end (a limit set to the median
         // would still hold the slower half of the cycles).
         let slow = self.m.slow_ns() as f64;
