@@ -13,20 +13,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use vla_npz::Npz;
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
+use vla_test_support::copy_dir;
 use vla_test_support::repo_root;
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
-    }
-}
 
 /// The fixture with `state_input: eef_pos_quat_gripper`, gated by its quaternion golden.
 fn quaternion_bundle(dir: &Path) -> PathBuf {

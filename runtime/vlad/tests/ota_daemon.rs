@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
+use vla_test_support::copy_dir;
 use vla_test_support::repo_root;
 
 fn vlad(args: &[&str]) -> Output {
@@ -28,18 +29,6 @@ fn ok(args: &[&str]) -> String {
     );
     assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
     out + &err
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dst.join(e.file_name()));
-        } else {
-            std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-        }
-    }
 }
 
 /// The 64-hex content hash `vlad ota install` printed.

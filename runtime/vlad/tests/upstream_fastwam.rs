@@ -15,6 +15,7 @@ use common::qnn as qnn_available;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use vla_npz::{write_npz, Array, Npz};
+use vla_test_support::copy_dir;
 
 /// Against upstream's f32 `infer_action`, on the HTP emulator (fp16): measured cosine
 /// 0.99988 or more and max abs up to 0.070 over the held-out observations (actions up to 7 in
@@ -195,19 +196,6 @@ fn upstream_bundle_passes_parity_and_gives_upstreams_actions() {
         assert!(row.passes(), "observation {}: {row:?}", o + 1);
     }
     let _ = std::fs::remove_dir_all(dir);
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
 }
 
 /// The bundle with one mistaken export's contexts swapped in (golden/upstream-fastwam/tiny/

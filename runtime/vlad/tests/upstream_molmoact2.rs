@@ -13,6 +13,7 @@ use common::qnn as qnn_available;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use vla_npz::{write_npz, Array, Npz};
+use vla_test_support::copy_dir;
 
 const VARIANTS: [&str; 3] = ["original", "sd", "drift-keystone"];
 /// Against upstream's fp32 predict_action, on the HTP emulator (fp16): measured cosine
@@ -163,19 +164,6 @@ fn every_upstream_variant_passes_parity_and_gives_upstreams_actions() {
             );
         }
         let _ = std::fs::remove_dir_all(dir);
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
     }
 }
 

@@ -53,3 +53,19 @@ pub fn cannot_run(reason: &str) {
     );
     eprintln!("SKIPPED: {reason}");
 }
+
+/// Copies the directory tree `src` to `dst` (created), e.g. a fixture bundle a test edits.
+/// Panics naming the path on any I/O error: it is test set-up.
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap_or_else(|e| panic!("{}: {e}", dst.display()));
+    for entry in std::fs::read_dir(src).unwrap_or_else(|e| panic!("{}: {e}", src.display())) {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), &to)
+                .unwrap_or_else(|e| panic!("{} -> {}: {e}", entry.path().display(), to.display()));
+        }
+    }
+}

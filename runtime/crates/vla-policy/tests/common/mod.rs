@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary};
+use vla_test_support::copy_dir;
 
 /// The HTP emulator crashes (SIGSEGV) when several backends are created, used and freed at
 /// once in one process, as parallel tests do: the tests of a binary take turns.
@@ -45,19 +46,6 @@ pub fn copy_fixture(name: &str, tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dst);
     copy_dir(&fixture(name), &dst);
     dst
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let e = e.unwrap();
-        let to = dst.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &to);
-        } else {
-            std::fs::copy(e.path(), to).unwrap();
-        }
-    }
 }
 
 /// Rewrites `bundle.json` of `dir` through `edit`.
