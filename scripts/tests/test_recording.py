@@ -80,8 +80,13 @@ def test_a_recording_reads_back_with_the_mcap_package_and_the_textfile_parses(tm
     config["bundle"]["path"] = str(BUNDLE)
     config["rings"]["observation_path"] = f"/dev/shm/vlad-pyrec-{tag}-obs"
     config["rings"]["action_path"] = f"/dev/shm/vlad-pyrec-{tag}-act"
+    # `synchronous`: each chunk plays from its first row when it lands, whatever its latency
+    # (up to max_chunk_age_ms). With the default back-to-back trigger an inference slower than
+    # the chunk's span lands with every row in the past and the loop rightly publishes only
+    # hold: on a loaded 2-core machine no action was ever ok.
     config["control"].update({"publish_hz": 20.0, "max_chunk_age_ms": 60000, "max_observation_age_ms": 5000,
-                              "action_valid_ms": 1000, "writer_heartbeat_timeout_ms": 2000})
+                              "action_valid_ms": 1000, "writer_heartbeat_timeout_ms": 2000,
+                              "trigger": "synchronous"})
     recordings, textfile = tmp_path / "recordings", tmp_path / "vlad.prom"
     config["recorder"] = {"directory": str(recordings), "history_s": 30, "frames": "full", "max_chunks": 32,
                           "hold_limit_ms": 0}
@@ -97,8 +102,9 @@ def test_a_recording_reads_back_with_the_mcap_package_and_the_textfile_parses(tm
     sim = subprocess.Popen([str(vlad), "simulate", "--config", str(cfg), "--duration", str(HANG_GUARD_S),
                             "--camera-hz", "20"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until("5 inferences and 60 ticks in the textfile", [daemon, sim], lambda: (
-            value(metrics(textfile), "vlad_inferences") >= 5 and value(metrics(textfile), "vlad_ticks") >= 60))
+        wait_until("5 inferences, 60 ticks and an ok action in the textfile", [daemon, sim], lambda: (
+            value(metrics(textfile), "vlad_inferences") >= 5 and value(metrics(textfile), "vlad_ticks") >= 60
+            and value(metrics(textfile), "vlad_published_actions", status="ok") > 0))
         daemon.send_signal(signal.SIGUSR1)
         wait_until("a recording", [daemon, sim], lambda: any(recordings.glob("*.mcap")))
         families = metrics(textfile)
