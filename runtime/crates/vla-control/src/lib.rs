@@ -117,7 +117,7 @@ pub struct LoopSettings {
     pub observation_path: PathBuf,
     /// Action ring file, created by [`ControlLoop::start`].
     pub action_path: PathBuf,
-    /// Slots of the action ring (a power of two).
+    /// Slots of the action ring (`rings.action_slots`).
     pub action_slots: u32,
     /// Publish period: one action per tick on absolute deadlines.
     pub period: Duration,

@@ -101,7 +101,7 @@ pub enum Limit {
     Schedule {
         /// Highest chunk step rate, in Hz, at which the next chunk lands before this one runs out.
         chunk_rate_hz: f64,
-        /// The `max_chunk_age` that rate needs.
+        /// The `max_chunk_age` that rate needs (rounded up to 10 ms).
         max_chunk_age_ns: u64,
     },
     /// `max_chunk_age` refuses rows before the next chunk lands.
@@ -118,7 +118,8 @@ pub enum Limit {
         limit_ns: u64,
         /// The robot's measured observation period.
         observation_period_ns: u64,
-        /// The `max_observation_age` that removes the wait (rounded up to 10 ms).
+        /// 1.5 observation periods (rounded up to 10 ms): a `max_observation_age` that removes
+        /// the wait.
         raise_to_ns: u64,
     },
     /// `action_valid` is shorter than the publish period: each action expires before
@@ -126,7 +127,7 @@ pub enum Limit {
     ActionValid {
         /// The configured `action_valid`.
         limit_ns: u64,
-        /// The `action_valid` that covers a publish period (rounded up to 10 ms).
+        /// An `action_valid` of 1.5 publish periods (rounded up to 10 ms).
         raise_to_ns: u64,
     },
 }
