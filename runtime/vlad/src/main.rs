@@ -6,6 +6,7 @@
 //! each subcommand lives in its own module.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod bench;
 mod bench_bundle;

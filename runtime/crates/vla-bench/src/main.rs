@@ -12,6 +12,7 @@
 //! bench-bundle`, and renders one table.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod host;
 mod loop_jitter;

@@ -145,10 +145,13 @@ impl FieldPath {
         self
     }
 
+    /// The steps from the document root, outermost first.
     pub fn segments(&self) -> &[Segment] {
         &self.segments
     }
 
+    /// True for the document root itself (an error about the whole document), false once any
+    /// segment was pushed, even if it was cut.
     pub fn is_root(&self) -> bool {
         self.segments.is_empty() && !self.cut
     }
@@ -208,15 +211,22 @@ impl fmt::Display for FieldPath {
 pub enum Found {
     /// The field was not there at all.
     Absent,
+    /// JSON `null` (also what the parser makes of `null` in a number field).
     Null,
+    /// A JSON boolean.
     Bool(bool),
+    /// A JSON number.
     Number(f64),
     /// A string: its first characters and its full length in bytes.
     Text {
+        /// The string's first characters, cut to 48 bytes.
         start: Snippet,
+        /// The whole string's length in bytes, shown when `start` was cut.
         len: usize,
     },
+    /// A JSON object.
     Object,
+    /// A JSON array.
     Array,
     /// Bytes that do not form a JSON value (e.g. `1.2.3`).
     Malformed,
@@ -272,41 +282,73 @@ impl fmt::Display for Found {
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be opened or read.
-    Read { origin: Origin, source: io::Error },
+    Read {
+        /// Where the configuration came from.
+        origin: Origin,
+        /// The operating system's error.
+        source: io::Error,
+    },
     /// The input is larger than [`crate::MAX_CONFIG_BYTES`].
     TooLarge {
+        /// Where the configuration came from.
         origin: Origin,
+        /// Size of the input in bytes.
         size: u64,
+        /// The limit, [`crate::MAX_CONFIG_BYTES`].
         max: usize,
     },
     /// The input is not well-formed JSON; `path` is the field being read when it broke.
     Malformed {
+        /// Where the configuration came from.
         origin: Origin,
+        /// The field being read when the JSON broke.
         path: FieldPath,
+        /// What the parser found wrong, e.g. `"expected ',' or '}'"`.
         problem: &'static str,
     },
     /// A key the schema does not know (often a typo); `allowed` lists the known ones.
     UnknownField {
+        /// Where the configuration came from.
         origin: Origin,
+        /// The unknown key, as a path from the root.
         path: FieldPath,
+        /// The keys the schema accepts at that level.
         allowed: &'static [&'static str],
     },
     /// A required key is absent.
-    MissingField { origin: Origin, path: FieldPath },
+    MissingField {
+        /// Where the configuration came from.
+        origin: Origin,
+        /// The absent field.
+        path: FieldPath,
+    },
     /// A key appears twice in the same object.
-    DuplicateField { origin: Origin, path: FieldPath },
+    DuplicateField {
+        /// Where the configuration came from.
+        origin: Origin,
+        /// The repeated field.
+        path: FieldPath,
+    },
     /// The value has the wrong JSON type (e.g. a string where a number belongs).
     WrongType {
+        /// Where the configuration came from.
         origin: Origin,
+        /// The field with the wrong type.
         path: FieldPath,
+        /// The type the field needs, as a sentence fragment.
         expected: Expected,
+        /// What the input held instead.
         found: Found,
     },
     /// The value has the right type but breaks a range, format or cross-field rule.
     Invalid {
+        /// Where the configuration came from.
         origin: Origin,
+        /// The field that breaks the rule.
         path: FieldPath,
+        /// The rule, as a sentence fragment ("a number in (0, 1000]").
         expected: Expected,
+        /// What the input held instead.
         found: Found,
     },
 }
@@ -325,6 +367,7 @@ impl ConfigError {
         }
     }
 
+    /// Where the rejected configuration came from (file, bytes, or environment variable).
     pub fn origin(&self) -> &Origin {
         match self {
             ConfigError::Read { origin, .. }

@@ -26,6 +26,7 @@
 // once, at start-up, where that size costs nothing.
 #![allow(clippy::result_large_err)]
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod error;
 mod probe;
@@ -69,10 +70,15 @@ pub type NameText = heapless::String<MAX_NAME_BYTES>;
 /// A log verbosity, from quietest to noisiest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
+    /// Errors only.
     Error,
+    /// Errors and warnings.
     Warn,
+    /// Also informational messages (QNN's INFO).
     Info,
+    /// Also debug messages (QNN's VERBOSE).
     Debug,
+    /// Everything (QNN's DEBUG).
     Trace,
 }
 
@@ -80,6 +86,7 @@ impl LogLevel {
     /// The accepted spellings, in order.
     pub const NAMES: [&'static str; 5] = ["error", "warn", "info", "debug", "trace"];
 
+    /// The level spelled as in the config (`"error"` .. `"trace"`); `None` for anything else.
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "error" => Some(LogLevel::Error),
@@ -91,6 +98,7 @@ impl LogLevel {
         }
     }
 
+    /// The level's spelling in the config, one of [`Self::NAMES`].
     pub fn as_str(self) -> &'static str {
         Self::NAMES[self as usize]
     }
@@ -111,6 +119,7 @@ pub struct QnnConfig {
     pub backend_lib: NameText,
     /// File name of the system library inside `lib_dir`, e.g. `libQnnSystem.so`.
     pub system_lib: NameText,
+    /// QNN's own log level (`qnn.log_level`), mapped by [`LogLevel::qnn_level`].
     pub log_level: LogLevel,
     /// HTP performance vote while inferences run (`qnn.performance`, default burst).
     pub performance: QnnPerformance,
@@ -122,6 +131,7 @@ impl QnnConfig {
     /// ONNX Runtime's QNN EP waits 300 ms after a run before relaxing its vote.
     pub const DEFAULT_IDLE_RELEASE_MS: u32 = 300;
 
+    /// [`Self::performance_idle_release_ms`] as a duration.
     pub fn performance_idle_release(&self) -> core::time::Duration {
         core::time::Duration::from_millis(self.performance_idle_release_ms.into())
     }
@@ -130,14 +140,20 @@ impl QnnConfig {
 /// The HTP performance mode to vote for (`qnn.performance`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QnnPerformance {
+    /// DCVS off, every voltage corner MAX, 40 us sleep latency (the default).
     Burst,
+    /// DCVS off, corners TURBO, 100 us sleep latency.
     HighPerformance,
+    /// DCVS on, NOM_PLUS, 1000 us sleep latency.
     Balanced,
+    /// DCVS on, SVS, 1000 us sleep latency.
     PowerSaver,
+    /// No vote: the platform's DCVS decides.
     Off,
 }
 
 impl QnnPerformance {
+    /// The mode used when `qnn.performance` is absent or `null`: burst.
     pub const DEFAULT: QnnPerformance = QnnPerformance::Burst;
     /// The accepted spellings, in order.
     pub const NAMES: [&'static str; 5] = [
@@ -155,6 +171,7 @@ impl QnnPerformance {
         QnnPerformance::Off,
     ];
 
+    /// The mode spelled as in the config; `None` for anything else.
     pub fn parse(name: &str) -> Option<Self> {
         Self::NAMES
             .iter()
@@ -162,6 +179,7 @@ impl QnnPerformance {
             .map(|i| Self::ALL[i])
     }
 
+    /// The mode's spelling in the config, one of [`Self::NAMES`].
     pub fn as_str(self) -> &'static str {
         Self::NAMES[self as usize]
     }
@@ -178,7 +196,10 @@ pub struct BundleConfig {
 /// The shared-memory rings to the robot side.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RingsConfig {
+    /// Observation ring file (robot -> vlad), absolute; device: `/dev/shm/vla-obs`.
     pub observation_path: PathText,
+    /// Action ring file (vlad -> robot), absolute and not `observation_path`; device:
+    /// `/dev/shm/vla-act`.
     pub action_path: PathText,
     /// Slots in the action ring: a power of two.
     pub action_slots: u32,
@@ -187,16 +208,24 @@ pub struct RingsConfig {
 /// How a landing chunk takes over from the one in play (`control.merge`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Merge {
+    /// The landing chunk replaces the one in play, minus the steps its latency consumed.
     #[default]
     Skip,
+    /// Steps present in both chunks are blended, the new chunk's weight ramping up over the
+    /// shared steps.
     Crossfade,
+    /// The next inference is conditioned on the old chunk's remaining steps inside the flow
+    /// loop, then lands like `Skip`; needs `d < H`.
     Prefix,
+    /// Like `Prefix`, but by inpainting the overlap rows after every flow update; needs `d < H`.
     Inpaint,
 }
 
 impl Merge {
+    /// The accepted spellings, in declaration order.
     pub const NAMES: [&'static str; 4] = ["skip", "crossfade", "prefix", "inpaint"];
 
+    /// The mode spelled as in the config; `None` for anything else.
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip" => Some(Merge::Skip),
@@ -207,6 +236,7 @@ impl Merge {
         }
     }
 
+    /// The mode's spelling in the config, one of [`Self::NAMES`].
     pub fn as_str(self) -> &'static str {
         Self::NAMES[self as usize]
     }
@@ -215,6 +245,7 @@ impl Merge {
 /// When the next inference starts (`control.trigger`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum TriggerMode {
+    /// As soon as the previous inference finished (the default).
     #[default]
     BackToBack,
     /// When the chunk in play has `d + control.trigger_margin_steps` steps left.
@@ -228,14 +259,26 @@ pub enum TriggerMode {
 /// Timing of the action publisher and the staleness limits that make it fail closed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ControlConfig {
+    /// Rate at which actions are published on absolute deadlines, in Hz, (0, 1000].
     pub publish_hz: f64,
+    /// An observation older than this (ms, 1..=60000) is not used for inference.
     pub max_observation_age_ms: u32,
+    /// A chunk older than this (ms since its observation, 1..=60000) is not published from.
     pub max_chunk_age_ms: u32,
+    /// After a chunk's last step, keep publishing it as a hold for this long (ms, 0..=60000),
+    /// then stop; 0 stops at once.
     pub hold_after_chunk_end_ms: u32,
+    /// Each action's `valid_until` is its publish time plus this (ms); validation keeps it at
+    /// least one publish period.
     pub action_valid_ms: u32,
+    /// A reader considers the writer dead after this long without a heartbeat (ms); validation
+    /// keeps it at least two publish periods.
     pub writer_heartbeat_timeout_ms: u32,
+    /// How a landing chunk takes over from the one in play.
     pub merge: Merge,
+    /// When the next inference starts.
     pub trigger: TriggerMode,
+    /// Extra steps of slack for [`TriggerMode::Remaining`] (0..=1000, default 2).
     pub trigger_margin_steps: u32,
     /// Rows executed per chunk with `trigger: synchronous`; `None`: the whole chunk.
     pub execute_steps: Option<u32>,
@@ -253,22 +296,27 @@ impl ControlConfig {
         Duration::try_from_secs_f64(1.0 / self.publish_hz).unwrap_or(Duration::MAX)
     }
 
+    /// [`Self::max_observation_age_ms`] as a duration.
     pub fn max_observation_age(&self) -> Duration {
         Duration::from_millis(self.max_observation_age_ms.into())
     }
 
+    /// [`Self::max_chunk_age_ms`] as a duration.
     pub fn max_chunk_age(&self) -> Duration {
         Duration::from_millis(self.max_chunk_age_ms.into())
     }
 
+    /// [`Self::hold_after_chunk_end_ms`] as a duration.
     pub fn hold_after_chunk_end(&self) -> Duration {
         Duration::from_millis(self.hold_after_chunk_end_ms.into())
     }
 
+    /// [`Self::action_valid_ms`] as a duration.
     pub fn action_valid(&self) -> Duration {
         Duration::from_millis(self.action_valid_ms.into())
     }
 
+    /// [`Self::writer_heartbeat_timeout_ms`] as a duration.
     pub fn writer_heartbeat_timeout(&self) -> Duration {
         Duration::from_millis(self.writer_heartbeat_timeout_ms.into())
     }
@@ -281,6 +329,7 @@ impl ControlConfig {
         }
     }
 
+    /// [`Self::extra_latency_ms`] as a duration (zero on a device).
     pub fn extra_latency(&self) -> Duration {
         Duration::from_millis(self.extra_latency_ms.into())
     }
@@ -330,19 +379,28 @@ pub struct OtaConfig {
 /// The daemon's own logging.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LogConfig {
+    /// Verbosity of vlad's own log.
     pub level: LogLevel,
 }
 
 /// The whole, validated configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
+    /// The QNN libraries and their performance vote.
     pub qnn: QnnConfig,
+    /// The policy bundle to load.
     pub bundle: BundleConfig,
+    /// The two shared-memory rings to the robot.
     pub rings: RingsConfig,
+    /// Publish rate, staleness limits, merge and trigger.
     pub control: ControlConfig,
+    /// Thread priorities, CPU pinning and memory locking.
     pub realtime: RealtimeConfig,
+    /// systemd notify and watchdog.
     pub systemd: SystemdConfig,
+    /// Over-the-air bundle updates.
     pub ota: OtaConfig,
+    /// vlad's own logging.
     pub log: LogConfig,
     /// `None`: no flight recorder (the default).
     pub recorder: Option<RecorderConfig>,
@@ -353,6 +411,7 @@ pub struct Config {
 /// What the flight recorder keeps of the camera frames.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecorderFrames {
+    /// No frames kept (observations and chunks still are).
     Off,
     /// Every `recorder.downscale`-th pixel and row.
     Downscaled,
@@ -361,6 +420,7 @@ pub enum RecorderFrames {
 }
 
 impl RecorderFrames {
+    /// The accepted spellings, in declaration order.
     pub const NAMES: [&'static str; 3] = ["off", "downscaled", "full"];
 }
 
@@ -368,12 +428,21 @@ impl RecorderFrames {
 /// trigger.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecorderConfig {
+    /// Where recordings land (absolute; created at start).
     pub directory: PathText,
+    /// Seconds of ticks a recording covers, (0, 600], default 10.
     pub history_s: f64,
+    /// Inferences kept, each with its observation and frames (1..=10000, default 64): bounds
+    /// the memory at `max_chunks` times the frame bytes.
     pub max_chunks: u32,
+    /// What is kept of the camera frames (default full).
     pub frames: RecorderFrames,
+    /// Subsampling factor for [`RecorderFrames::Downscaled`], 2..=16, default 4.
     pub downscale: u32,
+    /// The directory's recordings are kept under this many MB (10^6 bytes); the oldest are
+    /// removed, the newest always kept. Default 256.
     pub max_mb: u32,
+    /// Record when the loop starts publishing fault (default true).
     pub on_fault: bool,
     /// 0: a long hold does not trigger a recording.
     pub hold_limit_ms: u32,
@@ -382,7 +451,10 @@ pub struct RecorderConfig {
 /// The Prometheus textfile (`metrics`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MetricsConfig {
+    /// The `.prom` file node_exporter's textfile collector reads (absolute), replaced
+    /// atomically.
     pub textfile: PathText,
+    /// How often the textfile is rewritten, in ms (100..=60000, default 5000).
     pub interval_ms: u32,
 }
 

@@ -19,6 +19,7 @@
 
 // `unsafe` only in `rt.rs`, the real-time set-up.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 mod inference;
 mod operating;
@@ -92,6 +93,8 @@ pub trait Engine: Send + 'static {
         Vec::new()
     }
 
+    /// Names of the components whose latencies [`Engine::component_latencies`] reports, in its
+    /// order (called once, before the loop starts). Default: none.
     fn component_names(&self) -> Vec<String> {
         Vec::new()
     }
@@ -108,23 +111,40 @@ pub trait Engine: Send + 'static {
 /// update for what differs (`LoopSettings { period, ..LoopSettings::new(g, obs, act) }`).
 #[derive(Clone, Debug)]
 pub struct LoopSettings {
+    /// The robot link's shape: ring geometry and the chunk's `chunk_len x action_dims`.
     pub geometry: Geometry,
+    /// Observation ring file (written by the robot); the inference thread opens and reopens it.
     pub observation_path: PathBuf,
+    /// Action ring file, created by [`ControlLoop::start`].
     pub action_path: PathBuf,
+    /// Slots of the action ring (`rings.action_slots`).
     pub action_slots: u32,
+    /// Publish period: one action per tick on absolute deadlines.
     pub period: Duration,
+    /// An observation older than this (since capture) is not used for inference.
     pub max_observation_age: Duration,
+    /// A chunk whose observation is older than this publishes `hold`.
     pub max_chunk_age: Duration,
+    /// After a chunk's last step, its last action stays `ok` this long, then `hold`.
     pub hold_after_chunk_end: Duration,
+    /// Every published action's `valid_until` is its publish time plus this.
     pub action_valid: Duration,
+    /// A robot (observation writer) silent this long is treated as dead: the publisher holds.
     pub writer_heartbeat_timeout: Duration,
+    /// `SCHED_FIFO` priority of the publisher thread; 0: `SCHED_OTHER`.
     pub publisher_priority: u8,
+    /// CPUs the publisher thread is pinned to; empty: not pinned.
     pub publisher_cpus: Vec<usize>,
+    /// `SCHED_FIFO` priority of the inference thread; 0: `SCHED_OTHER`. Keep it below the
+    /// publisher's.
     pub inference_priority: u8,
+    /// CPUs the inference thread is pinned to; empty: not pinned.
     pub inference_cpus: Vec<usize>,
     /// Consecutive failed inferences before the loop publishes `fault` instead of `hold`.
     pub fault_after_failures: u32,
+    /// How a landing chunk takes over from the one in play.
     pub merge: MergeMode,
+    /// When the next inference starts.
     pub trigger: Trigger,
     /// Time between chunk steps: `period`, or longer on the slower time base.
     pub chunk_period: Duration,
@@ -133,10 +153,13 @@ pub struct LoopSettings {
     pub initial_latency: Option<Duration>,
 }
 
+/// Why the loop could not start.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ControlError {
+    /// The action ring could not be created (its file, lock or mapping).
     ActionRing(vla_ring::CreateError),
+    /// A loop thread could not be spawned.
     Thread(std::io::Error),
     /// `prefix` mode with an engine that cannot condition on a prefix.
     PrefixUnsupported,
@@ -183,21 +206,33 @@ struct Mailbox {
 /// Figures of a finished run.
 #[derive(Clone, Debug, Default)]
 pub struct LoopReport {
+    /// Wall time from start to stop.
     pub duration: Duration,
+    /// Publisher ticks that ran (missed ones are not counted).
     pub ticks: u64,
+    /// Deadlines that passed before the publisher woke (overruns); their steps are gone.
     pub missed_ticks: u64,
+    /// Ticks that published `ok`: chunk steps and the last action held within the grace period.
     pub published_ok: u64,
+    /// Ticks that published `hold`.
     pub published_hold: u64,
+    /// Ticks that published `fault`.
     pub published_fault: u64,
     /// Wake-up lateness against the absolute deadline.
     pub jitter: Histogram,
     /// Observation capture to publish, for `ok` chunk steps.
     pub freshness: Histogram,
+    /// Engine time per successful inference (start of `infer` to its return).
     pub inference: Histogram,
+    /// Successful inferences.
     pub inferences: u64,
+    /// Failed inferences (the engine returned an error).
     pub inference_failures: u64,
+    /// Observations skipped because they were older than `max_observation_age`.
     pub stale_observations: u64,
+    /// Chunk steps skipped on landing because their time had passed.
     pub skipped_steps: u64,
+    /// Chunks refused because they held NaN or infinity (never published).
     pub non_finite_chunks: u64,
     /// What the loop measured by the end of the run (the operating point's inputs).
     pub measured: Measured,
@@ -337,6 +372,7 @@ impl ControlLoop {
         })
     }
 
+    /// The counters the loop threads keep, readable while it runs (STATUS, metrics).
     pub fn health(&self) -> &Health {
         &self.health
     }

@@ -31,15 +31,23 @@ use crate::plan::{delay_steps, MergeMode, Trigger};
 /// The loop's limits, in nanoseconds (a `0` age limit is none).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PointSettings {
+    /// Publish period.
     pub period_ns: u64,
     /// Time between chunk steps (`>= period_ns`; longer on the slower time base).
     pub chunk_period_ns: u64,
+    /// Steps per chunk (`H`).
     pub horizon: u64,
+    /// How a landing chunk takes over (the prefix modes wait for the publisher).
     pub merge: MergeMode,
+    /// When the next inference starts.
     pub trigger: Trigger,
+    /// `max_chunk_age`; 0: no limit.
     pub max_chunk_age_ns: u64,
+    /// `max_observation_age`; 0: no limit.
     pub max_observation_age_ns: u64,
+    /// `action_valid`: how long a published action may be applied.
     pub action_valid_ns: u64,
+    /// `hold_after_chunk_end`: how long the last action stays `ok` after a chunk runs out.
     pub hold_after_chunk_end_ns: u64,
 }
 
@@ -91,30 +99,49 @@ pub enum Limit {
     /// Removed by a chunk step rate of at most `chunk_rate_hz` (a slower time base) with
     /// `max_chunk_age` at least `max_chunk_age_ns`, or by a shorter latency.
     Schedule {
+        /// Highest chunk step rate, in Hz, at which the next chunk lands before this one runs out.
         chunk_rate_hz: f64,
+        /// The `max_chunk_age` that rate needs (rounded up to 10 ms).
         max_chunk_age_ns: u64,
     },
     /// `max_chunk_age` refuses rows before the next chunk lands.
-    ChunkAge { limit_ns: u64, raise_to_ns: u64 },
+    ChunkAge {
+        /// The configured `max_chunk_age`.
+        limit_ns: u64,
+        /// The `max_chunk_age` that removes the hold (rounded up to 10 ms).
+        raise_to_ns: u64,
+    },
     /// Observations arrive further apart than `max_observation_age`: inferences wait for
     /// a fresh one.
     ObservationAge {
+        /// The configured `max_observation_age`.
         limit_ns: u64,
+        /// The robot's measured observation period.
         observation_period_ns: u64,
+        /// 1.5 observation periods (rounded up to 10 ms): a `max_observation_age` that removes
+        /// the wait.
         raise_to_ns: u64,
     },
     /// `action_valid` is shorter than the publish period: each action expires before
     /// the next one arrives.
-    ActionValid { limit_ns: u64, raise_to_ns: u64 },
+    ActionValid {
+        /// The configured `action_valid`.
+        limit_ns: u64,
+        /// An `action_valid` of 1.5 publish periods (rounded up to 10 ms).
+        raise_to_ns: u64,
+    },
 }
 
 /// The loop's operating point, stated at READY and in STATUS.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OperatingPoint {
+    /// Capture -> chunk ready at p95: what `d` is computed from.
     pub latency_ns: u64,
+    /// Capture -> chunk ready at p50.
     pub typical_latency_ns: u64,
     /// Delay in chunk steps (from the p95).
     pub d: u64,
+    /// Steps per chunk (`H`); `d >= H` means every chunk lands spent.
     pub horizon: u64,
     /// Expected share of publish ticks that publish `hold`.
     pub hold_share: f64,

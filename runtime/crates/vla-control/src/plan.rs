@@ -24,8 +24,10 @@ pub enum MergeMode {
 }
 
 impl MergeMode {
+    /// The accepted spellings (`control.merge`), in declaration order.
     pub const NAMES: [&'static str; 4] = ["skip", "crossfade", "prefix", "inpaint"];
 
+    /// The mode spelled as in the config; `None` for anything else.
     pub fn parse(name: &str) -> Option<Self> {
         match name {
             "skip" => Some(MergeMode::Skip),
@@ -41,6 +43,7 @@ impl MergeMode {
         matches!(self, MergeMode::Prefix | MergeMode::Inpaint)
     }
 
+    /// The mode's spelling in the config, one of [`Self::NAMES`].
     pub fn as_str(self) -> &'static str {
         Self::NAMES[self as usize]
     }
@@ -53,13 +56,19 @@ pub enum Trigger {
     #[default]
     BackToBack,
     /// When the chunk in play has `d + margin` steps left: the NPU idles when it can.
-    Remaining { margin_steps: u32 },
+    Remaining {
+        /// Extra steps of slack beyond `d` (`control.trigger_margin_steps`).
+        margin_steps: u32,
+    },
     /// Upstream's evaluation protocol (the LIBERO evals): each chunk starts at its first
     /// row when it lands, whatever its latency; after `execute_steps` rows (0: all of
     /// them) the arm holds while the next inference runs, on an observation captured
     /// after the last executed row's period. Reproduces how a policy was scored, at the
     /// price of a pause per chunk.
-    Synchronous { execute_steps: u32 },
+    Synchronous {
+        /// Rows executed per chunk; 0: all of them.
+        execute_steps: u32,
+    },
 }
 
 impl Trigger {
@@ -196,7 +205,9 @@ pub fn build_prefix(
 /// values the publisher plays at the same tick.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TickGrid {
+    /// CLOCK_MONOTONIC ns of tick 0.
     pub origin_ns: u64,
+    /// Publish period in ns.
     pub period_ns: u64,
     /// Chunk step period (`>= period_ns`).
     pub step_ns: u64,

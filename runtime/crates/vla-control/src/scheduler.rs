@@ -17,6 +17,7 @@ use vla_ring::{Action, ActionStatus};
 /// Limits of the schedule, in nanoseconds.
 #[derive(Clone, Copy, Debug)]
 pub struct ScheduleLimits {
+    /// Publish period.
     pub period_ns: u64,
     /// Time between chunk steps: `period_ns`, or longer on the slower time base.
     pub chunk_period_ns: u64,
@@ -26,6 +27,7 @@ pub struct ScheduleLimits {
     pub hold_after_chunk_end_ns: u64,
     /// `valid_until = made + action_valid` for every published step.
     pub action_valid_ns: u64,
+    /// How a landing chunk takes over from the one in play.
     pub merge: MergeMode,
     /// `Some(n)`: synchronous execution (upstream's eval protocol): a chunk starts at its
     /// first row when it lands, plays `n` rows, then publishes `hold` until the next.
@@ -35,9 +37,15 @@ pub struct ScheduleLimits {
 /// A chunk as handed over by the inference thread.
 #[derive(Clone, Debug, Default)]
 pub struct Chunk {
+    /// The loop's id of the chunk (1, 2, ...); 0: no chunk.
     pub id: u64,
+    /// Seq of the observation it was computed from (copied into every action's
+    /// `source_obs_seq`).
     pub source_obs_seq: u64,
+    /// CLOCK_MONOTONIC ns when that observation was captured: step k is meant for
+    /// `capture_ns + k * chunk period`.
     pub capture_ns: u64,
+    /// CLOCK_MONOTONIC ns when the inference finished.
     pub done_ns: u64,
     /// `steps x action_dims`.
     pub actions: Vec<f32>,
@@ -56,6 +64,9 @@ pub enum Decision {
     Fault,
 }
 
+/// What the publisher sends at each tick: the chunk in play, its position on the tick grid,
+/// merging, staleness and the hold rules. Pure logic on preallocated buffers: a tick never
+/// allocates.
 pub struct Scheduler {
     limits: ScheduleLimits,
     steps: usize,
@@ -84,6 +95,7 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// A scheduler for chunks of `steps x dims`, with every buffer allocated here.
     pub fn new(limits: ScheduleLimits, steps: usize, dims: usize) -> Self {
         let chunk_period = limits.chunk_period_ns.max(limits.period_ns).max(1);
         Self {

@@ -82,6 +82,8 @@ impl Default for Histogram {
 }
 
 impl Histogram {
+    /// Adds one sample, in ns (bucketed by microseconds; above 100 s it counts as overflow).
+    /// Never allocates.
     pub fn record(&mut self, ns: u64) {
         match bucket(ns / 1000) {
             Some(b) => self.buckets[b] += 1,
@@ -91,10 +93,12 @@ impl Histogram {
         self.max_ns = self.max_ns.max(ns);
     }
 
+    /// Samples recorded.
     pub fn count(&self) -> u64 {
         self.count
     }
 
+    /// Largest sample recorded, in ns (0 when empty).
     pub fn max_ns(&self) -> u64 {
         self.max_ns
     }
@@ -129,6 +133,7 @@ pub struct LatencyWindow {
 }
 
 impl LatencyWindow {
+    /// An empty window of `capacity` samples (at least 1), allocated here.
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.max(1);
         Self {
@@ -139,16 +144,19 @@ impl LatencyWindow {
         }
     }
 
+    /// Adds a latency in ns, replacing the oldest once the window is full. Never allocates.
     pub fn record(&mut self, ns: u64) {
         self.samples[self.next] = ns;
         self.next = (self.next + 1) % self.samples.len();
         self.len = (self.len + 1).min(self.samples.len());
     }
 
+    /// Samples in the window (at most its capacity).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// True before the first sample (and after [`Self::clear`]).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -175,22 +183,38 @@ impl LatencyWindow {
 /// not synchronization).
 #[derive(Debug, Default)]
 pub struct Health {
+    /// Publisher ticks that ran.
     pub ticks: AtomicU64,
+    /// Deadlines that passed before the publisher woke (overruns).
     pub missed_ticks: AtomicU64,
+    /// Ticks that published `ok`: chunk steps and the last action held within the grace period.
     pub published_ok: AtomicU64,
+    /// Ticks that published `hold`.
     pub published_hold: AtomicU64,
+    /// Ticks that published `fault`.
     pub published_fault: AtomicU64,
+    /// Chunk steps skipped on landing because their time had passed.
     pub skipped_steps: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the last tick: a stalled publisher stops advancing it.
     pub last_tick_ns: AtomicU64,
+    /// Wake-up lateness of the last tick against its deadline, in ns.
     pub last_jitter_ns: AtomicU64,
+    /// Successful inferences.
     pub inferences: AtomicU64,
+    /// Failed inferences.
     pub inference_failures: AtomicU64,
+    /// Observations skipped as older than `max_observation_age`.
     pub stale_observations: AtomicU64,
+    /// Engine time of the last successful inference, in ns.
     pub last_inference_ns: AtomicU64,
+    /// CLOCK_MONOTONIC ns when the last successful inference finished.
     pub last_inference_done_ns: AtomicU64,
     /// Observation-to-publish age of the last `ok` step.
     pub last_freshness_ns: AtomicU64,
+    /// Reloads (SIGHUP) the inference thread has carried out.
     pub reloads: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the inference thread's last pass: a hung inference stops
+    /// advancing it.
     pub inference_alive_ns: AtomicU64,
     /// p95 of the rolling latency window (capture -> chunk ready); 0 before any sample.
     pub latency_estimate_ns: AtomicU64,
@@ -209,12 +233,15 @@ pub struct Health {
 }
 
 impl Health {
+    /// Reads a counter (relaxed).
     pub fn get(v: &AtomicU64) -> u64 {
         v.load(Ordering::Relaxed)
     }
+    /// Sets a counter (relaxed).
     pub fn set(v: &AtomicU64, x: u64) {
         v.store(x, Ordering::Relaxed)
     }
+    /// Adds one to a counter (relaxed).
     pub fn bump(v: &AtomicU64) {
         v.fetch_add(1, Ordering::Relaxed);
     }

@@ -90,6 +90,7 @@ impl Array {
         Array::new(name, T::DTYPE, shape.to_vec(), data)
     }
 
+    /// Builds an f32 array (`<f4`); `values.len()` must equal the shape's element count.
     pub fn from_f32(
         name: impl Into<String>,
         shape: &[usize],
@@ -98,6 +99,7 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// Builds an f16 array (`<f2`); `values.len()` must equal the shape's element count.
     pub fn from_f16(
         name: impl Into<String>,
         shape: &[usize],
@@ -106,6 +108,7 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// Builds a u8 array (`|u1`); `values.len()` must equal the shape's element count.
     pub fn from_u8(
         name: impl Into<String>,
         shape: &[usize],
@@ -114,6 +117,7 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// Builds an i32 array (`<i4`); `values.len()` must equal the shape's element count.
     pub fn from_i32(
         name: impl Into<String>,
         shape: &[usize],
@@ -122,6 +126,7 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// Builds an i64 array (`<i8`); `values.len()` must equal the shape's element count.
     pub fn from_i64(
         name: impl Into<String>,
         shape: &[usize],
@@ -130,6 +135,7 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// Builds a u64 array (`<u8`); `values.len()` must equal the shape's element count.
     pub fn from_u64(
         name: impl Into<String>,
         shape: &[usize],
@@ -138,14 +144,17 @@ impl Array {
         Array::from_slice(name, shape, values)
     }
 
+    /// The array's name inside its archive, without the `.npy` suffix.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The element type the data is stored as.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// Dimensions in C order; empty for a 0-d array.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -160,6 +169,7 @@ impl Array {
         self.data.len() / self.dtype.size()
     }
 
+    /// True when the array holds no elements (some dimension is 0).
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
@@ -169,6 +179,7 @@ impl Array {
         &self.data
     }
 
+    /// Takes the raw little-endian element bytes, C order, without copying.
     pub fn into_bytes(self) -> Vec<u8> {
         self.data
     }
@@ -240,22 +251,27 @@ impl Array {
         })
     }
 
+    /// The elements as f16; fails unless the dtype is exactly f16.
     pub fn to_f16(&self) -> Result<Vec<f16>, NpzError> {
         self.to_vec()
     }
 
+    /// The elements as u8; fails unless the dtype is exactly u8.
     pub fn to_u8(&self) -> Result<Vec<u8>, NpzError> {
         self.to_vec()
     }
 
+    /// The elements as i32; fails unless the dtype is exactly i32.
     pub fn to_i32(&self) -> Result<Vec<i32>, NpzError> {
         self.to_vec()
     }
 
+    /// The elements as i64; fails unless the dtype is exactly i64.
     pub fn to_i64(&self) -> Result<Vec<i64>, NpzError> {
         self.to_vec()
     }
 
+    /// The elements as u64; fails unless the dtype is exactly u64.
     pub fn to_u64(&self) -> Result<Vec<u64>, NpzError> {
         self.to_vec()
     }

@@ -8,17 +8,29 @@ use half::f16;
 /// The numpy dtypes this crate reads and writes (always little-endian, C order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE half precision (`<f2`), 2 bytes.
     F16,
+    /// IEEE single precision (`<f4`), 4 bytes.
     F32,
+    /// IEEE double precision (`<f8`), 8 bytes.
     F64,
+    /// Signed 8-bit integer (`|i1`).
     I8,
+    /// Signed 16-bit integer (`<i2`).
     I16,
+    /// Signed 32-bit integer (`<i4`).
     I32,
+    /// Signed 64-bit integer (`<i8`).
     I64,
+    /// Unsigned 8-bit integer (`|u1`).
     U8,
+    /// Unsigned 16-bit integer (`<u2`).
     U16,
+    /// Unsigned 32-bit integer (`<u4`).
     U32,
+    /// Unsigned 64-bit integer (`<u8`).
     U64,
+    /// numpy's bool (`|b1`): one byte, 0 or 1.
     Bool,
 }
 
@@ -140,6 +152,7 @@ mod sealed {
 
 /// A Rust type stored as one [`DType`]; sealed so the dtype table stays the single source.
 pub trait Element: Copy + sealed::Sealed {
+    /// The dtype this Rust type is stored as in a `.npy`.
     const DTYPE: DType;
     /// Decodes one element; `bytes` is exactly `DTYPE.size()` long.
     fn from_le_slice(bytes: &[u8]) -> Self;

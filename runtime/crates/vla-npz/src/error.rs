@@ -16,72 +16,115 @@ use crate::DType;
 pub enum NpzError {
     /// Reading or writing the file itself failed.
     Io {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// What was being done when it failed (`"reading"`, `"encoding"`, ...), for the message.
         action: &'static str,
+        /// The operating system's error.
         source: io::Error,
     },
     /// No end-of-central-directory record: the bytes are not a zip archive.
-    NotZip { file: String, len: usize },
+    NotZip {
+        /// Path or caller's label of the archive (see the enum doc).
+        file: String,
+        /// Length of the bytes searched for the end-of-central-directory record.
+        len: usize,
+    },
     /// The archive structure is inconsistent: bad signatures, offsets or sizes that point
     /// outside the file, sizes that disagree.
     CorruptZip {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The zip entry at fault, or `None` when the archive as a whole is.
         entry: Option<String>,
+        /// What is inconsistent, for the message.
         reason: String,
     },
     /// A zip feature this reader deliberately does not implement (encryption, spanning,
     /// compression methods other than stored and deflate).
     UnsupportedZip {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The zip entry using the feature, or `None` when the archive as a whole does.
         entry: Option<String>,
+        /// Which feature, for the message.
         reason: String,
     },
     /// An entry's data does not match the CRC-32 the central directory records.
     CrcMismatch {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The zip entry whose data failed the check.
         entry: String,
+        /// The CRC-32 the central directory records.
         recorded: u32,
+        /// The CRC-32 of the data as read (after inflating).
         computed: u32,
     },
     /// Two entries map to the same array name.
-    DuplicateArray { file: String, name: String },
+    DuplicateArray {
+        /// Path or caller's label of the archive (see the enum doc).
+        file: String,
+        /// The array name (without `.npy`) two entries share.
+        name: String,
+    },
     /// The `.npy` payload is malformed (magic, header dict, data length).
     BadNpy {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The array whose `.npy` payload is malformed.
         array: String,
+        /// What is malformed, for the message.
         reason: String,
     },
     /// A well-formed `.npy` this reader does not handle: big-endian or non-numeric dtypes,
     /// `fortran_order: True`.
     UnsupportedNpy {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The array using the unsupported layout.
         array: String,
+        /// What is unsupported, for the message.
         reason: String,
     },
     /// The archive has no array of that name.
     MissingArray {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The name asked for.
         name: String,
+        /// The array names the archive does hold, so the message can list them.
         available: Vec<String>,
     },
     /// An array has a different element type than the caller requires.
     DTypeMismatch {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The array that was checked.
         array: String,
+        /// The dtype the caller requires.
         expected: DType,
+        /// The dtype the array is stored as.
         found: DType,
     },
     /// An array has a different shape than the caller requires.
     ShapeMismatch {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The array that was checked.
         array: String,
+        /// The shape the caller requires.
         expected: Vec<usize>,
+        /// The shape the array has.
         found: Vec<usize>,
     },
     /// An array being built or written is inconsistent (data length vs shape, bad name).
     InvalidArray {
+        /// Path or caller's label of the archive (see the enum doc).
         file: String,
+        /// The array being built or written.
         array: String,
+        /// What is inconsistent, for the message.
         reason: String,
     },
 }

@@ -100,14 +100,17 @@ impl Npz {
         self.entries.iter().map(|(name, _)| name.as_str())
     }
 
+    /// Number of arrays in the archive (directory entries are not counted).
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// True when the archive holds no arrays.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// Whether the archive holds an array of that name (without the `.npy` suffix).
     pub fn contains(&self, name: &str) -> bool {
         self.entries.iter().any(|(candidate, _)| candidate == name)
     }

@@ -11,101 +11,199 @@ use std::path::PathBuf;
 pub enum OtaError {
     /// A file system call failed; `action` says what was being done ("reading", "fsync of").
     Io {
+        /// What was being done, for the message (`"reading"`, `"fsync of"`, ...).
         action: &'static str,
+        /// The file or directory the call was on.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
     /// `ota-manifest.json` is not valid JSON of the expected shape.
-    ManifestSyntax { path: PathBuf, reason: String },
+    ManifestSyntax {
+        /// The manifest file.
+        path: PathBuf,
+        /// The JSON parser's complaint.
+        reason: String,
+    },
     /// `ota-manifest.json` parses but a field breaks a rule.
     ManifestInvalid {
+        /// The manifest file.
         path: PathBuf,
+        /// The field that breaks the rule.
         field: String,
+        /// The rule it breaks.
         reason: String,
     },
     /// `bundle.json` is missing, unreadable as JSON, or lacks a field `pack` needs.
-    BundleJson { path: PathBuf, reason: String },
+    BundleJson {
+        /// The `bundle.json` file.
+        path: PathBuf,
+        /// What is missing or unreadable.
+        reason: String,
+    },
     /// `bundle.json` and the signed OTA manifest disagree on a field.
     BundleJsonMismatch {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// The field the two files disagree on.
         field: &'static str,
+        /// The value in the signed OTA manifest.
         manifest: String,
+        /// The value in `bundle.json`.
         bundle_json: String,
     },
     /// `ota-manifest.json.sig` is not 128 hex characters.
-    SignatureFormat { path: PathBuf, reason: String },
+    SignatureFormat {
+        /// The signature file.
+        path: PathBuf,
+        /// What is wrong with its text.
+        reason: String,
+    },
     /// No trusted key is configured: every update is refused (fail closed).
     NoTrustedKeys,
     /// The signature does not verify against any trusted key.
-    BadSignature { path: PathBuf, keys: usize },
+    BadSignature {
+        /// The signature file.
+        path: PathBuf,
+        /// How many trusted keys were tried.
+        keys: usize,
+    },
     /// A secret key file is unreadable, malformed or readable by others.
-    SecretKey { path: PathBuf, reason: String },
+    SecretKey {
+        /// The secret key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A public key given as text is not 64 hex characters.
-    PublicKey { text: String, reason: String },
+    PublicKey {
+        /// The text given.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A symbolic link inside a bundle (never followed, never accepted).
-    Symlink { bundle: PathBuf, path: String },
+    Symlink {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The link's path relative to the bundle directory.
+        path: String,
+    },
     /// Something in a bundle that is neither a regular file nor a directory.
-    NotRegular { bundle: PathBuf, path: String },
+    NotRegular {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The entry's path relative to the bundle directory.
+        path: String,
+    },
     /// A manifest path that is absolute, climbs out, or is otherwise not a plain relative path.
     UnsafePath {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// The path as the manifest lists it.
         path: String,
+        /// What makes it unsafe.
         reason: &'static str,
     },
     /// A file in the bundle directory the manifest does not list.
-    ExtraFile { bundle: PathBuf, path: String },
+    ExtraFile {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The unlisted file's path relative to the bundle directory.
+        path: String,
+    },
     /// A file the manifest lists that is not in the bundle directory.
-    MissingFile { bundle: PathBuf, path: String },
+    MissingFile {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The listed path that is absent.
+        path: String,
+    },
     /// The bundle has no `ota-manifest.json` (never packed) or no signature (never signed).
     Unsigned {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// Which of the two files is absent (`ota-manifest.json` or its `.sig`).
         missing: &'static str,
     },
     /// A file whose size differs from the manifest (truncated or grown).
     SizeMismatch {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// The file's path relative to the bundle directory.
         path: String,
+        /// Size in bytes the manifest records.
         expected: u64,
+        /// Size in bytes on disk.
         found: u64,
     },
     /// A file whose SHA-256 differs from the manifest.
     HashMismatch {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// The file's path relative to the bundle directory.
         path: String,
+        /// Lowercase hex SHA-256 the manifest records.
         expected: String,
+        /// Lowercase hex SHA-256 of the bytes on disk.
         found: String,
     },
     /// The bundle targets another SoC or HTP architecture than this device.
     Target {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// `"soc_model"` or `"htp_arch"`.
         field: &'static str,
+        /// This device's value ([`crate::DeviceTarget`]).
         expected: u32,
+        /// The manifest's value.
         found: u32,
     },
     /// The bundle needs a newer runtime than this one.
     RuntimeTooOld {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// The manifest's `min_runtime_version`.
         required: String,
+        /// This runtime's version.
         runtime: String,
     },
     /// A version string that is not `MAJOR.MINOR.PATCH[-pre][+build]`.
-    Version { what: String, value: String },
+    Version {
+        /// Which version it is, for the message (e.g. `"runtime version"`).
+        what: String,
+        /// The text that does not parse.
+        value: String,
+    },
     /// Not enough free space to stage a bundle.
     InsufficientSpace {
+        /// The directory the bundle would be staged in.
         dir: PathBuf,
+        /// Bytes the bundle needs.
         needed: u64,
+        /// Bytes free on that file system.
         free: u64,
     },
     /// No installed bundle has this content hash (or prefix).
-    NotInstalled { hash: String },
+    NotInstalled {
+        /// The hash or prefix asked for.
+        hash: String,
+    },
     /// A hash prefix that matches more than one installed bundle.
-    AmbiguousHash { prefix: String, matches: usize },
+    AmbiguousHash {
+        /// The prefix asked for.
+        prefix: String,
+        /// How many installed bundles it matches.
+        matches: usize,
+    },
     /// The activation gate refused the new bundle; `rolled_back_to` says where the device
     /// is now (`None`: no previous bundle, nothing is active).
     GateFailed {
+        /// Content hash of the refused bundle.
         hash: String,
         /// The gate's refusal as one line (what the state file records).
         reason: String,
+        /// Content hash of the bundle now current after the rollback; `None`: nothing is active.
         rolled_back_to: Option<String>,
         /// The previous bundle's gate refusal, if it was called and failed too.
         rollback_error: Option<String>,
@@ -115,9 +213,19 @@ pub enum OtaError {
     /// `rollback` with no previous bundle to return to.
     NoPrevious,
     /// `ota-state.json` is unreadable or inconsistent.
-    State { path: PathBuf, reason: String },
+    State {
+        /// The state file.
+        path: PathBuf,
+        /// What is unreadable or inconsistent.
+        reason: String,
+    },
     /// A bundle that must not be replaced (current or previous) failed verification.
-    InUseCorrupt { hash: String, reason: String },
+    InUseCorrupt {
+        /// Content hash of the bundle in use.
+        hash: String,
+        /// Why its verification failed, as one line.
+        reason: String,
+    },
 }
 
 impl OtaError {
@@ -338,13 +446,25 @@ impl std::error::Error for OtaError {
 pub enum SignalError {
     /// The pid file exists but cannot be read.
     ReadPid {
+        /// The pid file.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
     /// The pid file does not hold a pid.
-    NotAPid { path: PathBuf, text: String },
+    NotAPid {
+        /// The pid file.
+        path: PathBuf,
+        /// What the file holds (trimmed).
+        text: String,
+    },
     /// `kill(pid, SIGHUP)` failed.
-    Kill { pid: i32, source: nix::errno::Errno },
+    Kill {
+        /// The pid signalled.
+        pid: i32,
+        /// The error `kill` returned.
+        source: nix::errno::Errno,
+    },
 }
 
 impl fmt::Display for SignalError {

@@ -44,6 +44,7 @@
 //! ```
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod durable;
 mod error;
@@ -87,6 +88,7 @@ pub struct DeviceTarget {
 /// Everything the store needs: where it lives, whom it trusts, and the trial rules.
 #[derive(Clone, Debug)]
 pub struct OtaSettings {
+    /// The store's directory: `bundles/`, the `current` and `previous` links and the state file.
     pub root: PathBuf,
     /// Keys a bundle signature may verify against; empty: every update is refused.
     pub trusted_keys: Vec<PublicKey>,
@@ -94,6 +96,7 @@ pub struct OtaSettings {
     pub trial_inferences: u32,
     /// Starts a new bundle gets (its activation is the first) before it is rolled back.
     pub max_trial_starts: u32,
+    /// What this device is, checked against every bundle's manifest.
     pub target: DeviceTarget,
 }
 
@@ -109,6 +112,8 @@ pub type GateError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// ones from `bundle_dir` and runs the golden parity gate; an `Err` makes the store roll
 /// back and call the gate again for the previous bundle.
 pub trait Activation {
+    /// Makes `bundle_dir` the running bundle and proves it works (for the daemon: loads it and
+    /// runs the parity gate). An `Err` refuses the bundle: the store rolls back.
     fn reload_and_gate(&mut self, bundle_dir: &Path) -> Result<(), GateError>;
 }
 

@@ -29,7 +29,9 @@ pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileEntry {
+    /// Path relative to the bundle directory, `/`-separated, never absolute or climbing out.
     pub path: String,
+    /// Size in bytes.
     pub size: u64,
     /// Lowercase hex SHA-256 of the file's bytes.
     pub sha256: String,
@@ -39,6 +41,7 @@ pub struct FileEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtaManifest {
+    /// Manifest format version; must equal [`MANIFEST_FORMAT`].
     pub format: u32,
     /// `bundle.json` `name`.
     pub name: String,
@@ -46,8 +49,11 @@ pub struct OtaManifest {
     pub version: String,
     /// `bundle.json` `policy` (`molmoact2` or `fastwam`).
     pub policy: String,
+    /// QNN SoC model the context binaries were built for (QCS9075: 77).
     pub soc_model: u32,
+    /// Hexagon HTP architecture the context binaries were built for (v73: 73).
     pub htp_arch: u32,
+    /// Oldest runtime version (`MAJOR.MINOR.PATCH`) that can run this bundle.
     pub min_runtime_version: String,
     /// Every file of the bundle except the manifest and its signature, sorted by path.
     pub files: Vec<FileEntry>,

@@ -31,6 +31,7 @@ impl PublicKey {
             })
     }
 
+    /// The key as 64 lowercase hex characters, as the config's `ota.trusted_keys` holds it.
     pub fn to_hex(&self) -> String {
         hex::encode(&self.0)
     }

@@ -21,6 +21,7 @@ pub struct RollbackRecord {
     pub from: String,
     /// Content hash of the bundle returned to (`None`: nothing left to run).
     pub to: Option<String>,
+    /// Why, as one line (the gate's refusal, a crash loop, an operator's rollback).
     pub reason: String,
 }
 
@@ -29,6 +30,7 @@ pub struct RollbackRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OtaState {
+    /// State file format version; must be the one this runtime writes.
     pub format: u32,
     /// The bundle `current` points at.
     pub current: Option<String>,
@@ -40,6 +42,7 @@ pub struct OtaState {
     pub trial_starts: u32,
     /// Healthy inferences the trial bundle has completed.
     pub healthy_inferences: u64,
+    /// Why the device last left a bundle, if it ever did.
     pub last_rollback: Option<RollbackRecord>,
 }
 
@@ -90,6 +93,7 @@ impl OtaState {
         Ok(state)
     }
 
+    /// The state as pretty JSON with a trailing newline, as the state file holds it.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut bytes =
             serde_json::to_vec_pretty(self).expect("a state of strings and numbers serializes");

@@ -95,14 +95,17 @@ impl Store {
         self.proc_root = proc_root.into();
     }
 
+    /// The settings the store was opened with.
     pub fn settings(&self) -> &OtaSettings {
         &self.settings
     }
 
+    /// The store's root directory.
     pub fn root(&self) -> &Path {
         &self.settings.root
     }
 
+    /// `<root>/bundles`: one directory per installed bundle, named by its content hash.
     pub fn bundles_dir(&self) -> PathBuf {
         self.root().join("bundles")
     }
@@ -112,14 +115,17 @@ impl Store {
         self.bundles_dir().join(hash)
     }
 
+    /// `<root>/current`: the link to the running bundle (what `bundle.path` names on a device).
     pub fn current_link(&self) -> PathBuf {
         self.root().join("current")
     }
 
+    /// `<root>/previous`: the link to the rollback target.
     pub fn previous_link(&self) -> PathBuf {
         self.root().join("previous")
     }
 
+    /// `<root>/ota-state.json`: the roles of the bundles and the trial's progress.
     pub fn state_path(&self) -> PathBuf {
         self.root().join(STATE_FILE)
     }

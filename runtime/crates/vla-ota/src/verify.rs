@@ -22,7 +22,9 @@ use std::path::{Path, PathBuf};
 /// A bundle whose signature, target and every file were checked.
 #[derive(Clone, Debug)]
 pub struct VerifiedBundle {
+    /// The bundle directory that was checked.
     pub dir: PathBuf,
+    /// The parsed, signature-checked manifest.
     pub manifest: OtaManifest,
     /// The exact manifest bytes the signature covers.
     pub manifest_bytes: Vec<u8>,

@@ -6,6 +6,7 @@
 //! (>= 0.9999 in the seeds), max abs diff and a within-tolerance ratio.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 use std::time::{Duration, Instant};
 use vla_npz::{DType, Npz};
@@ -15,9 +16,12 @@ use vla_tensor::{compare, decode_f32, encode_f32, Comparison, ElementType};
 /// Thresholds of the gate.
 #[derive(Clone, Copy, Debug)]
 pub struct GateOptions {
+    /// An output passes when its cosine similarity to the golden is at least this (default
+    /// 0.9999) and it holds no NaN or infinity.
     pub min_cosine: f64,
     /// Tolerance of the informational within-tolerance ratio: `|a-e| <= atol + rtol*|e|`.
     pub atol: f64,
+    /// Relative tolerance of the within-tolerance ratio (see `atol`); informational only.
     pub rtol: f64,
 }
 
@@ -35,24 +39,41 @@ impl Default for GateOptions {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ParityError {
+    /// The archive has no array named like a context input or output.
     MissingTensor {
+        /// Label of the golden archive (its path).
         npz: String,
+        /// The context tensor (and npz array) name.
         tensor: String,
+        /// The array names the archive does hold.
         available: Vec<String>,
     },
+    /// The golden array's shape differs from the context tensor's.
     Shape {
+        /// Label of the golden archive (its path).
         npz: String,
+        /// The context tensor (and npz array) name.
         tensor: String,
+        /// The context tensor's shape.
         expected: Vec<usize>,
+        /// The golden array's shape.
         found: Vec<usize>,
     },
+    /// The golden input's dtype cannot be copied or encoded into the context tensor's element
+    /// type (e.g. an integer array for a float tensor).
     DType {
+        /// Label of the golden archive (its path).
         npz: String,
+        /// The context tensor (and npz array) name.
         tensor: String,
+        /// The context tensor's element type, as printed.
         context_type: String,
+        /// The golden array's dtype.
         found: DType,
     },
+    /// Reading the golden archive failed.
     Npz(vla_npz::NpzError),
+    /// Executing the graph failed.
     Qnn(QnnError),
 }
 
@@ -118,21 +139,29 @@ impl From<vla_npz::NpzError> for ParityError {
 /// One output's verdict.
 #[derive(Clone, Debug)]
 pub struct OutputParity {
+    /// The output tensor's name.
     pub name: String,
+    /// The output tensor's shape.
     pub shape: Vec<usize>,
+    /// Cosine, max abs diff and within-tolerance ratio against the golden.
     pub comparison: Comparison,
+    /// True when the cosine reaches [`GateOptions::min_cosine`] and no value is NaN or infinite.
     pub passed: bool,
 }
 
 /// A whole context's verdict.
 #[derive(Clone, Debug)]
 pub struct ContextParity {
+    /// The graph's label, as printed in reports.
     pub label: String,
+    /// One verdict per graph output, in the graph's output order.
     pub outputs: Vec<OutputParity>,
+    /// Wall time of the one graph execution (not the input encoding or the comparison).
     pub execute_time: Duration,
 }
 
 impl ContextParity {
+    /// True when every output passed.
     pub fn passed(&self) -> bool {
         self.outputs.iter().all(|o| o.passed)
     }

@@ -16,6 +16,7 @@ use vla_tensor::ElementType;
 
 /// The SoC and HTP architecture this runtime is built for (QCS9075, Hexagon v73).
 pub const DEVICE_SOC_MODEL: u32 = 77;
+/// The Hexagon HTP architecture this runtime is built for (v73).
 pub const DEVICE_HTP_ARCH: u32 = 73;
 
 /// A bundle directory with its parsed, validated manifest.
@@ -26,7 +27,9 @@ pub const DEVICE_HTP_ARCH: u32 = 73;
 /// use. Keep the `Bundle` as long as its policy runs.
 #[derive(Clone, Debug)]
 pub struct Bundle {
+    /// The bundle directory; manifest paths are relative to it.
     pub dir: PathBuf,
+    /// The parsed and validated `bundle.json`.
     pub manifest: Manifest,
     _in_use: Arc<File>,
 }
@@ -180,8 +183,11 @@ impl Bundle {
 
 /// A resident graph with the component it serves and its golden file.
 pub struct LoadedGraph {
+    /// The manifest's component name (`vision`, `action_step`, ...).
     pub component: String,
+    /// Absolute path of the component's golden I/O npz.
     pub golden: PathBuf,
+    /// The resident graph.
     pub graph: Graph,
 }
 

@@ -3,69 +3,105 @@
 use crate::manifest::Invalid;
 use std::path::PathBuf;
 
+/// Why a bundle could not be loaded or an inference not made. Display is one line naming
+/// the bundle, file, component or field involved.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum PolicyError {
     /// A file the bundle needs is absent or unreadable.
     MissingFile {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// What the file is for (e.g. `"manifest"`, ``"context `vision`"``, `"prompt tables"`).
         what: String,
+        /// The file's path.
         path: PathBuf,
+        /// Why it cannot be used (the operating system's error, or `"not a regular file"`).
         reason: String,
     },
     /// `bundle.json` does not parse.
     ManifestSyntax {
+        /// The `bundle.json` file.
         path: PathBuf,
+        /// The JSON parser's complaint.
         reason: String,
     },
     /// `bundle.json` parses but breaks a rule.
     ManifestInvalid {
+        /// The `bundle.json` file.
         path: PathBuf,
+        /// The field and the rule it breaks.
         invalid: Invalid,
     },
     /// The bundle was built for another SoC or HTP architecture.
     Target {
+        /// The bundle directory.
         bundle: PathBuf,
+        /// `"soc_model"` or `"htp_arch"`.
         field: &'static str,
+        /// This device's value.
         expected: u32,
+        /// The bundle's value.
         found: u32,
     },
     /// A context does not have the tensor the manifest promises.
     Contract {
+        /// The manifest component whose context is checked.
         component: String,
+        /// The tensor name.
         tensor: String,
+        /// The shape or element type the manifest implies.
         expected: String,
+        /// What the context has.
         found: String,
     },
+    /// The prompt tables are malformed or inconsistent with the manifest; also a context's
+    /// golden that fails to feed its graph in [`crate::Bundle::parity`].
     Prompt {
+        /// The npz file at fault.
         file: String,
+        /// What is wrong, as one line.
         reason: String,
     },
+    /// Reading an npz of the bundle (golden, tables, world model, observation) failed.
     Npz(vla_npz::NpzError),
+    /// Loading or executing a context failed.
     Qnn {
+        /// The manifest component whose context failed.
         component: String,
+        /// The QNN binding's error.
         error: vla_qnn::QnnError,
     },
     /// An observation that does not fit the bundle.
     Observation {
+        /// What does not fit (`"state"`, `"instruction_id"`, `"frames"`, ...).
         field: &'static str,
+        /// What the bundle needs.
         expected: String,
+        /// What the observation holds.
         found: String,
     },
     /// A context produced NaN or Inf.
     NonFinite {
+        /// The context that produced them.
         component: String,
+        /// The output tensor holding them.
         tensor: String,
+        /// How many values are NaN or infinite.
         count: usize,
     },
     /// A helper thread the pipeline needs could not be started.
     Thread {
+        /// The thread's name.
         name: &'static str,
+        /// The operating system's error, as one line.
         reason: String,
     },
     /// A host step's half on a helper thread did not complete (`step` names it).
     Helper {
+        /// The host step (e.g. the preprocess or the prompt rows).
         step: &'static str,
+        /// What went wrong on the helper thread.
         error: vla_fork::HelperFailed,
     },
 }

@@ -44,11 +44,15 @@ pub fn count_non_finite(v: &[f32]) -> usize {
 /// overwritten afterwards.
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
+    /// Per component, in the order given to [`Timings::new`], its wall time in the last
+    /// inference.
     pub components: Vec<(String, Duration)>,
+    /// Wall time of the whole last inference.
     pub total: Duration,
 }
 
 impl Timings {
+    /// Zeroed timings for these component names (allocates; call at load).
     pub fn new(names: &[String]) -> Self {
         Self {
             components: names.iter().map(|n| (n.clone(), Duration::ZERO)).collect(),
@@ -56,6 +60,7 @@ impl Timings {
         }
     }
 
+    /// Zeroes every entry before an inference, without allocating.
     pub fn reset(&mut self) {
         self.components
             .iter_mut()
@@ -63,6 +68,8 @@ impl Timings {
         self.total = Duration::ZERO;
     }
 
+    /// Adds `d` to the component at `index` (its position in the names given to
+    /// [`Timings::new`]).
     pub fn add(&mut self, index: usize, d: Duration) {
         self.components[index].1 += d;
     }

@@ -27,7 +27,9 @@ use vla_tensor::AlignedBuf;
 
 const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "context_mask"];
 
+/// A loaded Fast-WAM policy: its resident contexts and every buffer an inference needs.
 pub struct FastWam {
+    /// The bundle's `fastwam` block.
     pub settings: FastWamSettings,
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
@@ -112,6 +114,9 @@ pub fn wan_actions(
 }
 
 impl FastWam {
+    /// Makes the bundle's Fast-WAM contexts resident (action_step, and the world-model chain
+    /// when the bundle has one), checks their tensors against the manifest and allocates every
+    /// buffer.
     pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
         let f = bundle
             .manifest
@@ -245,6 +250,8 @@ impl FastWam {
         v
     }
 
+    /// One inference: `actions` (`action_horizon x action_dims`) from the observation (ignored
+    /// in the open-loop form) and its seed. Allocates nothing.
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
         self.infer_conditioned(obs, None, actions)
     }

@@ -9,6 +9,7 @@
 //! `scripts/reference.py` implements the same contract independently in numpy.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod bundle;
 mod error;
@@ -48,12 +49,17 @@ use vla_qnn::Backend;
 /// One observation as the policy sees it.
 #[derive(Clone, Copy, Debug)]
 pub struct Observation<'a> {
+    /// Camera frames in `frames`.
     pub cameras: usize,
+    /// Frame height in pixels.
     pub height: usize,
+    /// Frame width in pixels.
     pub width: usize,
     /// `cameras x height x width x 3` RGB8, camera-major.
     pub frames: &'a [u8],
+    /// The robot state (`state_dims` values); must be finite.
     pub state: &'a [f32],
+    /// Index into the bundle's instructions.
     pub instruction_id: u32,
     /// Seed of the flow-matching noise (KeyStone candidate k uses `seed + k`).
     pub seed: u64,
@@ -96,12 +102,19 @@ impl Observation<'_> {
 /// What the robot side must provide and will receive (ring geometry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
+    /// Camera frames per observation (0 for an open-loop Fast-WAM bundle).
     pub cameras: usize,
+    /// Frame height in pixels.
     pub height: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// State values per observation on the ring.
     pub state_dims: usize,
+    /// Values per action step.
     pub action_dims: usize,
+    /// Steps per chunk (the action horizon H).
     pub chunk_len: usize,
+    /// Number of instructions; an observation's `instruction_id` must be below it.
     pub instructions: usize,
 }
 
@@ -163,8 +176,11 @@ pub struct LoadOptions {
     pub helper_setup: Option<guard::HelperSetup>,
 }
 
+/// A loaded, resident policy of either kind; [`Policy::load`] picks by the manifest.
 pub enum Policy {
+    /// A MolmoAct2 bundle.
     MolmoAct2(Box<MolmoAct2>),
+    /// A Fast-WAM bundle.
     FastWam(Box<FastWam>),
 }
 
@@ -188,6 +204,7 @@ impl Policy {
         })
     }
 
+    /// What the robot side must provide and will receive.
     pub fn geometry(&self) -> Geometry {
         match self {
             Policy::MolmoAct2(p) => molmoact2_geometry(&p.settings),

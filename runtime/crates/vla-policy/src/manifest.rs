@@ -7,50 +7,76 @@
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
+/// The parsed `bundle.json`: what a bundle holds and how its policy runs. Parsed with
+/// unknown fields refused; [`Manifest::validate`] checks the cross-field rules.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// Bundle format version; only 1 is accepted.
     pub format: u32,
+    /// The bundle's name (for logs, metrics and the OTA manifest).
     pub name: String,
+    /// The bundle's version (`MAJOR.MINOR.PATCH`).
     pub version: String,
+    /// Which policy's host glue runs the contexts.
     pub policy: PolicyKind,
+    /// Informational (`original`, `lp_vtp_sd`, `drift_keystone`, `operator_fused`, `fastwam`).
     #[serde(default)]
     pub variant: Option<String>,
+    /// QNN SoC model the context binaries were built for (QCS9075: 77).
     pub soc_model: u32,
+    /// Hexagon HTP architecture the context binaries were built for (v73: 73).
     pub htp_arch: u32,
+    /// Oldest runtime version that can run this bundle.
     pub min_runtime_version: String,
+    /// The contexts by component name (`vision`, `llm_split0`, ..., `action_step`).
     pub components: BTreeMap<String, Component>,
+    /// MolmoAct2 settings; present exactly when `policy` is `molmoact2`.
     #[serde(default)]
     pub molmoact2: Option<MolmoAct2Settings>,
+    /// Fast-WAM settings; present exactly when `policy` is `fastwam`.
     #[serde(default)]
     pub fastwam: Option<FastWamSettings>,
+    /// Cosine thresholds of the parity gates.
     pub parity: ParityGate,
+    /// Bundle-relative path of the end-to-end golden (observation in, actions out).
     pub end_to_end: String,
 }
 
+/// The policy a bundle runs (`bundle.json` `policy`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
+    /// MolmoAct2: vision, LLM splits, action context and flow-matching action step.
     Molmoact2,
+    /// Fast-WAM: an action step on a constant world model or on the world-model chain.
     Fastwam,
 }
 
+/// One context of the bundle.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Component {
+    /// Bundle-relative path of the QNN HTP context binary (mapped read-only).
     pub binary: String,
+    /// Bundle-relative path of the context's golden I/O npz (its parity gate).
     pub golden: String,
+    /// QNN graph name inside the binary; `None`: the binary's only graph.
     #[serde(default)]
     pub graph: Option<String>,
 }
 
+/// The parity gates' thresholds.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ParityGate {
+    /// Every context's outputs must reach this cosine against their goldens.
     pub context_cosine: f64,
+    /// The end-to-end actions must reach this cosine against the end-to-end golden.
     pub end_to_end_cosine: f64,
 }
 
+/// What MolmoAct2's `action_step` graph returns (`step_output`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum StepOutput {
@@ -60,6 +86,7 @@ pub enum StepOutput {
     NextTrajectory,
 }
 
+/// How KeyStone picks one of its candidate trajectories (`keystone.selector`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Selector {
@@ -71,23 +98,35 @@ pub enum Selector {
     ClusterMedoid,
 }
 
+/// Distance between KeyStone candidates (`keystone.distance`), computed in f32 as
+/// `torch.cdist`'s CPU kernel.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Distance {
+    /// Euclidean distance.
     L2,
+    /// Sum of absolute differences.
     L1,
+    /// `1 - cos` of the two flattened candidates (each divided by its norm + 1e-8).
     Cosine,
 }
 
+/// KeyStone: run `k` candidate inferences (seeds `seed + i`) and select one.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct KeyStone {
+    /// Number of candidates, 1..=64.
     pub k: usize,
+    /// How the candidate is picked.
     pub selector: Selector,
+    /// Distance between candidates (default `l2`).
     #[serde(default = "default_distance")]
     pub distance: Distance,
+    /// Rows of each candidate the distances use; `None`: the whole horizon.
     #[serde(default)]
     pub executed_steps: Option<usize>,
+    /// `guarded_medoid` only: above this spread (`|mean - medoid|` over the median pairwise
+    /// distance) k-means picks the largest cluster's medoid (default 0.3).
     #[serde(default = "default_spread")]
     pub spread_threshold: f64,
     /// Upstream `cluster_medoid_num_clusters` (C of the k-means; clustering uses min(C, K)).
@@ -106,12 +145,17 @@ fn default_spread() -> f64 {
     0.3
 }
 
+/// How a normalization block maps raw values to the policy's space.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum NormMode {
+    /// Between the quantile bounds `low`/`high` (q01/q99 or q10/q90), to [-1, 1].
     Quantile,
+    /// `(x - mean) / std`.
     MeanStd,
+    /// Between the dataset's `low` (min) and `high` (max), to [-1, 1].
     MinMax,
+    /// Values pass unchanged.
     Identity,
 }
 
@@ -137,9 +181,12 @@ impl NormFollows {
     }
 }
 
+/// A normalization block (`state_norm`, `action_norm`); the statistics are per dim, and
+/// only those the mode uses need be present.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Normalization {
+    /// How values are mapped.
     pub mode: NormMode,
     /// Absent in bundles made before the field existed: those followed the HF normalizer.
     #[serde(default)]
@@ -148,14 +195,19 @@ pub struct Normalization {
     /// `lerobot_pipeline`: the HF normalizer's floor is fixed.
     #[serde(default)]
     pub eps: Option<f32>,
+    /// Lower bounds per dim (`quantile`, `min_max`).
     #[serde(default)]
     pub low: Option<Vec<f32>>,
+    /// Upper bounds per dim (`quantile`, `min_max`); may equal `low` (the divisor is floored).
     #[serde(default)]
     pub high: Option<Vec<f32>>,
+    /// Means per dim (`mean_std`).
     #[serde(default)]
     pub mean: Option<Vec<f32>>,
+    /// Standard deviations per dim (`mean_std`); may be 0 (the divisor is floored).
     #[serde(default)]
     pub std: Option<Vec<f32>>,
+    /// Dims left unnormalized (e.g. the gripper); `None`: none.
     #[serde(default)]
     pub passthrough: Option<Vec<bool>>,
     /// Dims whose dataset min equals its max: normalized to 0 (upstream's `zero_mask`;
@@ -164,15 +216,23 @@ pub struct Normalization {
     pub constant: Option<Vec<bool>>,
 }
 
+/// The `molmoact2` block: shapes of the contexts and the host glue's parameters.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MolmoAct2Settings {
+    /// Camera frames per observation (2: `image`, `wrist_image`).
     pub cameras: usize,
+    /// Raw RGB8 frame height the bundle expects, in pixels.
     pub frame_height: usize,
+    /// Raw RGB8 frame width the bundle expects, in pixels.
     pub frame_width: usize,
+    /// Side of the square the frames are resized to for the vision context, in pixels.
     pub crop_size: usize,
+    /// ViT patch side in pixels (14).
     pub patch_size: usize,
+    /// Rows of `image_embeds`, all cameras together.
     pub image_tokens: usize,
+    /// Prompt length S in tokens.
     pub seq_len: usize,
     /// Rows of left padding the exported LLM contexts' baked RoPE positions assume
     /// (row r has position `max(r - rope_left_pad, 0)`, upstream's
@@ -180,32 +240,56 @@ pub struct MolmoAct2Settings {
     /// be padded by exactly this many rows; `null` leaves the padding unchecked.
     #[serde(default)]
     pub rope_left_pad: Option<usize>,
+    /// LLM width D.
     pub hidden: usize,
+    /// Number of LLM split contexts (at most 64).
     pub llm_splits: usize,
+    /// Decoder layers per split.
     pub layers_per_split: usize,
+    /// Last dim of the KV cache `[splits * layers, 1, S, kv_width]`.
     pub kv_width: usize,
+    /// Last dim of action_context's `k_ctx` / `v_ctx`.
     pub action_context_width: usize,
+    /// Steps per chunk H: the trajectory is `[1, H, action_width]`.
     pub action_horizon: usize,
+    /// Width of the trajectory rows; the first `action_dims` are real, the rest padding.
     pub action_width: usize,
+    /// Real action values per step.
     pub action_dims: usize,
+    /// Euler steps of the flow loop (10 original, 2 SD, 1 Drift).
     pub flow_steps: usize,
+    /// What the action_step graph returns.
     pub step_output: StepOutput,
+    /// KeyStone candidate selection; `None`: one inference per chunk.
     #[serde(default)]
     pub keystone: Option<KeyStone>,
+    /// Robot state length.
     pub state_dims: usize,
+    /// Normalization of the robot state.
     pub state_norm: Normalization,
+    /// De-normalization of the `action_dims` outputs.
     pub action_norm: Normalization,
+    /// Value written into the attention bias for a blocked (query, key) pair (upstream:
+    /// `finfo(f32).min`).
     pub attention_blocked_value: f32,
+    /// Bundle-relative path of the prompt tables npz.
     pub prompt: String,
+    /// The instruction texts; an observation's `instruction_id` indexes them.
     pub instructions: Vec<String>,
 }
 
+/// The `fastwam` block: the action step's shape, its flow schedule and one of the two
+/// world-model forms.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FastWamSettings {
+    /// Steps per chunk H: `latents_action` is `[1, H, action_dims]`.
     pub action_horizon: usize,
+    /// Action values per step.
     pub action_dims: usize,
+    /// Steps N of the Wan flow schedule (upstream LIBERO eval: 10).
     pub flow_steps: usize,
+    /// Shift of the Wan flow schedule (upstream LIBERO eval: 5.0).
     pub shift: f64,
     /// The constant-world-model form (open loop): fixed `video_keys`, `video_values`,
     /// `context`, `context_mask` for action_step. Exactly one of this and `chain`.
@@ -214,9 +298,12 @@ pub struct FastWamSettings {
     /// The closed-loop form: the world-model chain computes them per observation.
     #[serde(default)]
     pub chain: Option<FastWamChain>,
+    /// Fast-WAM's own normalizer for the actions (`identity` allowed).
     pub action_norm: Normalization,
+    /// Binarize the gripper (last dim) after de-normalizing and [`Self::gripper_map`].
     #[serde(default)]
     pub gripper_binarize: bool,
+    /// What is done to the gripper dim after de-normalizing.
     #[serde(default)]
     pub gripper_map: GripperMap,
 }
@@ -226,8 +313,11 @@ pub struct FastWamSettings {
 /// `infer_shift: 5.0` (`sim_libero.yaml` leaves `sigma_shift` null), `sim_libero.yaml`
 /// `binarize_gripper: true`, and the eval's `g*2 - 1`, `invert_gripper_action` gripper map.
 pub const UPSTREAM_LIBERO_FLOW_STEPS: usize = 10;
+/// Upstream's LIBERO eval flow steps (`eval_num_inference_steps`).
 pub const UPSTREAM_LIBERO_SHIFT: f64 = 5.0;
+/// Upstream's LIBERO eval schedule shift (`infer_shift`).
 pub const UPSTREAM_LIBERO_GRIPPER_MAP: GripperMap = GripperMap::Libero;
+/// Upstream's LIBERO eval gripper map (`g*2 - 1`, inverted).
 pub const UPSTREAM_LIBERO_GRIPPER_BINARIZE: bool = true;
 
 impl FastWamSettings {
@@ -294,23 +384,34 @@ impl GripperMap {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FastWamChain {
+    /// Camera frames per observation.
     pub cameras: usize,
+    /// Raw RGB8 frame height, in pixels.
     pub frame_height: usize,
+    /// Raw RGB8 frame width, in pixels.
     pub frame_width: usize,
     /// Each camera's size after the centre-crop resize; the image is
     /// `[1, 3, camera_height, cameras * camera_width]`.
     pub camera_height: usize,
+    /// See [`Self::camera_height`].
     pub camera_width: usize,
     /// Per camera: turn the frame by 180 degrees first (LIBERO's cameras).
     pub rotate_180: Vec<bool>,
+    /// Channels Z of wm_vae_enc's `latents [1, Z, lh, lw]`.
     pub latent_channels: usize,
+    /// Height lh of the latents.
     pub latent_height: usize,
+    /// Width lw of the latents.
     pub latent_width: usize,
+    /// Video tokens T out of wm_embed.
     pub video_tokens: usize,
+    /// Width W of the video tokens.
     pub video_width: usize,
     /// Layers of each prefill split, in order; they must add up to action_step's.
     pub prefill_layers: Vec<usize>,
+    /// Text rows M of the context (128 in Fast-WAM); row M is the proprio row.
     pub text_tokens: usize,
+    /// Width E of the context rows (4096 in Fast-WAM).
     pub context_width: usize,
     /// Values of the state the policy normalizes (8 for LIBERO: eef position 3, axis-angle
     /// 3, gripper qpos 2).
@@ -318,10 +419,12 @@ pub struct FastWamChain {
     /// What the robot writes on the ring in place of that state (see [`StateInput`]).
     #[serde(default)]
     pub state_input: StateInput,
+    /// Fast-WAM's normalizer for the state.
     pub state_norm: Normalization,
     /// npz: `text_rows [instructions, text_tokens, context_width]` (f16 or f32),
     /// `proprio_weight [context_width, state_dims]`, `proprio_bias [context_width]` (f32).
     pub tables: String,
+    /// The task strings; instruction i uses `text_rows[i]`.
     pub instructions: Vec<String>,
 }
 
@@ -370,7 +473,9 @@ pub const MAX_PREFILL_SPLITS: usize = 64;
 /// A manifest rule that does not hold: `field` is a dotted path.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Invalid {
+    /// The field as a dotted path (e.g. `molmoact2.action_norm.low`).
     pub field: String,
+    /// The rule it breaks, as one line.
     pub reason: String,
 }
 

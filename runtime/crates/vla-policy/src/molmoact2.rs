@@ -40,7 +40,10 @@ use vla_fork::Fork;
 use vla_qnn::Backend;
 use vla_tensor::AlignedBuf;
 
+/// A loaded MolmoAct2 policy: its resident contexts, the host glue's tables and every
+/// buffer an inference needs.
 pub struct MolmoAct2 {
+    /// The bundle's `molmoact2` block.
     pub settings: MolmoAct2Settings,
     pre: Preprocessor,
     prompt: PromptTables,
@@ -145,6 +148,8 @@ fn poison(fault: &Option<String>, component: &str, buf: &mut AlignedBuf) {
 }
 
 impl MolmoAct2 {
+    /// Makes every MolmoAct2 context resident, checks their tensors against the manifest,
+    /// reads the prompt tables and allocates every buffer; `options` sets up the helper threads.
     pub fn load(
         bundle: &Bundle,
         backend: &Backend,

@@ -17,12 +17,19 @@ use vla_tensor::{compare, Comparison};
 /// of `golden/end_to_end.npz` and of `vlad run-once --obs`.
 #[derive(Clone, Debug, Default)]
 pub struct ObservationFile {
+    /// Camera frames in `frames` (0 when the file has none).
     pub cameras: usize,
+    /// Frame height in pixels.
     pub height: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// `cameras x height x width x 3` RGB8, camera-major.
     pub frames: Vec<u8>,
+    /// The robot state (empty when the file has none).
     pub state: Vec<f32>,
+    /// Index into the bundle's instructions (0 when absent).
     pub instruction_id: u32,
+    /// Seed of the flow-matching noise (required).
     pub seed: u64,
 }
 
@@ -116,6 +123,7 @@ impl ObservationFile {
         Ok(o)
     }
 
+    /// The observation as the policy takes it, borrowing this file's buffers.
     pub fn observation(&self) -> Observation<'_> {
         Observation {
             cameras: self.cameras,
@@ -132,35 +140,49 @@ impl ObservationFile {
 /// Actions against the end-to-end golden.
 #[derive(Clone, Debug)]
 pub struct EndToEndParity {
+    /// The chunk the policy made, `chunk_len x action_dims`.
     pub actions: Vec<f32>,
+    /// The golden chunk.
     pub expected: Vec<f32>,
+    /// Cosine and differences of `actions` against `expected`.
     pub comparison: Comparison,
     /// (golden choice, our choice) for KeyStone bundles.
     pub keystone: Option<(usize, usize)>,
+    /// True when the cosine reaches the end-to-end gate, no value is NaN or infinite and, for
+    /// KeyStone, the same candidate was chosen.
     pub passed: bool,
 }
 
 /// One host-glue intermediate of the end-to-end run against the golden's copy.
 #[derive(Clone, Debug)]
 pub struct StageParity {
+    /// The stage's name in the golden (e.g. `pixel_values`, `k_ctx`, `latents`).
     pub name: String,
+    /// Cosine and differences against the golden's copy.
     pub comparison: Comparison,
+    /// True when the cosine reaches the context gate and no value is NaN or infinite.
     pub passed: bool,
 }
 
+/// The whole bundle gate: every context, every stored stage and the end-to-end actions.
 #[derive(Clone, Debug)]
 pub struct BundleParity {
+    /// Every context against its own golden.
     pub contexts: Vec<ContextParity>,
     /// The stages the end-to-end golden stores, in pipeline order.
     pub stages: Vec<StageParity>,
+    /// The end-to-end actions against the golden.
     pub end_to_end: EndToEndParity,
+    /// The per-context and per-stage cosine threshold (`parity.context_cosine`).
     pub context_gate: f64,
+    /// The end-to-end cosine threshold (`parity.end_to_end_cosine`).
     pub end_to_end_gate: f64,
     /// The bundle's actions do not depend on the observation (constant world model).
     pub open_loop: bool,
 }
 
 impl BundleParity {
+    /// True when every context, every stage and the end-to-end check passed.
     pub fn passed(&self) -> bool {
         self.contexts.iter().all(|c| c.passed())
             && self.stages.iter().all(|s| s.passed)

@@ -27,8 +27,11 @@ const RAMP_K: f32 = 6.0;
 /// How a prefix conditions the flow loop (see the module doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PrefixMethod {
+    /// GR00T-style velocity mask: the overlap starts from the prefix (the `prefix` merge).
     #[default]
     VelocityMask,
+    /// Inpainting: the overlap rows are replaced by the noised prefix after every update (the
+    /// `inpaint` merge).
     Inpaint,
 }
 
@@ -36,9 +39,13 @@ pub enum PrefixMethod {
 /// `[H, action_dims]`, padded beyond `overlap` with its last real action.
 #[derive(Clone, Copy, Debug)]
 pub struct ActionPrefix<'a> {
+    /// `[H, action_dims]` de-normalized actions.
     pub actions: &'a [f32],
+    /// Rows that execute before the new chunk can land: held exactly to the prefix (mask 0).
     pub frozen: usize,
+    /// Rows the prefix covers (at least `frozen`); the mask ramps up over those after `frozen`.
     pub overlap: usize,
+    /// How the prefix conditions the flow loop.
     pub method: PrefixMethod,
 }
 

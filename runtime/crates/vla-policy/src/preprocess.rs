@@ -141,8 +141,11 @@ struct Taps {
 /// Turns `cameras` frames of `height x width x 3` into `[1, cameras, G*G, P*P*3]`.
 #[derive(Clone, Debug)]
 pub struct Preprocessor {
+    /// Camera frames per observation.
     pub cameras: usize,
+    /// Frame height in pixels.
     pub height: usize,
+    /// Frame width in pixels.
     pub width: usize,
     taps: Taps,
     scratch: [Scratch; 2],

@@ -33,7 +33,9 @@ pub struct Instruction {
     pub attention_bias: Vec<f32>,
     /// `[S]` 1.0 for real tokens.
     pub encoder_mask: Vec<f32>,
+    /// Scaffold rows that receive the image embeds, in `image_embeds` row order.
     pub image_positions: Vec<usize>,
+    /// Scaffold rows that receive the state tokens, in state dim order.
     pub state_positions: Vec<usize>,
     /// The row every image position of the scaffold holds, when they all hold the same
     /// (the upstream layout: `wte[image_patch_id]`): the per-observation add then reads

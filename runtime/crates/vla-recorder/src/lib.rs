@@ -14,6 +14,7 @@
 //! This crate knows the rings and the loop, not QNN or policies: the daemon wires it.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod mcap_out;
 pub mod metrics;
@@ -40,14 +41,17 @@ use vla_ring::Geometry;
 /// The recorder's part of the configuration (`recorder.*`).
 #[derive(Clone, Debug)]
 pub struct RecorderSettings {
+    /// Where recordings land; created by [`Observer::start`].
     pub directory: PathBuf,
     /// Seconds of history a recording covers (at most: see `max_chunks`).
     pub history: Duration,
     /// Inferences kept (each with its frames): bounds the memory.
     pub max_chunks: usize,
+    /// What is kept of the camera frames.
     pub frames: Frames,
     /// The directory's recordings are kept under this many bytes (oldest removed).
     pub max_bytes: u64,
+    /// Record when the loop starts publishing `fault`.
     pub on_fault: bool,
     /// Record when a `hold` (after the first `ok`) lasts longer than this.
     pub hold_limit: Option<Duration>,
@@ -56,7 +60,9 @@ pub struct RecorderSettings {
 /// What the observer records and for what loop.
 #[derive(Clone, Debug)]
 pub struct ObserverSettings {
+    /// The robot link's shape: sizes every preallocated queue and history slot.
     pub geometry: Geometry,
+    /// Time between two publisher ticks; sizes the tick queue (at least 2 s of ticks).
     pub publish_period: Duration,
     /// Per-component latency names (the engine's), for the chunk records and the metrics.
     pub components: Vec<String>,
@@ -69,12 +75,16 @@ pub struct ObserverSettings {
 /// Why a recording was written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
+    /// Asked for by the daemon (SIGUSR1), see [`Observer::request_recording`].
     Signal,
+    /// The loop started publishing `fault` (with [`RecorderSettings::on_fault`]).
     Fault,
+    /// A `hold` after the first `ok` lasted longer than [`RecorderSettings::hold_limit`].
     Hold,
 }
 
 impl Trigger {
+    /// Lower-case name, as it appears in the recording's file name and metadata.
     pub fn name(self) -> &'static str {
         match self {
             Trigger::Signal => "signal",
@@ -87,8 +97,11 @@ impl Trigger {
 /// Figures of the observer, readable from any thread.
 #[derive(Debug, Default)]
 pub struct ObserverStats {
+    /// Recordings written since start.
     pub recordings: AtomicU64,
+    /// Recordings that failed to write (the error is logged by the recorder thread).
     pub recording_errors: AtomicU64,
+    /// Size in bytes of the last recording written.
     pub last_recording_bytes: AtomicU64,
     /// Whether the last tick saw the robot's heartbeat (1) or not (0); 2: no tick yet.
     pub robot_alive: AtomicU8,
@@ -158,6 +171,7 @@ impl Observer {
         })
     }
 
+    /// The tap to hand to the loop; every clone feeds this observer's queues.
     pub fn tap(&self) -> Arc<dyn Tap> {
         Arc::new(ObserverTap(self.shared.clone()))
     }
@@ -167,10 +181,12 @@ impl Observer {
         self.shared.requested.store(true, Ordering::Release);
     }
 
+    /// The observer's counters.
     pub fn stats(&self) -> &ObserverStats {
         &self.shared.stats
     }
 
+    /// The latency histograms, for the metrics textfile.
     pub fn latency(&self) -> &LatencyMetrics {
         &self.shared.latency
     }
@@ -180,6 +196,7 @@ impl Observer {
         (self.shared.ticks.dropped(), self.shared.chunks.dropped())
     }
 
+    /// Path of the last recording written, if any.
     pub fn last_recording(&self) -> Option<PathBuf> {
         self.shared
             .last_path

@@ -20,8 +20,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vla_ring::Geometry;
 
+/// Schema name of the `/vla/observation` channel.
 pub const SCHEMA_OBSERVATION: &str = "vla.Observation";
+/// Schema name of the `/vla/chunk` channel.
 pub const SCHEMA_CHUNK: &str = "vla.Chunk";
+/// Schema name of the `/vla/action` channel.
 pub const SCHEMA_ACTION: &str = "vla.Action";
 const SCHEMA_RAW_IMAGE: &str = "foxglove.RawImage";
 

@@ -44,6 +44,7 @@ pub struct LatencyMetrics {
 }
 
 impl LatencyMetrics {
+    /// Empty histograms for the total and for each named component, in the engine's order.
     pub fn new(names: &[String]) -> Self {
         Self {
             names: names.to_vec(),
@@ -52,6 +53,8 @@ impl LatencyMetrics {
         }
     }
 
+    /// Adds one inference: `total_ns` and per-component `components_ns` (ns, in the order
+    /// given to [`LatencyMetrics::new`]; extra entries are ignored). Lock-free.
     pub fn record(&self, total_ns: u64, components_ns: &[u64]) {
         self.total.record(total_ns);
         for (h, &ns) in self.components.iter().zip(components_ns) {
@@ -59,6 +62,7 @@ impl LatencyMetrics {
         }
     }
 
+    /// Inferences recorded so far.
     pub fn count(&self) -> u64 {
         self.total.count.load(Ordering::Relaxed)
     }
@@ -67,19 +71,27 @@ impl LatencyMetrics {
 /// What only the daemon knows.
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
+    /// Name of the running bundle (the `vlad_bundle_info` label).
     pub bundle_name: String,
+    /// Version of the running bundle (the `vlad_bundle_info` label).
     pub bundle_version: String,
+    /// Content hash of the running bundle (the `vlad_bundle_info` label).
     pub bundle_hash: String,
     /// 1: the running bundle passed its parity gate (it cannot run otherwise).
     pub parity_passed: bool,
+    /// End-to-end cosine the parity gate measured (`vlad_parity_cosine`).
     pub parity_cosine: f64,
     /// `none` (no OTA store), `trial` or `committed`.
     pub ota_state: String,
     /// 0/1; `None`: no tick yet.
     pub robot_alive: Option<bool>,
+    /// Flight recordings written (`vlad_recordings_total`).
     pub recordings: u64,
+    /// Flight recordings that failed to write (`vlad_recording_errors_total`).
     pub recording_errors: u64,
+    /// Tick records the recorder dropped because it fell behind.
     pub dropped_ticks: u64,
+    /// Chunk records the recorder dropped because it fell behind.
     pub dropped_chunks: u64,
 }
 

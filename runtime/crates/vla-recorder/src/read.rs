@@ -9,34 +9,61 @@ use std::path::{Path, PathBuf};
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RecordingError {
+    /// The file could not be opened or read.
     Io {
+        /// The recording file.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The file is not a valid MCAP file.
     Mcap {
+        /// The recording file.
         path: PathBuf,
+        /// The MCAP reader's error.
         source: mcap::McapError,
     },
     /// A valid MCAP file without vlad's `vla.recording` metadata.
-    NotARecording { path: PathBuf },
+    NotARecording {
+        /// The recording file.
+        path: PathBuf,
+    },
     /// A message whose payload is not the JSON vlad writes.
     Message {
+        /// The recording file.
         path: PathBuf,
+        /// The channel the message is on.
         topic: String,
+        /// The message's MCAP sequence number.
         sequence: u32,
+        /// The JSON parser's error.
         source: serde_json::Error,
     },
     /// A camera message whose frame is not valid base64.
     Frame {
+        /// The recording file.
         path: PathBuf,
+        /// The camera channel, `/vla/camera/<i>`.
         topic: String,
+        /// The message's MCAP sequence number.
         sequence: u32,
+        /// What is wrong with the base64.
         reason: String,
     },
     /// A chunk without the observation it was computed from.
-    MissingObservation { path: PathBuf, chunk: u32 },
+    MissingObservation {
+        /// The recording file.
+        path: PathBuf,
+        /// The chunk message's MCAP sequence number (its observation shares it).
+        chunk: u32,
+    },
     /// An observation without its noise seed (it cannot be run again).
-    MissingSeed { path: PathBuf, observation: u32 },
+    MissingSeed {
+        /// The recording file.
+        path: PathBuf,
+        /// The observation message's MCAP sequence number.
+        observation: u32,
+    },
 }
 
 impl std::fmt::Display for RecordingError {
@@ -99,16 +126,26 @@ impl std::error::Error for RecordingError {
 /// One recorded inference, with what is needed to run it again.
 #[derive(Clone, Debug)]
 pub struct RecordedChunk {
+    /// The loop's id of the chunk; 0 when the inference failed.
     pub chunk_id: u64,
+    /// Whether the inference succeeded; `actions` is empty otherwise.
     pub ok: bool,
+    /// Conditioned on the chunk in play (`merge: prefix`/`inpaint`): not replayable from the
+    /// observation alone.
     pub prefixed: bool,
+    /// Seq of the observation in its ring.
     pub observation_seq: u64,
+    /// The sampling seed the inference ran with.
     pub seed: u64,
+    /// Index of the instruction (prompt) the robot followed.
     pub instruction_id: u32,
+    /// The robot state (`state_dims` f32) the inference saw.
     pub state: Vec<f32>,
     /// Every camera's frame one after another (HWC), as recorded.
     pub frames: Vec<u8>,
+    /// The chunk's actions, `chunk_len x action_dims` row-major; empty when not `ok`.
     pub actions: Vec<f32>,
+    /// Inference start to chunk ready, in ms.
     pub latency_ms: f64,
 }
 
@@ -117,7 +154,9 @@ pub struct RecordedChunk {
 pub struct Recording {
     /// The `vla.recording` metadata.
     pub metadata: BTreeMap<String, String>,
+    /// The recorded inferences, in recording order.
     pub chunks: Vec<RecordedChunk>,
+    /// Number of `/vla/action` messages (published ticks).
     pub actions: usize,
     /// Action messages by decision (`step`, `hold_last`, `hold`, `fault`).
     pub decisions: BTreeMap<String, usize>,

@@ -17,6 +17,7 @@ pub enum Frames {
 }
 
 impl Frames {
+    /// The subsampling factor: the downscale factor (at least 1), else 1.
     pub fn factor(self) -> u32 {
         match self {
             Frames::Downscaled(f) => f.max(1),
@@ -35,11 +36,13 @@ impl Frames {
         }
     }
 
+    /// Bytes of all recorded frames of one observation (0 when off).
     pub fn bytes(self, g: &Geometry) -> usize {
         let (h, w) = self.size(g);
         g.cameras as usize * h as usize * w as usize * g.channels as usize
     }
 
+    /// Lower-case name as in the config (`off`, `downscaled`, `full`).
     pub fn name(self) -> &'static str {
         match self {
             Frames::Off => "off",

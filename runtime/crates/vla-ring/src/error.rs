@@ -12,11 +12,21 @@ use crate::layout::RingKind;
 #[non_exhaustive]
 pub enum ConfigError {
     /// A geometry field that must be at least 1 is 0.
-    Zero { field: &'static str },
+    Zero {
+        /// Name of the zero field (`action_dims`, `chunk_len`, or a frame dimension when
+        /// `cameras > 0`).
+        field: &'static str,
+    },
     /// The slot count is outside `MIN_SLOTS..=MAX_SLOTS`.
-    SlotCount { found: u32 },
+    SlotCount {
+        /// The slot count asked for.
+        found: u32,
+    },
     /// A derived size overflows the ABI's integer fields.
-    TooLarge { what: &'static str },
+    TooLarge {
+        /// Which size overflowed (`"camera frames"`, `"slot"`, `"segment"`).
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -42,19 +52,29 @@ impl std::error::Error for ConfigError {}
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum CreateError {
+    /// The geometry or slot count passed to the writer cannot make a ring.
     Config {
+        /// The segment file.
         path: PathBuf,
+        /// What is wrong with the geometry.
         source: ConfigError,
     },
+    /// A file operation on the segment failed (open, stat, lock, resize, mmap, create or
+    /// remove the replacement's temporary file).
     Io {
+        /// The file the operation was on (the segment, or the temporary file of its replacement).
         path: PathBuf,
+        /// The operation, e.g. `"open"`, `"flock"`, `"mmap"`.
         op: &'static str,
+        /// The operating system's error.
         source: io::Error,
     },
     /// Another live process holds the writer lock (an flock, released by the kernel when
     /// its holder dies, so a killed writer never blocks its successor).
     WriterActive {
+        /// The segment file.
         path: PathBuf,
+        /// Process id the header records for the writer holding the lock.
         pid: u32,
     },
 }
@@ -90,57 +110,96 @@ impl std::error::Error for CreateError {
 #[non_exhaustive]
 pub enum OpenError {
     /// The reader's own expected geometry is unusable.
-    Config { path: PathBuf, source: ConfigError },
-    /// No such file (yet): the writer has not started. Retry.
-    NotFound { path: PathBuf },
-    Io {
+    Config {
+        /// The segment file.
         path: PathBuf,
+        /// What is wrong with the expected geometry.
+        source: ConfigError,
+    },
+    /// No such file (yet): the writer has not started. Retry.
+    NotFound {
+        /// The segment file.
+        path: PathBuf,
+    },
+    /// A file operation on the segment failed (open, stat or mmap).
+    Io {
+        /// The segment file.
+        path: PathBuf,
+        /// The operation, e.g. `"open"`, `"stat"`, `"mmap"`.
         op: &'static str,
+        /// The operating system's error.
         source: io::Error,
     },
     /// The file is shorter than the header or than its header says.
     Truncated {
+        /// The segment file.
         path: PathBuf,
+        /// Bytes the header (or the header size) requires.
         expected: u64,
+        /// Bytes the file has.
         found: u64,
     },
     /// A writer is (re)writing the header, or died doing so. Retry.
-    Initializing { path: PathBuf },
+    Initializing {
+        /// The segment file.
+        path: PathBuf,
+    },
     /// The magic is not a ring magic at all.
     BadMagic {
+        /// The segment file.
         path: PathBuf,
+        /// The magic of the ring kind the reader opened.
         expected: u64,
+        /// The `magic` word in the header.
         found: u64,
     },
     /// The segment is the other ring.
     WrongKind {
+        /// The segment file.
         path: PathBuf,
+        /// The kind the reader opened.
         expected: RingKind,
+        /// The kind the segment's magic names.
         found: RingKind,
     },
     /// The ABI major differs: the layout is not ours.
     AbiMajor {
+        /// The segment file.
         path: PathBuf,
+        /// This reader's [`ABI_MAJOR`](crate::ABI_MAJOR).
         expected: u32,
+        /// The header's `abi_major`.
         found: u32,
     },
     /// The writer needs a newer reader than this one.
     AbiTooOld {
+        /// The segment file.
         path: PathBuf,
+        /// This reader's [`ABI_VERSION`](crate::ABI_VERSION).
         reader_version: u32,
+        /// The header's `abi_lowest_compatible`, above `reader_version`.
         lowest_compatible: u32,
     },
     /// A header field (geometry, slot size, sizes) differs from what this reader expects.
     Mismatch {
+        /// The segment file.
         path: PathBuf,
+        /// Header field name as in the layout table (`slot_size`, `cameras`, ...).
         field: &'static str,
+        /// The value this reader's layout needs.
         expected: u64,
+        /// The value in the header.
         found: u64,
     },
     /// `published` or a slot's seqlock word holds a seq that leaves no next seq up to
     /// [`MAX_SEQ`](crate::seqlock::MAX_SEQ): the segment is corrupt and a writer cannot
     /// continue it.
-    SeqOutOfRange { path: PathBuf, found: u64 },
+    SeqOutOfRange {
+        /// The segment file.
+        path: PathBuf,
+        /// The newest seq that `published` or any slot holds, at or past `MAX_SEQ`.
+        found: u64,
+    },
 }
 
 impl OpenError {
@@ -224,28 +283,62 @@ pub enum ReadError {
     /// Nothing published yet.
     Empty,
     /// `seq` is newer than anything written.
-    NotYetWritten { seq: u64, published: u64 },
+    NotYetWritten {
+        /// The seq asked for.
+        seq: u64,
+        /// The newest seq published when the read was made.
+        published: u64,
+    },
     /// `seq`'s slot now holds the newer seq `by`: the reader fell behind.
-    Overwritten { seq: u64, by: u64 },
+    Overwritten {
+        /// The seq asked for.
+        seq: u64,
+        /// The newer seq now in its slot.
+        by: u64,
+    },
     /// The writer was inside `seq`'s slot on every attempt (or died there).
-    InProgress { seq: u64 },
+    InProgress {
+        /// The seq asked for.
+        seq: u64,
+    },
     /// Every attempt overlapped a write.
-    Contended { attempts: u32 },
+    Contended {
+        /// How many read attempts were made.
+        attempts: u32,
+    },
     /// An action slot's status word is none of ok / hold / fault.
-    InvalidStatus { seq: u64, found: u32 },
+    InvalidStatus {
+        /// The seq of the slot read.
+        seq: u64,
+        /// The raw status word.
+        found: u32,
+    },
     /// `published` names a seq that its slot never reached: the segment is corrupt.
-    Inconsistent { published: u64, lock_word: u64 },
+    Inconsistent {
+        /// The header's `published` seq.
+        published: u64,
+        /// The seqlock word its slot holds instead of `2 * published` or later.
+        lock_word: u64,
+    },
     /// The caller's buffer does not match the ring geometry.
     BufferMismatch {
+        /// Which buffer: `"state"`, `"frames"` or `"values"`.
         field: &'static str,
+        /// Elements (f32 values or frame bytes) the geometry needs.
         expected: usize,
+        /// Elements the caller's buffer has.
         found: usize,
     },
     /// A writer is starting on the segment (or died doing so): retry.
     WriterStarting,
     /// A writer started on the segment (epoch `epoch`) with a header that no longer
     /// matches this reader (header field `field`): reopen with the right geometry.
-    Incompatible { epoch: u64, field: &'static str },
+    Incompatible {
+        /// The writer epoch the header now carries.
+        epoch: u64,
+        /// The first header field that no longer matches this reader's layout.
+        field: &'static str,
+    },
 }
 
 impl fmt::Display for ReadError {
@@ -309,8 +402,11 @@ impl std::error::Error for ReadError {}
 pub enum PublishError {
     /// A variable-length field does not match the ring geometry.
     Length {
+        /// Which field: `"state"`, `"frames"` or `"values"`.
         field: &'static str,
+        /// Elements (f32 values or frame bytes) the geometry needs.
         expected: usize,
+        /// Elements the item carries.
         found: usize,
     },
 }

@@ -47,6 +47,7 @@ pub enum RingKind {
 }
 
 impl RingKind {
+    /// The header `magic` of this ring kind.
     pub const fn magic(self) -> u64 {
         match self {
             RingKind::Observation => OBS_MAGIC,
@@ -54,6 +55,7 @@ impl RingKind {
         }
     }
 
+    /// Lower-case name for messages: `"observation"` or `"action"`.
     pub const fn name(self) -> &'static str {
         match self {
             RingKind::Observation => "observation",
@@ -61,6 +63,7 @@ impl RingKind {
         }
     }
 
+    /// The kind a header `magic` names, or `None` for anything that is not a ring magic.
     pub fn from_magic(magic: u64) -> Option<RingKind> {
         match magic {
             OBS_MAGIC => Some(RingKind::Observation),
@@ -154,13 +157,21 @@ impl Geometry {
 /// The geometry as stored in the header: seven u32 and one reserved word.
 #[repr(C)]
 pub struct RawGeometry {
+    /// See [`Geometry::cameras`].
     pub cameras: AtomicU32,
+    /// See [`Geometry::height`].
     pub height: AtomicU32,
+    /// See [`Geometry::width`].
     pub width: AtomicU32,
+    /// See [`Geometry::channels`].
     pub channels: AtomicU32,
+    /// See [`Geometry::state_dims`].
     pub state_dims: AtomicU32,
+    /// See [`Geometry::action_dims`].
     pub action_dims: AtomicU32,
+    /// See [`Geometry::chunk_len`].
     pub chunk_len: AtomicU32,
+    /// Written as 0; free for a compatible ABI addition.
     pub reserved: AtomicU32,
 }
 
@@ -170,6 +181,7 @@ pub struct RawGeometry {
 pub struct RingHeader {
     /// [`OBS_MAGIC`] or [`ACTION_MAGIC`]; 0 while a fresh file is being sized.
     pub magic: AtomicU64,
+    /// [`ABI_MAJOR`] of the writer that last started; a reader needs it equal to its own.
     pub abi_major: AtomicU32,
     /// ABI version of the writer that last started.
     pub abi_version: AtomicU32,
@@ -179,8 +191,11 @@ pub struct RingHeader {
     pub header_size: AtomicU32,
     /// `header_size + slot_count * slot_size`.
     pub total_size: AtomicU64,
+    /// Number of slots, `MIN_SLOTS..=MAX_SLOTS`.
     pub slot_count: AtomicU32,
+    /// Bytes per slot, a multiple of [`SLOT_ALIGN`].
     pub slot_size: AtomicU32,
+    /// The robot link's shape the slots are sized for.
     pub geometry: RawGeometry,
     /// [`STATE_INITIALIZING`] while a writer (re)writes the header, else [`STATE_READY`].
     pub initializing: AtomicU32,
@@ -192,6 +207,7 @@ pub struct RingHeader {
     pub writer_heartbeat_ns: AtomicU64,
     /// Seq of the newest complete slot, 0 before the first publish.
     pub published: AtomicU64,
+    /// Written as 0; free for compatible ABI additions.
     pub reserved: [AtomicU64; 3],
 }
 
@@ -202,6 +218,7 @@ pub struct RingHeader {
 pub struct ObservationSlotFixed {
     /// Seqlock word: `2*seq - 1` (odd) while seq is written, `2*seq` once complete.
     pub seqlock: AtomicU64,
+    /// The seq this slot holds (valid only when the seqlock word is `2*seq`).
     pub seq: AtomicU64,
     /// Epoch of the writer that wrote this slot.
     pub writer_epoch: AtomicU64,
@@ -211,7 +228,9 @@ pub struct ObservationSlotFixed {
     pub seed: AtomicU64,
     /// Index of the instruction (prompt) the robot is following.
     pub instruction_id: AtomicU32,
+    /// Written as 0; free for a compatible ABI addition.
     pub reserved32: AtomicU32,
+    /// Written as 0; free for compatible ABI additions.
     pub reserved: [AtomicU64; 2],
 }
 
@@ -221,6 +240,7 @@ pub struct ObservationSlotFixed {
 pub struct ActionSlotFixed {
     /// Seqlock word: `2*seq - 1` (odd) while seq is written, `2*seq` once complete.
     pub seqlock: AtomicU64,
+    /// The seq this slot holds (valid only when the seqlock word is `2*seq`).
     pub seq: AtomicU64,
     /// Epoch of the writer that wrote this slot.
     pub writer_epoch: AtomicU64,
@@ -230,6 +250,7 @@ pub struct ActionSlotFixed {
     pub made_time_ns: AtomicU64,
     /// CLOCK_MONOTONIC ns after which the reader must not apply it (fail closed).
     pub valid_until_ns: AtomicU64,
+    /// Identifies the chunk the step belongs to; every step of one chunk carries the same id.
     pub chunk_id: AtomicU64,
     /// Position of this step in its chunk, `< chunk_len`.
     pub step_index: AtomicU32,
@@ -258,8 +279,11 @@ pub(crate) const fn round_up(value: usize, to: usize) -> usize {
 /// Sizes and offsets of one ring, derived from kind, geometry and slot count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingLayout {
+    /// Which ring the layout is for.
     pub kind: RingKind,
+    /// The robot link's shape.
     pub geometry: Geometry,
+    /// Number of slots, `MIN_SLOTS..=MAX_SLOTS`.
     pub slot_count: u32,
     /// Bytes per slot, a multiple of [`SLOT_ALIGN`].
     pub slot_size: usize,
@@ -280,6 +304,8 @@ pub const MIN_SLOTS: u32 = 2;
 pub const MAX_SLOTS: u32 = 1 << 16;
 
 impl RingLayout {
+    /// Derives the layout. Fails with [`ConfigError`] when the geometry has a zero field it
+    /// needs, the slot count is out of range, or a size overflows the ABI's fields.
     pub fn new(kind: RingKind, geometry: Geometry, slot_count: u32) -> Result<Self, ConfigError> {
         geometry.validate()?;
         if !(MIN_SLOTS..=MAX_SLOTS).contains(&slot_count) {
@@ -330,6 +356,7 @@ impl RingLayout {
         }
     }
 
+    /// Slot size in 8-byte words (the seqlock copies whole words).
     pub fn slot_words(&self) -> usize {
         self.slot_size / 8
     }

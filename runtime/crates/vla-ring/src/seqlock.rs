@@ -34,7 +34,10 @@ pub enum SlotMiss {
     /// The writer is writing `seq` right now (or died while writing it).
     InProgress,
     /// The slot was reused for the newer seq `by`.
-    Overwritten { by: u64 },
+    Overwritten {
+        /// The seq the slot now holds.
+        by: u64,
+    },
     /// Every attempt overlapped a write.
     Torn,
 }
@@ -47,7 +50,12 @@ pub enum LatestMiss {
     /// Every attempt raced the writer lapping the ring.
     Contended,
     /// `published` names a seq that its slot never reached: the segment is corrupt.
-    Inconsistent { published: u64, lock_word: u64 },
+    Inconsistent {
+        /// The header's `published` seq.
+        published: u64,
+        /// The seqlock word its slot holds instead of `2 * published` or later.
+        lock_word: u64,
+    },
 }
 
 /// Stores into the payload of a slot being written; offsets are bytes from slot start.
@@ -67,6 +75,7 @@ fn word_index(offset: usize) -> usize {
 }
 
 impl PayloadWriter<'_> {
+    /// Stores one 8-byte-aligned u64 at `offset` (never 0: that is the seqlock word).
     pub fn store_u64(&self, offset: usize, value: u64) {
         self.words[word_index(offset)].store(value, Ordering::Relaxed);
     }
@@ -116,6 +125,7 @@ impl PayloadWriter<'_> {
 }
 
 impl PayloadReader<'_> {
+    /// Loads the u64 at `offset` (8-byte aligned, never 0: that is the seqlock word).
     pub fn load_u64(&self, offset: usize) -> u64 {
         self.words[word_index(offset)].load(Ordering::Relaxed)
     }
@@ -128,6 +138,7 @@ impl PayloadReader<'_> {
         (low, high)
     }
 
+    /// Fills `out` from the bytes at `offset` on, whole words at a time.
     pub fn load_bytes(&self, offset: usize, out: &mut [u8]) {
         let first = word_index(offset);
         let full = out.len() / 8;
@@ -145,6 +156,7 @@ impl PayloadReader<'_> {
         }
     }
 
+    /// Fills `out` with consecutive native-endian f32 from `offset` on.
     pub fn load_f32s(&self, offset: usize, out: &mut [f32]) {
         let first = word_index(offset);
         let full = out.len() / 2;
@@ -324,6 +336,8 @@ impl<'a> RingCore<'a> {
         self.newest_seq().saturating_add(1)
     }
 
+    /// Copies slot `seq` through `copy`, retrying a torn copy up to `attempts` times; `Err`
+    /// says why no complete copy of `seq` was made (seq 0 is never written).
     pub fn read_seq<R>(
         &self,
         seq: u64,

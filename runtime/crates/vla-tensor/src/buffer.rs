@@ -22,16 +22,22 @@ impl AlignedBuf {
         }
     }
 
+    /// Length in bytes, as requested from [`AlignedBuf::zeroed`] (the backing words may hold up
+    /// to 7 more, which no view exposes).
     pub fn len(&self) -> usize {
         self.len
     }
+    /// True for a zero-length buffer (a tensor with a zero dimension).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// The buffer as raw little-endian bytes, exactly [`len`](Self::len) of them; what the
+    /// backend reads and writes.
     pub fn as_bytes(&self) -> &[u8] {
         &bytemuck::cast_slice(&self.words)[..self.len]
     }
+    /// The bytes, writable in place (e.g. for the backend to fill an output).
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
@@ -40,18 +46,23 @@ impl AlignedBuf {
     pub fn as_f32(&self) -> &[f32] {
         bytemuck::cast_slice(self.as_bytes())
     }
+    /// The bytes as f32, writable in place (the length must be a multiple of 4, or this panics).
     pub fn as_f32_mut(&mut self) -> &mut [f32] {
         bytemuck::cast_slice_mut(self.as_bytes_mut())
     }
+    /// The bytes as f16 (the length must be a multiple of 2, or this panics).
     pub fn as_f16(&self) -> &[f16] {
         bytemuck::cast_slice(self.as_bytes())
     }
+    /// The bytes as f16, writable in place (the length must be a multiple of 2, or this panics).
     pub fn as_f16_mut(&mut self) -> &mut [f16] {
         bytemuck::cast_slice_mut(self.as_bytes_mut())
     }
+    /// The bytes as i32 (the length must be a multiple of 4, or this panics).
     pub fn as_i32(&self) -> &[i32] {
         bytemuck::cast_slice(self.as_bytes())
     }
+    /// The bytes as i32, writable in place (the length must be a multiple of 4, or this panics).
     pub fn as_i32_mut(&mut self) -> &mut [i32] {
         bytemuck::cast_slice_mut(self.as_bytes_mut())
     }

@@ -12,14 +12,21 @@ use half::f16;
 pub enum ConvertError {
     /// The byte buffer does not hold exactly `elements` values of the element type.
     Length {
+        /// Name of the element type, as [`ElementType::name`] prints it.
         element_type: &'static str,
+        /// Number of values the caller asked to convert.
         elements: usize,
+        /// `elements` times the element size.
         expected_bytes: usize,
+        /// Length of the byte buffer that was passed.
         found_bytes: usize,
     },
     /// The element type cannot carry real values (bool/u8/i32 decode fine, but encoding
     /// a float into them would silently truncate).
-    NotReal { element_type: &'static str },
+    NotReal {
+        /// Name of the element type, as [`ElementType::name`] prints it.
+        element_type: &'static str,
+    },
 }
 
 impl core::fmt::Display for ConvertError {

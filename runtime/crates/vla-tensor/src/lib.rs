@@ -6,6 +6,7 @@
 //! [`encode_f32`] and [`decode_f32`], which check lengths instead of trusting them.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod buffer;
 mod convert;
@@ -19,17 +20,27 @@ pub use metrics::{compare, Comparison};
 /// usually negative).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Quantization {
+    /// Size of one quantization step in real units; must be non-zero and finite (the
+    /// context binary supplies it).
     pub scale: f32,
+    /// Integer added to the stored value before scaling; `-offset` is the stored value that
+    /// decodes to 0.0.
     pub offset: i32,
 }
 
 /// How one element of a tensor buffer is stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ElementType {
+    /// IEEE 754 single precision, 4 bytes little-endian.
     F32,
+    /// IEEE 754 half precision, 2 bytes little-endian.
     F16,
+    /// Signed 32-bit integer (token ids, positions); decodes to f32, cannot be encoded from
+    /// real values.
     I32,
+    /// Raw unsigned byte (e.g. image pixels); decodes to f32, cannot be encoded from real values.
     U8,
+    /// One byte per element, 0 or 1 (masks); decodes to f32, cannot be encoded from real values.
     Bool,
     /// Unsigned 8-bit fixed point.
     UFixed8(Quantization),

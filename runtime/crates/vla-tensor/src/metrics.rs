@@ -8,9 +8,12 @@
 /// How close `actual` is to `expected`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Comparison {
+    /// Number of element pairs compared: the shorter slice's length.
     pub elements: usize,
     /// Cosine similarity; 1.0 when both are all zero, 0.0 when only one is.
     pub cosine: f64,
+    /// Largest `|actual - expected|` over the compared elements; infinite when `actual` holds a
+    /// NaN or infinity.
     pub max_abs_diff: f64,
     /// Share of elements with `|a - e| <= atol + rtol * |e|`.
     pub within_tolerance: f64,

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 /// A successful activation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Activated {
+    /// Content hash of the activated bundle.
     pub hash: String,
+    /// Its directory under `bundles/`.
     pub dir: PathBuf,
     /// It was already the current bundle; nothing changed.
     pub already_current: bool,
@@ -23,9 +25,11 @@ pub struct Activated {
 /// A rollback that was made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RolledBack {
+    /// Content hash of the bundle that was left.
     pub from: String,
     /// `None`: there was nothing to return to, so no bundle is current.
     pub to: Option<String>,
+    /// Why, as one line.
     pub reason: String,
     /// The gate's refusal of the bundle rolled back to (its one line), if it was called
     /// and failed.

@@ -12,34 +12,49 @@ use std::path::PathBuf;
 /// One installed bundle as `status` shows it.
 #[derive(Clone, Debug)]
 pub struct BundleInfo {
+    /// Content hash (the directory name under `bundles/`).
     pub hash: String,
+    /// `bundle.json` name, from the manifest.
     pub name: String,
+    /// `bundle.json` version, from the manifest.
     pub version: String,
+    /// Bytes the bundle's files take.
     pub bytes: u64,
+    /// Some process maps a file of it (it cannot be removed).
     pub mapped: bool,
 }
 
 /// The store's state, links and bundles.
 #[derive(Clone, Debug)]
 pub struct Status {
+    /// The store's root directory.
     pub root: PathBuf,
+    /// The state file's contents.
     pub state: OtaState,
+    /// Where the `current` link points; `None`: no link.
     pub current_link: Option<PathBuf>,
+    /// Where the `previous` link points; `None`: no link.
     pub previous_link: Option<PathBuf>,
+    /// Every installed bundle.
     pub bundles: Vec<BundleInfo>,
     /// Staging or trash directories present (an operation in progress or interrupted).
     pub leftovers: Vec<String>,
+    /// Healthy inferences a trial needs (from the settings).
     pub trial_inferences: u32,
+    /// Starts a trial gets before a rollback (from the settings).
     pub max_trial_starts: u32,
 }
 
 /// What `gc` removed and why it kept the rest.
 #[derive(Clone, Debug, Default)]
 pub struct GcReport {
+    /// Content hashes of the bundles removed.
     pub removed: Vec<String>,
+    /// Bytes the removed bundles took.
     pub freed_bytes: u64,
     /// (hash, reason) for bundles kept although unreferenced.
     pub kept: Vec<(String, String)>,
+    /// Staging and trash directories removed.
     pub cleaned: Vec<PathBuf>,
     /// Processes whose maps could not be read (permission), so not checked.
     pub unchecked_processes: usize,

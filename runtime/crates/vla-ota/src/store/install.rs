@@ -32,7 +32,9 @@ pub enum Placement {
 /// A bundle placed under `bundles/`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Installed {
+    /// Content hash of the bundle.
     pub hash: String,
+    /// Its directory under `bundles/`.
     pub dir: PathBuf,
     /// The identical bundle was already installed; nothing was written.
     pub already_installed: bool,

@@ -31,14 +31,25 @@ pub enum Daemon {
     /// No pid file: no daemon has started on this store, or the last one stopped cleanly.
     Absent,
     /// The file names no running daemon; `why` says so in words, naming the file.
-    Gone { pid: i32, why: String },
+    Gone {
+        /// The pid the file names.
+        pid: i32,
+        /// Why it is not a running daemon, naming the file.
+        why: String,
+    },
     /// The daemon runs. `gated`: the bundle it has gated and runs, once it has one.
-    Alive { pid: i32, gated: Option<Gated> },
+    Alive {
+        /// The daemon's pid.
+        pid: i32,
+        /// The bundle it has gated and runs; `None` before its first gate passes.
+        gated: Option<Gated>,
+    },
 }
 
 /// The bundle a running daemon has gated, from its pid file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Gated {
+    /// Content hash of the gated bundle.
     pub hash: String,
     /// How long the gate's end-to-end inference took (warm, on this machine, under its
     /// load at the time): what the first inference of the loop takes.
@@ -157,6 +168,7 @@ impl Store {
 /// that reload; if it fails there, the daemon rolls back ([`Store::fail_trial`]). With no
 /// daemon running the bundle is loaded (and gated) at its next start.
 pub struct SignalDaemon<'a> {
+    /// The store whose `vlad.pid` names the daemon.
     pub store: &'a Store,
     /// The daemon's process name (`/proc/<pid>/comm`): a stale pid file naming another
     /// process is never signalled (SIGHUP would terminate it).
@@ -166,6 +178,7 @@ pub struct SignalDaemon<'a> {
 }
 
 impl<'a> SignalDaemon<'a> {
+    /// A gate signalling the daemon that runs as `expected_comm`, with no outcome yet.
     pub fn new(store: &'a Store, expected_comm: impl Into<String>) -> Self {
         SignalDaemon {
             store,

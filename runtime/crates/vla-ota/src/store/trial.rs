@@ -11,8 +11,11 @@ use crate::state::OtaState;
 pub enum TrialProgress {
     /// The running bundle is not on trial (already committed, or not the current one).
     NotOnTrial,
+    /// The bundle is on trial and has not reached the threshold yet.
     OnTrial {
+        /// Healthy inferences completed so far.
         healthy: u64,
+        /// Healthy inferences the trial needs.
         needed: u64,
     },
     /// This call reached the threshold: the bundle is now committed.
@@ -27,13 +30,26 @@ pub enum Verdict {
     Pending,
     /// It passed the daemon's parity gate and has run `healthy` of the `needed` healthy
     /// inferences of its trial.
-    Running { healthy: u64, needed: u64 },
+    Running {
+        /// Healthy inferences completed so far.
+        healthy: u64,
+        /// Healthy inferences the trial needs.
+        needed: u64,
+    },
     /// Its trial is over: committed, the rollback target of the next update.
     Committed,
     /// It was rolled back (its gate failed, or it crash-looped).
-    RolledBack { to: Option<String>, reason: String },
+    RolledBack {
+        /// Content hash of the bundle returned to; `None`: nothing is active.
+        to: Option<String>,
+        /// Why, as one line.
+        reason: String,
+    },
     /// Another bundle was made current since.
-    Superseded { current: Option<String> },
+    Superseded {
+        /// The bundle now current, if any.
+        current: Option<String>,
+    },
 }
 
 impl Store {

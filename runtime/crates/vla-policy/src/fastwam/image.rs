@@ -275,16 +275,23 @@ pub fn center_crop_geometry(
 /// All cameras of one observation -> the `image` input of `wm_vae_enc`.
 #[derive(Clone, Debug)]
 pub struct FastWamImage {
+    /// Camera frames per observation.
     pub cameras: usize,
+    /// Raw frame height in pixels.
     pub frame_h: usize,
+    /// Raw frame width in pixels.
     pub frame_w: usize,
+    /// Height of each camera after the centre-crop resize.
     pub cam_h: usize,
+    /// Width of each camera after the centre-crop resize.
     pub cam_w: usize,
     rotate: Vec<bool>,
     resize: PillowBilinear,
 }
 
 impl FastWamImage {
+    /// Plans the resize of `frame` (height, width) frames to `cam` (height, width), rotating
+    /// the cameras `rotate` marks by 180 degrees first; allocates the scratch here.
     pub fn new(
         cameras: usize,
         frame: (usize, usize),
@@ -311,10 +318,12 @@ impl FastWamImage {
         }
     }
 
+    /// Bytes of one observation's frames (`cameras x frame_h x frame_w x 3`).
     pub fn frames_len(&self) -> usize {
         self.cameras * self.frame_h * self.frame_w * 3
     }
 
+    /// f32 values of the image input (`3 x cam_h x cameras * cam_w`).
     pub fn output_len(&self) -> usize {
         3 * self.cam_h * self.cameras * self.cam_w
     }

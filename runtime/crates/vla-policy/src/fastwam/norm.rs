@@ -21,6 +21,8 @@ pub const MIN_RANGE: f32 = 1e-4;
 /// The forward (state) clamp.
 pub const STATE_CLAMP: f32 = 5.0;
 
+/// Fast-WAM's own normalizer (upstream `SingleFieldLinearNormalizer`): per dim
+/// `scale` and `offset`, computed once from a normalization block.
 #[derive(Clone, Debug)]
 pub struct FastWamNormalizer {
     scale: Vec<f32>,
@@ -65,6 +67,7 @@ impl FastWamNormalizer {
         }
     }
 
+    /// Number of dims.
     pub fn dims(&self) -> usize {
         self.passthrough.len()
     }

@@ -19,6 +19,7 @@ pub enum ActionStatus {
 }
 
 impl ActionStatus {
+    /// The status a raw slot word encodes, or `None` for anything but 0, 1, 2.
     pub fn from_raw(raw: u32) -> Option<ActionStatus> {
         match raw {
             0 => Some(ActionStatus::Ok),
@@ -37,8 +38,11 @@ pub struct Observation {
     pub seq: u64,
     /// Set by the writer on publish, by the reader on read.
     pub writer_epoch: u64,
+    /// CLOCK_MONOTONIC ns when the frames were captured (the firmware's clock).
     pub capture_time_ns: u64,
+    /// Seed for reproducible sampling of the policy on this observation.
     pub seed: u64,
+    /// Index of the instruction (prompt) the robot is following.
     pub instruction_id: u32,
     /// `state_dims` values.
     pub state: Vec<f32>,
@@ -47,6 +51,8 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// A zeroed observation with buffers sized for `geometry`; fails if the frame size
+    /// overflows.
     pub fn for_geometry(geometry: &Geometry) -> Result<Self, ConfigError> {
         Ok(Observation {
             seq: 0,
@@ -67,17 +73,24 @@ pub struct Action {
     pub seq: u64,
     /// Set by the writer on publish, by the reader on read.
     pub writer_epoch: u64,
+    /// Seq of the observation the chunk was computed from.
     pub source_obs_seq: u64,
+    /// CLOCK_MONOTONIC ns when the action was made.
     pub made_time_ns: u64,
+    /// CLOCK_MONOTONIC ns after which the firmware must not apply the step (fail closed).
     pub valid_until_ns: u64,
+    /// Identifies the chunk; every step of one chunk carries the same id.
     pub chunk_id: u64,
+    /// Position of this step in its chunk, `< chunk_len`.
     pub step_index: u32,
+    /// Whether the firmware applies, holds or stops; only [`ActionStatus::Ok`] is applied.
     pub status: ActionStatus,
     /// `action_dims` values.
     pub values: Vec<f32>,
 }
 
 impl Action {
+    /// A zeroed [`ActionStatus::Hold`] step with `values` sized for `geometry`.
     pub fn for_geometry(geometry: &Geometry) -> Self {
         Action {
             seq: 0,
@@ -106,6 +119,7 @@ mod sealed {
 
 /// The two slot payloads, [`Observation`] and [`Action`].
 pub trait SlotItem: sealed::Sealed {
+    /// Which ring carries this item.
     const KIND: RingKind;
     #[doc(hidden)]
     fn length_mismatch(&self, layout: &RingLayout) -> Option<(&'static str, usize, usize)>;

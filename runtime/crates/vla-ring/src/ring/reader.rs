@@ -238,6 +238,7 @@ impl<T: SlotItem> RingReader<T> {
         self.mapping.header().writer_epoch.load(Ordering::Acquire)
     }
 
+    /// Process id of the writer that last started (it may have exited since).
     pub fn writer_pid(&self) -> u32 {
         self.mapping.header().writer_pid.load(Ordering::Relaxed)
     }
@@ -270,10 +271,12 @@ impl<T: SlotItem> RingReader<T> {
         }
     }
 
+    /// The layout this reader validated the segment against.
     pub fn layout(&self) -> &RingLayout {
         &self.layout
     }
 
+    /// The segment file this reader opened.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -342,6 +342,7 @@ impl<T: SlotItem> RingWriter<T> {
             .store(monotonic_ns(), Ordering::Relaxed);
     }
 
+    /// This writer's epoch, one more than the segment's previous writer's.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -351,14 +352,17 @@ impl<T: SlotItem> RingWriter<T> {
         self.next_seq
     }
 
+    /// How this writer found the segment: created, reopened, or replaced (with why).
     pub fn origin(&self) -> &Origin {
         &self.origin
     }
 
+    /// The layout this writer sized the segment for.
     pub fn layout(&self) -> &RingLayout {
         &self.layout
     }
 
+    /// The segment file this writer holds.
     pub fn path(&self) -> &Path {
         &self.path
     }
