@@ -85,8 +85,6 @@ pub trait Engine: Send + 'static {
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
     fn reload(&mut self) -> Result<String, EngineError>;
-    /// Names of the components whose latencies [`Engine::component_latencies`] reports
-    /// (called once, before the loop starts).
     /// The action dims whose values are discrete commands (a binarized gripper), which
     /// the loop must never interpolate or blend; asked once at start. Default: none.
     fn discrete_dims(&self) -> Vec<bool> {

@@ -166,7 +166,6 @@ impl Manifest {
     }
 }
 
-/// A loaded, resident policy.
 /// How [`Policy::load_with`] sets up what it starts.
 #[derive(Clone, Default)]
 pub struct LoadOptions {
