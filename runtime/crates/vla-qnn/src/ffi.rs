@@ -18,7 +18,75 @@ pub type ErrorHandle = u64;
 pub const fn error_code(handle: ErrorHandle) -> u64 {
     handle & 0xFFFF
 }
-pub type Handle = *mut c_void;
+
+/// Declares one type per kind of QNN handle: each is the opaque pointer QNN hands out,
+/// passed by value across the C ABI exactly like the `void*` it wraps
+/// (`#[repr(transparent)]`), but a distinct Rust type, so a call that takes a backend, a
+/// device and a context cannot be given them in the wrong order.
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident;)+) => {$(
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $name(*mut c_void);
+
+        impl $name {
+            /// No handle: what QNN takes for "none" and what an out-parameter holds
+            /// before QNN writes it.
+            pub const NULL: Self = Self(core::ptr::null_mut());
+
+            /// Whether this is [`Self::NULL`].
+            pub fn is_null(self) -> bool {
+                self.0.is_null()
+            }
+        }
+
+        // Passed where C has a pointer: same size and alignment as one.
+        const _: () = {
+            assert!(core::mem::size_of::<$name>() == core::mem::size_of::<*mut c_void>());
+            assert!(core::mem::align_of::<$name>() == core::mem::align_of::<*mut c_void>());
+        };
+    )+};
+}
+
+handles! {
+    /// `Qnn_LogHandle_t`: a logger made by `logCreate`.
+    LogHandle;
+    /// `Qnn_BackendHandle_t`: a backend made by `backendCreate`.
+    BackendHandle;
+    /// `Qnn_DeviceHandle_t`: a device made by `deviceCreate` (NULL where the platform
+    /// runs without one, as the emulator does).
+    DeviceHandle;
+    /// `Qnn_ContextHandle_t`: a resident context made by `contextCreateFromBinary`.
+    ContextHandle;
+    /// `Qnn_GraphHandle_t`: a graph of a context, from `graphRetrieve`.
+    GraphHandle;
+    /// `Qnn_ProfileHandle_t`: a profiler; this crate always passes NULL (no profiling).
+    ProfileHandle;
+    /// `Qnn_SignalHandle_t`: a signal to abort or time out a call; always NULL here.
+    SignalHandle;
+    /// `QnnSystemContext_Handle_t`: a libQnnSystem context, used to read binary info.
+    SystemContextHandle;
+}
+
+/// Calls one C function of QNN and returns what it returns: a slot of a function table
+/// (`qnn!(unsafe lib.core.graph_retrieve(context, name, &mut graph))`) or a function
+/// pointer held elsewhere (`qnn!(unsafe set(id, list))`).
+///
+/// Every call into the QNN libraries goes through here, so the `unsafe` block it makes
+/// holds that one call and nothing else (the workspace denies
+/// `clippy::multiple_unsafe_ops_per_block`, so an argument cannot hide a second unsafe
+/// operation in it). The `// SAFETY:` comment above the macro states the call's contract.
+/// Arguments are evaluated in the call expression itself, so temporaries in them live
+/// until the call returns, as in a plain call. Use it as an expression (`let rc =
+/// qnn!(...)`, `let _ = ...` for a return ignored): clippy finds the SAFETY comment of a
+/// macro-made block above a `let`, not above a bare macro statement.
+macro_rules! qnn {
+    (unsafe $($f:ident).+ ($($arg:expr),* $(,)?)) => {
+        unsafe { ($($f).+)($($arg),*) }
+    };
+}
+pub(crate) use qnn;
 
 /// `QnnInterface_getProviders` / `QnnSystemInterface_getProviders`.
 pub type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u32) -> ErrorHandle;
@@ -70,44 +138,69 @@ pub mod sys_slot {
     pub const CONTEXT_FREE: usize = 3;
 }
 
-pub type LogCreateFn = unsafe extern "C" fn(Option<LogCallback>, u32, *mut Handle) -> ErrorHandle;
-pub type LogFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `logCreate(callback, maxLogLevel, *log)`.
+pub type LogCreateFn =
+    unsafe extern "C" fn(Option<LogCallback>, u32, *mut LogHandle) -> ErrorHandle;
+/// `logFree(log)`.
+pub type LogFreeFn = unsafe extern "C" fn(LogHandle) -> ErrorHandle;
+/// `backendCreate(log, const QnnBackend_Config_t** /* NULL: defaults */, *backend)`.
 pub type BackendCreateFn =
-    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
+    unsafe extern "C" fn(LogHandle, *const *const c_void, *mut BackendHandle) -> ErrorHandle;
+/// `backendGetBuildId(const char** id)`.
 pub type BackendGetBuildIdFn = unsafe extern "C" fn(*mut *const c_char) -> ErrorHandle;
-pub type BackendFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `backendFree(backend)`.
+pub type BackendFreeFn = unsafe extern "C" fn(BackendHandle) -> ErrorHandle;
+/// `deviceCreate(log, const QnnDevice_Config_t** /* NULL: defaults */, *device)`.
 pub type DeviceCreateFn =
-    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
-pub type DeviceFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+    unsafe extern "C" fn(LogHandle, *const *const c_void, *mut DeviceHandle) -> ErrorHandle;
+/// `deviceFree(device)`.
+pub type DeviceFreeFn = unsafe extern "C" fn(DeviceHandle) -> ErrorHandle;
+/// `contextCreateFromBinary(backend, device, const QnnContext_Config_t**, const void*
+/// buffer, u64 size, *context, profile)`.
 pub type ContextCreateFromBinaryFn = unsafe extern "C" fn(
-    Handle,
-    Handle,
+    BackendHandle,
+    DeviceHandle,
     *const *const c_void,
     *const c_void,
     u64,
-    *mut Handle,
-    Handle,
+    *mut ContextHandle,
+    ProfileHandle,
 ) -> ErrorHandle;
-pub type ContextFreeFn = unsafe extern "C" fn(Handle, Handle) -> ErrorHandle;
-pub type GraphRetrieveFn = unsafe extern "C" fn(Handle, *const c_char, *mut Handle) -> ErrorHandle;
+/// `contextFree(context, profile)`.
+pub type ContextFreeFn = unsafe extern "C" fn(ContextHandle, ProfileHandle) -> ErrorHandle;
+/// `graphRetrieve(context, const char* name, *graph)`.
+pub type GraphRetrieveFn =
+    unsafe extern "C" fn(ContextHandle, *const c_char, *mut GraphHandle) -> ErrorHandle;
+/// `graphExecute(graph, const Qnn_Tensor_t* inputs, u32 n, Qnn_Tensor_t* outputs, u32 n,
+/// profile, signal)`.
 pub type GraphExecuteFn = unsafe extern "C" fn(
-    Handle,
+    GraphHandle,
     *const QnnTensor,
     u32,
     *mut QnnTensor,
     u32,
-    Handle,
-    Handle,
+    ProfileHandle,
+    SignalHandle,
 ) -> ErrorHandle;
 /// `deviceGetInfrastructure(QnnDevice_Infrastructure_t* out)`: the out value is a pointer
 /// to the backend's infrastructure struct (HTP: [`htp_perf`]).
 pub type DeviceGetInfrastructureFn = unsafe extern "C" fn(*mut *const c_void) -> ErrorHandle;
+/// `errorGetMessage(error, const char** message)`: the message of an error handle.
 pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
 
-pub type SysContextCreateFn = unsafe extern "C" fn(*mut Handle) -> ErrorHandle;
-pub type SysContextGetBinaryInfoFn =
-    unsafe extern "C" fn(Handle, *mut c_void, u64, *mut *const c_void, *mut u64) -> ErrorHandle;
-pub type SysContextFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `systemContextCreate(*systemContext)`.
+pub type SysContextCreateFn = unsafe extern "C" fn(*mut SystemContextHandle) -> ErrorHandle;
+/// `systemContextGetBinaryInfo(systemContext, void* buffer, u64 size, const
+/// QnnSystemContext_BinaryInfo_t** info, u64* infoSize)`.
+pub type SysContextGetBinaryInfoFn = unsafe extern "C" fn(
+    SystemContextHandle,
+    *mut c_void,
+    u64,
+    *mut *const c_void,
+    *mut u64,
+) -> ErrorHandle;
+/// `systemContextFree(systemContext)`.
+pub type SysContextFreeFn = unsafe extern "C" fn(SystemContextHandle) -> ErrorHandle;
 
 /// HTP performance infrastructure (`QnnHtpDevice_Infrastructure_t` with infraType PERF):
 /// u32 infraType @0, then the function pointers below.
@@ -173,7 +266,7 @@ pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
 #[derive(Clone, Copy, Debug)]
 pub struct HtpContextGroupConfig {
     pub option: u32,
-    pub first_group_handle: Handle,
+    pub first_group_handle: ContextHandle,
     pub max_spill_fill_buffer: u64,
 }
 pub const HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS: u32 = 2;
@@ -320,7 +413,10 @@ const _: () = {
 /// # Safety
 /// `base + offset .. + size_of::<T>()` must be readable memory holding a valid `T`.
 pub unsafe fn read_at<T: Copy>(base: *const u8, offset: usize) -> T {
-    // SAFETY: the caller guarantees the range is readable; unaligned reads are used
-    // because the library only promises the C layout, which we address by offset.
-    unsafe { core::ptr::read_unaligned(base.add(offset) as *const T) }
+    // SAFETY: the caller guarantees `base + offset` lies in one readable object.
+    let at = unsafe { base.add(offset) } as *const T;
+    // SAFETY: the caller guarantees the range is readable and holds a valid `T`;
+    // unaligned reads are used because the library only promises the C layout, which we
+    // address by offset.
+    unsafe { core::ptr::read_unaligned(at) }
 }

@@ -115,7 +115,7 @@ pub fn create_contexts_sharing(
         }
         let first = contexts
             .first()
-            .map_or(core::ptr::null_mut(), Context::raw_handle);
+            .map_or(ffi::ContextHandle::NULL, Context::raw_handle);
         let group = ffi::HtpContextGroupConfig {
             option: ffi::HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS,
             first_group_handle: first,
