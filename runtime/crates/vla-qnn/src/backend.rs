@@ -335,6 +335,7 @@ impl Backend {
         })
     }
 
+    /// The library the backend was created from.
     pub fn library(&self) -> &Arc<QnnLibrary> {
         &self.inner.lib
     }

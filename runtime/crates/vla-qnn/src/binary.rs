@@ -22,17 +22,24 @@ use vla_tensor::{ElementType, Quantization};
 /// Direction of a graph tensor as the application sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorKind {
+    /// Written by the application (`QNN_TENSOR_TYPE_APP_WRITE`).
     Input,
+    /// Read by the application (`QNN_TENSOR_TYPE_APP_READ`).
     Output,
+    /// Any other `Qnn_TensorType_t` (its code).
     Other(u32),
 }
 
 /// One graph input or output, as described by the binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The id `graphExecute` matches tensors by.
     pub id: u32,
+    /// The tensor's name in the graph.
     pub name: String,
+    /// Input, output or other.
     pub kind: TensorKind,
+    /// Dimensions, outermost first.
     pub dims: Vec<u32>,
     /// QNN data type code (`Qnn_DataType_t`).
     pub data_type: u32,
@@ -226,8 +233,11 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
 /// One graph of a context binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphInfo {
+    /// The graph's name (what `graphRetrieve` takes).
     pub name: String,
+    /// Its inputs, in the graph's order.
     pub inputs: Vec<TensorInfo>,
+    /// Its outputs, in the graph's order.
     pub outputs: Vec<TensorInfo>,
     /// HTP spill-fill buffer the graph needs (graph info v2/v3 blob info, v1), if reported.
     pub spill_fill_bytes: Option<u64>,
@@ -236,15 +246,21 @@ pub struct GraphInfo {
 /// What libQnnSystem reports about a context binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BinaryInfo {
+    /// The binary info struct's version (1-3; QNN 2.51 writes 3).
     pub info_version: u32,
+    /// The build id of the QNN that compiled the binary (`v2.51.0...`).
     pub build_id: Option<String>,
+    /// The core API version the binary was compiled against.
     pub core_api: ApiVersion,
+    /// The backend API version the binary was compiled against.
     pub backend_api: ApiVersion,
     /// Context blob version (binary info v3 only).
     pub blob_version: Option<ApiVersion>,
+    /// Context blob size in bytes (binary info v3 only).
     pub blob_size: Option<u64>,
     /// SoC model the binary was compiled for (binary info v3 only; 77 = QCS9075/QCS9100).
     pub soc_model: Option<u32>,
+    /// The binary's graphs.
     pub graphs: Vec<GraphInfo>,
 }
 
@@ -666,9 +682,11 @@ impl ContextBinary {
         self.map = None;
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// What libQnnSystem reported about the binary.
     pub fn info(&self) -> &BinaryInfo {
         &self.info
     }
@@ -676,6 +694,7 @@ impl ContextBinary {
     pub fn bytes(&self) -> Option<&[u8]> {
         self.map.as_deref()
     }
+    /// Whether the bytes are still held (see [`ContextBinary::bytes`]).
     pub fn is_mapped(&self) -> bool {
         self.map.is_some()
     }

@@ -143,6 +143,7 @@ impl Context {
         self.inner.handle
     }
 
+    /// The binary the context was made from (its bytes released).
     pub fn binary(&self) -> &ContextBinary {
         &self.inner.binary
     }
@@ -327,21 +328,27 @@ impl Graph {
     pub fn label(&self) -> &str {
         &self.label
     }
+    /// Sets the label used in errors.
     pub fn set_label(&mut self, label: impl Into<String>) {
         self.label = label.into();
     }
+    /// The graph's inputs, in execution order.
     pub fn inputs(&self) -> &[TensorInfo] {
         &self.info.inputs
     }
+    /// The graph's outputs, in execution order.
     pub fn outputs(&self) -> &[TensorInfo] {
         &self.info.outputs
     }
+    /// The position of the input called `name`.
     pub fn input_index(&self, name: &str) -> Option<usize> {
         self.info.inputs.iter().position(|t| t.name == name)
     }
+    /// The position of the output called `name`.
     pub fn output_index(&self, name: &str) -> Option<usize> {
         self.info.outputs.iter().position(|t| t.name == name)
     }
+    /// The binary of the graph's context.
     pub fn context_binary(&self) -> &ContextBinary {
         &self.context.binary
     }
@@ -468,6 +475,8 @@ impl Graph {
 
 /// Owned, aligned input and output buffers of one graph.
 pub struct IoBuffers {
+    /// One buffer per input, in the graph's order.
     pub inputs: Vec<AlignedBuf>,
+    /// One buffer per output, in the graph's order.
     pub outputs: Vec<AlignedBuf>,
 }

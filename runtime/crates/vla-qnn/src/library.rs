@@ -15,8 +15,11 @@ use std::path::{Path, PathBuf};
 /// A `major.minor.patch` API version as reported by a provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ApiVersion {
+    /// Incompatible changes.
     pub major: u32,
+    /// Additions (new table slots, grown unions).
     pub minor: u32,
+    /// Fixes.
     pub patch: u32,
 }
 
@@ -27,6 +30,7 @@ impl core::fmt::Display for ApiVersion {
 }
 
 impl ApiVersion {
+    /// `major.minor.patch`.
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
         Self {
             major,
@@ -60,8 +64,11 @@ pub const NEWEST_KNOWN_SYSTEM_API: ApiVersion = ApiVersion::new(1, 15, 0);
 /// Where and what to load.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// The directory holding both libraries (loaded by absolute path from it).
     pub lib_dir: PathBuf,
+    /// The backend library's file name (`libQnnHtp.so`).
     pub backend_lib: String,
+    /// The system library's file name (`libQnnSystem.so`).
     pub system_lib: String,
     /// Oldest QNN core API whose function table has every slot we call.
     pub min_core_api: ApiVersion,
@@ -448,18 +455,23 @@ impl QnnLibrary {
         })
     }
 
+    /// The backend library's path.
     pub fn backend_path(&self) -> &Path {
         &self.backend_path
     }
+    /// The chosen backend provider's name (`HTP_QTI_AISW`).
     pub fn provider_name(&self) -> &str {
         &self.provider_name
     }
+    /// The chosen provider's core API version.
     pub fn core_api(&self) -> ApiVersion {
         self.core_api
     }
+    /// The chosen provider's backend API version.
     pub fn backend_api(&self) -> ApiVersion {
         self.backend_api
     }
+    /// The chosen system provider's API version.
     pub fn system_api(&self) -> ApiVersion {
         self.system_api
     }

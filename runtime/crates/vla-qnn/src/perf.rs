@@ -38,6 +38,7 @@ pub enum PerformanceMode {
 }
 
 impl PerformanceMode {
+    /// Every mode, fastest first.
     pub const ALL: [PerformanceMode; 5] = [
         PerformanceMode::Burst,
         PerformanceMode::HighPerformance,
@@ -46,6 +47,7 @@ impl PerformanceMode {
         PerformanceMode::Off,
     ];
 
+    /// The mode's name in configuration (`high_performance`).
     pub fn as_str(self) -> &'static str {
         match self {
             PerformanceMode::Burst => "burst",
@@ -56,6 +58,7 @@ impl PerformanceMode {
         }
     }
 
+    /// The mode named `s` (as [`PerformanceMode::as_str`] writes it).
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
@@ -197,6 +200,7 @@ impl PowerConfigList {
         ])
     }
 
+    /// The configs, in the order they are passed.
     pub fn configs(&self) -> &[PowerConfig] {
         &self.configs
     }
@@ -272,6 +276,7 @@ impl PerformanceVote {
         })
     }
 
+    /// The power-config id (never 0).
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -323,8 +328,9 @@ pub struct VoteStats {
     pub votes: u64,
     /// Idle releases to the relaxed vote that the backend accepted.
     pub releases: u64,
-    /// Calls the backend refused, and the last refusal's code.
+    /// Calls the backend refused.
     pub refused: u64,
+    /// The error code of the last refusal (0 before any).
     pub last_refused_code: u64,
 }
 
@@ -436,12 +442,15 @@ impl PerfGovernor {
         }))
     }
 
+    /// The mode voted for around inferences.
     pub fn mode(&self) -> PerformanceMode {
         self.mode
     }
+    /// How long after the last inference the vote is relaxed.
     pub fn idle_release(&self) -> Duration {
         self.shared.idle
     }
+    /// The voter's power-config id.
     pub fn power_config_id(&self) -> u32 {
         self.shared.vote.id()
     }
@@ -470,6 +479,7 @@ impl PerfGovernor {
         InferenceVote { governor: self }
     }
 
+    /// What the governor did so far.
     pub fn stats(&self) -> VoteStats {
         let s = &self.shared;
         VoteStats {
