@@ -255,25 +255,6 @@ fn call_error(
     }
 }
 
-/// Reads function pointer `index` of a table at `base + table`.
-///
-/// # Safety
-/// The provider must have a table with at least `index + 1` entries.
-unsafe fn table_fn<F: Copy>(base: *const u8, table: usize, index: usize) -> Option<F> {
-    debug_assert_eq!(
-        core::mem::size_of::<F>(),
-        core::mem::size_of::<*const c_void>()
-    );
-    // SAFETY: per the caller's guarantee the slot is inside the provider struct.
-    let raw: *const c_void = unsafe { read_at(base, table + 8 * index) };
-    if raw.is_null() {
-        None
-    } else {
-        // SAFETY: F is an `extern "C" fn` type of pointer size; the slot holds that function.
-        Some(unsafe { core::mem::transmute_copy::<*const c_void, F>(&raw) })
-    }
-}
-
 /// A provider's function table: `base` is the provider struct, the table starts
 /// `offset` bytes into it; `path` is the library's, for errors.
 struct Table<'a> {
@@ -289,8 +270,19 @@ impl Table<'_> {
     /// The table has at least `index + 1` slots and slot `index` holds a function of
     /// type `F` (an `extern "C" fn` pointer type).
     unsafe fn optional<F: Copy>(&self, index: usize) -> Option<F> {
-        // SAFETY: the caller's contract is table_fn's.
-        unsafe { table_fn(self.base, self.offset, index) }
+        debug_assert_eq!(
+            core::mem::size_of::<F>(),
+            core::mem::size_of::<*const c_void>()
+        );
+        // SAFETY: per the caller's guarantee the slot is inside the provider struct.
+        let raw: *const c_void = unsafe { read_at(self.base, self.offset + 8 * index) };
+        if raw.is_null() {
+            None
+        } else {
+            // SAFETY: F is an `extern "C" fn` type of pointer size; the slot holds that
+            // function (the caller's guarantee).
+            Some(unsafe { core::mem::transmute_copy::<*const c_void, F>(&raw) })
+        }
     }
 
     /// Slot `index`, refused with an error naming `what` when the provider leaves it NULL.
