@@ -8,7 +8,7 @@
 #![allow(unsafe_code)]
 
 use crate::error::{HtpRefusal, QnnError};
-use crate::ffi::{self, Handle};
+use crate::ffi::{self, qnn, BackendHandle, DeviceHandle, LogHandle};
 use crate::library::QnnLibrary;
 use core::ffi::{c_char, c_int, c_void};
 use std::path::Path;
@@ -200,9 +200,9 @@ fn qnn_log_level() -> u32 {
 
 pub(crate) struct BackendInner {
     pub lib: Arc<QnnLibrary>,
-    pub log: Handle,
-    pub backend: Handle,
-    pub device: Handle,
+    pub log: LogHandle,
+    pub backend: BackendHandle,
+    pub device: DeviceHandle,
 }
 
 // SAFETY: QNN handles are opaque pointers usable from any thread; the backend serializes
@@ -214,24 +214,30 @@ unsafe impl Sync for BackendInner {}
 impl Drop for BackendInner {
     fn drop(&mut self) {
         let core = &self.lib.core;
-        // SAFETY: each handle was created by this library, is freed once, and every
-        // context made from it is already gone (contexts hold an Arc of this struct).
-        unsafe {
-            if !self.device.is_null() {
-                if let Some(free) = core.device_free {
-                    let rc = free(self.device);
-                    if rc != ffi::QNN_SUCCESS {
-                        log::warn!("QNN deviceFree returned {}", ffi::error_code(rc));
-                    }
+        // Each handle was created by this library and is freed once, here, after every
+        // context made from it (contexts hold an Arc of this struct), in QNN's order:
+        // device, backend, log.
+        if !self.device.is_null() {
+            if let Some(free) = core.device_free {
+                // SAFETY: `free` is the provider's deviceFree (a non-NULL slot of the
+                // checked table, the library kept loaded by `self.lib`); the device is
+                // live, its contexts are gone, and it is freed once.
+                let rc = qnn!(unsafe free(self.device));
+                if rc != ffi::QNN_SUCCESS {
+                    log::warn!("QNN deviceFree returned {}", ffi::error_code(rc));
                 }
             }
-            let rc = (core.backend_free)(self.backend);
-            if rc != ffi::QNN_SUCCESS {
-                log::warn!("QNN backendFree returned {}", ffi::error_code(rc));
-            }
-            if !self.log.is_null() {
-                (core.log_free)(self.log);
-            }
+        }
+        // SAFETY: a slot of the checked table; the backend is live, its contexts and
+        // device are gone, and it is freed once.
+        let rc = qnn!(unsafe core.backend_free(self.backend));
+        if rc != ffi::QNN_SUCCESS {
+            log::warn!("QNN backendFree returned {}", ffi::error_code(rc));
+        }
+        if !self.log.is_null() {
+            // SAFETY: a slot of the checked table; the logger outlived the backend that
+            // used it and is freed once.
+            let _ = qnn!(unsafe core.log_free(self.log));
         }
     }
 }
@@ -248,29 +254,32 @@ impl Backend {
     pub fn new(lib: Arc<QnnLibrary>) -> Result<Self, QnnError> {
         let core = &lib.core;
         let hold = HoldQnnLog::start();
-        let mut log_handle: Handle = core::ptr::null_mut();
+        let mut log_handle = LogHandle::NULL;
         // SAFETY: `log_create` is a slot of the provider table that `QnnLibrary::load`
         // checked against the core API version, and `lib` (held for this call) keeps the
         // library mapped. The callback has QnnLog_Callback_t's signature and, being
         // `extern "C"`, aborts rather than unwinds into QNN on a panic; `log_handle` is a
         // local QNN writes once.
-        let log_rc =
-            unsafe { (core.log_create)(Some(qnn_log_callback), qnn_log_level(), &mut log_handle) };
+        let log_rc = qnn!(unsafe core.log_create(
+            Some(qnn_log_callback),
+            qnn_log_level(),
+            &mut log_handle
+        ));
         if log_rc != ffi::QNN_SUCCESS {
-            log_handle = core::ptr::null_mut();
+            log_handle = LogHandle::NULL;
         }
-        let mut backend: Handle = core::ptr::null_mut();
+        let mut backend = BackendHandle::NULL;
         // SAFETY: a slot of the checked provider table, as above. `log_handle` is the
         // logger just created or NULL (both accepted), a NULL config list means QNN's
         // defaults, and `backend` is a local QNN writes once.
-        let rc = unsafe { (core.backend_create)(log_handle, core::ptr::null(), &mut backend) };
+        let rc = qnn!(unsafe core.backend_create(log_handle, core::ptr::null(), &mut backend));
         if let Err(e) = lib.check(rc, "backendCreate", || {
             lib.backend_path().display().to_string()
         }) {
             if !log_handle.is_null() {
                 // SAFETY: `log_handle` was created by `log_create` above and nothing else
                 // holds it (the backend that would have was not created); freed once here.
-                unsafe { (core.log_free)(log_handle) };
+                let _ = qnn!(unsafe core.log_free(log_handle));
             }
             let held = hold.finish();
             return Err(match e {
@@ -301,19 +310,19 @@ impl Backend {
                 ffi::error_code(log_rc)
             );
         }
-        let mut device: Handle = core::ptr::null_mut();
+        let mut device = DeviceHandle::NULL;
         if let Some(create) = core.device_create {
             // SAFETY: `create` is the provider's deviceCreate, a non-NULL slot of the checked
             // table; `log_handle` is our logger or NULL, a NULL config list means the
             // defaults, and `device` is a local QNN writes once.
-            let rc = unsafe { create(log_handle, core::ptr::null(), &mut device) };
+            let rc = qnn!(unsafe create(log_handle, core::ptr::null(), &mut device));
             if rc != ffi::QNN_SUCCESS {
                 // The HTP emulator and some platforms run without a device handle.
                 log::debug!(
                     "QNN deviceCreate returned {}; continuing without a device",
                     ffi::error_code(rc)
                 );
-                device = core::ptr::null_mut();
+                device = DeviceHandle::NULL;
             }
         }
         Ok(Self {
@@ -326,6 +335,7 @@ impl Backend {
         })
     }
 
+    /// The library the backend was created from.
     pub fn library(&self) -> &Arc<QnnLibrary> {
         &self.inner.lib
     }

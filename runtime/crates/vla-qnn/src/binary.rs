@@ -11,7 +11,9 @@
 #![allow(unsafe_code)]
 
 use crate::error::QnnError;
-use crate::ffi::{self, binary_info as bi, data_type as dt, graph_info as gi, read_at, Handle};
+use crate::ffi::{
+    self, binary_info as bi, data_type as dt, graph_info as gi, qnn, read_at, SystemContextHandle,
+};
 use crate::library::{ApiVersion, QnnLibrary};
 use core::ffi::{c_char, c_void, CStr};
 use std::path::{Path, PathBuf};
@@ -20,17 +22,24 @@ use vla_tensor::{ElementType, Quantization};
 /// Direction of a graph tensor as the application sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TensorKind {
+    /// Written by the application (`QNN_TENSOR_TYPE_APP_WRITE`).
     Input,
+    /// Read by the application (`QNN_TENSOR_TYPE_APP_READ`).
     Output,
+    /// Any other `Qnn_TensorType_t` (its code).
     Other(u32),
 }
 
 /// One graph input or output, as described by the binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorInfo {
+    /// The id `graphExecute` matches tensors by.
     pub id: u32,
+    /// The tensor's name in the graph.
     pub name: String,
+    /// Input, output or other.
     pub kind: TensorKind,
+    /// Dimensions, outermost first.
     pub dims: Vec<u32>,
     /// QNN data type code (`Qnn_DataType_t`).
     pub data_type: u32,
@@ -166,8 +175,10 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
         path: path.to_owned(),
         reason,
     };
-    // SAFETY: per the caller, `t` is a valid Qnn_Tensor_t.
-    let (version, v1): (u32, ffi::TensorV1) = unsafe { (read_at(t, 0), read_at(t, 8)) };
+    // SAFETY: per the caller, `t` is a valid Qnn_Tensor_t: `u32 version` @0.
+    let version: u32 = unsafe { read_at(t, 0) };
+    // SAFETY: as above: the v1 struct @8, the prefix common to v1 and v2.
+    let v1: ffi::TensorV1 = unsafe { read_at(t, 8) };
     if version != 1 && version != 2 {
         return Err(bad(format!("tensor struct version {version}")));
     }
@@ -180,10 +191,13 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
             v1.rank
         )));
     }
-    // SAFETY: `dimensions` holds `rank` u32 values (checked non-null above).
-    let dims: Vec<u32> = (0..v1.rank as usize)
-        .map(|i| unsafe { *v1.dimensions.add(i) })
-        .collect();
+    let dims: Vec<u32> = if v1.rank == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: `dimensions` holds `rank` u32 values (non-NULL, checked above), owned
+        // by the live system context; copied at once.
+        unsafe { core::slice::from_raw_parts(v1.dimensions, v1.rank as usize) }.to_vec()
+    };
     // Buffers are sized from these dims (`elements`, `byte_len`): a product that
     // overflows would size them wrong, so such a tensor is refused here.
     let bytes = dims
@@ -219,8 +233,11 @@ unsafe fn read_tensor(t: *const u8, path: &Path) -> Result<TensorInfo, QnnError>
 /// One graph of a context binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GraphInfo {
+    /// The graph's name (what `graphRetrieve` takes).
     pub name: String,
+    /// Its inputs, in the graph's order.
     pub inputs: Vec<TensorInfo>,
+    /// Its outputs, in the graph's order.
     pub outputs: Vec<TensorInfo>,
     /// HTP spill-fill buffer the graph needs (graph info v2/v3 blob info, v1), if reported.
     pub spill_fill_bytes: Option<u64>,
@@ -229,15 +246,21 @@ pub struct GraphInfo {
 /// What libQnnSystem reports about a context binary.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BinaryInfo {
+    /// The binary info struct's version (1-3; QNN 2.51 writes 3).
     pub info_version: u32,
+    /// The build id of the QNN that compiled the binary (`v2.51.0...`).
     pub build_id: Option<String>,
+    /// The core API version the binary was compiled against.
     pub core_api: ApiVersion,
+    /// The backend API version the binary was compiled against.
     pub backend_api: ApiVersion,
     /// Context blob version (binary info v3 only).
     pub blob_version: Option<ApiVersion>,
+    /// Context blob size in bytes (binary info v3 only).
     pub blob_size: Option<u64>,
     /// SoC model the binary was compiled for (binary info v3 only; 77 = QCS9075/QCS9100).
     pub soc_model: Option<u32>,
+    /// The binary's graphs.
     pub graphs: Vec<GraphInfo>,
 }
 
@@ -255,13 +278,13 @@ impl BinaryInfo {
 /// Owns a `QnnSystemContext_Handle_t` and frees it on every path.
 struct SystemContext<'a> {
     lib: &'a QnnLibrary,
-    handle: Handle,
+    handle: SystemContextHandle,
 }
 
 impl Drop for SystemContext<'_> {
     fn drop(&mut self) {
         // SAFETY: created by this library's systemContextCreate and freed once.
-        unsafe { (self.lib.system.context_free)(self.handle) };
+        let _ = qnn!(unsafe self.lib.system.context_free(self.handle));
     }
 }
 
@@ -272,10 +295,10 @@ pub(crate) fn read_binary_info(
     path: &Path,
 ) -> Result<BinaryInfo, QnnError> {
     let subject = || path.display().to_string();
-    let mut handle: Handle = core::ptr::null_mut();
+    let mut handle = SystemContextHandle::NULL;
     // SAFETY: `context_create` is a slot of the system provider table `QnnLibrary::load`
     // checked, kept mapped by `lib` (borrowed for this call); `handle` is a local it writes.
-    let rc = unsafe { (lib.system.context_create)(&mut handle) };
+    let rc = qnn!(unsafe lib.system.context_create(&mut handle));
     lib.check(rc, "systemContextCreate", subject)?;
     let sys = SystemContext { lib, handle };
 
@@ -283,15 +306,13 @@ pub(crate) fn read_binary_info(
     let mut info_size: u64 = 0;
     // SAFETY: getBinaryInfo only reads the buffer (documented and checked with a
     // read-only mapping); `bytes.len()` is its exact size, as the API requires.
-    let rc = unsafe {
-        (lib.system.context_get_binary_info)(
-            sys.handle,
-            bytes.as_ptr() as *mut c_void,
-            bytes.len() as u64,
-            &mut info,
-            &mut info_size,
-        )
-    };
+    let rc = qnn!(unsafe lib.system.context_get_binary_info(
+        sys.handle,
+        bytes.as_ptr() as *mut c_void,
+        bytes.len() as u64,
+        &mut info,
+        &mut info_size,
+    ));
     lib.check(rc, "systemContextGetBinaryInfo", subject)?;
     if info.is_null() {
         return Err(QnnError::Metadata {
@@ -299,117 +320,191 @@ pub(crate) fn read_binary_info(
             reason: "no binary info returned".into(),
         });
     }
-    let base = info as *const u8;
+    // SAFETY: `info` points to the library's BinaryInfo of `info_size` bytes (0: not
+    // reported), owned by `sys`, which lives until the end of this function.
+    unsafe { copy_binary_info(info as *const u8, info_size, path) }
+}
+
+/// Copies a `QnnSystemContext_BinaryInfo_t` (versions 1 to 3) out of library memory.
+///
+/// # Safety
+/// `base` points to a binary info struct owned by a system context that outlives the
+/// call, and `info_size` is the size the library reported for it (0 when it did not).
+unsafe fn copy_binary_info(
+    base: *const u8,
+    info_size: u64,
+    path: &Path,
+) -> Result<BinaryInfo, QnnError> {
     let bad = |reason: String| QnnError::Metadata {
         path: path.to_owned(),
         reason,
     };
-    // SAFETY: `info` points to a BinaryInfo owned by `sys` (alive until the end of this
-    // function); fields are read at the documented offsets for its version, and only
-    // when `info_size` (when reported) covers them.
-    unsafe {
-        let version: u32 = read_at(base, bi::VERSION);
-        let need = if version >= 3 {
-            bi::V3_MIN_SIZE
-        } else {
-            bi::V1_GRAPHS + 8
-        };
-        if info_size != 0 && (info_size as usize) < need {
-            return Err(bad(format!(
-                "binary info v{version} is {info_size} bytes, need {need}"
-            )));
-        }
-        let build_id = c_str(read_at(base, bi::BUILD_ID));
-        let core: [u32; 3] = read_at(base, bi::CORE_API);
-        let backend: [u32; 3] = read_at(base, bi::BACKEND_API);
-        let (num_graphs, graphs_ptr, blob_version, blob_size, soc_model) = match version {
-            1 | 2 => (
-                read_at::<u32>(base, bi::V1_NUM_GRAPHS),
-                read_at::<*const u8>(base, bi::V1_GRAPHS),
-                None,
-                None,
-                None,
-            ),
-            3 => {
-                let bv: [u32; 3] = read_at(base, bi::V3_BLOB_VERSION);
-                (
-                    read_at::<u32>(base, bi::V3_NUM_GRAPHS),
-                    read_at::<*const u8>(base, bi::V3_GRAPHS),
-                    Some(ApiVersion::new(bv[0], bv[1], bv[2])),
-                    Some(read_at::<u64>(base, bi::V3_BLOB_SIZE)),
-                    Some(read_at::<u32>(base, bi::V3_SOC_MODEL)),
-                )
-            }
-            v => return Err(bad(format!("binary info version {v} is not supported"))),
-        };
-        if num_graphs == 0 || num_graphs > MAX_GRAPHS || graphs_ptr.is_null() {
-            return Err(bad(format!("{num_graphs} graphs")));
-        }
-        let mut graphs = Vec::with_capacity(num_graphs as usize);
-        for g in 0..num_graphs as usize {
-            let gp = graphs_ptr.add(g * gi::STRIDE);
-            // The union's layout depends on the version: read no field of an unknown one.
-            let graph_version: u32 = read_at(gp, 0);
-            if !(1..=3).contains(&graph_version) {
-                return Err(bad(format!("graph {g} info version {graph_version}")));
-            }
-            let name = c_str(read_at(gp, gi::NAME))
-                .ok_or_else(|| bad(format!("graph {g} has no name")))?;
-            let mut io = [Vec::new(), Vec::new()];
-            for (slot, (n_off, p_off)) in
-                [(gi::NUM_INPUTS, gi::INPUTS), (gi::NUM_OUTPUTS, gi::OUTPUTS)]
-                    .into_iter()
-                    .enumerate()
-            {
-                let n: u32 = read_at(gp, n_off);
-                let p: *const u8 = read_at(gp, p_off);
-                if n > MAX_TENSORS || (n > 0 && p.is_null()) {
-                    return Err(bad(format!("graph `{name}` lists {n} tensors")));
-                }
-                for i in 0..n as usize {
-                    io[slot].push(read_tensor(
-                        p.add(i * core::mem::size_of::<ffi::QnnTensor>()),
-                        path,
-                    )?);
-                }
-            }
-            let [inputs, outputs] = io;
-            // Only v3 graph infos carry graphBlobInfoSize/graphBlobInfo (v2 ends with
-            // the updateable tensors @56): reading @64/@72 of a v2 struct would take
-            // whatever follows it for a pointer.
-            let spill_fill_bytes = if graph_version >= 3 {
-                let size: u32 = read_at(gp, gi::BLOB_INFO_SIZE);
-                let blob: *const u8 = read_at(gp, gi::BLOB_INFO);
-                // QnnHtpSystemContext_GraphBlobInfo_t: u32 version @0, spillFillBufferSize
-                // first in both v1 and v2 @8; read only when the reported size covers it.
-                // SAFETY (of the reads through `blob`): the graph info is v3, so `blob`
-                // and `size` are the library's own description of a live blob-info
-                // struct; it is non-null and at least 16 bytes, checked here.
-                (!blob.is_null()
-                    && size as usize >= gi::BLOB_INFO_SPILL_FILL + 8
-                    && matches!(read_at::<u32>(blob, 0), 1 | 2))
-                .then(|| read_at::<u64>(blob, gi::BLOB_INFO_SPILL_FILL))
-            } else {
-                None
-            };
-            graphs.push(GraphInfo {
-                name,
-                inputs,
-                outputs,
-                spill_fill_bytes,
-            });
-        }
-        Ok(BinaryInfo {
-            info_version: version,
-            build_id,
-            core_api: ApiVersion::new(core[0], core[1], core[2]),
-            backend_api: ApiVersion::new(backend[0], backend[1], backend[2]),
-            blob_version,
-            blob_size,
-            soc_model,
-            graphs,
-        })
+    // SAFETY: every version starts with `u32 version` @0.
+    let version: u32 = unsafe { read_at(base, bi::VERSION) };
+    let need = if version >= 3 {
+        bi::V3_MIN_SIZE
+    } else {
+        bi::V1_GRAPHS + 8
+    };
+    if info_size != 0 && (info_size as usize) < need {
+        return Err(bad(format!(
+            "binary info v{version} is {info_size} bytes, need {need}"
+        )));
     }
+    // The union's layout depends on the version: read no field of an unknown one.
+    let (num_graphs_at, graphs_at) = match version {
+        1 | 2 => (bi::V1_NUM_GRAPHS, bi::V1_GRAPHS),
+        3 => (bi::V3_NUM_GRAPHS, bi::V3_GRAPHS),
+        v => return Err(bad(format!("binary info version {v} is not supported"))),
+    };
+    // Every read below is a field of `version`'s layout at its documented offset, inside
+    // the `need` bytes that `info_size` covers when the library reports it.
+    // SAFETY: buildId (`const char*`), common to versions 1-3.
+    let build_id: *const c_char = unsafe { read_at(base, bi::BUILD_ID) };
+    // SAFETY: NULL or the library's NUL-terminated string, alive with the system context.
+    let build_id = unsafe { c_str(build_id) };
+    // SAFETY: coreApiVersion (3 x u32), common to versions 1-3.
+    let core: [u32; 3] = unsafe { read_at(base, bi::CORE_API) };
+    // SAFETY: backendApiVersion (3 x u32), common to versions 1-3.
+    let backend: [u32; 3] = unsafe { read_at(base, bi::BACKEND_API) };
+    // SAFETY: numGraphs (u32) of this version.
+    let num_graphs: u32 = unsafe { read_at(base, num_graphs_at) };
+    // SAFETY: graphs (`QnnSystemContext_GraphInfo_t*`) of this version.
+    let graphs_ptr: *const u8 = unsafe { read_at(base, graphs_at) };
+    let (blob_version, blob_size, soc_model) = if version == 3 {
+        // SAFETY: contextBlobVersion (3 x u32) of v3.
+        let bv: [u32; 3] = unsafe { read_at(base, bi::V3_BLOB_VERSION) };
+        // SAFETY: contextBlobSize (u64) of v3.
+        let size: u64 = unsafe { read_at(base, bi::V3_BLOB_SIZE) };
+        // SAFETY: socModel (u32) of v3, the last field `need` covers.
+        let soc: u32 = unsafe { read_at(base, bi::V3_SOC_MODEL) };
+        (
+            Some(ApiVersion::new(bv[0], bv[1], bv[2])),
+            Some(size),
+            Some(soc),
+        )
+    } else {
+        (None, None, None)
+    };
+    if num_graphs == 0 || num_graphs > MAX_GRAPHS || graphs_ptr.is_null() {
+        return Err(bad(format!("{num_graphs} graphs")));
+    }
+    let mut graphs = Vec::with_capacity(num_graphs as usize);
+    for g in 0..num_graphs as usize {
+        // SAFETY: `graphs_ptr` is the library's array of `num_graphs` graph infos, each
+        // `gi::STRIDE` bytes (the layouts up to NEWEST_KNOWN_SYSTEM_API).
+        let gp = unsafe { graphs_ptr.add(g * gi::STRIDE) };
+        // SAFETY: a graph info of the system context that outlives the call.
+        graphs.push(unsafe { copy_graph_info(gp, g, path) }?);
+    }
+    Ok(BinaryInfo {
+        info_version: version,
+        build_id,
+        core_api: ApiVersion::new(core[0], core[1], core[2]),
+        backend_api: ApiVersion::new(backend[0], backend[1], backend[2]),
+        blob_version,
+        blob_size,
+        soc_model,
+        graphs,
+    })
+}
+
+/// Copies graph `g`'s `QnnSystemContext_GraphInfo_t` (versions 1 to 3) out of library
+/// memory.
+///
+/// # Safety
+/// `gp` points to a graph info struct (`gi::STRIDE` bytes) owned by a system context
+/// that outlives the call.
+unsafe fn copy_graph_info(gp: *const u8, g: usize, path: &Path) -> Result<GraphInfo, QnnError> {
+    let bad = |reason: String| QnnError::Metadata {
+        path: path.to_owned(),
+        reason,
+    };
+    // SAFETY: every graph-info version starts with `u32 version` @0.
+    let graph_version: u32 = unsafe { read_at(gp, 0) };
+    // The union's layout depends on the version: read no field of an unknown one.
+    if !(1..=3).contains(&graph_version) {
+        return Err(bad(format!("graph {g} info version {graph_version}")));
+    }
+    // SAFETY: graphName (`const char*`), common to versions 1-3.
+    let name: *const c_char = unsafe { read_at(gp, gi::NAME) };
+    // SAFETY: NULL or the library's NUL-terminated name, alive with the system context.
+    let name = unsafe { c_str(name) }.ok_or_else(|| bad(format!("graph {g} has no name")))?;
+    // SAFETY: `gp` is a graph info of versions 1-3, per this function's contract.
+    let inputs = unsafe { copy_tensors(gp, gi::NUM_INPUTS, gi::INPUTS, &name, path) }?;
+    // SAFETY: as above.
+    let outputs = unsafe { copy_tensors(gp, gi::NUM_OUTPUTS, gi::OUTPUTS, &name, path) }?;
+    // Only v3 graph infos carry graphBlobInfoSize/graphBlobInfo (v2 ends with the
+    // updateable tensors @56): reading @64/@72 of a v2 struct would take whatever
+    // follows it for a pointer.
+    let spill_fill_bytes = if graph_version >= 3 {
+        // SAFETY: `gp` is a v3 graph info (checked above) of a live system context.
+        unsafe { spill_fill_bytes(gp) }
+    } else {
+        None
+    };
+    Ok(GraphInfo {
+        name,
+        inputs,
+        outputs,
+        spill_fill_bytes,
+    })
+}
+
+/// Copies the tensor array whose count is the u32 at `gp + count_at` and whose pointer
+/// is at `gp + array_at` (a graph's inputs or outputs).
+///
+/// # Safety
+/// `gp` points to a graph info of versions 1-3 owned by a system context that outlives
+/// the call, and the offsets are its inputs' or its outputs' fields.
+unsafe fn copy_tensors(
+    gp: *const u8,
+    count_at: usize,
+    array_at: usize,
+    graph: &str,
+    path: &Path,
+) -> Result<Vec<TensorInfo>, QnnError> {
+    // SAFETY: numGraphInputs/numGraphOutputs (u32), per the contract.
+    let n: u32 = unsafe { read_at(gp, count_at) };
+    // SAFETY: graphInputs/graphOutputs (`Qnn_Tensor_t*`), per the contract.
+    let p: *const u8 = unsafe { read_at(gp, array_at) };
+    if n > MAX_TENSORS || (n > 0 && p.is_null()) {
+        return Err(QnnError::Metadata {
+            path: path.to_owned(),
+            reason: format!("graph `{graph}` lists {n} tensors"),
+        });
+    }
+    (0..n as usize)
+        .map(|i| {
+            // SAFETY: `p` is the library's array of `n` tensor structs, each the size of
+            // `Qnn_Tensor_t` (the union of the versions up to NEWEST_KNOWN_CORE_API).
+            let t = unsafe { p.add(i * core::mem::size_of::<ffi::QnnTensor>()) };
+            // SAFETY: a tensor struct of the system context that outlives the call.
+            unsafe { read_tensor(t, path) }
+        })
+        .collect()
+}
+
+/// The spill-fill buffer size a v3 graph info's HTP blob info reports, if any.
+///
+/// # Safety
+/// `gp` points to a graph info of version 3 owned by a system context that outlives the
+/// call.
+unsafe fn spill_fill_bytes(gp: *const u8) -> Option<u64> {
+    // SAFETY: graphBlobInfoSize (u32) of a v3 graph info.
+    let size: u32 = unsafe { read_at(gp, gi::BLOB_INFO_SIZE) };
+    // SAFETY: graphBlobInfo (`void*`) of a v3 graph info.
+    let blob: *const u8 = unsafe { read_at(gp, gi::BLOB_INFO) };
+    // QnnHtpSystemContext_GraphBlobInfo_t: u32 version @0, spillFillBufferSize first in
+    // both v1 and v2 @8; read only when the reported size covers it.
+    if blob.is_null() || (size as usize) < gi::BLOB_INFO_SPILL_FILL + 8 {
+        return None;
+    }
+    // SAFETY: `blob` and `size` are the library's own description of a live blob-info
+    // struct, non-NULL and at least 16 bytes (checked above): its u32 version @0.
+    let version: u32 = unsafe { read_at(blob, 0) };
+    // SAFETY: as above: spillFillBufferSize (u64) @8 of blob info v1 and v2.
+    matches!(version, 1 | 2).then(|| unsafe { read_at::<u64>(blob, gi::BLOB_INFO_SPILL_FILL) })
 }
 
 impl QnnLibrary {
@@ -587,9 +682,11 @@ impl ContextBinary {
         self.map = None;
     }
 
+    /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
+    /// What libQnnSystem reported about the binary.
     pub fn info(&self) -> &BinaryInfo {
         &self.info
     }
@@ -597,6 +694,7 @@ impl ContextBinary {
     pub fn bytes(&self) -> Option<&[u8]> {
         self.map.as_deref()
     }
+    /// Whether the bytes are still held (see [`ContextBinary::bytes`]).
     pub fn is_mapped(&self) -> bool {
         self.map.is_some()
     }

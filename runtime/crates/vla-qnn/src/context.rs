@@ -11,7 +11,7 @@
 use crate::backend::{Backend, BackendInner};
 use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
 use crate::error::QnnError;
-use crate::ffi::{self, Handle, QnnTensor};
+use crate::ffi::{self, qnn, ContextHandle, GraphHandle, ProfileHandle, QnnTensor, SignalHandle};
 use core::ffi::c_void;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
@@ -19,7 +19,7 @@ use vla_tensor::AlignedBuf;
 
 struct ContextInner {
     backend: Arc<BackendInner>,
-    handle: Handle,
+    handle: ContextHandle,
     binary: ContextBinary,
     /// Names of the graphs that have a live [`Graph`]. QNN does not document concurrent
     /// `graphExecute` on one graph handle as safe (the emulator happens to serialize it),
@@ -40,8 +40,7 @@ impl Drop for ContextInner {
     fn drop(&mut self) {
         // SAFETY: created by contextCreateFromBinary and freed exactly once, before the
         // backend (which this struct keeps alive through its Arc).
-        let rc =
-            unsafe { (self.backend.lib.core.context_free)(self.handle, core::ptr::null_mut()) };
+        let rc = qnn!(unsafe self.backend.lib.core.context_free(self.handle, ProfileHandle::NULL));
         if rc != ffi::QNN_SUCCESS {
             log::warn!(
                 "QNN contextFree({}) returned {}",
@@ -108,21 +107,21 @@ impl Context {
             libs.as_deref().unwrap_or("unknown"),
             coupling.describe()
         );
-        let mut handle: Handle = core::ptr::null_mut();
-        // SAFETY: the buffer is the whole mapped file, its exact size; the config list is
-        // NULL or NULL-terminated and its configs (and what they point to) outlive the
-        // call; a NULL profile is allowed; the out-pointer is valid.
-        let rc = unsafe {
-            (b.lib.core.context_create_from_binary)(
-                b.backend,
-                b.device,
-                list_ptr,
-                bytes.as_ptr() as *const c_void,
-                bytes.len() as u64,
-                &mut handle,
-                core::ptr::null_mut(),
-            )
-        };
+        let mut handle = ContextHandle::NULL;
+        // SAFETY: a slot of the checked provider table, the library kept loaded by `b`;
+        // the backend and device are live (held by `b`); the buffer is the whole mapped
+        // file, its exact size; the config list is NULL or NULL-terminated and its configs
+        // (and what they point to) outlive the call; a NULL profile is allowed; the
+        // out-pointer is a local.
+        let rc = qnn!(unsafe b.lib.core.context_create_from_binary(
+            b.backend,
+            b.device,
+            list_ptr,
+            bytes.as_ptr() as *const c_void,
+            bytes.len() as u64,
+            &mut handle,
+            ProfileHandle::NULL,
+        ));
         if let Err(e) = b.lib.check(rc, "contextCreateFromBinary", || {
             binary.path().display().to_string()
         }) {
@@ -140,10 +139,11 @@ impl Context {
     }
 
     /// The QNN handle, for configs that name another context (a spill-fill group).
-    pub(crate) fn raw_handle(&self) -> Handle {
+    pub(crate) fn raw_handle(&self) -> ContextHandle {
         self.inner.handle
     }
 
+    /// The binary the context was made from (its bytes released).
     pub fn binary(&self) -> &ContextBinary {
         &self.inner.binary
     }
@@ -204,10 +204,11 @@ impl Context {
             });
         }
         let lib = &self.inner.backend.lib;
-        let mut handle: Handle = core::ptr::null_mut();
-        // SAFETY: valid context handle, NUL-terminated name, valid out-pointer.
+        let mut handle = GraphHandle::NULL;
+        // SAFETY: a slot of the checked provider table, the library kept loaded by
+        // `self`; valid context handle, NUL-terminated name, valid out-pointer.
         let rc =
-            unsafe { (lib.core.graph_retrieve)(self.inner.handle, cname.as_ptr(), &mut handle) };
+            qnn!(unsafe lib.core.graph_retrieve(self.inner.handle, cname.as_ptr(), &mut handle));
         lib.check(rc, "graphRetrieve", || {
             format!(
                 "graph `{}` in {}",
@@ -273,7 +274,7 @@ impl BoundTensors {
 /// One executable graph of a resident context.
 pub struct Graph {
     context: Arc<ContextInner>,
-    handle: Handle,
+    handle: GraphHandle,
     info: GraphInfo,
     label: String,
     inputs: BoundTensors,
@@ -303,7 +304,7 @@ impl Drop for Graph {
 impl Graph {
     fn new(
         context: Arc<ContextInner>,
-        handle: Handle,
+        handle: GraphHandle,
         info: GraphInfo,
         label: String,
     ) -> Result<Self, QnnError> {
@@ -327,21 +328,27 @@ impl Graph {
     pub fn label(&self) -> &str {
         &self.label
     }
+    /// Sets the label used in errors.
     pub fn set_label(&mut self, label: impl Into<String>) {
         self.label = label.into();
     }
+    /// The graph's inputs, in execution order.
     pub fn inputs(&self) -> &[TensorInfo] {
         &self.info.inputs
     }
+    /// The graph's outputs, in execution order.
     pub fn outputs(&self) -> &[TensorInfo] {
         &self.info.outputs
     }
+    /// The position of the input called `name`.
     pub fn input_index(&self, name: &str) -> Option<usize> {
         self.info.inputs.iter().position(|t| t.name == name)
     }
+    /// The position of the output called `name`.
     pub fn output_index(&self, name: &str) -> Option<usize> {
         self.info.outputs.iter().position(|t| t.name == name)
     }
+    /// The binary of the graph's context.
     pub fn context_binary(&self) -> &ContextBinary {
         &self.context.binary
     }
@@ -413,17 +420,15 @@ impl Graph {
         // SAFETY: every tensor struct was bound above to a live buffer of exactly the
         // tensor's byte size (inputs are only read by QNN); name and dims pointers refer
         // to storage owned by `self`; the graph handle belongs to the live context.
-        let rc = unsafe {
-            (lib.core.graph_execute)(
-                self.handle,
-                self.inputs.structs.as_ptr(),
-                self.inputs.structs.len() as u32,
-                self.outputs.structs.as_mut_ptr(),
-                self.outputs.structs.len() as u32,
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-            )
-        };
+        let rc = qnn!(unsafe lib.core.graph_execute(
+            self.handle,
+            self.inputs.structs.as_ptr(),
+            self.inputs.structs.len() as u32,
+            self.outputs.structs.as_mut_ptr(),
+            self.outputs.structs.len() as u32,
+            ProfileHandle::NULL,
+            SignalHandle::NULL,
+        ));
         let result = lib.check(rc, "graphExecute", || format!("graph {}", self.label));
         // Do not keep pointers to buffers we do not own past this call.
         for t in self
@@ -470,6 +475,8 @@ impl Graph {
 
 /// Owned, aligned input and output buffers of one graph.
 pub struct IoBuffers {
+    /// One buffer per input, in the graph's order.
     pub inputs: Vec<AlignedBuf>,
+    /// One buffer per output, in the graph's order.
     pub outputs: Vec<AlignedBuf>,
 }

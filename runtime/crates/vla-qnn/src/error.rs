@@ -54,9 +54,13 @@ pub fn error_meaning(code: u64) -> &'static str {
 /// Why the HTP backend did not start, with what to check (see [`QnnError::HtpUnavailable`]).
 #[derive(Debug)]
 pub struct HtpRefusal {
+    /// The backend library that refused (libQnnHtp.so's path).
     pub library: PathBuf,
+    /// The QNN call that failed (`backendCreate`).
     pub operation: &'static str,
+    /// Its error code (the handle's low 16 bits).
     pub code: u64,
+    /// What `errorGetMessage` said of the error, when it said anything.
     pub backend_message: Option<String>,
     /// The library's own first error lines while it tried (deduplicated).
     pub library_says: Vec<String>,
@@ -71,61 +75,110 @@ pub struct HtpRefusal {
 #[non_exhaustive]
 pub enum QnnError {
     /// The configured library directory does not exist or is not a directory.
-    LibraryDirMissing { dir: PathBuf },
+    LibraryDirMissing {
+        /// The directory configured.
+        dir: PathBuf,
+    },
     /// `dlopen` or a symbol lookup failed (`source`: the loader's own error, when it
     /// has one), or the library is not a usable QNN library.
     LibraryLoad {
+        /// The library file.
         path: PathBuf,
+        /// What went wrong, in a few words.
         reason: String,
+        /// The loader's error, kept as [`std::error::Error::source`].
         source: Option<libloading::Error>,
     },
     /// No provider with a usable API version.
     ApiVersion {
+        /// The library whose providers were examined.
         library: PathBuf,
+        /// Each provider found, with its API version.
         found: String,
+        /// The window of versions this build accepts.
         needed: String,
     },
     /// A QNN call returned an error.
     Call {
+        /// The QNN function (`graphExecute`).
         operation: &'static str,
+        /// What it was called on (a file, a graph).
         subject: String,
+        /// The error code (the handle's low 16 bits; [`error_meaning`] names its range).
         code: u64,
+        /// What `errorGetMessage` said of the error, when it said anything.
         backend_message: Option<String>,
     },
     /// The context binary file could not be opened or is unusable before QNN sees it.
-    Binary { path: PathBuf, reason: String },
+    Binary {
+        /// The binary file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The library returned metadata we cannot represent safely.
-    Metadata { path: PathBuf, reason: String },
+    Metadata {
+        /// The binary the metadata describes.
+        path: PathBuf,
+        /// What in it cannot be represented.
+        reason: String,
+    },
     /// The graph already has a live [`crate::Graph`] (one executable handle per graph:
     /// QNN does not document concurrent `graphExecute` on one graph handle as safe).
-    GraphInUse { path: PathBuf, graph: String },
+    GraphInUse {
+        /// The context's binary.
+        path: PathBuf,
+        /// The graph's name.
+        graph: String,
+    },
     /// No graph of the requested name, or no unique graph when none was named.
     GraphName {
+        /// The context's binary.
         path: PathBuf,
+        /// The name asked for (`None`: the binary's only graph).
         requested: Option<String>,
+        /// The graphs the binary has.
         available: Vec<String>,
     },
     /// A graph input or output has a type this runtime does not execute.
     UnsupportedTensor {
+        /// The graph's label.
         graph: String,
+        /// The tensor's name.
         tensor: String,
+        /// What about its type is not supported.
         reason: String,
     },
     /// The buffers passed to an execution do not match the graph's tensors.
     Buffer {
+        /// The graph's label.
         graph: String,
+        /// The tensor the buffer was for.
         tensor: String,
+        /// The tensor's size in bytes.
         expected_bytes: usize,
+        /// The buffer's.
         found_bytes: usize,
     },
+    /// An execution was given more or fewer buffers than the graph has inputs or
+    /// outputs.
     BufferCount {
+        /// The graph's label.
         graph: String,
+        /// `"input"` or `"output"`.
         direction: &'static str,
+        /// How many the graph has.
         expected: usize,
+        /// How many were passed.
         found: usize,
     },
     /// The backend lacks something this call needs (e.g. performance infrastructure).
-    NotAvailable { what: &'static str, reason: String },
+    NotAvailable {
+        /// The missing capability.
+        what: &'static str,
+        /// Why it is missing.
+        reason: String,
+    },
     /// The HTP backend refused to start: no Snapdragon SoC / FastRPC session here (off
     /// the board, or the FastRPC devices or libcdsprpc.so unreachable). Nothing was
     /// loaded onto the NPU.

@@ -11,6 +11,8 @@
 
 use core::ffi::{c_char, c_void};
 
+/// `Qnn_ErrorHandle_t`: what every QNN function returns; 0 is success, the low 16 bits
+/// are the error code ([`error_code`]).
 pub type ErrorHandle = u64;
 
 /// The error code of a QNN error handle: its low 16 bits (`QNN_GET_ERROR_CODE`). The
@@ -18,7 +20,75 @@ pub type ErrorHandle = u64;
 pub const fn error_code(handle: ErrorHandle) -> u64 {
     handle & 0xFFFF
 }
-pub type Handle = *mut c_void;
+
+/// Declares one type per kind of QNN handle: each is the opaque pointer QNN hands out,
+/// passed by value across the C ABI exactly like the `void*` it wraps
+/// (`#[repr(transparent)]`), but a distinct Rust type, so a call that takes a backend, a
+/// device and a context cannot be given them in the wrong order.
+macro_rules! handles {
+    ($($(#[$doc:meta])* $name:ident;)+) => {$(
+        $(#[$doc])*
+        #[repr(transparent)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $name(*mut c_void);
+
+        impl $name {
+            /// No handle: what QNN takes for "none" and what an out-parameter holds
+            /// before QNN writes it.
+            pub const NULL: Self = Self(core::ptr::null_mut());
+
+            /// Whether this is [`Self::NULL`].
+            pub fn is_null(self) -> bool {
+                self.0.is_null()
+            }
+        }
+
+        // Passed where C has a pointer: same size and alignment as one.
+        const _: () = {
+            assert!(core::mem::size_of::<$name>() == core::mem::size_of::<*mut c_void>());
+            assert!(core::mem::align_of::<$name>() == core::mem::align_of::<*mut c_void>());
+        };
+    )+};
+}
+
+handles! {
+    /// `Qnn_LogHandle_t`: a logger made by `logCreate`.
+    LogHandle;
+    /// `Qnn_BackendHandle_t`: a backend made by `backendCreate`.
+    BackendHandle;
+    /// `Qnn_DeviceHandle_t`: a device made by `deviceCreate` (NULL where the platform
+    /// runs without one, as the emulator does).
+    DeviceHandle;
+    /// `Qnn_ContextHandle_t`: a resident context made by `contextCreateFromBinary`.
+    ContextHandle;
+    /// `Qnn_GraphHandle_t`: a graph of a context, from `graphRetrieve`.
+    GraphHandle;
+    /// `Qnn_ProfileHandle_t`: a profiler; this crate always passes NULL (no profiling).
+    ProfileHandle;
+    /// `Qnn_SignalHandle_t`: a signal to abort or time out a call; always NULL here.
+    SignalHandle;
+    /// `QnnSystemContext_Handle_t`: a libQnnSystem context, used to read binary info.
+    SystemContextHandle;
+}
+
+/// Calls one C function of QNN and returns what it returns: a slot of a function table
+/// (`qnn!(unsafe lib.core.graph_retrieve(context, name, &mut graph))`) or a function
+/// pointer held elsewhere (`qnn!(unsafe set(id, list))`).
+///
+/// Every call into the QNN libraries goes through here, so the `unsafe` block it makes
+/// holds that one call and nothing else (the workspace denies
+/// `clippy::multiple_unsafe_ops_per_block`, so an argument cannot hide a second unsafe
+/// operation in it). The `// SAFETY:` comment above the macro states the call's contract.
+/// Arguments are evaluated in the call expression itself, so temporaries in them live
+/// until the call returns, as in a plain call. Use it as an expression (`let rc =
+/// qnn!(...)`, `let _ = ...` for a return ignored): clippy finds the SAFETY comment of a
+/// macro-made block above a `let`, not above a bare macro statement.
+macro_rules! qnn {
+    (unsafe $($f:ident).+ ($($arg:expr),* $(,)?)) => {
+        unsafe { ($($f).+)($($arg),*) }
+    };
+}
+pub(crate) use qnn;
 
 /// `QnnInterface_getProviders` / `QnnSystemInterface_getProviders`.
 pub type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u32) -> ErrorHandle;
@@ -29,34 +99,52 @@ pub type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u
 /// accepts back in the same form.
 pub type LogCallback = unsafe extern "C" fn(*const c_char, u32, u64, *mut c_void);
 
+/// The return value of a call that succeeded.
 pub const QNN_SUCCESS: u64 = 0;
 
 /// `QnnInterface_t`: backendId @0, providerName @8, core API version @16, backend API
 /// version @28, function table from @40.
 pub const IFACE_PROVIDER_NAME: usize = 8;
+/// `QnnInterface_t`'s core API version (3 x u32).
 pub const IFACE_CORE_API: usize = 16;
+/// `QnnInterface_t`'s backend API version (3 x u32).
 pub const IFACE_BACKEND_API: usize = 28;
+/// Where `QnnInterface_t`'s function table starts (one pointer per [`slot`]).
 pub const IFACE_TABLE: usize = 40;
 
 /// `QnnSystemInterface_t`: backendId @0, providerName @8, system API version @16,
 /// function table from @32.
 pub const SYS_IFACE_API: usize = 16;
+/// Where `QnnSystemInterface_t`'s function table starts (one pointer per [`sys_slot`]).
 pub const SYS_IFACE_TABLE: usize = 32;
 
 /// Slots of the QNN core function table.
 pub mod slot {
+    /// `backendCreate`.
     pub const BACKEND_CREATE: usize = 1;
+    /// `backendGetBuildId`.
     pub const BACKEND_GET_BUILD_ID: usize = 4;
+    /// `backendFree`.
     pub const BACKEND_FREE: usize = 8;
+    /// `contextCreateFromBinary`.
     pub const CONTEXT_CREATE_FROM_BINARY: usize = 13;
+    /// `contextFree`.
     pub const CONTEXT_FREE: usize = 14;
+    /// `graphRetrieve`.
     pub const GRAPH_RETRIEVE: usize = 20;
+    /// `graphExecute`.
     pub const GRAPH_EXECUTE: usize = 21;
+    /// `logCreate`.
     pub const LOG_CREATE: usize = 25;
+    /// `logFree`.
     pub const LOG_FREE: usize = 27;
+    /// `deviceGetInfrastructure`.
     pub const DEVICE_GET_INFRASTRUCTURE: usize = 39;
+    /// `deviceCreate`.
     pub const DEVICE_CREATE: usize = 40;
+    /// `deviceFree`.
     pub const DEVICE_FREE: usize = 43;
+    /// `errorGetMessage`.
     pub const ERROR_GET_MESSAGE: usize = 48;
     /// The highest slot we call: the provider's table must be at least this long, which
     /// the minimum core API version guarantees.
@@ -65,80 +153,156 @@ pub mod slot {
 
 /// Slots of the QNN system function table.
 pub mod sys_slot {
+    /// `systemContextCreate`.
     pub const CONTEXT_CREATE: usize = 0;
+    /// `systemContextGetBinaryInfo`.
     pub const CONTEXT_GET_BINARY_INFO: usize = 1;
+    /// `systemContextFree`.
     pub const CONTEXT_FREE: usize = 3;
 }
 
-pub type LogCreateFn = unsafe extern "C" fn(Option<LogCallback>, u32, *mut Handle) -> ErrorHandle;
-pub type LogFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `logCreate(callback, maxLogLevel, *log)`.
+pub type LogCreateFn =
+    unsafe extern "C" fn(Option<LogCallback>, u32, *mut LogHandle) -> ErrorHandle;
+/// `logFree(log)`.
+pub type LogFreeFn = unsafe extern "C" fn(LogHandle) -> ErrorHandle;
+/// `backendCreate(log, const QnnBackend_Config_t** /* NULL: defaults */, *backend)`.
 pub type BackendCreateFn =
-    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
+    unsafe extern "C" fn(LogHandle, *const *const c_void, *mut BackendHandle) -> ErrorHandle;
+/// `backendGetBuildId(const char** id)`.
 pub type BackendGetBuildIdFn = unsafe extern "C" fn(*mut *const c_char) -> ErrorHandle;
-pub type BackendFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `backendFree(backend)`.
+pub type BackendFreeFn = unsafe extern "C" fn(BackendHandle) -> ErrorHandle;
+/// `deviceCreate(log, const QnnDevice_Config_t** /* NULL: defaults */, *device)`.
 pub type DeviceCreateFn =
-    unsafe extern "C" fn(Handle, *const *const c_void, *mut Handle) -> ErrorHandle;
-pub type DeviceFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+    unsafe extern "C" fn(LogHandle, *const *const c_void, *mut DeviceHandle) -> ErrorHandle;
+/// `deviceFree(device)`.
+pub type DeviceFreeFn = unsafe extern "C" fn(DeviceHandle) -> ErrorHandle;
+/// `contextCreateFromBinary(backend, device, const QnnContext_Config_t**, const void*
+/// buffer, u64 size, *context, profile)`.
+///
+/// Its three handles have three types, so passing the device where the backend goes
+/// does not compile:
+///
+/// ```compile_fail
+/// use vla_qnn::ffi::{BackendHandle, ContextCreateFromBinaryFn, ContextHandle};
+/// use vla_qnn::ffi::{DeviceHandle, ProfileHandle};
+/// unsafe fn create(
+///     f: ContextCreateFromBinaryFn,
+///     backend: BackendHandle,
+///     device: DeviceHandle,
+///     out: &mut ContextHandle,
+/// ) -> u64 {
+///     let (configs, buffer) = (core::ptr::null(), core::ptr::null());
+///     unsafe { f(device, backend, configs, buffer, 0, out, ProfileHandle::NULL) }
+/// }
+/// ```
+///
+/// while the declared order does:
+///
+/// ```
+/// use vla_qnn::ffi::{BackendHandle, ContextCreateFromBinaryFn, ContextHandle};
+/// use vla_qnn::ffi::{DeviceHandle, ProfileHandle};
+/// unsafe fn create(
+///     f: ContextCreateFromBinaryFn,
+///     backend: BackendHandle,
+///     device: DeviceHandle,
+///     out: &mut ContextHandle,
+/// ) -> u64 {
+///     let (configs, buffer) = (core::ptr::null(), core::ptr::null());
+///     unsafe { f(backend, device, configs, buffer, 0, out, ProfileHandle::NULL) }
+/// }
+/// ```
 pub type ContextCreateFromBinaryFn = unsafe extern "C" fn(
-    Handle,
-    Handle,
+    BackendHandle,
+    DeviceHandle,
     *const *const c_void,
     *const c_void,
     u64,
-    *mut Handle,
-    Handle,
+    *mut ContextHandle,
+    ProfileHandle,
 ) -> ErrorHandle;
-pub type ContextFreeFn = unsafe extern "C" fn(Handle, Handle) -> ErrorHandle;
-pub type GraphRetrieveFn = unsafe extern "C" fn(Handle, *const c_char, *mut Handle) -> ErrorHandle;
+/// `contextFree(context, profile)`.
+pub type ContextFreeFn = unsafe extern "C" fn(ContextHandle, ProfileHandle) -> ErrorHandle;
+/// `graphRetrieve(context, const char* name, *graph)`.
+pub type GraphRetrieveFn =
+    unsafe extern "C" fn(ContextHandle, *const c_char, *mut GraphHandle) -> ErrorHandle;
+/// `graphExecute(graph, const Qnn_Tensor_t* inputs, u32 n, Qnn_Tensor_t* outputs, u32 n,
+/// profile, signal)`.
 pub type GraphExecuteFn = unsafe extern "C" fn(
-    Handle,
+    GraphHandle,
     *const QnnTensor,
     u32,
     *mut QnnTensor,
     u32,
-    Handle,
-    Handle,
+    ProfileHandle,
+    SignalHandle,
 ) -> ErrorHandle;
 /// `deviceGetInfrastructure(QnnDevice_Infrastructure_t* out)`: the out value is a pointer
 /// to the backend's infrastructure struct (HTP: [`htp_perf`]).
 pub type DeviceGetInfrastructureFn = unsafe extern "C" fn(*mut *const c_void) -> ErrorHandle;
+/// `errorGetMessage(error, const char** message)`: the message of an error handle.
 pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
 
-pub type SysContextCreateFn = unsafe extern "C" fn(*mut Handle) -> ErrorHandle;
-pub type SysContextGetBinaryInfoFn =
-    unsafe extern "C" fn(Handle, *mut c_void, u64, *mut *const c_void, *mut u64) -> ErrorHandle;
-pub type SysContextFreeFn = unsafe extern "C" fn(Handle) -> ErrorHandle;
+/// `systemContextCreate(*systemContext)`.
+pub type SysContextCreateFn = unsafe extern "C" fn(*mut SystemContextHandle) -> ErrorHandle;
+/// `systemContextGetBinaryInfo(systemContext, void* buffer, u64 size, const
+/// QnnSystemContext_BinaryInfo_t** info, u64* infoSize)`.
+pub type SysContextGetBinaryInfoFn = unsafe extern "C" fn(
+    SystemContextHandle,
+    *mut c_void,
+    u64,
+    *mut *const c_void,
+    *mut u64,
+) -> ErrorHandle;
+/// `systemContextFree(systemContext)`.
+pub type SysContextFreeFn = unsafe extern "C" fn(SystemContextHandle) -> ErrorHandle;
 
 /// HTP performance infrastructure (`QnnHtpDevice_Infrastructure_t` with infraType PERF):
 /// u32 infraType @0, then the function pointers below.
 pub mod htp_perf {
+    /// `infraType` of the performance infrastructure.
     pub const INFRA_TYPE_PERF: u32 = 0;
+    /// Offset of `createPowerConfigId`.
     pub const CREATE_POWER_CONFIG_ID: usize = 8;
+    /// Offset of `destroyPowerConfigId`.
     pub const DESTROY_POWER_CONFIG_ID: usize = 16;
+    /// Offset of `setPowerConfig`.
     pub const SET_POWER_CONFIG: usize = 24;
     /// Bytes of the struct we read.
     pub const MIN_SIZE: usize = SET_POWER_CONFIG + 8;
 
     /// `QnnHtpPerfInfrastructure_PowerConfigOption_t`.
     pub const OPTION_DCVS_V3: u32 = 1;
+    /// RPC control latency, in us.
     pub const OPTION_RPC_CONTROL_LATENCY: u32 = 2;
+    /// RPC polling time, in us (at most 9999).
     pub const OPTION_RPC_POLLING_TIME: u32 = 3;
+    /// HMX voting, v2 (v75 and newer only: the emulator refuses it with 13004).
     pub const OPTION_HMX_V2: u32 = 5;
 
     /// `QnnHtpPerfInfrastructure_PowerMode_t` (bit values).
     pub const POWER_MODE_POWER_SAVER: u32 = 0x4;
+    /// `POWER_MODE_PERFORMANCE_MODE`.
     pub const POWER_MODE_PERFORMANCE: u32 = 0x10;
 
     /// `QnnHtpPerfInfrastructure_VoltageCorner_t`.
     pub const CORNER_SVS2: u32 = 0x30;
+    /// SVS corner.
     pub const CORNER_SVS: u32 = 0x40;
+    /// NOM_PLUS corner.
     pub const CORNER_NOM_PLUS: u32 = 0x70;
+    /// TURBO corner.
     pub const CORNER_TURBO: u32 = 0x80;
+    /// MAX corner.
     pub const CORNER_MAX: u32 = 0xA0;
 }
 
+/// `createPowerConfigId(u32 deviceId, u32 coreId, u32* powerConfigId)`.
 pub type CreatePowerConfigIdFn = unsafe extern "C" fn(u32, u32, *mut u32) -> ErrorHandle;
+/// `destroyPowerConfigId(u32 powerConfigId)`.
 pub type DestroyPowerConfigIdFn = unsafe extern "C" fn(u32) -> ErrorHandle;
+/// `setPowerConfig(u32 powerConfigId, const PowerConfig** /* NULL-terminated */)`.
 pub type SetPowerConfigFn = unsafe extern "C" fn(u32, *const *const PowerConfig) -> ErrorHandle;
 
 /// `QnnHtpPerfInfrastructure_PowerConfig_t`: 68 bytes, align 4; u32 option @0, payload
@@ -149,7 +313,9 @@ pub type SetPowerConfigFn = unsafe extern "C" fn(u32, *const *const PowerConfig)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PowerConfig {
+    /// `QnnHtpPerfInfrastructure_PowerConfigOption_t` (`htp_perf::OPTION_*`).
     pub option: u32,
+    /// The option's payload, as described above.
     pub payload: [u32; 16],
 }
 
@@ -159,10 +325,14 @@ pub struct PowerConfig {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ContextConfig {
+    /// `QnnContext_ConfigOption_t` ([`CONTEXT_CONFIG_OPTION_CUSTOM`]).
     pub option: u32,
+    /// The CUSTOM option's backend config ([`HtpContextGroupConfig`] for HTP).
     pub custom: *const c_void,
+    /// Zeros to the end of the union.
     pub _rest_of_union: [u64; 3],
 }
+/// `QNN_CONTEXT_CONFIG_OPTION_CUSTOM`: a backend-specific config.
 pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
 
 /// `QnnHtpContext_CustomConfig_t`: u32 option @0, union @8 (24 bytes). Option
@@ -172,25 +342,40 @@ pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct HtpContextGroupConfig {
+    /// `QnnHtpContext_CustomConfigOption_t` ([`HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS`]).
     pub option: u32,
-    pub first_group_handle: Handle,
+    /// NULL for the group's first context, the first context's handle for later ones.
+    pub first_group_handle: ContextHandle,
+    /// The largest spill-fill buffer any context of the group needs, in bytes.
     pub max_spill_fill_buffer: u64,
 }
+/// `QNN_HTP_CONTEXT_CONFIG_OPTION_REGISTER_MULTI_CONTEXTS`.
 pub const HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS: u32 = 2;
 
 /// `QnnSystemContext_BinaryInfo_t`: u32 version @0, union @8. Offsets below are absolute.
 pub mod binary_info {
+    /// `u32 version`, common to every version.
     pub const VERSION: usize = 0;
     const U: usize = 8;
+    /// `const char* buildId`.
     pub const BUILD_ID: usize = U + 8;
+    /// `coreApiVersion` (3 x u32).
     pub const CORE_API: usize = U + 16;
+    /// `backendApiVersion` (3 x u32).
     pub const BACKEND_API: usize = U + 28;
+    /// v1/v2: `u32 numGraphs`.
     pub const V1_NUM_GRAPHS: usize = U + 112;
+    /// v1/v2: `QnnSystemContext_GraphInfo_t* graphs`.
     pub const V1_GRAPHS: usize = U + 120;
+    /// v3: `contextBlobVersion` (3 x u32).
     pub const V3_BLOB_VERSION: usize = U + 48;
+    /// v3: `u64 contextBlobSize`.
     pub const V3_BLOB_SIZE: usize = U + 64;
+    /// v3: `u32 numGraphs`.
     pub const V3_NUM_GRAPHS: usize = U + 88;
+    /// v3: `QnnSystemContext_GraphInfo_t* graphs`.
     pub const V3_GRAPHS: usize = U + 96;
+    /// v3: `u32 socModel` (77: QCS9075/QCS9100).
     pub const V3_SOC_MODEL: usize = U + 128;
     /// Bytes the library must return for us to read every v3 field above.
     pub const V3_MIN_SIZE: usize = V3_SOC_MODEL + 4;
@@ -201,48 +386,84 @@ pub mod binary_info {
 /// newer system API may change it: libraries are accepted only up to
 /// [`crate::NEWEST_KNOWN_SYSTEM_API`], the newest whose layout was checked.
 pub mod graph_info {
+    /// Bytes from one graph info to the next.
     pub const STRIDE: usize = 88;
+    /// `const char* graphName`.
     pub const NAME: usize = 8;
+    /// `u32 numGraphInputs`.
     pub const NUM_INPUTS: usize = 16;
+    /// `Qnn_Tensor_t* graphInputs`.
     pub const INPUTS: usize = 24;
+    /// `u32 numGraphOutputs`.
     pub const NUM_OUTPUTS: usize = 32;
+    /// `Qnn_Tensor_t* graphOutputs`.
     pub const OUTPUTS: usize = 40;
     /// v3 (seen in QAIRT 2.51 on the emulator): u32 @48 and a NULL pointer @56 (updateable
     /// tensors), `u32 graphBlobInfoSize` @64, `void* graphBlobInfo` @72 (HTP:
     /// `QnnHtpSystemContext_GraphBlobInfo_t`, u32 version @0, `u64 spillFillBufferSize` @8).
     pub const BLOB_INFO_SIZE: usize = 64;
+    /// v3: `void* graphBlobInfo`.
     pub const BLOB_INFO: usize = 72;
+    /// `u64 spillFillBufferSize` in the blob info.
     pub const BLOB_INFO_SPILL_FILL: usize = 8;
 }
 
+/// `QNN_TENSOR_TYPE_APP_WRITE`: an input the application writes.
 pub const TENSOR_TYPE_APP_WRITE: u32 = 0;
+/// `QNN_TENSOR_TYPE_APP_READ`: an output the application reads.
 pub const TENSOR_TYPE_APP_READ: u32 = 1;
+/// `QNN_TENSOR_DATA_FORMAT_DENSE` (flat, row-major).
 pub const DATA_FORMAT_DENSE: u32 = 0;
+/// `QNN_TENSORMEMTYPE_RAW`: the data is in a client buffer.
 pub const MEM_TYPE_RAW: u32 = 0;
+/// `QNN_DEFINITION_DEFINED`: the quantization parameters are set.
 pub const QUANT_DEFINITION_DEFINED: u32 = 1;
+/// `QNN_DEFINITION_UNDEFINED` / `QNN_QUANTIZATION_ENCODING_UNDEFINED` (float tensors).
 pub const QUANT_UNDEFINED: u32 = 0x7FFF_FFFF;
+/// `QNN_QUANTIZATION_ENCODING_SCALE_OFFSET`: one scale and offset per tensor.
 pub const QUANT_ENCODING_SCALE_OFFSET: u32 = 0;
 
+/// `Qnn_DataType_t` codes: the high byte is the kind, the low byte the width.
 pub mod data_type {
+    /// `QNN_DATATYPE_INT_8`.
     pub const INT_8: u32 = 0x0008;
+    /// `QNN_DATATYPE_INT_16`.
     pub const INT_16: u32 = 0x0016;
+    /// `QNN_DATATYPE_INT_32`.
     pub const INT_32: u32 = 0x0032;
+    /// `QNN_DATATYPE_INT_64`.
     pub const INT_64: u32 = 0x0064;
+    /// `QNN_DATATYPE_UINT_8`.
     pub const UINT_8: u32 = 0x0108;
+    /// `QNN_DATATYPE_UINT_16`.
     pub const UINT_16: u32 = 0x0116;
+    /// `QNN_DATATYPE_UINT_32`.
     pub const UINT_32: u32 = 0x0132;
+    /// `QNN_DATATYPE_UINT_64`.
     pub const UINT_64: u32 = 0x0164;
+    /// `QNN_DATATYPE_FLOAT_16`.
     pub const FLOAT_16: u32 = 0x0216;
+    /// `QNN_DATATYPE_FLOAT_32`.
     pub const FLOAT_32: u32 = 0x0232;
+    /// `QNN_DATATYPE_FLOAT_64`.
     pub const FLOAT_64: u32 = 0x0264;
+    /// `QNN_DATATYPE_BFLOAT_16`.
     pub const BFLOAT_16: u32 = 0x0226;
+    /// `QNN_DATATYPE_SFIXED_POINT_8`.
     pub const SFIXED_POINT_8: u32 = 0x0308;
+    /// `QNN_DATATYPE_SFIXED_POINT_16`.
     pub const SFIXED_POINT_16: u32 = 0x0316;
+    /// `QNN_DATATYPE_SFIXED_POINT_32`.
     pub const SFIXED_POINT_32: u32 = 0x0332;
+    /// `QNN_DATATYPE_UFIXED_POINT_8`.
     pub const UFIXED_POINT_8: u32 = 0x0408;
+    /// `QNN_DATATYPE_UFIXED_POINT_16`.
     pub const UFIXED_POINT_16: u32 = 0x0416;
+    /// `QNN_DATATYPE_UFIXED_POINT_32`.
     pub const UFIXED_POINT_32: u32 = 0x0432;
+    /// `QNN_DATATYPE_BOOL_8`.
     pub const BOOL_8: u32 = 0x0508;
+    /// `QNN_DATATYPE_STRING`.
     pub const STRING: u32 = 0x0608;
 }
 
@@ -251,17 +472,25 @@ pub mod data_type {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct QuantizeParams {
+    /// `Qnn_Definition_t` ([`QUANT_DEFINITION_DEFINED`] or [`QUANT_UNDEFINED`]).
     pub encoding_definition: u32,
+    /// `Qnn_QuantizationEncoding_t` ([`QUANT_ENCODING_SCALE_OFFSET`] or [`QUANT_UNDEFINED`]).
     pub quantization_encoding: u32,
+    /// Scale of the scale-offset encoding: real = (q + offset) * scale.
     pub scale: f32,
+    /// Offset of the scale-offset encoding.
     pub offset: i32,
+    /// Zeros to the end of the union.
     pub _rest_of_union: [u64; 3],
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
+/// `Qnn_ClientBuffer_t`: where a tensor's data is.
 pub struct ClientBuffer {
+    /// The buffer.
     pub data: *mut c_void,
+    /// Its size in bytes (QNN does not check it: [`crate::Graph`] does).
     pub data_size: u32,
 }
 
@@ -269,15 +498,25 @@ pub struct ClientBuffer {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct TensorV1 {
+    /// The id `graphExecute` matches tensors by.
     pub id: u32,
+    /// NUL-terminated name.
     pub name: *const c_char,
+    /// `Qnn_TensorType_t` ([`TENSOR_TYPE_APP_WRITE`], [`TENSOR_TYPE_APP_READ`], ...).
     pub tensor_type: u32,
+    /// `Qnn_TensorDataFormat_t` ([`DATA_FORMAT_DENSE`]).
     pub data_format: u32,
+    /// `Qnn_DataType_t` ([`data_type`]).
     pub data_type: u32,
+    /// Quantization of the elements.
     pub quantize_params: QuantizeParams,
+    /// Number of dimensions.
     pub rank: u32,
+    /// `rank` dimensions, outermost first.
     pub dimensions: *mut u32,
+    /// `Qnn_TensorMemType_t` ([`MEM_TYPE_RAW`]).
     pub mem_type: u32,
+    /// The data, for [`MEM_TYPE_RAW`].
     pub client_buf: ClientBuffer,
 }
 
@@ -287,8 +526,11 @@ pub struct TensorV1 {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct QnnTensor {
+    /// 1: `v1` is what the library reads.
     pub version: u32,
+    /// The version-1 struct.
     pub v1: TensorV1,
+    /// Zeros where version 2 has more fields.
     pub _v2_tail: [u64; 3],
 }
 
@@ -320,7 +562,10 @@ const _: () = {
 /// # Safety
 /// `base + offset .. + size_of::<T>()` must be readable memory holding a valid `T`.
 pub unsafe fn read_at<T: Copy>(base: *const u8, offset: usize) -> T {
-    // SAFETY: the caller guarantees the range is readable; unaligned reads are used
-    // because the library only promises the C layout, which we address by offset.
-    unsafe { core::ptr::read_unaligned(base.add(offset) as *const T) }
+    // SAFETY: the caller guarantees `base + offset` lies in one readable object.
+    let at = unsafe { base.add(offset) } as *const T;
+    // SAFETY: the caller guarantees the range is readable and holds a valid `T`;
+    // unaligned reads are used because the library only promises the C layout, which we
+    // address by offset.
+    unsafe { core::ptr::read_unaligned(at) }
 }

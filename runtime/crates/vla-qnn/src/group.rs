@@ -35,13 +35,21 @@ pub enum SpillFillSharing {
     /// No group was asked for (see [`shared_spill_fill`]): each context has its own.
     NotNeeded,
     /// Every context joined one group sharing a buffer of `bytes`.
-    Shared { bytes: u64, contexts: usize },
+    Shared {
+        /// The shared buffer's size.
+        bytes: u64,
+        /// How many contexts share it.
+        contexts: usize,
+    },
     /// The backend refused the group config for the context at index `grouped` (its
     /// message in `error`): the first `grouped` contexts share `bytes`, the rest were
     /// created without a group.
     Refused {
+        /// The buffer size the group asked for.
         bytes: u64,
+        /// The index of the refused context, and so the number in the group.
         grouped: usize,
+        /// The backend's error for the refused config.
         error: String,
     },
 }
@@ -72,7 +80,9 @@ impl core::fmt::Display for SpillFillSharing {
 
 /// Contexts created together, in the order of their binaries.
 pub struct ContextGroup {
+    /// The contexts, in the order of the binaries.
     pub contexts: Vec<Context>,
+    /// How they came to hold their spill-fill buffers.
     pub sharing: SpillFillSharing,
 }
 
@@ -115,7 +125,7 @@ pub fn create_contexts_sharing(
         }
         let first = contexts
             .first()
-            .map_or(core::ptr::null_mut(), Context::raw_handle);
+            .map_or(ffi::ContextHandle::NULL, Context::raw_handle);
         let group = ffi::HtpContextGroupConfig {
             option: ffi::HTP_CONTEXT_CONFIG_REGISTER_MULTI_CONTEXTS,
             first_group_handle: first,

@@ -8,15 +8,18 @@
 #![allow(unsafe_code)]
 
 use crate::error::QnnError;
-use crate::ffi::{self, read_at, slot, sys_slot, GetProvidersFn};
+use crate::ffi::{self, qnn, read_at, slot, sys_slot, GetProvidersFn};
 use core::ffi::{c_char, c_void, CStr};
 use std::path::{Path, PathBuf};
 
 /// A `major.minor.patch` API version as reported by a provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ApiVersion {
+    /// Incompatible changes.
     pub major: u32,
+    /// Additions (new table slots, grown unions).
     pub minor: u32,
+    /// Fixes.
     pub patch: u32,
 }
 
@@ -27,6 +30,7 @@ impl core::fmt::Display for ApiVersion {
 }
 
 impl ApiVersion {
+    /// `major.minor.patch`.
     pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
         Self {
             major,
@@ -60,8 +64,11 @@ pub const NEWEST_KNOWN_SYSTEM_API: ApiVersion = ApiVersion::new(1, 15, 0);
 /// Where and what to load.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// The directory holding both libraries (loaded by absolute path from it).
     pub lib_dir: PathBuf,
+    /// The backend library's file name (`libQnnHtp.so`).
     pub backend_lib: String,
+    /// The system library's file name (`libQnnSystem.so`).
     pub system_lib: String,
     /// Oldest QNN core API whose function table has every slot we call.
     pub min_core_api: ApiVersion,
@@ -188,7 +195,7 @@ fn providers(
     // SAFETY: `get` was resolved from `lib`, which the caller keeps loaded, with the
     // signature QNN documents for `*_getProviders`; `list` and `count` are locals it
     // writes. The array it returns is owned by the library, not by us.
-    let rc = unsafe { get(&mut list, &mut count) };
+    let rc = qnn!(unsafe get(&mut list, &mut count));
     if rc != ffi::QNN_SUCCESS || list.is_null() || count == 0 {
         return Err(QnnError::LibraryLoad {
             path: path.to_owned(),
@@ -200,10 +207,10 @@ fn providers(
             source: None,
         });
     }
-    // SAFETY: the library reported `count` valid provider pointers at `list`.
-    Ok((0..count as usize)
-        .map(|i| unsafe { *list.add(i) } as *const u8)
-        .collect())
+    // SAFETY: the library reported `count` valid provider pointers at `list` (non-NULL,
+    // checked above), an array it owns and keeps while loaded; copied at once.
+    let list = unsafe { core::slice::from_raw_parts(list, count as usize) };
+    Ok(list.iter().map(|&p| p as *const u8).collect())
 }
 
 /// A copy of the C string at `ptr` (empty for NULL).
@@ -235,7 +242,7 @@ fn call_error(
         // SAFETY: `f` is the provider's errorGetMessage (a non-NULL slot of the checked
         // table, or a test's stand-in with its signature); `rc` is an error handle the
         // same library returned, `p` a local it writes.
-        let ok = unsafe { f(rc, &mut p) } == ffi::QNN_SUCCESS;
+        let ok = qnn!(unsafe f(rc, &mut p)) == ffi::QNN_SUCCESS;
         // SAFETY: `p` is NULL or the library's NUL-terminated message, copied at once.
         let m = unsafe { c_string(p) };
         (ok && !m.is_empty()).then_some(m)
@@ -248,22 +255,47 @@ fn call_error(
     }
 }
 
-/// Reads function pointer `index` of a table at `base + table`.
-///
-/// # Safety
-/// The provider must have a table with at least `index + 1` entries.
-unsafe fn table_fn<F: Copy>(base: *const u8, table: usize, index: usize) -> Option<F> {
-    debug_assert_eq!(
-        core::mem::size_of::<F>(),
-        core::mem::size_of::<*const c_void>()
-    );
-    // SAFETY: per the caller's guarantee the slot is inside the provider struct.
-    let raw: *const c_void = unsafe { read_at(base, table + 8 * index) };
-    if raw.is_null() {
-        None
-    } else {
-        // SAFETY: F is an `extern "C" fn` type of pointer size; the slot holds that function.
-        Some(unsafe { core::mem::transmute_copy::<*const c_void, F>(&raw) })
+/// A provider's function table: `base` is the provider struct, the table starts
+/// `offset` bytes into it; `path` is the library's, for errors.
+struct Table<'a> {
+    base: *const u8,
+    offset: usize,
+    path: &'a Path,
+}
+
+impl Table<'_> {
+    /// Slot `index`, `None` when the provider leaves it NULL.
+    ///
+    /// # Safety
+    /// The table has at least `index + 1` slots and slot `index` holds a function of
+    /// type `F` (an `extern "C" fn` pointer type).
+    unsafe fn optional<F: Copy>(&self, index: usize) -> Option<F> {
+        debug_assert_eq!(
+            core::mem::size_of::<F>(),
+            core::mem::size_of::<*const c_void>()
+        );
+        // SAFETY: per the caller's guarantee the slot is inside the provider struct.
+        let raw: *const c_void = unsafe { read_at(self.base, self.offset + 8 * index) };
+        if raw.is_null() {
+            None
+        } else {
+            // SAFETY: F is an `extern "C" fn` type of pointer size; the slot holds that
+            // function (the caller's guarantee).
+            Some(unsafe { core::mem::transmute_copy::<*const c_void, F>(&raw) })
+        }
+    }
+
+    /// Slot `index`, refused with an error naming `what` when the provider leaves it NULL.
+    ///
+    /// # Safety
+    /// As [`Table::optional`].
+    unsafe fn required<F: Copy>(&self, index: usize, what: &str) -> Result<F, QnnError> {
+        // SAFETY: the caller's contract is `optional`'s.
+        unsafe { self.optional(index) }.ok_or_else(|| QnnError::LibraryLoad {
+            path: self.path.to_owned(),
+            reason: format!("provider has no {what} entry"),
+            source: None,
+        })
     }
 }
 
@@ -285,14 +317,15 @@ impl QnnLibrary {
         let mut found = Vec::new();
         let mut chosen = None;
         for p in providers(&backend_lib, b"QnnInterface_getProviders\0", &backend_path)? {
-            // SAFETY: provider structs start with the documented header fields.
-            let (name, core, backend) = unsafe {
-                (
-                    c_string(read_at(p, ffi::IFACE_PROVIDER_NAME)),
-                    read_at::<[u32; 3]>(p, ffi::IFACE_CORE_API),
-                    read_at::<[u32; 3]>(p, ffi::IFACE_BACKEND_API),
-                )
-            };
+            // SAFETY: provider structs start with the documented header fields:
+            // providerName (`const char*`) @8.
+            let name: *const c_char = unsafe { read_at(p, ffi::IFACE_PROVIDER_NAME) };
+            // SAFETY: NULL or the library's NUL-terminated name, alive while it is loaded.
+            let name = unsafe { c_string(name) };
+            // SAFETY: the header's core API version (3 x u32).
+            let core: [u32; 3] = unsafe { read_at(p, ffi::IFACE_CORE_API) };
+            // SAFETY: the header's backend API version (3 x u32).
+            let backend: [u32; 3] = unsafe { read_at(p, ffi::IFACE_BACKEND_API) };
             let core = ApiVersion::new(core[0], core[1], core[2]);
             let backend = ApiVersion::new(backend[0], backend[1], backend[2]);
             found.push(format!("{name} core API {core}"));
@@ -315,13 +348,13 @@ impl QnnLibrary {
             b"QnnSystemInterface_getProviders\0",
             &system_path,
         )? {
-            // SAFETY: system provider structs start with the documented header fields.
-            let (name, v) = unsafe {
-                (
-                    c_string(read_at(s, ffi::IFACE_PROVIDER_NAME)),
-                    read_at::<[u32; 3]>(s, ffi::SYS_IFACE_API),
-                )
-            };
+            // SAFETY: system provider structs start with the documented header fields:
+            // providerName (`const char*`) @8.
+            let name: *const c_char = unsafe { read_at(s, ffi::IFACE_PROVIDER_NAME) };
+            // SAFETY: NULL or the library's NUL-terminated name, alive while it is loaded.
+            let name = unsafe { c_string(name) };
+            // SAFETY: the header's system API version (3 x u32).
+            let v: [u32; 3] = unsafe { read_at(s, ffi::SYS_IFACE_API) };
             let v = ApiVersion::new(v[0], v[1], v[2]);
             sys_found.push(format!("{name} system API {v}"));
             if sys_chosen.is_none() && v.within(opts.min_system_api, opts.newest_system_api) {
@@ -336,50 +369,66 @@ impl QnnLibrary {
             });
         };
 
-        let missing = |what: &str, path: &Path| QnnError::LibraryLoad {
-            path: path.to_owned(),
-            reason: format!("provider has no {what} entry"),
-            source: None,
+        let t = Table {
+            base: p,
+            offset: ffi::IFACE_TABLE,
+            path: &backend_path,
         };
-        let t = ffi::IFACE_TABLE;
-        // SAFETY: the chosen core API version guarantees a table reaching slot::HIGHEST_USED.
-        let core = unsafe {
-            CoreFns {
-                backend_create: table_fn(p, t, slot::BACKEND_CREATE)
-                    .ok_or_else(|| missing("backendCreate", &backend_path))?,
-                backend_get_build_id: table_fn(p, t, slot::BACKEND_GET_BUILD_ID)
-                    .ok_or_else(|| missing("backendGetBuildId", &backend_path))?,
-                backend_free: table_fn(p, t, slot::BACKEND_FREE)
-                    .ok_or_else(|| missing("backendFree", &backend_path))?,
-                context_create_from_binary: table_fn(p, t, slot::CONTEXT_CREATE_FROM_BINARY)
-                    .ok_or_else(|| missing("contextCreateFromBinary", &backend_path))?,
-                context_free: table_fn(p, t, slot::CONTEXT_FREE)
-                    .ok_or_else(|| missing("contextFree", &backend_path))?,
-                graph_retrieve: table_fn(p, t, slot::GRAPH_RETRIEVE)
-                    .ok_or_else(|| missing("graphRetrieve", &backend_path))?,
-                graph_execute: table_fn(p, t, slot::GRAPH_EXECUTE)
-                    .ok_or_else(|| missing("graphExecute", &backend_path))?,
-                log_create: table_fn(p, t, slot::LOG_CREATE)
-                    .ok_or_else(|| missing("logCreate", &backend_path))?,
-                log_free: table_fn(p, t, slot::LOG_FREE)
-                    .ok_or_else(|| missing("logFree", &backend_path))?,
-                device_create: table_fn(p, t, slot::DEVICE_CREATE),
-                device_free: table_fn(p, t, slot::DEVICE_FREE),
-                device_get_infrastructure: table_fn(p, t, slot::DEVICE_GET_INFRASTRUCTURE),
-                error_get_message: table_fn(p, t, slot::ERROR_GET_MESSAGE),
-            }
+        // Each slot below is read from the chosen core provider's table, which its API
+        // version guarantees to reach slot::HIGHEST_USED; the slot order and signatures
+        // are the ones `ffi` declares (qnn-abi.md).
+        let core = CoreFns {
+            // SAFETY: slot 1 is backendCreate, inside the table.
+            backend_create: unsafe { t.required(slot::BACKEND_CREATE, "backendCreate") }?,
+            // SAFETY: slot 4 is backendGetBuildId, inside the table.
+            backend_get_build_id: unsafe {
+                t.required(slot::BACKEND_GET_BUILD_ID, "backendGetBuildId")
+            }?,
+            // SAFETY: slot 8 is backendFree, inside the table.
+            backend_free: unsafe { t.required(slot::BACKEND_FREE, "backendFree") }?,
+            // SAFETY: slot 13 is contextCreateFromBinary, inside the table.
+            context_create_from_binary: unsafe {
+                t.required(slot::CONTEXT_CREATE_FROM_BINARY, "contextCreateFromBinary")
+            }?,
+            // SAFETY: slot 14 is contextFree, inside the table.
+            context_free: unsafe { t.required(slot::CONTEXT_FREE, "contextFree") }?,
+            // SAFETY: slot 20 is graphRetrieve, inside the table.
+            graph_retrieve: unsafe { t.required(slot::GRAPH_RETRIEVE, "graphRetrieve") }?,
+            // SAFETY: slot 21 is graphExecute, inside the table.
+            graph_execute: unsafe { t.required(slot::GRAPH_EXECUTE, "graphExecute") }?,
+            // SAFETY: slot 25 is logCreate, inside the table.
+            log_create: unsafe { t.required(slot::LOG_CREATE, "logCreate") }?,
+            // SAFETY: slot 27 is logFree, inside the table.
+            log_free: unsafe { t.required(slot::LOG_FREE, "logFree") }?,
+            // SAFETY: slot 40 is deviceCreate, inside the table.
+            device_create: unsafe { t.optional(slot::DEVICE_CREATE) },
+            // SAFETY: slot 43 is deviceFree, inside the table.
+            device_free: unsafe { t.optional(slot::DEVICE_FREE) },
+            // SAFETY: slot 39 is deviceGetInfrastructure, inside the table.
+            device_get_infrastructure: unsafe { t.optional(slot::DEVICE_GET_INFRASTRUCTURE) },
+            // SAFETY: slot 48 is errorGetMessage, the highest slot read, inside the table.
+            error_get_message: unsafe { t.optional(slot::ERROR_GET_MESSAGE) },
         };
-        let st = ffi::SYS_IFACE_TABLE;
-        // SAFETY: every system API 1.x table has the first four slots.
-        let system = unsafe {
-            SystemFns {
-                context_create: table_fn(s, st, sys_slot::CONTEXT_CREATE)
-                    .ok_or_else(|| missing("systemContextCreate", &system_path))?,
-                context_get_binary_info: table_fn(s, st, sys_slot::CONTEXT_GET_BINARY_INFO)
-                    .ok_or_else(|| missing("systemContextGetBinaryInfo", &system_path))?,
-                context_free: table_fn(s, st, sys_slot::CONTEXT_FREE)
-                    .ok_or_else(|| missing("systemContextFree", &system_path))?,
-            }
+        let st = Table {
+            base: s,
+            offset: ffi::SYS_IFACE_TABLE,
+            path: &system_path,
+        };
+        // Every system API 1.x table has the first four slots, in `ffi::sys_slot`'s order.
+        let system = SystemFns {
+            // SAFETY: slot 0 is systemContextCreate.
+            context_create: unsafe {
+                st.required(sys_slot::CONTEXT_CREATE, "systemContextCreate")
+            }?,
+            // SAFETY: slot 1 is systemContextGetBinaryInfo.
+            context_get_binary_info: unsafe {
+                st.required(
+                    sys_slot::CONTEXT_GET_BINARY_INFO,
+                    "systemContextGetBinaryInfo",
+                )
+            }?,
+            // SAFETY: slot 3 is systemContextFree.
+            context_free: unsafe { st.required(sys_slot::CONTEXT_FREE, "systemContextFree") }?,
         };
         log::debug!(
             "loaded {} (provider {provider_name}, core API {core_api}, backend API {backend_api}, system API {system_api})",
@@ -398,18 +447,23 @@ impl QnnLibrary {
         })
     }
 
+    /// The backend library's path.
     pub fn backend_path(&self) -> &Path {
         &self.backend_path
     }
+    /// The chosen backend provider's name (`HTP_QTI_AISW`).
     pub fn provider_name(&self) -> &str {
         &self.provider_name
     }
+    /// The chosen provider's core API version.
     pub fn core_api(&self) -> ApiVersion {
         self.core_api
     }
+    /// The chosen provider's backend API version.
     pub fn backend_api(&self) -> ApiVersion {
         self.backend_api
     }
+    /// The chosen system provider's API version.
     pub fn system_api(&self) -> ApiVersion {
         self.system_api
     }
@@ -420,7 +474,7 @@ impl QnnLibrary {
         // SAFETY: a slot of the provider table checked in `load`; `self` keeps the library
         // mapped. `p` is a local it writes; the string it points to is the library's and is
         // copied out by `c_string` before `self` can be dropped.
-        let rc = unsafe { (self.core.backend_get_build_id)(&mut p) };
+        let rc = qnn!(unsafe self.core.backend_get_build_id(&mut p));
         // SAFETY: `p` is the library's NUL-terminated build id when the call succeeded.
         (rc == ffi::QNN_SUCCESS && !p.is_null()).then(|| unsafe { c_string(p) })
     }

@@ -15,7 +15,7 @@
 
 use crate::backend::{Backend, BackendInner};
 use crate::error::QnnError;
-use crate::ffi::{self, htp_perf as hp, read_at, PowerConfig};
+use crate::ffi::{self, htp_perf as hp, qnn, read_at, PowerConfig};
 use core::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,7 @@ pub enum PerformanceMode {
 }
 
 impl PerformanceMode {
+    /// Every mode, fastest first.
     pub const ALL: [PerformanceMode; 5] = [
         PerformanceMode::Burst,
         PerformanceMode::HighPerformance,
@@ -46,6 +47,7 @@ impl PerformanceMode {
         PerformanceMode::Off,
     ];
 
+    /// The mode's name in configuration (`high_performance`).
     pub fn as_str(self) -> &'static str {
         match self {
             PerformanceMode::Burst => "burst",
@@ -56,6 +58,7 @@ impl PerformanceMode {
         }
     }
 
+    /// The mode named `s` (as [`PerformanceMode::as_str`] writes it).
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
@@ -197,6 +200,7 @@ impl PowerConfigList {
         ])
     }
 
+    /// The configs, in the order they are passed.
     pub fn configs(&self) -> &[PowerConfig] {
         &self.configs
     }
@@ -228,7 +232,7 @@ impl PerformanceVote {
         // SAFETY: `get` is the provider's deviceGetInfrastructure, a non-NULL slot of the
         // checked table, and `infra` a local it writes; the struct it points to is owned
         // by the library, which `b.lib` (kept by the governor's backend) keeps loaded.
-        let rc = unsafe { get(&mut infra) };
+        let rc = qnn!(unsafe get(&mut infra));
         b.lib.check(rc, "deviceGetInfrastructure", || {
             b.lib.backend_path().display().to_string()
         })?;
@@ -236,16 +240,18 @@ impl PerformanceVote {
             return Err(unavailable("deviceGetInfrastructure returned NULL".into()));
         }
         let base = infra as *const u8;
-        // SAFETY: the HTP infrastructure struct holds infraType and, for PERF, the three
-        // function pointers at the offsets in `htp_perf` (checked against QAIRT 2.51).
-        let (infra_type, create, destroy, set) = unsafe {
-            (
-                read_at::<u32>(base, 0),
-                read_at::<Option<ffi::CreatePowerConfigIdFn>>(base, hp::CREATE_POWER_CONFIG_ID),
-                read_at::<Option<ffi::DestroyPowerConfigIdFn>>(base, hp::DESTROY_POWER_CONFIG_ID),
-                read_at::<Option<ffi::SetPowerConfigFn>>(base, hp::SET_POWER_CONFIG),
-            )
-        };
+        // The HTP infrastructure struct holds infraType and, for PERF, the three function
+        // pointers at the offsets in `htp_perf` (checked against QAIRT 2.51).
+        // SAFETY: infraType (u32) @0 of the library's struct.
+        let infra_type: u32 = unsafe { read_at(base, 0) };
+        // SAFETY: createPowerConfigId (a function pointer or NULL) of the struct.
+        let create: Option<ffi::CreatePowerConfigIdFn> =
+            unsafe { read_at(base, hp::CREATE_POWER_CONFIG_ID) };
+        // SAFETY: destroyPowerConfigId (a function pointer or NULL) of the struct.
+        let destroy: Option<ffi::DestroyPowerConfigIdFn> =
+            unsafe { read_at(base, hp::DESTROY_POWER_CONFIG_ID) };
+        // SAFETY: setPowerConfig (a function pointer or NULL) of the struct.
+        let set: Option<ffi::SetPowerConfigFn> = unsafe { read_at(base, hp::SET_POWER_CONFIG) };
         if infra_type != hp::INFRA_TYPE_PERF {
             return Err(unavailable(format!("infrastructure type {infra_type}")));
         }
@@ -256,7 +262,7 @@ impl PerformanceVote {
         // SAFETY: `create` was read from the PERF infrastructure struct and checked
         // non-NULL above; device 0 / core 0 exist on every HTP, and `id` is a local it
         // writes.
-        let rc = unsafe { create(0, 0, &mut id) };
+        let rc = qnn!(unsafe create(0, 0, &mut id));
         b.lib
             .check(rc, "createPowerConfigId", || "device 0, core 0".into())?;
         if id == 0 {
@@ -270,6 +276,7 @@ impl PerformanceVote {
         })
     }
 
+    /// The power-config id (never 0).
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -280,7 +287,7 @@ impl PerformanceVote {
     pub fn apply_raw(&self, list: &PowerConfigList) -> Result<(), u64> {
         // SAFETY: the id is live (destroyed only in Drop); `pointers` is a NULL-terminated
         // array of configs owned by `list`, alive for the call.
-        let rc = unsafe { (self.set)(self.id, list.pointers.as_ptr()) };
+        let rc = qnn!(unsafe self.set(self.id, list.pointers.as_ptr()));
         if rc == ffi::QNN_SUCCESS {
             Ok(())
         } else {
@@ -303,7 +310,7 @@ impl Drop for PerformanceVote {
     fn drop(&mut self) {
         // SAFETY: the id was created by this infrastructure and is destroyed once, while
         // `self.backend` (and so the device, backend and library) is still alive.
-        let rc = unsafe { (self.destroy)(self.id) };
+        let rc = qnn!(unsafe self.destroy(self.id));
         if rc != ffi::QNN_SUCCESS {
             log::warn!(
                 "QNN destroyPowerConfigId({}) returned {}",
@@ -321,8 +328,9 @@ pub struct VoteStats {
     pub votes: u64,
     /// Idle releases to the relaxed vote that the backend accepted.
     pub releases: u64,
-    /// Calls the backend refused, and the last refusal's code.
+    /// Calls the backend refused.
     pub refused: u64,
+    /// The error code of the last refusal (0 before any).
     pub last_refused_code: u64,
 }
 
@@ -434,12 +442,15 @@ impl PerfGovernor {
         }))
     }
 
+    /// The mode voted for around inferences.
     pub fn mode(&self) -> PerformanceMode {
         self.mode
     }
+    /// How long after the last inference the vote is relaxed.
     pub fn idle_release(&self) -> Duration {
         self.shared.idle
     }
+    /// The voter's power-config id.
     pub fn power_config_id(&self) -> u32 {
         self.shared.vote.id()
     }
@@ -468,6 +479,7 @@ impl PerfGovernor {
         InferenceVote { governor: self }
     }
 
+    /// What the governor did so far.
     pub fn stats(&self) -> VoteStats {
         let s = &self.shared;
         VoteStats {

@@ -10,8 +10,11 @@
 /// `major.minor.patch` of a QNN build id such as `v2.51.0.260929181845`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QairtRelease {
+    /// `2` of `v2.51.0`.
     pub major: u32,
+    /// `51` of `v2.51.0`.
     pub minor: u32,
+    /// `0` of `v2.51.0`.
     pub patch: u32,
 }
 
@@ -49,6 +52,8 @@ pub enum Coupling {
 }
 
 impl Coupling {
+    /// The coupling of a binary built by `binary_build` with libraries of
+    /// `library_build` (QNN build ids; `None` when unknown).
     pub fn of(binary_build: Option<&str>, library_build: Option<&str>) -> Self {
         let (Some(b), Some(l)) = (
             binary_build.and_then(QairtRelease::parse),

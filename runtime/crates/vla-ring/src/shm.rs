@@ -94,15 +94,16 @@ impl SharedMapping {
             return None;
         }
         let words = (end - HEADER_SIZE) / 8;
+        // SAFETY: HEADER_SIZE <= end <= the mapping's length (checked above), so the
+        // offset stays inside the mapping.
+        let first = unsafe { self.base().add(HEADER_SIZE) } as *const AtomicU64;
         // SAFETY: HEADER_SIZE is a multiple of 8 and the base is page aligned, so the
         // pointer is 8-byte aligned as AtomicU64 requires on every supported target; the
         // range [HEADER_SIZE, end) lies inside the mapping (checked above). AtomicU64 has
         // the size of u64 and accepts any bit pattern; concurrent writes by other
         // processes are atomic stores (this crate and vla_ring.h use nothing else).
         // Lifetime bound to `self` as in `header`.
-        Some(unsafe {
-            core::slice::from_raw_parts(self.base().add(HEADER_SIZE) as *const AtomicU64, words)
-        })
+        Some(unsafe { core::slice::from_raw_parts(first, words) })
     }
 
     pub(crate) fn is_writable(&self) -> bool {
