@@ -6,7 +6,6 @@
 //! each subcommand lives in its own module.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod bench;
 mod bench_bundle;

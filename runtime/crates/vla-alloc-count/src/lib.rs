@@ -10,8 +10,6 @@
 //! `loop_jitter`, vla-recorder's publish-path test). `gettid` is a syscall, so it is only made while a thread is
 //! watched.
 
-#![warn(missing_docs)]
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 

@@ -12,7 +12,6 @@
 //! bench-bundle`, and renders one table.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod host;
 mod loop_jitter;

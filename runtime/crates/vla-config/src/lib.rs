@@ -26,7 +26,6 @@
 // once, at start-up, where that size costs nothing.
 #![allow(clippy::result_large_err)]
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod error;
 mod probe;

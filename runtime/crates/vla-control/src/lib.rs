@@ -19,7 +19,6 @@
 
 // `unsafe` only in `rt.rs`, the real-time set-up.
 #![deny(unsafe_code)]
-#![warn(missing_docs)]
 
 mod inference;
 mod operating;

@@ -22,7 +22,6 @@
 //! ```
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod array;
 mod dtype;

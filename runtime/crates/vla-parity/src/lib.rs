@@ -6,7 +6,6 @@
 //! (>= 0.9999 in the seeds), max abs diff and a within-tolerance ratio.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::time::{Duration, Instant};
 use vla_npz::{DType, Npz};

@@ -9,7 +9,6 @@
 //! `scripts/reference.py` implements the same contract independently in numpy.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod bundle;
 mod error;

@@ -23,7 +23,6 @@
 
 // `unsafe` only in the FFI modules, each of which allows it at its top.
 #![deny(unsafe_code)]
-#![warn(missing_docs)]
 
 mod backend;
 mod binary;

@@ -106,7 +106,6 @@
 
 // `unsafe` only in `shm.rs`, the one module that touches raw shared memory.
 #![deny(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod seqlock;
 

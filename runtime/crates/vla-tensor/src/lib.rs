@@ -6,7 +6,6 @@
 //! [`encode_f32`] and [`decode_f32`], which check lengths instead of trusting them.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod buffer;
 mod convert;

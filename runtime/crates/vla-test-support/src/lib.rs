@@ -7,7 +7,6 @@
 //! test's wait for an event ([`HANG_GUARD`]).
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
