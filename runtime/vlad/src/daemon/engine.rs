@@ -226,16 +226,11 @@ impl PolicyEngine {
                 if let (Some(o), Some((h, _))) = (&self.ota, &running) {
                     o.trial.running(h.clone(), false);
                 }
-                if self.policy.is_none() {
-                    // Not on trial (no rollback target) or the rollback failed: load what
-                    // ran before, whatever the store says.
-                    let good = self.good.clone();
-                    if let Err(again) = self.try_load(&good) {
-                        return Err(ReloadError::PreviousFailed {
-                            rejected: Box::new(rejected),
-                            previous: Box::new(again),
-                        });
-                    }
+                if let Err(again) = self.load_previous_if_none() {
+                    return Err(ReloadError::PreviousFailed {
+                        rejected: Box::new(rejected),
+                        previous: Box::new(again),
+                    });
                 }
                 self.record_gated(store);
                 let recovery = match rolled {
@@ -253,6 +248,16 @@ impl PolicyEngine {
 }
 
 impl PolicyEngine {
+    /// Not on trial (no rollback target) or the rollback failed: load what ran before,
+    /// whatever the store says.
+    fn load_previous_if_none(&mut self) -> Result<(), LoadError> {
+        if self.policy.is_none() {
+            let good = self.good.clone();
+            self.try_load(&good)?;
+        }
+        Ok(())
+    }
+
     /// Names the bundle now running, and its gate's inference time, in the pid file.
     fn record_gated(&self, store: &Store) {
         if let (Some(o), Some(p)) = (&self.ota, &self.policy) {
