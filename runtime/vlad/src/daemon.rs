@@ -9,17 +9,20 @@
 //! fails to load or to pass its gate is replaced by the previous one); SIGTERM stops
 //! after a final `hold`.
 
+mod engine;
+
 use crate::cli::{self, Common};
-use crate::gate::{load_gated, InferError, LoadError, Recovery, ReloadError};
+use crate::gate::{load_gated, LoadError};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
+use engine::{record_gated, OtaLink, PolicyEngine};
 use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vla_control::{ControlLoop, Engine, EngineError, Health, LoopReport, LoopSettings, Measured};
+use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings, Measured};
 use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
@@ -37,266 +40,6 @@ pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
         state_dims: g.state_dims as u32,
         action_dims: g.action_dims as u32,
         chunk_len: g.chunk_len as u32,
-    }
-}
-
-/// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
-struct OtaLink {
-    store: Arc<Store>,
-    /// The running bundle's hash and its trial: healthy inferences are counted in memory
-    /// and recorded in the store by the recorder's own (non-real-time) thread, so the
-    /// inference thread never waits for the store's lock (an installer holds it while it
-    /// copies and hashes gigabytes) and does no file I/O.
-    trial: vla_ota::TrialRecorder,
-}
-
-impl OtaLink {
-    fn start(store: &Arc<Store>, hash: String, on_trial: bool) -> Result<Self, Failure> {
-        let trial = vla_ota::TrialRecorder::start(store.clone(), hash, on_trial)
-            .map_err(|e| Failure::Error(format!("starting the OTA trial recorder: {e}")))?;
-        Ok(Self {
-            store: store.clone(),
-            trial,
-        })
-    }
-}
-
-/// The policy as the control loop's engine.
-pub struct PolicyEngine {
-    backend: Backend,
-    ota: Option<OtaLink>,
-    /// The configured path (often the OTA `current` symlink), re-resolved on reload.
-    configured: PathBuf,
-    /// The directory that passed its gate last.
-    good: PathBuf,
-    policy: Option<Policy>,
-    /// The running policy's bundle, held so the OTA store sees it in use (its manifest
-    /// stays open; the context binaries are unmapped once loaded).
-    bundle: Option<Bundle>,
-    geometry: vla_ring::Geometry,
-    /// HTP performance votes (None: `qnn.performance` off, or refused at start).
-    votes: Option<vla_qnn::PerfGovernor>,
-    /// `control.extra_latency_ms` (tests and benchmarks only).
-    extra_latency: Duration,
-    /// How a prefix conditions the flow loop (`control.merge` prefix or inpaint).
-    prefix_method: vla_policy::PrefixMethod,
-    /// Reloads start the policy's helper threads as the first load did.
-    load_options: vla_policy::LoadOptions,
-}
-
-impl PolicyEngine {
-    fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
-        let (bundle, policy, _) = load_gated(&self.backend, dir, &self.load_options)?;
-        let needs = ring_geometry(&policy.geometry());
-        if needs != self.geometry {
-            return Err(LoadError::Geometry {
-                dir: dir.to_owned(),
-                needs,
-                rings: self.geometry,
-            });
-        }
-        self.policy = Some(policy);
-        self.bundle = Some(bundle);
-        self.good = dir.to_owned();
-        Ok(())
-    }
-}
-
-impl Engine for PolicyEngine {
-    fn infer(
-        &mut self,
-        obs: &vla_ring::Observation,
-        actions: &mut [f32],
-    ) -> Result<(), EngineError> {
-        Ok(self.run(obs, None, actions)?)
-    }
-
-    fn conditions_on_prefix(&self) -> bool {
-        true
-    }
-
-    fn discrete_dims(&self) -> Vec<bool> {
-        self.policy
-            .as_ref()
-            .map(Policy::discrete_dims)
-            .unwrap_or_default()
-    }
-
-    fn infer_with_prefix(
-        &mut self,
-        obs: &vla_ring::Observation,
-        prefix: &vla_control::Prefix<'_>,
-        actions: &mut [f32],
-    ) -> Result<(), EngineError> {
-        let p = vla_policy::ActionPrefix {
-            actions: prefix.actions,
-            frozen: prefix.frozen,
-            overlap: prefix.overlap,
-            method: self.prefix_method,
-        };
-        Ok(self.run(obs, Some(&p), actions)?)
-    }
-
-    fn reload(&mut self) -> Result<String, EngineError> {
-        Ok(self.reload_policy()?)
-    }
-
-    fn component_names(&self) -> Vec<String> {
-        self.policy.as_ref().map_or_else(Vec::new, |p| {
-            p.timings().components.iter().map(|c| c.0.clone()).collect()
-        })
-    }
-
-    fn component_latencies(&self, out: &mut [u64]) -> usize {
-        let Some(p) = &self.policy else { return 0 };
-        let mut n = 0;
-        for (slot, c) in out.iter_mut().zip(&p.timings().components) {
-            *slot = c.1.as_nanos() as u64;
-            n += 1;
-        }
-        n
-    }
-}
-
-impl PolicyEngine {
-    fn run(
-        &mut self,
-        obs: &vla_ring::Observation,
-        prefix: Option<&vla_policy::ActionPrefix<'_>>,
-        actions: &mut [f32],
-    ) -> Result<(), InferError> {
-        let policy = self.policy.as_mut().ok_or(InferError::NoPolicy)?;
-        let g = self.geometry;
-        let o = vla_policy::Observation {
-            cameras: g.cameras as usize,
-            height: g.height as usize,
-            width: g.width as usize,
-            frames: &obs.frames,
-            state: &obs.state,
-            instruction_id: obs.instruction_id,
-            seed: obs.seed,
-        };
-        let vote = self.votes.as_ref().map(|v| v.inference());
-        match prefix {
-            Some(p) => policy.infer_with_prefix(&o, p, actions),
-            None => policy.infer(&o, actions),
-        }
-        .map_err(InferError::Policy)?;
-        drop(vote);
-        if !self.extra_latency.is_zero() {
-            // Reproduces a slower NPU's operating point on the emulator (tests, benchmarks).
-            std::thread::sleep(self.extra_latency);
-        }
-        if let Some(ota) = &self.ota {
-            ota.trial.healthy();
-        }
-        Ok(())
-    }
-
-    fn reload_policy(&mut self) -> Result<String, ReloadError> {
-        if let Some(store) = self.ota.as_ref().map(|o| o.store.clone()) {
-            return self.reload_from_store(&store);
-        }
-        let target = std::fs::canonicalize(&self.configured).map_err(|source| {
-            ReloadError::Target(LoadError::Resolve {
-                path: self.configured.clone(),
-                source,
-            })
-        })?;
-        let previous = self.good.clone();
-        // The NPU cannot hold two sets of contexts: free the old ones first.
-        self.policy = None;
-        match self.try_load(&target) {
-            Ok(()) => Ok(format!("bundle {}", target.display())),
-            Err(rejected) => {
-                log::error!(
-                    "new bundle rejected: {rejected}; reloading {}",
-                    previous.display()
-                );
-                match self.try_load(&previous) {
-                    Ok(()) => Err(ReloadError::Rejected {
-                        rejected: Box::new(rejected),
-                        recovery: Box::new(Recovery::RunningAgain(previous)),
-                    }),
-                    Err(again) => Err(ReloadError::PreviousFailed {
-                        rejected: Box::new(rejected),
-                        previous: Box::new(again),
-                    }),
-                }
-            }
-        }
-    }
-}
-
-impl PolicyEngine {
-    /// SIGHUP under OTA: load what `current` names now; a bundle that fails to load or
-    /// to pass its gate is rolled back by the store (which reloads the previous one here).
-    fn reload_from_store(&mut self, store: &Arc<Store>) -> Result<String, ReloadError> {
-        let (hash, dir) = store
-            .current()
-            .map_err(ReloadError::Store)?
-            .ok_or(ReloadError::NoCurrent)?;
-        self.policy = None;
-        match self.try_load(&dir) {
-            Ok(()) => {
-                if let Some(o) = &self.ota {
-                    o.trial.running(hash.clone(), true);
-                }
-                self.record_gated(store);
-                Ok(format!("bundle {hash}"))
-            }
-            Err(rejected) => {
-                log::error!("bundle {hash} rejected: {rejected}");
-                let rolled =
-                    store.fail_trial(&rejected.to_string(), &mut |d: &Path| self.try_load(d));
-                let running = store.current().ok().flatten();
-                if let (Some(o), Some((h, _))) = (&self.ota, &running) {
-                    o.trial.running(h.clone(), false);
-                }
-                if self.policy.is_none() {
-                    // Not on trial (no rollback target) or the rollback failed: load what
-                    // ran before, whatever the store says.
-                    let good = self.good.clone();
-                    if let Err(again) = self.try_load(&good) {
-                        return Err(ReloadError::PreviousFailed {
-                            rejected: Box::new(rejected),
-                            previous: Box::new(again),
-                        });
-                    }
-                }
-                self.record_gated(store);
-                let recovery = match rolled {
-                    Ok(Some(r)) => Recovery::RolledBack(r),
-                    Ok(None) => Recovery::RunningAgain(self.good.clone()),
-                    Err(e) => Recovery::RollbackFailed(e),
-                };
-                Err(ReloadError::Rejected {
-                    rejected: Box::new(rejected),
-                    recovery: Box::new(recovery),
-                })
-            }
-        }
-    }
-}
-
-impl PolicyEngine {
-    /// Names the bundle now running, and its gate's inference time, in the pid file.
-    fn record_gated(&self, store: &Store) {
-        if let (Some(o), Some(p)) = (&self.ota, &self.policy) {
-            record_gated(
-                store,
-                &o.trial.running_hash(),
-                p.timings().total + self.extra_latency,
-            );
-        }
-    }
-}
-
-/// What `vlad ota verdict --wait` keys its wait on: the bundle this daemon gated and how
-/// long an inference takes here now (see `vla_ota::Daemon`).
-fn record_gated(store: &Store, hash: &str, inference: Duration) {
-    if let Err(e) = store.record_daemon(Some((hash, inference))) {
-        log::warn!("cannot record the gated bundle in the pid file: {e}");
     }
 }
 
@@ -454,81 +197,236 @@ fn announce(settings: &LoopSettings) {
     }
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
-    let (mut config_path, mut bundle_override, mut duration): (
-        Option<PathBuf>,
-        Option<PathBuf>,
-        Option<f64>,
-    ) = (None, None, None);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
-        match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
+/// `vlad run`'s command line.
+struct RunArgs {
+    common: Common,
+    config: PathBuf,
+    bundle: Option<PathBuf>,
+    duration: Option<f64>,
+}
+
+impl RunArgs {
+    /// The arguments, or None when `--help` was asked for (and printed).
+    fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
+        let mut common = Common::default();
+        let (mut config, mut bundle, mut duration) = (None, None, None);
+        let mut p = cli::parser(args);
+        while let Some(arg) = p.next().map_err(cli::usage)? {
+            match arg {
+                Long(name) if Common::OPTIONS.contains(&name) => {
+                    let name = name.to_owned();
+                    common.take(&name, &mut p)?;
+                }
+                Long("config") => config = Some(cli::value(&mut p)?.into()),
+                Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
+                Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
+                Short('h') | Long("help") => {
+                    println!("{HELP}");
+                    return Ok(None);
+                }
+                other => return Err(cli::unexpected(other)),
             }
-            Long("config") => config_path = Some(cli::value(&mut p)?.into()),
-            Long("bundle") => bundle_override = Some(cli::value(&mut p)?.into()),
-            Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
-            other => return Err(cli::unexpected(other)),
         }
+        let config = config.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
+        Ok(Some(Self {
+            common,
+            config,
+            bundle,
+            duration,
+        }))
     }
-    let config_path =
-        config_path.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-    let mut config = vla_config::Config::load(&config_path)?;
-    config.apply_overrides(crate::qnn_setup::environment)?;
-    if common.log_level.is_none() {
-        common.log_level = Some(format!(
-            "{},qnn={}",
-            config.log.level.as_str(),
-            config.qnn.log_level.as_str()
-        ));
+
+    /// The config with the environment's overrides; logging started at its level unless
+    /// `--log-level` set one, and the QNN library directory defaulted from it.
+    fn load_config(&mut self) -> Result<vla_config::Config, Failure> {
+        let mut config = vla_config::Config::load(&self.config)?;
+        config.apply_overrides(crate::qnn_setup::environment)?;
+        let common = &mut self.common;
+        if common.log_level.is_none() {
+            common.log_level = Some(format!(
+                "{},qnn={}",
+                config.log.level.as_str(),
+                config.qnn.log_level.as_str()
+            ));
+        }
+        common.init_logging();
+        if common.lib_dir.is_none() {
+            common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
+        }
+        Ok(config)
     }
-    common.init_logging();
-    if common.lib_dir.is_none() {
-        common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
+}
+
+/// systemd's notification socket, when the config asks for it and systemd gave one.
+struct Systemd(Option<Notifier>);
+
+impl Systemd {
+    fn new(config: &vla_config::Config) -> Self {
+        Self(config.systemd.notify.then(Notifier::from_env).flatten())
     }
-    let notifier = if config.systemd.notify {
-        Notifier::from_env()
-    } else {
-        None
-    };
-    let notify = |m: &str| {
-        if let Some(n) = &notifier {
+
+    fn notify(&self, m: &str) {
+        if let Some(n) = &self.0 {
             // Dropped or failed messages are logged by `send`; the next one follows.
             let _ = n.send(m);
         }
+    }
+}
+
+/// A flag set by the handler of `sig`.
+fn signal_flag(sig: i32) -> Result<Arc<AtomicBool>, Failure> {
+    let flag = Arc::new(AtomicBool::new(false));
+    register_flag(sig, &flag)?;
+    Ok(flag)
+}
+
+fn register_flag(sig: i32, flag: &Arc<AtomicBool>) -> Result<(), Failure> {
+    signal_hook::flag::register(sig, flag.clone())
+        .map(drop)
+        .map_err(|e| Failure::Error(format!("signal handler: {e}")))
+}
+
+/// The signals the daemon acts on: SIGTERM and SIGINT stop, SIGHUP reloads.
+struct Signals {
+    term: Arc<AtomicBool>,
+    hup: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn register() -> Result<Self, Failure> {
+        let term = signal_flag(signal_hook::consts::SIGTERM)?;
+        register_flag(signal_hook::consts::SIGINT, &term)?;
+        let hup = signal_flag(signal_hook::consts::SIGHUP)?;
+        Ok(Self { term, hup })
+    }
+}
+
+/// Where the bundle comes from: the configured path (or `--bundle`), and the OTA store
+/// when that path is the store's `current` link.
+struct Source {
+    bundle_dir: PathBuf,
+    ota_root: PathBuf,
+    store: Option<Arc<Store>>,
+}
+
+impl Source {
+    fn new(config: &vla_config::Config, bundle_override: Option<PathBuf>) -> Self {
+        let overridden = bundle_override.is_some();
+        let bundle_dir =
+            bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
+        // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
+        // leftovers of an interrupted update, and a crash loop on a bundle on trial.
+        let ota_root = PathBuf::from(config.ota.root.as_str());
+        let store = (!overridden && bundle_dir == ota_root.join("current"))
+            .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
+        Self {
+            bundle_dir,
+            ota_root,
+            store,
+        }
+    }
+}
+
+/// A bundle loaded and gated at start: its directory, what `load_gated` returned, and
+/// the OTA store's link to it.
+type Started = (PathBuf, (Bundle, Policy, f64), Option<OtaLink>);
+
+/// The policy's helper threads set up as the inference thread is.
+fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
+    // The inference thread waits on the policy's helper (the non-finite scans): it runs
+    // pinned and prioritised as the inference thread, or it could be starved by anything
+    // of normal priority while a SCHED_FIFO thread waits on it (priority inversion).
+    let (cpus, priority): (Vec<usize>, u8) = (
+        rt.inference_cpus.iter().map(|&c| c as usize).collect(),
+        rt.inference_priority,
+    );
+    vla_policy::LoadOptions {
+        helper_setup: Some(Arc::new(move |name: &str| {
+            vla_control::pin_current_thread(name, &cpus);
+            vla_control::set_fifo_priority(name, priority);
+            vla_control::prefault_stack();
+        })),
+    }
+}
+
+/// The initial load and gate: the configured bundle, or under OTA the store's current one
+/// (a bundle on trial that fails here is rolled back and the previous one loaded).
+fn load_initial(
+    source: &Source,
+    backend: &Backend,
+    options: &vla_policy::LoadOptions,
+) -> Result<Started, Failure> {
+    let Some(store) = &source.store else {
+        let dir = &source.bundle_dir;
+        let resolved = std::fs::canonicalize(dir)
+            .map_err(|e| Failure::Error(format!("bundle {}: {e}", dir.display())))?;
+        let loaded = load_gated(backend, &resolved, options)?;
+        return Ok((resolved, loaded, None));
     };
-
-    let term = Arc::new(AtomicBool::new(false));
-    let hup = Arc::new(AtomicBool::new(false));
-    for (sig, flag) in [
-        (signal_hook::consts::SIGTERM, &term),
-        (signal_hook::consts::SIGINT, &term),
-        (signal_hook::consts::SIGHUP, &hup),
-    ] {
-        signal_hook::flag::register(sig, flag.clone())
-            .map_err(|e| Failure::Error(format!("signal handler: {e}")))?;
+    let start = store.on_start()?;
+    if let Some(r) = &start.rolled_back {
+        log::warn!("OTA: rolled back before loading: {r:?}");
     }
-
-    let rt = &config.realtime;
-    // Before anything large is allocated: reloads then give their buffers back.
-    vla_control::fix_large_allocations();
-    if rt.mlockall {
-        vla_control::lock_memory_on_fault();
+    let (hash, dir) = start.current.clone().ok_or_else(|| {
+        Failure::Error(format!(
+            "no bundle is installed in {}",
+            source.ota_root.display()
+        ))
+    })?;
+    if let Err(e) = store.record_daemon(None) {
+        log::warn!(
+            "cannot write {}: {e}; `vlad ota activate` cannot signal this daemon",
+            source.ota_root.join(vla_ota::PID_FILE).display()
+        );
     }
-    let overridden = bundle_override.is_some();
-    let bundle_dir = bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
-    notify("STATUS=loading contexts");
+    let on_trial = start.trial_start.is_some();
+    match load_gated(backend, &dir, options) {
+        Ok(loaded) => Ok((dir, loaded, Some(OtaLink::start(store, hash, on_trial)?))),
+        Err(why) if on_trial => {
+            log::error!("bundle {hash} on trial failed at start: {why}");
+            roll_back_at_start(store, why, backend, options)
+        }
+        Err(why) => Err(why.into()),
+    }
+}
+
+/// A bundle on trial failed its load or gate at start: the store rolls back to the
+/// previous bundle, loaded and gated here.
+fn roll_back_at_start(
+    store: &Arc<Store>,
+    why: LoadError,
+    backend: &Backend,
+    options: &vla_policy::LoadOptions,
+) -> Result<Started, Failure> {
+    let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
+    store
+        .fail_trial(&why.to_string(), &mut |d: &Path| {
+            loaded = Some((d.to_owned(), load_gated(backend, d, options)?));
+            Ok::<(), LoadError>(())
+        })
+        .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
+    let (dir, loaded) = loaded
+        .ok_or_else(|| Failure::Error(format!("{why}; no previous bundle to roll back to")))?;
+    let hash = store
+        .current()
+        .ok()
+        .flatten()
+        .map(|c| c.0)
+        .unwrap_or_default();
+    Ok((dir, loaded, Some(OtaLink::start(store, hash, false)?)))
+}
+
+/// QNN, the performance votes and the first bundle resident and gated: the engine the
+/// loop runs, the gate's cosine and its latency (the loop's first latency estimate).
+fn start_engine(
+    config: &vla_config::Config,
+    common: &Common,
+    source: &Source,
+) -> Result<(PolicyEngine, f64, Duration), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
         system_lib: config.qnn.system_lib.as_str().to_owned(),
-        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(&common)?)
+        ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(common)?)
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
     let backend = Backend::new(lib)?;
@@ -537,101 +435,28 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         crate::qnn_setup::configured_mode(config.qnn.performance),
         config.qnn.performance_idle_release(),
     );
-    // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
-    // leftovers of an interrupted update, and a crash loop on a bundle on trial.
-    let ota_root = PathBuf::from(config.ota.root.as_str());
-    let store = (!overridden && bundle_dir == ota_root.join("current"))
-        .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
-    // The inference thread waits on the policy's helper (the non-finite scans): it runs
-    // pinned and prioritised as the inference thread, or it could be starved by anything
-    // of normal priority while a SCHED_FIFO thread waits on it (priority inversion).
-    let load_options = {
-        let (cpus, priority): (Vec<usize>, u8) = (
-            rt.inference_cpus.iter().map(|&c| c as usize).collect(),
-            rt.inference_priority,
-        );
-        vla_policy::LoadOptions {
-            helper_setup: Some(Arc::new(move |name: &str| {
-                vla_control::pin_current_thread(name, &cpus);
-                vla_control::set_fifo_priority(name, priority);
-                vla_control::prefault_stack();
-            })),
-        }
-    };
+    let load_options = load_options(&config.realtime);
     let t = Instant::now();
-    let (resolved, (bundle, policy, gate_cosine), ota) = match &store {
-        None => {
-            let resolved = std::fs::canonicalize(&bundle_dir)
-                .map_err(|e| Failure::Error(format!("bundle {}: {e}", bundle_dir.display())))?;
-            let loaded = load_gated(&backend, &resolved, &load_options)?;
-            (resolved, loaded, None)
-        }
-        Some(store) => {
-            let start = store.on_start()?;
-            if let Some(r) = &start.rolled_back {
-                log::warn!("OTA: rolled back before loading: {r:?}");
-            }
-            let (hash, dir) = start.current.clone().ok_or_else(|| {
-                Failure::Error(format!("no bundle is installed in {}", ota_root.display()))
-            })?;
-            if let Err(e) = store.record_daemon(None) {
-                log::warn!(
-                    "cannot write {}: {e}; `vlad ota activate` cannot signal this daemon",
-                    ota_root.join(vla_ota::PID_FILE).display()
-                );
-            }
-            match load_gated(&backend, &dir, &load_options) {
-                Ok(loaded) => (
-                    dir,
-                    loaded,
-                    Some(OtaLink::start(store, hash, start.trial_start.is_some())?),
-                ),
-                Err(why) if start.trial_start.is_some() => {
-                    log::error!("bundle {hash} on trial failed at start: {why}");
-                    let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
-                    store
-                        .fail_trial(&why.to_string(), &mut |d: &Path| {
-                            loaded = Some((d.to_owned(), load_gated(&backend, d, &load_options)?));
-                            Ok::<(), LoadError>(())
-                        })
-                        .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
-                    let (dir, loaded) = loaded.ok_or_else(|| {
-                        Failure::Error(format!("{why}; no previous bundle to roll back to"))
-                    })?;
-                    let hash = store
-                        .current()
-                        .ok()
-                        .flatten()
-                        .map(|c| c.0)
-                        .unwrap_or_default();
-                    (dir, loaded, Some(OtaLink::start(store, hash, false)?))
-                }
-                Err(why) => return Err(why.into()),
-            }
-        }
-    };
+    let (good, (bundle, policy, gate_cosine), ota) = load_initial(source, &backend, &load_options)?;
     log::info!(
         "contexts resident and gated in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let geometry = ring_geometry(&policy.geometry());
     let c = &config.control;
     // The gate's end-to-end inference ran after every context had run its own golden, so
     // it is warm: the first latency estimate, before the loop has measured any.
     let gate_latency = policy.timings().total + c.extra_latency();
-    if let (Some(store), Some(o)) = (&store, &ota) {
+    if let (Some(store), Some(o)) = (&source.store, &ota) {
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
-
-    let settings = loop_settings(&config, geometry, Some(gate_latency));
     let engine = PolicyEngine {
         backend,
         ota,
-        configured: bundle_dir.clone(),
-        good: resolved,
+        configured: source.bundle_dir.clone(),
+        good,
+        geometry: ring_geometry(&policy.geometry()),
         policy: Some(policy),
         bundle: Some(bundle),
-        geometry,
         votes,
         extra_latency: c.extra_latency(),
         load_options,
@@ -640,9 +465,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             _ => vla_policy::PrefixMethod::VelocityMask,
         },
     };
-    let period = settings.period;
-    // --- observability (issue 19): flight recorder and metrics textfile, when configured.
-    let manifest = engine
+    Ok((engine, gate_cosine, gate_latency))
+}
+
+/// Observability (issue 19): the flight recorder and the metrics textfile, when configured.
+fn start_observability(
+    config: &vla_config::Config,
+    settings: &LoopSettings,
+    engine: &PolicyEngine,
+    gate_cosine: f64,
+) -> Result<Option<crate::observe::Observability>, Failure> {
+    let (name, version) = engine
         .bundle
         .as_ref()
         .map(|b| (b.manifest.name.clone(), b.manifest.version.clone()))
@@ -653,8 +486,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         Some(_) => "committed",
     };
     let facts = crate::observe::BundleFacts {
-        name: manifest.0,
-        version: manifest.1,
+        name,
+        version,
         hash: match &engine.ota {
             Some(o) => o.trial.running_hash(),
             None => crate::observe::manifest_hash(&engine.good),
@@ -663,18 +496,21 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         parity_cosine: gate_cosine,
         ota_state,
     };
-    let mut observability =
-        crate::observe::start(&config, &settings, engine.component_names(), &facts)
-            .map_err(Failure::Error)?;
-    let usr1 = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(signal_hook::consts::SIGUSR1, usr1.clone())
-        .map_err(|e| Failure::Error(format!("signal handler: {e}")))?;
-    let tap = observability.as_ref().map(|o| o.observer.tap());
-    // --- end observability
-    let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
+    crate::observe::start(config, settings, engine.component_names(), &facts)
+        .map_err(Failure::Error)
+}
+
+/// Logs that the loop runs, and with what, and tells systemd READY with the operating point.
+fn announce_running(
+    config: &vla_config::Config,
+    settings: &LoopSettings,
+    gate_latency: Duration,
+    systemd: &Systemd,
+) {
+    let c = &config.control;
     log::info!(
         "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
-        1.0 / period.as_secs_f64(),
+        1.0 / settings.period.as_secs_f64(),
         config.rings.action_path.as_str(),
         settings.merge.as_str(),
         settings.trigger,
@@ -688,68 +524,134 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             String::new()
         }
     );
-    announce(&settings);
+    announce(settings);
     let ready_point = vla_control::operating_point(
-        &settings,
+        settings,
         &Measured::from_latency(gate_latency.as_nanos() as u64),
     )
     .map_or_else(String::new, |p| p.describe());
-    notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
+    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
+}
 
-    let watchdog = if config.systemd.watchdog {
-        watchdog_interval()
-    } else {
-        None
-    };
-    let started = Instant::now();
-    let (mut last_watchdog, mut last_status) = (Instant::now(), Instant::now());
-    let mut rate_base = (Instant::now(), 0u64);
-    let period_ns = period.as_nanos() as u64;
-    loop {
-        std::thread::sleep(Duration::from_millis(20));
-        if term.load(Ordering::Relaxed)
-            || duration.is_some_and(|d| started.elapsed().as_secs_f64() >= d)
-        {
-            break;
-        }
-        if usr1.swap(false, Ordering::Relaxed) {
-            match &observability {
-                Some(o) if config.recorder.is_some() => o.observer.request_recording(),
-                _ => log::warn!("SIGUSR1: no flight recorder configured (config `recorder`)"),
+/// The main thread while the loop runs: signals, the recorder's trigger, the metrics
+/// textfile, the watchdog and STATUS, until a stop, the end of `--duration`, or a loop
+/// thread that ended.
+struct Supervisor<'a> {
+    lp: &'a ControlLoop,
+    settings: &'a LoopSettings,
+    systemd: &'a Systemd,
+    observability: &'a mut Option<crate::observe::Observability>,
+    recorder_configured: bool,
+    bundle_dir: &'a Path,
+    watchdog: Option<Duration>,
+    last_watchdog: Instant,
+    last_status: Instant,
+    rate_base: (Instant, u64),
+}
+
+impl Supervisor<'_> {
+    fn run(&mut self, signals: &Signals, usr1: &AtomicBool, duration: Option<f64>) {
+        let started = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(20));
+            if signals.term.load(Ordering::Relaxed)
+                || duration.is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+            {
+                break;
             }
-        }
-        if let Some(o) = observability.as_mut() {
-            o.tick(lp.health(), false);
-        }
-        if hup.swap(false, Ordering::Relaxed) {
-            log::info!("SIGHUP: reloading bundle {}", bundle_dir.display());
-            notify("STATUS=reloading bundle");
-            lp.request_reload();
-        }
-        let h = lp.health();
-        if let Some(every) = watchdog {
-            let now = vla_ring::monotonic_ns();
-            let ticking =
-                now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
-            // An inference may take seconds on a slow backend; a wedged one for 30 s is not health.
-            let inferring = now.saturating_sub(Health::get(&h.inference_alive_ns)) < 30_000_000_000;
-            if ticking && inferring && !lp.is_broken() && last_watchdog.elapsed() >= every {
-                notify("WATCHDOG=1");
-                last_watchdog = Instant::now();
+            if usr1.swap(false, Ordering::Relaxed) {
+                self.request_recording();
             }
-        }
-        if last_status.elapsed() >= Duration::from_secs(1) {
-            let line = status_line(h, &settings, &mut rate_base);
-            notify(&format!("STATUS={line}"));
-            log::debug!("{line}");
-            last_status = Instant::now();
-        }
-        if lp.is_broken() {
-            log::error!("a control loop thread ended unexpectedly; stopping");
-            break;
+            if let Some(o) = self.observability.as_mut() {
+                o.tick(self.lp.health(), false);
+            }
+            if signals.hup.swap(false, Ordering::Relaxed) {
+                log::info!("SIGHUP: reloading bundle {}", self.bundle_dir.display());
+                self.systemd.notify("STATUS=reloading bundle");
+                self.lp.request_reload();
+            }
+            self.feed_watchdog();
+            self.post_status();
+            if self.lp.is_broken() {
+                log::error!("a control loop thread ended unexpectedly; stopping");
+                break;
+            }
         }
     }
-    notify("STOPPING=1");
+
+    fn request_recording(&self) {
+        match self.observability.as_ref() {
+            Some(o) if self.recorder_configured => o.observer.request_recording(),
+            _ => log::warn!("SIGUSR1: no flight recorder configured (config `recorder`)"),
+        }
+    }
+
+    /// WATCHDOG=1 while the publisher ticks and the inference thread is alive.
+    fn feed_watchdog(&mut self) {
+        let Some(every) = self.watchdog else { return };
+        let h = self.lp.health();
+        let period_ns = self.settings.period.as_nanos() as u64;
+        let now = vla_ring::monotonic_ns();
+        let ticking =
+            now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
+        // An inference may take seconds on a slow backend; a wedged one for 30 s is not health.
+        let inferring = now.saturating_sub(Health::get(&h.inference_alive_ns)) < 30_000_000_000;
+        if ticking && inferring && !self.lp.is_broken() && self.last_watchdog.elapsed() >= every {
+            self.systemd.notify("WATCHDOG=1");
+            self.last_watchdog = Instant::now();
+        }
+    }
+
+    /// STATUS= once a second.
+    fn post_status(&mut self) {
+        if self.last_status.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        let line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        self.systemd.notify(&format!("STATUS={line}"));
+        log::debug!("{line}");
+        self.last_status = Instant::now();
+    }
+}
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some(mut args) = RunArgs::parse(args)? else {
+        return Ok(());
+    };
+    let config = args.load_config()?;
+    let systemd = Systemd::new(&config);
+    let signals = Signals::register()?;
+    // Before anything large is allocated: reloads then give their buffers back.
+    vla_control::fix_large_allocations();
+    if config.realtime.mlockall {
+        vla_control::lock_memory_on_fault();
+    }
+    let source = Source::new(&config, args.bundle.take());
+    systemd.notify("STATUS=loading contexts");
+    let (engine, gate_cosine, gate_latency) = start_engine(&config, &args.common, &source)?;
+    let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
+    let mut observability = start_observability(&config, &settings, &engine, gate_cosine)?;
+    let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
+    let tap = observability.as_ref().map(|o| o.observer.tap());
+    let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
+    announce_running(&config, &settings, gate_latency, &systemd);
+
+    let now = Instant::now();
+    Supervisor {
+        lp: &lp,
+        settings: &settings,
+        systemd: &systemd,
+        observability: &mut observability,
+        recorder_configured: config.recorder.is_some(),
+        bundle_dir: &source.bundle_dir,
+        watchdog: config.systemd.watchdog.then(watchdog_interval).flatten(),
+        last_watchdog: now,
+        last_status: now,
+        rate_base: (now, 0),
+    }
+    .run(&signals, &usr1, args.duration);
+
+    systemd.notify("STOPPING=1");
     if let Some(o) = observability.as_mut() {
         o.tick(lp.health(), true);
     }
@@ -757,8 +659,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if let Some(o) = observability.take() {
         o.observer.stop();
     }
-    if store.is_some() {
-        let _ = std::fs::remove_file(ota_root.join("vlad.pid"));
+    if source.store.is_some() {
+        let _ = std::fs::remove_file(source.ota_root.join("vlad.pid"));
     }
     print_report(&report, &settings);
     Ok(())

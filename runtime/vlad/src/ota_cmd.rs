@@ -139,128 +139,126 @@ fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut options = StoreOptions::default();
-    let mut command: Option<String> = None;
-    let mut operand: Option<String> = None;
-    let mut reason: Option<String> = None;
-    let mut link = false;
-    let mut wait: Option<Duration> = None;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
-        match arg {
-            Long(name) if StoreOptions::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                options.take(&name, &mut p)?;
+/// `vlad ota`'s command line: the command, its operand and its options.
+struct OtaArgs {
+    options: StoreOptions,
+    command: String,
+    operand: Option<String>,
+    reason: Option<String>,
+    link: bool,
+    wait: Option<Duration>,
+}
+
+impl OtaArgs {
+    /// The arguments, or None when `--help` was asked for (and printed).
+    fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
+        let mut options = StoreOptions::default();
+        let mut command: Option<String> = None;
+        let mut operand: Option<String> = None;
+        let mut reason: Option<String> = None;
+        let mut link = false;
+        let mut wait: Option<Duration> = None;
+        let mut p = cli::parser(args);
+        while let Some(arg) = p.next().map_err(cli::usage)? {
+            match arg {
+                Long(name) if StoreOptions::OPTIONS.contains(&name) => {
+                    let name = name.to_owned();
+                    options.take(&name, &mut p)?;
+                }
+                Long("reason") => reason = Some(cli::string(&mut p)?),
+                Long("link") => link = true,
+                Long("wait") => wait = Some(wait_seconds(&mut p)?),
+                Short('h') | Long("help") => {
+                    println!("{HELP}");
+                    return Ok(None);
+                }
+                Value(v) if command.is_none() => {
+                    command = Some(v.into_string().map_err(|v| {
+                        Failure::Usage(format!("unknown ota command `{}`", v.to_string_lossy()))
+                    })?)
+                }
+                Value(v) if operand.is_none() => {
+                    operand = Some(v.into_string().map_err(|v| {
+                        Failure::Usage(format!("not valid UTF-8: {}", v.to_string_lossy()))
+                    })?)
+                }
+                other => return Err(cli::unexpected(other)),
             }
-            Long("reason") => reason = Some(cli::string(&mut p)?),
-            Long("link") => link = true,
-            Long("wait") => {
-                let text = cli::string(&mut p)?;
-                let seconds: f64 = text
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-                    .ok_or_else(|| Failure::Usage(format!("--wait: `{text}` is not seconds")))?;
-                wait = Some(Duration::from_secs_f64(seconds));
-            }
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
-            Value(v) if command.is_none() => {
-                command = Some(v.into_string().map_err(|v| {
-                    Failure::Usage(format!("unknown ota command `{}`", v.to_string_lossy()))
-                })?)
-            }
-            Value(v) if operand.is_none() => {
-                operand = Some(v.into_string().map_err(|v| {
-                    Failure::Usage(format!("not valid UTF-8: {}", v.to_string_lossy()))
-                })?)
-            }
-            other => return Err(cli::unexpected(other)),
         }
+        let command =
+            command.ok_or_else(|| Failure::Usage(format!("ota needs a command\n{HELP}")))?;
+        let args = Self {
+            options,
+            command,
+            operand,
+            reason,
+            link,
+            wait,
+        };
+        args.check()?;
+        Ok(Some(args))
     }
-    let command = command.ok_or_else(|| Failure::Usage(format!("ota needs a command\n{HELP}")))?;
-    let needs_operand = matches!(command.as_str(), "install" | "activate" | "verdict");
-    if needs_operand != operand.is_some() {
-        return Err(Failure::Usage(match command.as_str() {
-            "install" => "ota install needs <bundle-dir>".into(),
-            "activate" => "ota activate needs <hash>".into(),
-            "verdict" => "ota verdict needs <hash>".into(),
-            _ => format!("ota {command} takes no argument"),
-        }));
+
+    /// Each command's operand, and each option only with the command it is for.
+    fn check(&self) -> Result<(), Failure> {
+        let command = self.command.as_str();
+        let needs_operand = matches!(command, "install" | "activate" | "verdict");
+        if needs_operand != self.operand.is_some() {
+            return Err(Failure::Usage(match command {
+                "install" => "ota install needs <bundle-dir>".into(),
+                "activate" => "ota activate needs <hash>".into(),
+                "verdict" => "ota verdict needs <hash>".into(),
+                _ => format!("ota {command} takes no argument"),
+            }));
+        }
+        if self.reason.is_some() && command != "rollback" {
+            return Err(Failure::Usage("--reason is only for ota rollback".into()));
+        }
+        if self.link && command != "install" {
+            return Err(Failure::Usage("--link is only for ota install".into()));
+        }
+        if self.wait.is_some() && !matches!(command, "activate" | "verdict") {
+            return Err(Failure::Usage(
+                "--wait is only for ota activate and ota verdict".into(),
+            ));
+        }
+        Ok(())
     }
-    if reason.is_some() && command != "rollback" {
-        return Err(Failure::Usage("--reason is only for ota rollback".into()));
+
+    fn operand(&self) -> &str {
+        self.operand.as_deref().unwrap_or_default()
     }
-    if link && command != "install" {
-        return Err(Failure::Usage("--link is only for ota install".into()));
-    }
-    if wait.is_some() && !matches!(command.as_str(), "activate" | "verdict") {
-        return Err(Failure::Usage(
-            "--wait is only for ota activate and ota verdict".into(),
-        ));
-    }
-    let settings = options.settings()?;
+}
+
+/// `--wait`'s value: seconds, finite and not negative.
+fn wait_seconds(p: &mut lexopt::Parser) -> Result<Duration, Failure> {
+    let text = cli::string(p)?;
+    let seconds: f64 = text
+        .parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s >= 0.0)
+        .ok_or_else(|| Failure::Usage(format!("--wait: `{text}` is not seconds")))?;
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
+    let Some(args) = OtaArgs::parse(args)? else {
+        return Ok(());
+    };
+    let settings = args.options.settings()?;
     if settings.root.as_os_str().is_empty() {
         return Err(Failure::Usage(
             "no OTA root: give --config or --root".into(),
         ));
     }
     let store = Store::new(settings);
-    match command.as_str() {
+    match args.command.as_str() {
         "status" => status(&store),
-        "install" => {
-            let placement = if link {
-                Placement::HardLink
-            } else {
-                Placement::Copy
-            };
-            let installed =
-                store.install_with(Path::new(operand.as_deref().unwrap_or_default()), placement)?;
-            if installed.already_installed {
-                println!("already installed: {}", installed.hash);
-            } else {
-                println!(
-                    "installed {} in {}",
-                    installed.hash,
-                    installed.dir.display()
-                );
-                if link {
-                    println!("{} file(s) hard-linked", installed.linked_files);
-                }
-            }
-            println!("activate it with: vlad ota activate {}", installed.hash);
-            Ok(())
-        }
-        "activate" => {
-            let mut gate = SignalDaemon::new(&store, "vlad");
-            let activated = store
-                .activate(operand.as_deref().unwrap_or_default(), &mut gate)
-                .map_err(gate_failure)?;
-            if activated.already_current {
-                println!("{} is already current", activated.hash);
-            } else {
-                println!(
-                    "{} is current, on trial ({} healthy inferences, {} starts); rollback target: {}",
-                    activated.hash,
-                    store.settings().trial_inferences,
-                    store.settings().max_trial_starts,
-                    activated.previous.as_deref().unwrap_or("none")
-                );
-            }
-            if let Some(outcome) = gate.outcome {
-                println!("{outcome}");
-            }
-            match wait {
-                Some(limit) => wait_for_verdict(&store, &activated.hash, limit),
-                None => Ok(()),
-            }
-        }
+        "install" => install(&store, Path::new(args.operand()), args.link),
+        "activate" => activate(&store, args.operand(), args.wait),
         "verdict" => {
-            let hash = store.resolve(operand.as_deref().unwrap_or_default())?;
-            wait_for_verdict(&store, &hash, wait.unwrap_or_default())
+            let hash = store.resolve(args.operand())?;
+            wait_for_verdict(&store, &hash, args.wait.unwrap_or_default())
         }
         "commit" => {
             match store.commit()? {
@@ -269,72 +267,129 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             }
             Ok(())
         }
-        "rollback" => {
-            let mut gate = SignalDaemon::new(&store, "vlad");
-            let reason = reason.unwrap_or_else(|| "operator rollback (vlad ota rollback)".into());
-            let rolled = store.rollback(&reason, &mut gate)?;
-            println!(
-                "rolled back from {} to {}",
-                rolled.from,
-                rolled.to.as_deref().unwrap_or("nothing")
-            );
-            if let Some(e) = rolled.gate_error {
-                return Err(Failure::Gate(format!(
-                    "the bundle rolled back to was refused: {e}"
-                )));
-            }
-            if let Some(outcome) = gate.outcome {
-                println!("{outcome}");
-            }
-            Ok(())
-        }
-        "gc" => {
-            let report = store.gc()?;
-            for hash in &report.removed {
-                println!("removed {hash}");
-            }
-            for (hash, why) in &report.kept {
-                println!("kept {hash}: {why}");
-            }
-            for path in &report.cleaned {
-                println!("cleaned {}", path.display());
-            }
-            if report.unchecked_processes > 0 {
-                println!(
-                    "warning: the maps of {} process(es) could not be read; run as root or as the daemon's user",
-                    report.unchecked_processes
-                );
-            }
-            println!("freed {} bytes", report.freed_bytes);
-            Ok(())
-        }
-        "recover" => {
-            let report = store.on_start()?;
-            for path in &report.cleaned {
-                println!("cleaned {}", path.display());
-            }
-            for repair in &report.repairs {
-                println!("repaired: {repair}");
-            }
-            if let Some(r) = &report.rolled_back {
-                println!(
-                    "rolled back from {} to {}: {}",
-                    r.from,
-                    r.to.as_deref().unwrap_or("nothing"),
-                    r.reason
-                );
-            }
-            match (&report.current, report.trial_start) {
-                (Some((hash, _)), Some(n)) => println!("current {hash} (on trial, start {n})"),
-                (Some((hash, _)), None) => println!("current {hash}"),
-                (None, _) => println!("no current bundle"),
-            }
-            Ok(())
-        }
+        "rollback" => rollback(&store, args.reason),
+        "gc" => gc(&store),
+        "recover" => recover(&store),
         other => Err(Failure::Usage(format!(
             "unknown ota command `{other}`\n{HELP}"
         ))),
     }
+}
+
+/// `vlad ota install DIR [--link]`.
+fn install(store: &Store, dir: &Path, link: bool) -> Result<(), Failure> {
+    let placement = if link {
+        Placement::HardLink
+    } else {
+        Placement::Copy
+    };
+    let installed = store.install_with(dir, placement)?;
+    if installed.already_installed {
+        println!("already installed: {}", installed.hash);
+    } else {
+        println!(
+            "installed {} in {}",
+            installed.hash,
+            installed.dir.display()
+        );
+        if link {
+            println!("{} file(s) hard-linked", installed.linked_files);
+        }
+    }
+    println!("activate it with: vlad ota activate {}", installed.hash);
+    Ok(())
+}
+
+/// `vlad ota activate HASH [--wait S]`.
+fn activate(store: &Store, hash: &str, wait: Option<Duration>) -> Result<(), Failure> {
+    let mut gate = SignalDaemon::new(store, "vlad");
+    let activated = store.activate(hash, &mut gate).map_err(gate_failure)?;
+    if activated.already_current {
+        println!("{} is already current", activated.hash);
+    } else {
+        println!(
+            "{} is current, on trial ({} healthy inferences, {} starts); rollback target: {}",
+            activated.hash,
+            store.settings().trial_inferences,
+            store.settings().max_trial_starts,
+            activated.previous.as_deref().unwrap_or("none")
+        );
+    }
+    if let Some(outcome) = gate.outcome {
+        println!("{outcome}");
+    }
+    match wait {
+        Some(limit) => wait_for_verdict(store, &activated.hash, limit),
+        None => Ok(()),
+    }
+}
+
+/// `vlad ota rollback [--reason TEXT]`.
+fn rollback(store: &Store, reason: Option<String>) -> Result<(), Failure> {
+    let mut gate = SignalDaemon::new(store, "vlad");
+    let reason = reason.unwrap_or_else(|| "operator rollback (vlad ota rollback)".into());
+    let rolled = store.rollback(&reason, &mut gate)?;
+    println!(
+        "rolled back from {} to {}",
+        rolled.from,
+        rolled.to.as_deref().unwrap_or("nothing")
+    );
+    if let Some(e) = rolled.gate_error {
+        return Err(Failure::Gate(format!(
+            "the bundle rolled back to was refused: {e}"
+        )));
+    }
+    if let Some(outcome) = gate.outcome {
+        println!("{outcome}");
+    }
+    Ok(())
+}
+
+/// `vlad ota gc`.
+fn gc(store: &Store) -> Result<(), Failure> {
+    let report = store.gc()?;
+    for hash in &report.removed {
+        println!("removed {hash}");
+    }
+    for (hash, why) in &report.kept {
+        println!("kept {hash}: {why}");
+    }
+    for path in &report.cleaned {
+        println!("cleaned {}", path.display());
+    }
+    if report.unchecked_processes > 0 {
+        println!(
+            "warning: the maps of {} process(es) could not be read; run as root or as the daemon's user",
+            report.unchecked_processes
+        );
+    }
+    println!("freed {} bytes", report.freed_bytes);
+    Ok(())
+}
+
+/// `vlad ota recover`: what the daemon's start does to the store, by hand.
+fn recover(store: &Store) -> Result<(), Failure> {
+    let report = store.on_start()?;
+    for path in &report.cleaned {
+        println!("cleaned {}", path.display());
+    }
+    for repair in &report.repairs {
+        println!("repaired: {repair}");
+    }
+    if let Some(r) = &report.rolled_back {
+        println!(
+            "rolled back from {} to {}: {}",
+            r.from,
+            r.to.as_deref().unwrap_or("nothing"),
+            r.reason
+        );
+    }
+    match (&report.current, report.trial_start) {
+        (Some((hash, _)), Some(n)) => println!("current {hash} (on trial, start {n})"),
+        (Some((hash, _)), None) => println!("current {hash}"),
+        (None, _) => println!("no current bundle"),
+    }
+    Ok(())
 }
 
 /// Polls the state until the daemon has run the bundle healthily (after its parity

@@ -23,9 +23,12 @@
 //! the age of the action in force, and actions computed from a previous writer's
 //! observations.
 
+mod motion;
+
 use crate::cli::{self, Common};
 use crate::Failure;
 use lexopt::prelude::*;
+use motion::Motion;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -153,76 +156,6 @@ struct Seen {
     /// schedule's holds, without the start-up before any chunk exists.
     received_since_first_ok: u64,
     held_since_first_ok: u64,
-}
-
-/// The moving arm and the smoothness of what it applied.
-#[derive(Default)]
-struct Motion {
-    pose: Vec<f64>,
-    last_applied: Option<(u64, Vec<f32>)>,
-    seams: u64,
-    seam_jump_max: f64,
-    seam_jump_sum: f64,
-    inside_steps: u64,
-    inside_jump_max: f64,
-    inside_jump_sum: f64,
-    distance: f64,
-}
-
-impl Motion {
-    /// Applies one `ok` action: integrates the pose and measures the jump from the last.
-    fn apply(&mut self, chunk_id: u64, values: &[f32]) {
-        let moving = values.len().saturating_sub(1);
-        if self.pose.len() != moving {
-            self.pose = vec![0.0; moving];
-        }
-        for (p, &v) in self.pose.iter_mut().zip(values) {
-            *p += f64::from(v);
-        }
-        self.distance += values[..moving]
-            .iter()
-            .map(|&v| f64::from(v).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        if let Some((last_chunk, last)) = &self.last_applied {
-            let jump = values[..moving]
-                .iter()
-                .zip(last)
-                .map(|(&a, &b)| f64::from(a - b).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            if *last_chunk != chunk_id {
-                self.seams += 1;
-                self.seam_jump_max = self.seam_jump_max.max(jump);
-                self.seam_jump_sum += jump;
-            } else {
-                self.inside_steps += 1;
-                self.inside_jump_max = self.inside_jump_max.max(jump);
-                self.inside_jump_sum += jump;
-            }
-        }
-        match &mut self.last_applied {
-            Some((c, v)) => {
-                *c = chunk_id;
-                v.clear();
-                v.extend_from_slice(values);
-            }
-            None => self.last_applied = Some((chunk_id, values.to_vec())),
-        }
-    }
-
-    fn json(&self) -> serde_json::Value {
-        let mean = |sum: f64, n: u64| if n == 0 { 0.0 } else { sum / n as f64 };
-        serde_json::json!({
-            "seams": self.seams,
-            "seam_jump_max": self.seam_jump_max,
-            "seam_jump_mean": mean(self.seam_jump_sum, self.seams),
-            "inside_jump_max": self.inside_jump_max,
-            "inside_jump_mean": mean(self.inside_jump_sum, self.inside_steps),
-            "path_length": self.distance,
-            "pose": self.pose,
-        })
-    }
 }
 
 /// The latest silence as the firmware lives through it.
@@ -897,17 +830,6 @@ fn print_report(s: &Seen, written: u64, secs: f64, start: u64) {
         if total == 0 { 0.0 } else { (hold + fault) as f64 * 100.0 / total as f64 },
         s.hold_share_since_first_ok() * 100.0
     );
-    println!(
-        "  smoothness      seam jump max {:.4} mean {:.4} ({} seams); inside chunks max {:.4} mean {:.4}",
-        m.seam_jump_max,
-        if m.seams == 0 { 0.0 } else { m.seam_jump_sum / m.seams as f64 },
-        m.seams,
-        m.inside_jump_max,
-        if m.inside_steps == 0 { 0.0 } else { m.inside_jump_sum / m.inside_steps as f64 }
-    );
-    println!(
-        "  arm path        {:.3} (sum of applied step lengths)",
-        m.distance
-    );
+    m.print_report();
     println!("  all-zero actions applied: {}", s.applied_zero);
 }

@@ -265,6 +265,240 @@ fn counting<T>(allocs: &dyn Fn() -> u64, f: impl FnOnce() -> T) -> (T, u64) {
     (out, allocs() - before)
 }
 
+/// The buffers of one MolmoAct2 inference's host work, filled with synthetic values at
+/// the variant's sizes.
+struct MolmoWork {
+    pre: Preprocessor,
+    frames: Vec<u8>,
+    pixel_values: Vec<f32>,
+    image_embeds: Vec<f32>,
+    valid: Vec<u8>,
+    image_block: Vec<bool>,
+    instr: Instruction,
+    state_rows: Vec<f32>,
+    state: Vec<f32>,
+    state_ids: Vec<usize>,
+    prompt_hidden: Vec<f32>,
+    hidden_out: [Vec<f32>; 2],
+    k_ctx: Vec<f32>,
+    v_ctx: Vec<f32>,
+    trajectory: Vec<f32>,
+    step_out: Vec<f32>,
+    chunk: Vec<f32>,
+    actions: Vec<f32>,
+    state_norm: Normalizer,
+    action_norm: Normalizer,
+}
+
+impl MolmoWork {
+    fn new(d: &MolmoDims) -> Self {
+        let (s, h) = (d.seq, d.hidden);
+        let pre = Preprocessor::new(d.cameras, d.frame, d.frame, d.crop, d.patch);
+        let frames: Vec<u8> = synthetic(pre.frames_len() / 4 + 1, 1)
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .take(pre.frames_len())
+            .collect();
+        let pixel_values = vec![0f32; pre.output_len()];
+        // Image rows first (two cameras back to back after a short preamble), state rows
+        // near the end, as in the real prompt layout.
+        let image_positions: Vec<usize> = (4..4 + d.image_tokens).collect();
+        let state_positions: Vec<usize> = (s - 40..s - 40 + d.state_dims).collect();
+        let valid = vec![1u8; s];
+        // The image block: the patch rows plus each camera's <im_start>/<im_end> around them.
+        let image_block: Vec<bool> = (0..s)
+            .map(|r| (3..5 + d.image_tokens).contains(&r))
+            .collect();
+        // As the real tables: every image position holds the patch token's row.
+        let mut scaffold = synthetic(s * h, 3);
+        let patch_row = scaffold[image_positions[0] * h..][..h].to_vec();
+        for &p in &image_positions {
+            scaffold[p * h..(p + 1) * h].copy_from_slice(&patch_row);
+        }
+        let instr = Instruction::new(
+            scaffold,
+            attention_bias(&valid, &image_block, f32::MIN),
+            vec![1.0; s],
+            image_positions,
+            state_positions,
+            h,
+        );
+        let ctx_len = d.ctx_layers * s * d.ctx_width;
+        let traj_len = d.horizon * d.action_width;
+        Self {
+            pre,
+            frames,
+            pixel_values,
+            image_embeds: synthetic(d.image_tokens * h, 2),
+            valid,
+            image_block,
+            instr,
+            state_rows: synthetic(256 * h, 4),
+            state: synthetic(d.state_dims, 5),
+            state_ids: vec![0usize; d.state_dims],
+            prompt_hidden: vec![0f32; s * h],
+            hidden_out: [synthetic(s * h, 6), synthetic(s * h, 7)],
+            k_ctx: synthetic(ctx_len, 8),
+            v_ctx: synthetic(ctx_len, 9),
+            trajectory: vec![0f32; traj_len],
+            step_out: synthetic(traj_len, 10),
+            chunk: vec![0f32; d.horizon * d.action_dims],
+            actions: vec![0f32; d.horizon * d.action_dims],
+            state_norm: Normalizer::new(&quantile_norm(d.state_dims, -2.0, 2.0), d.state_dims),
+            action_norm: Normalizer::new(&quantile_norm(d.action_dims, -1.0, 1.0), d.action_dims),
+        }
+    }
+
+    /// The steps timed, each with the bytes it reads and writes.
+    fn steps(&self, d: &MolmoDims) -> [Step; 7] {
+        let hidden_bytes = (d.seq * d.hidden) as u64 * F32;
+        let row_bytes = d.hidden as u64 * F32;
+        let traj_bytes = self.trajectory.len() as u64 * F32;
+        [
+            Step::new(
+                "preprocess",
+                "frames -> resize, normalize, patchify -> pixel_values; half on the vla-fork helper",
+                self.pre.frames_len() as u64 + self.pixel_values.len() as u64 * F32,
+            ),
+            Step::new(
+                "prompt rows",
+                "image rows = patch row + embeds (counting NaN/Inf: vision's guard), state rows replaced; half on the vla-fork helper",
+                self.image_embeds.len() as u64 * F32 * 2 + d.state_dims as u64 * row_bytes * 2,
+            ),
+            Step::new(
+                "chain guards",
+                "non-finite scan of each split's hidden_out, off the critical path (helper thread, during the next split)",
+                d.splits as u64 * hidden_bytes,
+            )
+            .off_critical_path(),
+            Step::new(
+                "KV assembly",
+                "none: each split writes its keys/values in place in action_context's inputs",
+                0,
+            ),
+            Step::new(
+                "action_context guard",
+                "non-finite scan of k_ctx and v_ctx, off the critical path (helper thread, during the flow loop)",
+                2 * self.k_ctx.len() as u64 * F32,
+            )
+            .off_critical_path(),
+            Step::new(
+                "flow loop",
+                "noise, per step: guard + Euler update with pad mask",
+                traj_bytes * (1 + 3 * d.flow_steps as u64),
+            ),
+            Step::new(
+                "de-normalize",
+                "chunk -> robot units",
+                self.chunk.len() as u64 * F32 * 2,
+            ),
+        ]
+    }
+
+    /// One inference's host work, each step timed on cold caches into `steps`; the two
+    /// steps split across threads also timed on one thread, into `one_thread`.
+    fn run(
+        &mut self,
+        d: &MolmoDims,
+        steps: &mut [Step; 7],
+        one_thread: &mut [Vec<f64>; 2],
+        evict: &mut Evictor,
+        fork: &mut vla_fork::Fork,
+    ) {
+        let h = d.hidden;
+        let w = self;
+        one_thread[0].push(cold(evict, || w.pre.run(&w.frames, &mut w.pixel_values)));
+        time(&mut steps[0], evict, || {
+            w.pre
+                .run_on(fork, &w.frames, &mut w.pixel_values)
+                .expect("preprocess halves")
+        });
+        one_thread[1].push(cold(evict, || {
+            state_token_ids(&w.state_norm, &w.state, &mut w.state_ids);
+            black_box(w.instr.embed_observation(
+                &mut w.prompt_hidden,
+                &w.image_embeds,
+                &w.state_rows,
+                &w.state_ids,
+                h,
+            ));
+        }));
+        time(&mut steps[1], evict, || {
+            state_token_ids(&w.state_norm, &w.state, &mut w.state_ids);
+            black_box(
+                w.instr
+                    .embed_observation_on(
+                        fork,
+                        &mut w.prompt_hidden,
+                        &w.image_embeds,
+                        &w.state_rows,
+                        &w.state_ids,
+                        h,
+                    )
+                    .expect("prompt row halves"),
+            );
+        });
+        // Each split's output is fresh from the NPU: every scan starts cold.
+        let chain: f64 = (0..d.splits)
+            .map(|i| {
+                cold(evict, || {
+                    black_box(count_non_finite(&w.hidden_out[i % 2]));
+                })
+            })
+            .sum();
+        steps[2].samples.push(chain);
+        steps[3].samples.push(0.0);
+        time(&mut steps[4], evict, || {
+            black_box(count_non_finite(&w.k_ctx) + count_non_finite(&w.v_ctx));
+        });
+        time(&mut steps[5], evict, || w.flow_loop(d));
+        time(&mut steps[6], evict, || {
+            w.action_norm.denormalize_into(&w.chunk, &mut w.actions);
+            black_box(&w.actions);
+        });
+    }
+
+    /// Noise, then per step the guard and the Euler update; the chunk's rows out.
+    fn flow_loop(&mut self, d: &MolmoDims) {
+        let n = d.flow_steps;
+        let dt = (1.0f64 / n as f64) as f32;
+        initial_trajectory(7, &mut self.trajectory, d.action_width, d.action_dims);
+        for _ in 0..n {
+            black_box(count_non_finite(&self.step_out));
+            integrate_step(
+                &mut self.trajectory,
+                &self.step_out,
+                StepOutput::Velocity,
+                dt,
+                d.action_width,
+                d.action_dims,
+            );
+        }
+        for (r, row) in self.chunk.chunks_exact_mut(d.action_dims).enumerate() {
+            row.copy_from_slice(&self.trajectory[r * d.action_width..][..d.action_dims]);
+        }
+    }
+
+    /// Milliseconds of the work done once per instruction (not per inference): the
+    /// scaffold into the prompt buffer and the attention bias.
+    fn once_per_instruction(&mut self) -> f64 {
+        let t = Instant::now();
+        self.instr.write_scaffold(&mut self.prompt_hidden);
+        let bias = attention_bias(&self.valid, &self.image_block, f32::MIN);
+        let once_ms = t.elapsed().as_secs_f64() * 1e3;
+        black_box((&self.prompt_hidden, bias));
+        once_ms
+    }
+}
+
+/// The last sample's total over all steps, and over the critical path's.
+fn last_totals(steps: &[Step]) -> (f64, f64) {
+    let last = |s: &Step| *s.samples.last().unwrap_or(&0.0);
+    let total = steps.iter().map(last).sum::<f64>();
+    let off_path: f64 = steps.iter().filter(|s| s.off_critical_path).map(last).sum();
+    (total, total - off_path)
+}
+
 /// Host work of one MolmoAct2 inference, `iterations` times after one warm-up.
 pub fn molmoact2(
     d: &MolmoDims,
@@ -272,53 +506,8 @@ pub fn molmoact2(
     mem: &mut Memcpy,
     allocs: &dyn Fn() -> u64,
 ) -> Value {
-    let (s, h) = (d.seq, d.hidden);
-    let grid = d.crop / d.patch;
-    let mut pre = Preprocessor::new(d.cameras, d.frame, d.frame, d.crop, d.patch);
-    let frames: Vec<u8> = synthetic(pre.frames_len() / 4 + 1, 1)
-        .iter()
-        .flat_map(|v| v.to_bits().to_le_bytes())
-        .take(pre.frames_len())
-        .collect();
-    let mut pixel_values = vec![0f32; pre.output_len()];
-    let image_embeds = synthetic(d.image_tokens * h, 2);
-    // Image rows first (two cameras back to back after a short preamble), state rows
-    // near the end, as in the real prompt layout.
-    let image_positions: Vec<usize> = (4..4 + d.image_tokens).collect();
-    let state_positions: Vec<usize> = (s - 40..s - 40 + d.state_dims).collect();
-    let valid = vec![1u8; s];
-    // The image block: the patch rows plus each camera's <im_start>/<im_end> around them.
-    let image_block: Vec<bool> = (0..s)
-        .map(|r| (3..5 + d.image_tokens).contains(&r))
-        .collect();
-    // As the real tables: every image position holds the patch token's row.
-    let mut scaffold = synthetic(s * h, 3);
-    let patch_row = scaffold[image_positions[0] * h..][..h].to_vec();
-    for &p in &image_positions {
-        scaffold[p * h..(p + 1) * h].copy_from_slice(&patch_row);
-    }
-    let instr = Instruction::new(
-        scaffold,
-        attention_bias(&valid, &image_block, f32::MIN),
-        vec![1.0; s],
-        image_positions,
-        state_positions,
-        h,
-    );
-    let state_rows = synthetic(256 * h, 4);
-    let state = synthetic(d.state_dims, 5);
-    let mut state_ids = vec![0usize; d.state_dims];
-    let mut prompt_hidden = vec![0f32; s * h];
-    let hidden_out = [synthetic(s * h, 6), synthetic(s * h, 7)];
-    let ctx_len = d.ctx_layers * s * d.ctx_width;
-    let (k_ctx, v_ctx) = (synthetic(ctx_len, 8), synthetic(ctx_len, 9));
-    let traj_len = d.horizon * d.action_width;
-    let mut trajectory = vec![0f32; traj_len];
-    let step_out = synthetic(traj_len, 10);
-    let mut chunk = vec![0f32; d.horizon * d.action_dims];
-    let mut actions = vec![0f32; d.horizon * d.action_dims];
-    let state_norm = Normalizer::new(&quantile_norm(d.state_dims, -2.0, 2.0), d.state_dims);
-    let action_norm = Normalizer::new(&quantile_norm(d.action_dims, -1.0, 1.0), d.action_dims);
+    let (s, h, n) = (d.seq, d.hidden, d.flow_steps);
+    let mut work = MolmoWork::new(d);
     let mut evict = Evictor::new();
     // The pipeline's second helper: half of the preprocess and of the prompt rows.
     let mut fork = vla_fork::Fork::start("vla-fork", || {}).expect("start the vla-fork helper");
@@ -327,161 +516,39 @@ pub fn molmoact2(
         Vec::with_capacity(iterations + 1),
         Vec::with_capacity(iterations + 1),
     ];
-
-    let kv_bytes = (d.splits * d.layers_per_split * s * d.kv_width) as u64 * F32 * 2;
-    let pv_bytes = pixel_values.len() as u64 * F32;
-    let embed_bytes = image_embeds.len() as u64 * F32;
-    let hidden_bytes = (s * h) as u64 * F32;
-    let row_bytes = h as u64 * F32;
-    let traj_bytes = traj_len as u64 * F32;
-    let mut steps = [
-        Step::new(
-            "preprocess",
-            "frames -> resize, normalize, patchify -> pixel_values; half on the vla-fork helper",
-            pre.frames_len() as u64 + pv_bytes,
-        ),
-        Step::new(
-            "prompt rows",
-            "image rows = patch row + embeds (counting NaN/Inf: vision's guard), state rows replaced; half on the vla-fork helper",
-            embed_bytes * 2 + d.state_dims as u64 * row_bytes * 2,
-        ),
-        Step::new(
-            "chain guards",
-            "non-finite scan of each split's hidden_out, off the critical path (helper thread, during the next split)",
-            d.splits as u64 * hidden_bytes,
-        )
-        .off_critical_path(),
-        Step::new(
-            "KV assembly",
-            "none: each split writes its keys/values in place in action_context's inputs",
-            0,
-        ),
-        Step::new(
-            "action_context guard",
-            "non-finite scan of k_ctx and v_ctx, off the critical path (helper thread, during the flow loop)",
-            2 * ctx_len as u64 * F32,
-        )
-        .off_critical_path(),
-        Step::new(
-            "flow loop",
-            "noise, per step: guard + Euler update with pad mask",
-            traj_bytes * (1 + 3 * d.flow_steps as u64),
-        ),
-        Step::new(
-            "de-normalize",
-            "chunk -> robot units",
-            chunk.len() as u64 * F32 * 2,
-        ),
-    ];
+    let mut steps = work.steps(d);
     steps
         .iter_mut()
         .for_each(|s| s.samples.reserve(iterations + 1));
-    let n = d.flow_steps;
-    let dt = (1.0f64 / n as f64) as f32;
     let mut totals = Vec::with_capacity(iterations);
     let mut critical = Vec::with_capacity(iterations);
     let mut allocations = 0u64;
     for iteration in 0..=iterations {
-        let warm = iteration > 0;
         let ((), count) = counting(allocs, || {
-            one_thread[0].push(cold(&mut evict, || pre.run(&frames, &mut pixel_values)));
-            time(&mut steps[0], &mut evict, || {
-                pre.run_on(&mut fork, &frames, &mut pixel_values)
-                    .expect("preprocess halves")
-            });
-            one_thread[1].push(cold(&mut evict, || {
-                state_token_ids(&state_norm, &state, &mut state_ids);
-                black_box(instr.embed_observation(
-                    &mut prompt_hidden,
-                    &image_embeds,
-                    &state_rows,
-                    &state_ids,
-                    h,
-                ));
-            }));
-            time(&mut steps[1], &mut evict, || {
-                state_token_ids(&state_norm, &state, &mut state_ids);
-                black_box(
-                    instr
-                        .embed_observation_on(
-                            &mut fork,
-                            &mut prompt_hidden,
-                            &image_embeds,
-                            &state_rows,
-                            &state_ids,
-                            h,
-                        )
-                        .expect("prompt row halves"),
-                );
-            });
-            // Each split's output is fresh from the NPU: every scan starts cold.
-            let chain: f64 = (0..d.splits)
-                .map(|i| {
-                    cold(&mut evict, || {
-                        black_box(count_non_finite(&hidden_out[i % 2]));
-                    })
-                })
-                .sum();
-            steps[2].samples.push(chain);
-            steps[3].samples.push(0.0);
-            time(&mut steps[4], &mut evict, || {
-                black_box(count_non_finite(&k_ctx) + count_non_finite(&v_ctx));
-            });
-            time(&mut steps[5], &mut evict, || {
-                initial_trajectory(7, &mut trajectory, d.action_width, d.action_dims);
-                for _ in 0..n {
-                    black_box(count_non_finite(&step_out));
-                    integrate_step(
-                        &mut trajectory,
-                        &step_out,
-                        StepOutput::Velocity,
-                        dt,
-                        d.action_width,
-                        d.action_dims,
-                    );
-                }
-                for (r, row) in chunk.chunks_exact_mut(d.action_dims).enumerate() {
-                    row.copy_from_slice(&trajectory[r * d.action_width..][..d.action_dims]);
-                }
-            });
-            time(&mut steps[6], &mut evict, || {
-                action_norm.denormalize_into(&chunk, &mut actions);
-                black_box(&actions);
-            });
+            work.run(d, &mut steps, &mut one_thread, &mut evict, &mut fork)
         });
         mem.sample(1);
-        if warm {
+        if iteration > 0 {
             allocations += count;
-            let total = steps
-                .iter()
-                .map(|s| *s.samples.last().unwrap_or(&0.0))
-                .sum::<f64>();
+            let (total, critical_path) = last_totals(&steps);
             totals.push(total);
-            let off_path: f64 = steps
-                .iter()
-                .filter(|s| s.off_critical_path)
-                .map(|s| *s.samples.last().unwrap_or(&0.0))
-                .sum();
-            critical.push(total - off_path);
+            critical.push(critical_path);
         } else {
             steps.iter_mut().for_each(|s| s.samples.clear());
             one_thread.iter_mut().for_each(Vec::clear);
         }
     }
-    // Once per instruction (not per inference): scaffold into the prompt buffer and the bias.
-    let t = Instant::now();
-    instr.write_scaffold(&mut prompt_hidden);
-    let bias = attention_bias(&valid, &image_block, f32::MIN);
-    let once_ms = t.elapsed().as_secs_f64() * 1e3;
-    black_box((&prompt_hidden, bias));
+    let once_ms = work.once_per_instruction();
 
     let total_bytes: u64 = steps.iter().map(|s| s.bytes).sum();
     let (p50, p99, _) = summary(&mut totals);
     let (critical_p50, critical_p99, _) = summary(&mut critical);
     // What the critical path cannot avoid writing: pixel_values, the observation's prompt
     // rows (image and state), and the trajectory (initial noise + one update per step).
-    let written =
-        pv_bytes + (d.image_tokens + d.state_dims) as u64 * row_bytes + traj_bytes * (1 + n as u64);
+    let written = work.pixel_values.len() as u64 * F32
+        + (d.image_tokens + d.state_dims) as u64 * h as u64 * F32
+        + work.trajectory.len() as u64 * F32 * (1 + n as u64);
+    let grid = d.crop / d.patch;
     json!({
         "variant": d.name,
         "dims": {
@@ -500,7 +567,7 @@ pub fn molmoact2(
         "critical_path_p99_ms": critical_p99,
         "critical_path_written_bytes": written,
         "bytes_per_inference": total_bytes,
-        "kv_bytes_not_copied": kv_bytes,
+        "kv_bytes_not_copied": (d.splits * d.layers_per_split * s * d.kv_width) as u64 * F32 * 2,
         "once_per_instruction_ms": once_ms,
         "allocations_per_inference": allocations as f64 / iterations as f64,
         "one_thread_p50_ms": {

@@ -276,6 +276,7 @@ impl fmt::Display for OtaError {
 }
 
 impl OtaError {
+    // Kept whole: one flat arm per variant, a table of messages that a split would scatter.
     fn write_message(&self, f: &mut impl fmt::Write) -> fmt::Result {
         use OtaError::*;
         match self {

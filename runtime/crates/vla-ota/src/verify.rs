@@ -145,6 +145,28 @@ pub fn verify(
         return Err(OtaError::NoTrustedKeys);
     }
     let bundle = bundle_dir;
+    let (manifest, manifest_bytes, signed_by) = signed_manifest(bundle, trusted_keys)?;
+    check_target(bundle, &manifest, target)?;
+    check_file_set(bundle, &manifest)?;
+    check_sizes(bundle, &manifest)?;
+    check_hashes(bundle, &manifest)?;
+    check_identity(bundle, &manifest)?;
+    let content_hash = hex::encode(&Sha256::digest(&manifest_bytes));
+    Ok(VerifiedBundle {
+        dir: bundle.to_owned(),
+        manifest,
+        manifest_bytes,
+        content_hash,
+        signed_by,
+    })
+}
+
+/// The manifest, its bytes and the key that signed them: the signature is checked
+/// before the manifest is parsed.
+fn signed_manifest(
+    bundle: &Path,
+    trusted_keys: &[PublicKey],
+) -> Result<(OtaManifest, Vec<u8>, PublicKey), OtaError> {
     let manifest_path = bundle.join(MANIFEST_FILE);
     let signature_path = bundle.join(SIGNATURE_FILE);
     let unsigned = |missing| {
@@ -165,7 +187,15 @@ pub fn verify(
         },
     )?;
     let manifest = OtaManifest::parse(&manifest_path, &manifest_bytes)?;
+    Ok((manifest, manifest_bytes, signed_by))
+}
 
+/// The bundle is built for this SoC and HTP arch, and for this runtime or an older one.
+fn check_target(
+    bundle: &Path,
+    manifest: &OtaManifest,
+    target: &DeviceTarget,
+) -> Result<(), OtaError> {
     for (field, expected, found) in [
         ("soc_model", target.soc_model, manifest.soc_model),
         ("htp_arch", target.htp_arch, manifest.htp_arch),
@@ -192,7 +222,12 @@ pub fn verify(
             runtime: target.runtime_version.clone(),
         });
     }
+    Ok(())
+}
 
+/// The exact file set: nothing but the listed files (and the manifest and its
+/// signature), no directory without a listed file, and no listed file missing.
+fn check_file_set(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     let listing = walk(bundle)?;
     let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
     for file in &listing.files {
@@ -221,6 +256,11 @@ pub fn verify(
             });
         }
     }
+    Ok(())
+}
+
+/// Every size from the file system first: a truncated file is named before any hashing.
+fn check_sizes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     for entry in &manifest.files {
         let path = bundle.join(&entry.path);
         let size = std::fs::symlink_metadata(&path)
@@ -235,6 +275,11 @@ pub fn verify(
             });
         }
     }
+    Ok(())
+}
+
+/// Every file's SHA-256, and its size as read (it may have changed since it was listed).
+fn check_hashes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     for entry in &manifest.files {
         let path = bundle.join(&entry.path);
         let (size, digest) = hash_reader(durable::open_no_follow(&path)?, &path)?;
@@ -256,7 +301,11 @@ pub fn verify(
             });
         }
     }
+    Ok(())
+}
 
+/// `bundle.json` says what the signed manifest says.
+fn check_identity(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     let identity = BundleIdentity::read(bundle)?;
     let numbers = [
         ("soc_model", manifest.soc_model, identity.soc_model),
@@ -282,15 +331,7 @@ pub fn verify(
             return Err(mismatch(bundle, field, format!("`{m}`"), format!("`{b}`")));
         }
     }
-
-    let content_hash = hex::encode(&Sha256::digest(&manifest_bytes));
-    Ok(VerifiedBundle {
-        dir: bundle.to_owned(),
-        manifest,
-        manifest_bytes,
-        content_hash,
-        signed_by,
-    })
+    Ok(())
 }
 
 fn mismatch(bundle: &Path, field: &'static str, manifest: String, bundle_json: String) -> OtaError {

@@ -371,9 +371,30 @@ impl MolmoAct2 {
         // A failed inference may have left a scan outstanding: collect it before the
         // buffers are written again (its verdict belongs to that inference).
         let _ = self.guard.verdict();
-        let instr = &self.prompt.instructions[obs.instruction_id as usize];
+        self.run_vision(obs)?;
+        self.write_prompt(obs)?;
+        self.run_llm(obs.instruction_id as usize)?;
+        self.run_action_context()?;
+        // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
+        let candidates = self.settings.keystone.as_ref().map_or(1, |k| k.k);
+        for c in 0..candidates {
+            self.run_flow(obs, c, prefix.is_some())?;
+        }
+        let verdict = self.guard.verdict();
+        self.fail_on(verdict)?;
+        let choice = match &mut self.keystone {
+            Some(ks) => ks.select(&self.candidates, h * dims),
+            None => 0,
+        };
+        self.last_choice = self.keystone.as_ref().map(|_| choice);
+        let chosen = &self.candidates[choice * h * dims..(choice + 1) * h * dims];
+        self.action_norm.denormalize_into(chosen, actions);
+        self.timings.total = start.elapsed();
+        Ok(())
+    }
 
-        // Vision.
+    /// Preprocess and the vision context: the frames to `image_embeds`.
+    fn run_vision(&mut self, obs: &Observation<'_>) -> Result<(), PolicyError> {
         self.pre
             .run_on(&mut self.fork, obs.frames, self.pixel_values.as_f32_mut())
             .map_err(|error| PolicyError::Helper {
@@ -391,9 +412,13 @@ impl MolmoAct2 {
             .map_err(Self::qnn("vision"))?;
         self.timings.add(0, t.elapsed());
         poison(&self.fault, "vision", &mut self.image_embeds);
+        Ok(())
+    }
 
-        // Prompt: scaffold (once per instruction) + image embeds (added) + state rows
-        // (replaced).
+    /// The prompt: scaffold (once per instruction) + image embeds (added) + state rows
+    /// (replaced).
+    fn write_prompt(&mut self, obs: &Observation<'_>) -> Result<(), PolicyError> {
+        let instr = &self.prompt.instructions[obs.instruction_id as usize];
         if self.prompt_instruction != Some(obs.instruction_id) {
             instr.write_scaffold(self.prompt_hidden.as_f32_mut());
             self.prompt_instruction = Some(obs.instruction_id);
@@ -407,17 +432,20 @@ impl MolmoAct2 {
                 self.image_embeds.as_f32(),
                 &self.prompt.state_token_rows,
                 &self.state_ids,
-                m.hidden,
+                self.settings.hidden,
             )
             .map_err(|error| PolicyError::Helper {
                 step: "prompt rows",
                 error,
             })?;
-        self.fail_on(Some(Verdict { tag: 0, bad }))?;
+        self.fail_on(Some(Verdict { tag: 0, bad }))
+    }
 
-        // LLM chain: split 0 reads the prompt buffer, then the hidden state ping-pongs;
-        // KV written in place into the action_context inputs.
-        let bias: &[u8] = bytemuck::cast_slice(&instr.attention_bias);
+    /// The LLM chain: split 0 reads the prompt buffer, then the hidden state ping-pongs;
+    /// KV written in place into the action_context inputs.
+    fn run_llm(&mut self, instruction: usize) -> Result<(), PolicyError> {
+        let bias: &[u8] =
+            bytemuck::cast_slice(&self.prompt.instructions[instruction].attention_bias);
         let kv = self.split_kv_bytes;
         for i in 0..self.splits.len() {
             let (si, so) = self.split_io[i];
@@ -448,8 +476,11 @@ impl MolmoAct2 {
             let previous = self.guard.scan(1 + i, dst, None);
             self.fail_on(previous)?;
         }
+        Ok(())
+    }
 
-        // action_context straight into the action_step inputs.
+    /// action_context straight into the action_step inputs.
+    fn run_action_context(&mut self) -> Result<(), PolicyError> {
         let ci = 1 + self.splits.len();
         let t = Instant::now();
         let (xi, xo) = self.context_io;
@@ -476,89 +507,97 @@ impl MolmoAct2 {
         // Scanned beside the flow loop, which only reads them; verdict before the chunk.
         // The last split's verdict is collected here.
         let previous = self.guard.scan(ci, &self.k_ctx, Some(&self.v_ctx));
-        self.fail_on(previous)?;
+        self.fail_on(previous)
+    }
 
-        // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
-        let n = m.flow_steps;
+    /// One flow-matching trajectory from candidate `c`'s noise; its first H rows (the
+    /// action dims of each) into `candidates`.
+    fn run_flow(
+        &mut self,
+        obs: &Observation<'_>,
+        c: usize,
+        prefixed: bool,
+    ) -> Result<(), PolicyError> {
+        let m = &self.settings;
+        let (h, dims, width) = (m.action_horizon, m.action_dims, m.action_width);
+        initial_trajectory(
+            obs.seed.wrapping_add(c as u64),
+            self.trajectory.as_f32_mut(),
+            width,
+            dims,
+        );
+        if prefixed {
+            self.prefix.seed(self.trajectory.as_f32_mut(), width);
+        }
+        for step in 0..self.settings.flow_steps {
+            self.flow_step(obs.instruction_id as usize, step, prefixed)?;
+        }
+        let x = self.trajectory.as_f32();
+        let cand = &mut self.candidates[c * h * dims..(c + 1) * h * dims];
+        for r in 0..h {
+            cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
+        }
+        Ok(())
+    }
+
+    /// One action_step execution and the trajectory's update from its output.
+    fn flow_step(
+        &mut self,
+        instruction: usize,
+        step: usize,
+        prefixed: bool,
+    ) -> Result<(), PolicyError> {
+        let m = &self.settings;
+        let (n, dims, width) = (m.flow_steps, m.action_dims, m.action_width);
         let dt = (1.0f64 / n as f64) as f32;
-        let width = m.action_width;
-        let candidates = m.keystone.as_ref().map_or(1, |k| k.k);
-        let mask: &[u8] = bytemuck::cast_slice(&instr.encoder_mask);
+        let mask: &[u8] = bytemuck::cast_slice(&self.prompt.instructions[instruction].encoder_mask);
         let (pi, po) = self.step_io;
-        for c in 0..candidates {
-            initial_trajectory(
-                obs.seed.wrapping_add(c as u64),
-                self.trajectory.as_f32_mut(),
-                width,
-                dims,
-            );
-            if prefix.is_some() {
-                self.prefix.seed(self.trajectory.as_f32_mut(), width);
+        self.timestep.as_f32_mut()[0] = (step as f64 / n as f64) as f32;
+        let t = Instant::now();
+        self.action_step
+            .graph
+            .execute(
+                &ordered(
+                    pi,
+                    [
+                        self.trajectory.as_bytes(),
+                        self.timestep.as_bytes(),
+                        self.k_ctx.as_bytes(),
+                        self.v_ctx.as_bytes(),
+                        mask,
+                        self.dim_is_pad.as_bytes(),
+                    ],
+                ),
+                &mut ordered_mut(po, [self.step_out.as_bytes_mut()]),
+            )
+            .map_err(Self::qnn("action_step"))?;
+        self.timings.add(2 + self.splits.len(), t.elapsed());
+        poison(&self.fault, "action_step", &mut self.step_out);
+        let out = self.step_out.as_f32();
+        let bad = count_non_finite(out);
+        if bad > 0 {
+            let verdict = self.guard.verdict();
+            self.fail_on(verdict)?;
+            return Err(PolicyError::NonFinite {
+                component: "action_step".into(),
+                tensor: "next_trajectory".into(),
+                count: bad,
+            });
+        }
+        let x = self.trajectory.as_f32_mut();
+        match prefixed.then(|| self.prefix.method()) {
+            Some(PrefixMethod::VelocityMask) => {
+                self.prefix.update(x, out, m.step_output, dt, width)
             }
-            for step in 0..n {
-                self.timestep.as_f32_mut()[0] = (step as f64 / n as f64) as f32;
-                let t = Instant::now();
-                self.action_step
-                    .graph
-                    .execute(
-                        &ordered(
-                            pi,
-                            [
-                                self.trajectory.as_bytes(),
-                                self.timestep.as_bytes(),
-                                self.k_ctx.as_bytes(),
-                                self.v_ctx.as_bytes(),
-                                mask,
-                                self.dim_is_pad.as_bytes(),
-                            ],
-                        ),
-                        &mut ordered_mut(po, [self.step_out.as_bytes_mut()]),
-                    )
-                    .map_err(Self::qnn("action_step"))?;
-                self.timings.add(ci + 1, t.elapsed());
-                poison(&self.fault, "action_step", &mut self.step_out);
-                let out = self.step_out.as_f32();
-                let bad = count_non_finite(out);
-                if bad > 0 {
-                    let verdict = self.guard.verdict();
-                    self.fail_on(verdict)?;
-                    return Err(PolicyError::NonFinite {
-                        component: "action_step".into(),
-                        tensor: "next_trajectory".into(),
-                        count: bad,
-                    });
+            inpaint => {
+                integrate_step(x, out, m.step_output, dt, width, dims);
+                if inpaint.is_some() {
+                    // t runs 0 (noise) -> 1 (data); after this step t = (step + 1) / n.
+                    let noise_level = 1.0 - ((step + 1) as f64 / n as f64) as f32;
+                    self.prefix.inpaint(x, noise_level, width);
                 }
-                let x = self.trajectory.as_f32_mut();
-                match prefix.map(|_| self.prefix.method()) {
-                    Some(PrefixMethod::VelocityMask) => {
-                        self.prefix.update(x, out, m.step_output, dt, width)
-                    }
-                    inpaint => {
-                        integrate_step(x, out, m.step_output, dt, width, dims);
-                        if inpaint.is_some() {
-                            // t runs 0 (noise) -> 1 (data); after this step t = (step + 1) / n.
-                            let noise_level = 1.0 - ((step + 1) as f64 / n as f64) as f32;
-                            self.prefix.inpaint(x, noise_level, width);
-                        }
-                    }
-                }
-            }
-            let x = self.trajectory.as_f32();
-            let cand = &mut self.candidates[c * h * dims..(c + 1) * h * dims];
-            for r in 0..h {
-                cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
             }
         }
-        let verdict = self.guard.verdict();
-        self.fail_on(verdict)?;
-        let choice = match &mut self.keystone {
-            Some(ks) => ks.select(&self.candidates, h * dims),
-            None => 0,
-        };
-        self.last_choice = self.keystone.as_ref().map(|_| choice);
-        let chosen = &self.candidates[choice * h * dims..(choice + 1) * h * dims];
-        self.action_norm.denormalize_into(chosen, actions);
-        self.timings.total = start.elapsed();
         Ok(())
     }
 

@@ -205,8 +205,7 @@ pub(crate) fn write_recording(
     chunks: &History<ChunkRecord>,
 ) -> Result<(PathBuf, u64), WriteError> {
     let offset = wall_offset_ns();
-    let wall = |mono: u64| (i128::from(mono) + offset).max(0) as u64;
-    let now_wall = wall(vla_ring::monotonic_ns());
+    let now_wall = wall(offset, vla_ring::monotonic_ns());
     let name = format!(
         "vlad-{}-{counter:03}-{}.mcap",
         utc_stamp(now_wall / 1_000_000_000),
@@ -214,34 +213,87 @@ pub(crate) fn write_recording(
     );
     let path = r.directory.join(&name);
     let tmp = r.directory.join(format!(".{name}.tmp"));
-    let io = |p: &Path| {
-        let p = p.to_owned();
-        move |e| WriteError::Io(p, e)
-    };
     let file = std::fs::File::create(&tmp).map_err(io(&tmp))?;
     let mut w = mcap::WriteOptions::new()
         .compression(None)
         .profile("")
         .library(concat!("vlad ", env!("CARGO_PKG_VERSION")))
         .create(std::io::BufWriter::new(file))?;
-    let no_meta = BTreeMap::new();
-    let schema = |w: &mut mcap::Writer<_>, name: &str, v: Value| {
-        w.add_schema(name, "jsonschema", v.to_string().as_bytes())
+    let channels = Channels::add(&mut w, meta)?;
+    write_metadata(&mut w, meta)?;
+    let mut out = Messages {
+        w,
+        offset,
+        channels,
     };
-    let s_obs = schema(&mut w, SCHEMA_OBSERVATION, observation_schema())?;
-    let s_chunk = schema(&mut w, SCHEMA_CHUNK, chunk_schema())?;
-    let s_action = schema(&mut w, SCHEMA_ACTION, action_schema())?;
-    let c_obs = w.add_channel(s_obs, "/vla/observation", "json", &no_meta)?;
-    let c_chunk = w.add_channel(s_chunk, "/vla/chunk", "json", &no_meta)?;
-    let c_action = w.add_channel(s_action, "/vla/action", "json", &no_meta)?;
-    let g = meta.geometry;
-    let mut c_cams = Vec::new();
-    if meta.frames != Frames::Off {
-        let s_img = schema(&mut w, SCHEMA_RAW_IMAGE, raw_image_schema())?;
-        for cam in 0..g.cameras {
-            c_cams.push(w.add_channel(s_img, &format!("/vla/camera/{cam}"), "json", &no_meta)?);
-        }
+    for (i, c) in chunks.iter().filter(|c| c.done_ns >= from_ns).enumerate() {
+        out.chunk(i as u32 + 1, c, meta)?;
     }
+    for (i, t) in ticks.iter().filter(|t| t.now_ns >= from_ns).enumerate() {
+        out.tick(i as u32 + 1, t)?;
+    }
+    let bytes = finish(out.w, &tmp)?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    // The rename is durable once the directory is synced.
+    if let Ok(d) = std::fs::File::open(&r.directory) {
+        let _ = d.sync_all();
+    }
+    Ok((path, bytes))
+}
+
+type McapFile = mcap::Writer<std::io::BufWriter<std::fs::File>>;
+
+fn io(p: &Path) -> impl FnOnce(std::io::Error) -> WriteError {
+    let p = p.to_owned();
+    move |e| WriteError::Io(p, e)
+}
+
+/// A monotonic time as wall-clock time, `offset` being wall minus monotonic.
+fn wall(offset: i128, mono: u64) -> u64 {
+    (i128::from(mono) + offset).max(0) as u64
+}
+
+/// The recording's channels, each with its schema.
+struct Channels {
+    observation: u16,
+    chunk: u16,
+    action: u16,
+    /// One per camera, none when frames are off.
+    cameras: Vec<u16>,
+}
+
+impl Channels {
+    fn add(w: &mut McapFile, meta: &Meta<'_>) -> Result<Self, WriteError> {
+        let no_meta = BTreeMap::new();
+        let schema = |w: &mut McapFile, name: &str, v: Value| {
+            w.add_schema(name, "jsonschema", v.to_string().as_bytes())
+        };
+        let s_obs = schema(w, SCHEMA_OBSERVATION, observation_schema())?;
+        let s_chunk = schema(w, SCHEMA_CHUNK, chunk_schema())?;
+        let s_action = schema(w, SCHEMA_ACTION, action_schema())?;
+        let observation = w.add_channel(s_obs, "/vla/observation", "json", &no_meta)?;
+        let chunk = w.add_channel(s_chunk, "/vla/chunk", "json", &no_meta)?;
+        let action = w.add_channel(s_action, "/vla/action", "json", &no_meta)?;
+        let mut cameras = Vec::new();
+        if meta.frames != Frames::Off {
+            let s_img = schema(w, SCHEMA_RAW_IMAGE, raw_image_schema())?;
+            for cam in 0..meta.geometry.cameras {
+                let topic = format!("/vla/camera/{cam}");
+                cameras.push(w.add_channel(s_img, &topic, "json", &no_meta)?);
+            }
+        }
+        Ok(Self {
+            observation,
+            chunk,
+            action,
+            cameras,
+        })
+    }
+}
+
+/// The recording's `vla.recording` metadata record: what was recorded and how.
+fn write_metadata(w: &mut McapFile, meta: &Meta<'_>) -> Result<(), WriteError> {
+    let g = meta.geometry;
     let mut md = meta.extra.clone();
     md.insert("trigger".into(), meta.trigger.name().into());
     md.insert("frames".into(), meta.frames.name().into());
@@ -260,27 +312,36 @@ pub(crate) fn write_recording(
         name: "vla.recording".into(),
         metadata: md,
     })?;
+    Ok(())
+}
 
-    let (fh, fw) = meta.frames.size(&g);
-    let frame_len = fh as usize * fw as usize * g.channels as usize;
-    let dims = g.action_dims as usize;
-    let mut seq = 0u32;
-    let put = |w: &mut mcap::Writer<_>, channel_id: u16, seq: u32, t: u64, v: &Value| {
-        w.write_to_known_channel(
+/// The recording's messages, stamped with wall-clock times.
+struct Messages {
+    w: McapFile,
+    offset: i128,
+    channels: Channels,
+}
+
+impl Messages {
+    fn put(&mut self, channel_id: u16, seq: u32, t: u64, v: &Value) -> Result<(), WriteError> {
+        let t = wall(self.offset, t);
+        self.w.write_to_known_channel(
             &mcap::records::MessageHeader {
                 channel_id,
                 sequence: seq,
-                log_time: wall(t),
-                publish_time: wall(t),
+                log_time: t,
+                publish_time: t,
             },
             v.to_string().as_bytes(),
-        )
-    };
-    for c in chunks.iter().filter(|c| c.done_ns >= from_ns) {
-        seq += 1;
-        put(
-            &mut w,
-            c_obs,
+        )?;
+        Ok(())
+    }
+
+    /// One inference: its observation, the observation's frames and the chunk.
+    fn chunk(&mut self, seq: u32, c: &ChunkRecord, meta: &Meta<'_>) -> Result<(), WriteError> {
+        let g = meta.geometry;
+        self.put(
+            self.channels.observation,
             seq,
             c.capture_ns,
             &json!({
@@ -289,11 +350,13 @@ pub(crate) fn write_recording(
                 "state": c.state, "chunk_id": c.chunk_id, "frames": meta.frames.name(),
             }),
         )?;
-        for (cam, &ch) in c_cams.iter().enumerate() {
-            let t = wall(c.capture_ns);
-            put(
-                &mut w,
-                ch,
+        let (fh, fw) = meta.frames.size(&g);
+        let frame_len = fh as usize * fw as usize * g.channels as usize;
+        let t = wall(self.offset, c.capture_ns);
+        for cam in 0..self.channels.cameras.len() {
+            let frame = &c.frames[cam * frame_len..(cam + 1) * frame_len];
+            self.put(
+                self.channels.cameras[cam],
                 seq,
                 c.capture_ns,
                 &json!({
@@ -301,7 +364,7 @@ pub(crate) fn write_recording(
                     "frame_id": format!("camera{cam}"),
                     "width": fw, "height": fh, "encoding": "rgb8",
                     "step": fw * g.channels,
-                    "data": base64(&c.frames[cam * frame_len..(cam + 1) * frame_len]),
+                    "data": base64(frame),
                 }),
             )?;
         }
@@ -314,13 +377,12 @@ pub(crate) fn write_recording(
             latency.insert(name.clone(), json!(*ns as f64 / 1e6));
         }
         let actions: Vec<&[f32]> = if c.ok {
-            c.actions.chunks(dims.max(1)).collect()
+            c.actions.chunks((g.action_dims as usize).max(1)).collect()
         } else {
             Vec::new()
         };
-        put(
-            &mut w,
-            c_chunk,
+        self.put(
+            self.channels.chunk,
             seq,
             c.done_ns,
             &json!({
@@ -329,18 +391,19 @@ pub(crate) fn write_recording(
                 "latency_ms": latency, "chunk_len": g.chunk_len, "action_dims": g.action_dims,
                 "actions": actions,
             }),
-        )?;
+        )
     }
-    for (i, t) in ticks.iter().filter(|t| t.now_ns >= from_ns).enumerate() {
+
+    /// One publisher tick: what the robot was given.
+    fn tick(&mut self, seq: u32, t: &TickRecord) -> Result<(), WriteError> {
         let status = match t.status {
             0 => "ok",
             1 => "hold",
             _ => "fault",
         };
-        put(
-            &mut w,
-            c_action,
-            i as u32 + 1,
+        self.put(
+            self.channels.action,
+            seq,
             t.now_ns,
             &json!({
                 "tick_ns": t.now_ns, "decision": decision_name(t.decision), "step": t.step,
@@ -348,23 +411,20 @@ pub(crate) fn write_recording(
                 "made_time_ns": t.made_time_ns, "valid_until_ns": t.valid_until_ns,
                 "robot_alive": t.robot_alive, "missed_ticks": t.missed, "values": t.values,
             }),
-        )?;
+        )
     }
+}
+
+/// Ends the MCAP file and makes it durable; returns its size.
+fn finish(mut w: McapFile, tmp: &Path) -> Result<u64, WriteError> {
     w.finish()?;
     let mut file = w
         .into_inner()
         .into_inner()
-        .map_err(|e| WriteError::Io(tmp.clone(), e.into_error()))?;
-    file.flush().map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
-    let bytes = file.metadata().map_err(io(&tmp))?.len();
-    drop(file);
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    // The rename is durable once the directory is synced.
-    if let Ok(d) = std::fs::File::open(&r.directory) {
-        let _ = d.sync_all();
-    }
-    Ok((path, bytes))
+        .map_err(|e| WriteError::Io(tmp.to_owned(), e.into_error()))?;
+    file.flush().map_err(io(tmp))?;
+    file.sync_all().map_err(io(tmp))?;
+    Ok(file.metadata().map_err(io(tmp))?.len())
 }
 
 /// Removes the oldest recordings (`vlad-*.mcap`, by modification time) until the
