@@ -190,6 +190,19 @@ def test_unsupported_crop_mode(copies, capsys):
             "expected 'resize'")
 
 
+def test_processor_config_is_read_as_lerobots_loader_reads_it(copies, capsys):
+    """golden/upstream/processors/: a `size` int is upstream's square; an absent crop_mode is
+    the image processor's default, overlap-and-resize-c2 (multi-crop), which vlad refuses."""
+    release, checkpoint, out = copies
+    path = checkpoint / "processor_config.json"
+    _edit_json(path, lambda p: p["image_processor"].update(size=56))
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    shutil.rmtree(out)
+    _edit_json(path, lambda p: p["image_processor"].pop("crop_mode"))
+    refused(capsys, args(release, checkpoint, out), out, "processor_config.json image_processor.crop_mode",
+            "found 'overlap-and-resize-c2' (absent: the image processor's default)")
+
+
 def test_refused_import_leaves_an_existing_bundle_untouched(copies, capsys):
     release, checkpoint, out = copies
     shutil.copytree(REPO / "golden" / "bundles" / "molmoact2-upstream-original", out)

@@ -20,6 +20,8 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 from . import bundle, checkpoint, contract, fastwam, fastwam_chain, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
+import build_prompt_tables as bpt  # noqa: E402
+
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")
 
@@ -270,8 +272,9 @@ def run(a) -> dict:
                "expected the Hugging Face checkpoint the policy was trained from (or pass --base-checkpoint)")
         base_dir = sources.resolve(base, sources.BASE_FILES, "base checkpoint")
     ck = checkpoint.load(ck_dir, base_dir)
-    contract.refuse_unsupported(ck.config, ck.processor)
-    m = contract.settings(comps, order, ck.config, ck.processor)
+    contract.refuse_unsupported(ck.config)
+    proc = contract.processor(ck.processor)
+    m = contract.settings(comps, order, ck.config, proc)
     norm = normalization(ck, a, m)
     action_dims, state_dims = norm["action_dims"], norm["state_dims"]
     expect(action_dims <= m["action_width"], norm["stats_where"],
@@ -336,21 +339,26 @@ def run(a) -> dict:
         expect(m["seq_len"] <= cap, cap_where, f"the exported prompt has {m['seq_len']} tokens, above the cap "
                f"{cap}: lerobot's pack step refuses such a prompt")
 
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))
+    # Qwen2Tokenizer.from_pretrained: tokenizer_config.json's tokens, else the class defaults
+    tok_cfg = ck.base / "tokenizer_config.json"
+    tok_cfg = checkpoint.read_json(tok_cfg) if tok_cfg.is_file() else {}
+    try:
+        tokenizer = bpt.load_tokenizer(ck.base / "tokenizer.json", tok_cfg)
+    except bpt.PromptError as exc:
+        raise ImportRefused(str(ck.base / "tokenizer.json"), str(exc).partition(": ")[2]) from exc
     roots = [ck.root]
     if ck.policy is not None and not checkpoint.has_embedding(ck.root):
         roots.append(sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint"))  # now with its weights
     wte, prefix, wte_from = checkpoint.embedding_table(roots)
     expect(wte.shape[1] == m["hidden"], "model.safetensors wte", f"width: expected {m['hidden']}, found {wte.shape[1]}")
-    grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
+    grid = contract.pooled_grid(proc, m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
     action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
     settings = norm.get("prompt_settings") or contract.prompt_settings(
         {k: v for k, v in ck.config.items() if k != "normalize_language"})
-    tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
-                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings)
+    tokens = bpt.tokenizer_tokens(tok_cfg)
+    tables = prompt.tables(tokenizer, wte, instructions, m, grid, proc["col_tokens"], m["seq_len"],
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens)
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))

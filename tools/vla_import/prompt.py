@@ -12,11 +12,13 @@ import reference as ref  # noqa: E402
 
 
 def tables(tokenizer, wte, instructions, cfg, grid, col, seq_len, action_mode, setup, control, where,
-           settings=None):
-    """`settings`: the checkpoint's add_setup_tokens / add_control_tokens / normalize_language."""
+           settings=None, tokens=None):
+    """`settings`: the checkpoint's add_setup_tokens / add_control_tokens / normalize_language;
+    `tokens`: its BOS, EOS and PAD (`bpt.tokenizer_tokens`)."""
     try:
         return bpt.build_tables(tokenizer, wte, instructions, cfg["cameras"], grid, cfg["state_dims"], seq_len, 0,
-                                action_mode, col_tokens=col, setup=setup, control=control, **(settings or {}))
+                                action_mode, col_tokens=col, setup=setup, control=control, **(tokens or {}),
+                                **(settings or {}))
     except bpt.PromptError as exc:
         raise ImportRefused(where, str(exc)) from exc
 
