@@ -80,6 +80,54 @@ class PromptError(ValueError):
     pass
 
 
+class CapError(PromptError):
+    """A prompt above the checkpoint's max_sequence_length (the pack step raises)."""
+
+
+# The upstream versions whose host glue the builder follows (issue 26 item 4; docs/bundle-format.md).
+# lerobot 0.6.1 is the pin and, as of this change, the newest release on PyPI. lerobot's main
+# branch after it (huggingface/lerobot c13d79e, pyproject 0.6.2, unreleased) changed the pack
+# step: the tokenizer pads to a multiple of 8 on the left before BOS is inserted (8k + 1 rows at
+# batch 1), positions are clamp(cumsum(mask) - 1, 0) (the real tokens at 0..n-1, so the math is
+# the unpadded run's), max_sequence_length bounds the real tokens (and the padded width by
+# round_up(cap - 1, 8) + 1), and the pack step's and policy config's action_mode default became
+# "continuous" (0.6.1: "both").
+UPSTREAMS = {
+    "lerobot-0.6.1": {"pad_multiple": None, "action_mode_default": "both"},
+    "lerobot-main-c13d79e": {"pad_multiple": 8, "action_mode_default": "continuous"},
+}
+DEFAULT_UPSTREAM = "lerobot-0.6.1"
+
+
+def check_upstream(name: str) -> dict:
+    if name not in UPSTREAMS:
+        raise PromptError(f"upstream {name!r}: expected one of {', '.join(UPSTREAMS)}")
+    return UPSTREAMS[name]
+
+
+def upstream_layout(tokens: int, upstream: str) -> tuple:
+    """(rows, rows of left padding) the pack step gives one instruction of `tokens` tokens (BOS
+    included) at batch 1: 0.6.1 pads nothing; main pads the text to a multiple of 8, then inserts
+    BOS after the padding."""
+    multiple = check_upstream(upstream)["pad_multiple"]
+    if multiple is None:
+        return tokens, 0
+    text = tokens - 1
+    width = -(-text // multiple) * multiple
+    return width + 1, width - text
+
+
+def over_cap(tokens: int, rows: int, cap: int, upstream: str):
+    """Why the pack step refuses a prompt of `tokens` real tokens in `rows` rows, or None."""
+    multiple = check_upstream(upstream)["pad_multiple"]
+    if multiple is None:  # 0.6.1 compares the tensor's width
+        return f"{rows} rows, above max_sequence_length {cap}" if rows > cap else None
+    if tokens > cap:
+        return f"{tokens} tokens, above max_sequence_length {cap}"
+    bound = -(-(cap - 1) // multiple) * multiple + 1
+    return f"{rows} padded rows, above the bounded width {bound}" if rows > bound else None
+
+
 def normalize_task(text: str) -> str:
     """Upstream `_normalize_question_text`: whitespace collapsed; surrounding quotes and
     brackets, "task:"-style prefixes and trailing punctuation stripped until nothing
@@ -288,18 +336,25 @@ def encode_prompt(tokenizer, prompt: str, bos_id: int) -> list:
 
 
 def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: tuple, state_dims: int,
-                 seq_len: int, rope_left_pad: int, action_mode: str, col_tokens: bool = True,
+                 seq_len: int, rope_left_pad, action_mode: str, col_tokens: bool = True,
                  bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                 setup: str = SETUP, control: str = CONTROL, **settings) -> dict:
+                 setup: str = SETUP, control: str = CONTROL, upstream: str | None = None,
+                 max_sequence_length: int | None = None, **settings) -> dict:
     """`settings`: the checkpoint's `add_setup_tokens`, `add_control_tokens`,
-    `normalize_language` (all true when absent, upstream's defaults)."""
+    `normalize_language` (all true when absent, upstream's defaults). `upstream`: the version
+    followed (`UPSTREAMS`), recorded in the tables as `upstream` (utf-8 bytes); None = the pin,
+    unrecorded (the stand-in fixtures). `rope_left_pad` None: the padding that version gives the
+    first instruction at batch 1 (`upstream_layout`), which every instruction must share.
+    `max_sequence_length`: the pack step's cap, refused as that version refuses it."""
+    version = upstream or DEFAULT_UPSTREAM
+    check_upstream(version)
     if wte.ndim != 2:
         raise PromptError(f"wte: expected [V, D], got shape {list(wte.shape)}")
     if not instructions:
         raise PromptError("instructions: empty list")
     if action_mode not in ACTION_MODES:
         raise PromptError(f"action mode {action_mode!r}: expected one of {', '.join(ACTION_MODES)}")
-    if not 0 <= rope_left_pad < seq_len:
+    if rope_left_pad is not None and not 0 <= rope_left_pad < seq_len:
         raise PromptError(f"rope_left_pad {rope_left_pad} outside 0..{seq_len}")
     patch_id = _token_id(tokenizer, IM_PATCH)
     block_ids = [tokenizer.token_to_id(t) for t in IMAGE_TOKENS]
@@ -309,11 +364,24 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
     bos_id = _token_id(tokenizer, bos_token) if bos_token else eos_id
     pad_id = _token_id(tokenizer, pad_token)
     span_ids = tokenizer.token_to_id(ACTION_START), tokenizer.token_to_id(ACTION_END)
-    length = seq_len - rope_left_pad
     sequences, state_rows = [], []
     for n, text in enumerate(instructions):
         prompt = render_prompt(text, cameras, grid, state_dims, col_tokens, setup, control, **settings)
         ids = encode_prompt(tokenizer, prompt, bos_id)
+        rows, pads = upstream_layout(len(ids), version)
+        if rope_left_pad is None:
+            if rows != seq_len:
+                raise PromptError(
+                    f"instruction {n} ({normalize_task(text)!r}) renders to {len(ids)} tokens, which {version} "
+                    f"lays out as {rows} rows after {pads} rows of left padding, but the contexts have seq_len "
+                    f"{seq_len}: it would run with shifted positions. Use instructions of that layout")
+            rope_left_pad = pads
+        if max_sequence_length is not None:
+            why = over_cap(len(ids), rows, max_sequence_length, version)
+            if why:
+                raise CapError(f"instruction {n} ({normalize_task(text)!r}): {why}: lerobot's pack step "
+                               f"({version}) refuses such a prompt")
+        length = seq_len - rope_left_pad
         # The state clause's rows: where the prompt with every state at bin 1 differs (a
         # `<state_0>` the instruction itself holds is text, as upstream renders it).
         head, clause, tail = prompt.rpartition(STATE_START + "<state_0>" * state_dims + STATE_END)
@@ -363,7 +431,7 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
             raise PromptError(f"instruction {n}: {len(st)} state tokens, expected {state_dims}")
         image_positions[n] = img
         state_positions[n] = st
-    return {
+    tables = {
         "scaffold": scaffold,
         "valid": valid,
         "image_positions": image_positions,
@@ -373,6 +441,9 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
         "encoder_mask": encoder_mask,
         "token_ids": token_ids,
     }
+    if upstream is not None:
+        tables["upstream"] = np.frombuffer(upstream.encode(), np.uint8)
+    return tables
 
 
 def rope_positions(seq_len: int, rope_left_pad: int) -> np.ndarray:
@@ -425,8 +496,12 @@ def main():
                     help="the checkpoint's tokenizer_config.json: BOS, EOS and PAD (else the flags below)")
     ap.add_argument("--state-dims", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True, help="S of the exported contexts")
-    ap.add_argument("--rope-left-pad", type=int, default=0,
-                    help="rows of left padding the export's baked RoPE positions assume (default 0)")
+    ap.add_argument("--rope-left-pad", type=int, default=None,
+                    help="rows of left padding the export's baked RoPE positions assume (default: with --upstream, "
+                    "that version's padding of the first instruction; else 0)")
+    ap.add_argument("--upstream", choices=list(UPSTREAMS),
+                    help="the upstream version followed, recorded in the tables (default: the pin, unrecorded)")
+    ap.add_argument("--max-sequence-length", type=int, help="the pack step's cap (LeRobot checkpoints)")
     ap.add_argument("--action-mode", choices=ACTION_MODES, required=True,
                     help="the checkpoint's action_mode: 'both' also masks EOS positions for the action expert")
     ap.add_argument("--bos-token", default=None, help="default: the EOS token, as upstream for Molmo2's tokenizer")
@@ -460,9 +535,13 @@ def main():
             tokenizer = Tokenizer.from_file(str(args.tokenizer))
         tables = build_tables(tokenizer, np.load(args.wte),
                               load_instructions(args.instructions), args.cameras, grid,
-                              args.state_dims, args.seq_len, args.rope_left_pad, args.action_mode,
+                              args.state_dims, args.seq_len,
+                              0 if args.rope_left_pad is None and args.upstream is None else args.rope_left_pad,
+                              args.action_mode,
                               col, tokens["bos_token"], tokens["eos_token"], tokens["pad_token"],
-                              args.setup, args.control, add_setup_tokens=not args.no_setup_tokens,
+                              args.setup, args.control, upstream=args.upstream,
+                              max_sequence_length=args.max_sequence_length,
+                              add_setup_tokens=not args.no_setup_tokens,
                               add_control_tokens=not args.no_control_tokens,
                               normalize_language=not args.no_normalize_language)
     except PromptError as err:

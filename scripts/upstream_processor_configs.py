@@ -18,6 +18,10 @@ golden/upstream/processors/ (issue 26 items 3a and 3b).
    different states differ (derived here from upstream's ids); and `build_input_embeddings`
    (run with a stub `self` holding an embedding table and a vision backbone that returns one
    feature per expected patch) to show which prompts upstream refuses.
+3. The pack step itself per lerobot version (item 4): `MolmoAct2PackInputsProcessorStep` built
+   and run as that version's code does (`pack_<label>.json`). The wheel's by default; another
+   source tree with `--lerobot-src DIR/src/lerobot --label NAME` (lerobot main is not on PyPI:
+   a checkout of huggingface/lerobot, loaded in the same venv the same way).
 
 Upstream is the pinned lerobot==0.6.1 wheel in the venv of scripts/setup_upstream.sh, loaded as
 scripts/upstream_lerobot_norm.py loads it (files unchanged but one PEP 695 class header);
@@ -25,6 +29,8 @@ scripts/upstream_lerobot_norm.py loads it (files unchanged but one PEP 695 class
 given as `lambda: None` (offline, no Hub token).
 
     build/upstream-venv/bin/python scripts/upstream_processor_configs.py [--out golden/upstream/processors]
+    build/upstream-venv/bin/python scripts/upstream_processor_configs.py \
+        --lerobot-src <lerobot at 7427f31>/src/lerobot --label lerobot-main-c13d79e
 
 Deterministic: fixed inputs and seeds.
 """
@@ -60,6 +66,7 @@ SETUP = "single franka arm with a wrist camera"
 CONTROL = "end effector delta pose and gripper"
 INSTRUCTIONS = ["Put the bowl on the plate.", "open the   top drawer of the cabinet"]
 FRAME = (48, 64)
+PACK_STATE = [0.1, -0.5, 1.0, -1.0, 0.0, 0.25, 0.9, -0.2]  # normalized
 
 # name -> (image processor arguments, processor arguments, edit of the saved file or None)
 BASE = {"size": {"height": 56, "width": 56}, "crop_mode": "resize", "patch_size": 14, "pooling_size": [2, 2],
@@ -156,14 +163,71 @@ def render(pm, proc, task: str, frames, bins, normalize=True) -> dict:
             "image_grids": np.asarray(out["image_grids"]).astype(np.int64)}
 
 
+# 3. The pack step itself (issue 26 item 4), per lerobot version: instructions of several lengths
+# (so several left-padding counts under lerobot main's pad_to_multiple_of=8), and its
+# max_sequence_length refusal at the rendered length and one below.
+PACK_INSTRUCTIONS = ["go", "Put the bowl on the plate.", "open the   top drawer of the cabinet",
+                     "pick up the black bowl between the plate and the ramekin and place it on the plate",
+                     "move it"]
+
+
+def pack_goldens(pm, frames, state, label: str, out: Path) -> None:
+    """`MolmoAct2PackInputsProcessorStep` as the loaded lerobot version builds and runs it
+    (batch 1, action_mode continuous: no action tokenizer), on the saved col_false processor."""
+    from lerobot.lerobot_types import TransitionKey
+
+    if pm._resolve_checkpoint_location is None:  # 0.6.1 imports it from the (stubbed) modeling module
+        pm._resolve_checkpoint_location = lambda path, **_: path
+    keys = ["observation.images.cam0", "observation.images.cam1"]
+    golden: dict = {"upstream": label, "instructions": PACK_INSTRUCTIONS, "rows": [], "cap_refusals": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        shutil.copy(out / "col_false.json", tmp / "processor_config.json")
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(TOKENIZER / f, tmp / f)
+
+        def run(text, cap=None):
+            step = pm.MolmoAct2PackInputsProcessorStep(checkpoint_path=str(tmp), action_mode="continuous",
+                                                       image_keys=keys, setup_type=SETUP, control_mode=CONTROL,
+                                                       max_sequence_length=cap)
+            obs = {"observation.state": torch.as_tensor(state, dtype=torch.float32)[None]}
+            for k, f in zip(keys, frames):
+                obs[k] = f[None]
+            tr = {TransitionKey.OBSERVATION: obs, TransitionKey.COMPLEMENTARY_DATA: {"task": [text]}}
+            return step(tr)[TransitionKey.COMPLEMENTARY_DATA]
+
+        for text in PACK_INSTRUCTIONS:
+            c = run(text)
+            row = {k: np.asarray(c[k])[0].astype(np.int64).tolist()
+                   for k in ("input_ids", "attention_mask", "token_type_ids", "position_ids") if k in c}
+            golden["rows"].append(row)
+            valid = int(sum(row["attention_mask"]))
+            for cap in (valid, valid - 1):
+                try:
+                    run(text, cap)
+                    golden["cap_refusals"].append({"instruction": text, "cap": cap, "error": None})
+                except ValueError as exc:
+                    golden["cap_refusals"].append({"instruction": text, "cap": cap, "error": str(exc)})
+            print(label, repr(text), len(row["input_ids"]), valid, "position_ids" in row)
+    (out / f"pack_{label}.json").write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "golden" / "upstream" / "processors")
+    ap.add_argument("--lerobot-src", type=Path,
+                    help="another lerobot source tree (src/lerobot): write only its pack step's goldens")
+    ap.add_argument("--label", help="with --lerobot-src: the version's name in pack_<label>.json")
     args = ap.parse_args()
     proc_mod, img_mod, vid_mod, mdl = load_hf_package()
-    _, _, pm = load_lerobot()
+    _, _, pm = load_lerobot(args.lerobot_src)
     pm._hf_token = lambda: None
     from transformers import Qwen2Tokenizer
+
+    if args.lerobot_src is not None:
+        frames = np.random.default_rng(2626).integers(0, 256, (2, *FRAME, 3), dtype=np.uint8)
+        pack_goldens(pm, frames, PACK_STATE, args.label, args.out)
+        return
 
     tokenizer = Qwen2Tokenizer.from_pretrained(str(TOKENIZER))
     rng = np.random.default_rng(2626)
@@ -250,6 +314,7 @@ def main() -> None:
             entry["upstream_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         manifest["special"][text] = entry
         print(repr(text), entry["upstream_error"], len(entry["state_positions"]))
+    pack_goldens(pm, frames, PACK_STATE, "lerobot-0.6.1", args.out)
     text = json.dumps(manifest, indent=1, sort_keys=True)
     # one line per list of numbers
     text = re.sub(r"\[\s*(-?[0-9.e+-]+(?:,\s*-?[0-9.e+-]+)*)\s*\]",

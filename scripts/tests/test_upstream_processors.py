@@ -156,3 +156,65 @@ def test_the_tokenizer_is_loaded_as_qwen2tokenizer_loads_it(tmp_path, wte, name)
     with pytest.raises((AssertionError, bpt.PromptError)):  # the files as they say tokenize otherwise
         got, expected = ids(Tokenizer.from_file(str(path)))
         np.testing.assert_array_equal(got, expected)
+
+
+PACKS = {v: json.loads((PROC / f"pack_{v}.json").read_text()) for v in bpt.UPSTREAMS}
+PACK_STATE = [0.1, -0.5, 1.0, -1.0, 0.0, 0.25, 0.9, -0.2]  # scripts/upstream_processor_configs.py
+
+
+@pytest.mark.parametrize("version", sorted(PACKS))
+def test_each_upstream_versions_pack_step_is_followed(tok, wte, tokens, version):
+    """The real pack step of each version (batch 1): its rows, padding and positions are the
+    tables' when the builder follows that version and takes the padding from it."""
+    golden = PACKS[version]
+    proc = settings("col_false")
+    bins = np.rint((np.clip(PACK_STATE, -1, 1) + 1) / 2 * 255).astype(int)
+    pads_seen = set()
+    for text, row in zip(golden["instructions"], golden["rows"]):
+        want = np.array(row["input_ids"])
+        t = bpt.build_tables(tok, wte, [text], 2, proc["grid"], 8, len(want), None, "continuous",
+                             col_tokens=proc["col_tokens"], setup=MANIFEST["setup_type"],
+                             control=MANIFEST["control_mode"], upstream=version, **tokens)
+        states = t["state_positions"][0]
+        np.testing.assert_array_equal(want[states], STATE_BASE + bins)
+        keep = np.ones(len(want), bool)
+        keep[states] = False
+        np.testing.assert_array_equal(t["token_ids"][0][keep], want[keep], err_msg=f"{version} {text!r}")
+        np.testing.assert_array_equal(t["valid"][0], row["attention_mask"])
+        np.testing.assert_array_equal(t["image_block"][0], row["token_type_ids"])
+        pads = int((t["valid"][0] == 0).sum())
+        pads_seen.add(pads)
+        # 0.6.1 emits no positions (the model's arange); main emits clamp(cumsum(mask) - 1, 0)
+        positions = row.get("position_ids", np.arange(len(want)))
+        np.testing.assert_array_equal(bpt.rope_positions(len(want), pads), positions)
+        assert bytes(t["upstream"]).decode() == version
+    assert pads_seen == ({0} if version == "lerobot-0.6.1" else {0, 1, 4, 7})
+
+
+@pytest.mark.parametrize("version", sorted(PACKS))
+def test_the_sequence_cap_is_refused_as_each_version_refuses_it(tok, wte, tokens, version):
+    proc = settings("col_false")
+    for case in PACKS[version]["cap_refusals"]:
+        row = PACKS[version]["rows"][PACKS[version]["instructions"].index(case["instruction"])]
+        build = lambda: bpt.build_tables(tok, wte, [case["instruction"]], 2, proc["grid"], 8,  # noqa: E731
+                                         len(row["input_ids"]), None, "continuous", col_tokens=False,
+                                         setup=MANIFEST["setup_type"], control=MANIFEST["control_mode"],
+                                         upstream=version, max_sequence_length=case["cap"], **tokens)
+        if case["error"] is None:
+            build()
+        else:
+            with pytest.raises(bpt.CapError, match="above max_sequence_length"):
+                build()
+    assert sorted(c["error"] is None for c in PACKS[version]["cap_refusals"]) == [False] * 5 + [True] * 5
+
+
+def test_an_instruction_laid_out_otherwise_than_the_version_pads_it_is_refused(tok, wte, tokens):
+    """main pads "go" (125 tokens) to 129 rows after 4 pads: a 125-row export is not that layout."""
+    golden = PACKS["lerobot-main-c13d79e"]
+    with pytest.raises(bpt.PromptError, match=r"lays out as 129 rows after 4 rows of left padding"):
+        bpt.build_tables(tok, wte, ["go"], 2, (2, 2), 8, 125, None, "continuous", col_tokens=False,
+                         setup=MANIFEST["setup_type"], control=MANIFEST["control_mode"],
+                         upstream="lerobot-main-c13d79e", **tokens)
+    assert len(golden["rows"][0]["input_ids"]) == 129
+    with pytest.raises(bpt.PromptError, match=r"upstream 'lerobot-0.7': expected one of"):
+        bpt.build_tables(tok, wte, ["go"], 2, (2, 2), 8, 125, None, "continuous", upstream="lerobot-0.7")

@@ -46,6 +46,10 @@ def arguments(argv):
     ap.add_argument("--tag", help="normalization tag in norm_stats.json metadata_by_tag (Hugging Face layout; "
                     "a LeRobot checkpoint carries its statistics); Fast-WAM: the key in *_dataset_stats.json "
                     "action/state (upstream's shape_meta key, default 'default')")
+    ap.add_argument("--upstream", choices=list(bpt.UPSTREAMS), default=bpt.DEFAULT_UPSTREAM,
+                    help="MolmoAct2: the lerobot version whose host glue the bundle follows (padding, positions, "
+                    "sequence cap, action_mode default; no checkpoint file records it). Default: the pin, "
+                    f"{bpt.DEFAULT_UPSTREAM}")
     ap.add_argument("--instruction", action="append", default=[], help="an instruction (repeatable)")
     ap.add_argument("--instructions", type=Path, help=".json list of instructions")
     ap.add_argument("--frame-size", type=parse_size, help="raw camera frame HxW (an HF checkpoint does not state it)")
@@ -334,10 +338,7 @@ def run(a) -> dict:
                            "step_output", "keystone", "state_dims", "state_norm", "action_norm",
                            "attention_blocked_value", "prompt", "instructions")}
 
-    if ck.policy is not None:
-        cap, cap_where = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"])
-        expect(m["seq_len"] <= cap, cap_where, f"the exported prompt has {m['seq_len']} tokens, above the cap "
-               f"{cap}: lerobot's pack step refuses such a prompt")
+    cap = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"]) if ck.policy is not None else None
 
     # Qwen2Tokenizer.from_pretrained: tokenizer_config.json's tokens, else the class defaults
     tok_cfg = ck.base / "tokenizer_config.json"
@@ -353,12 +354,16 @@ def run(a) -> dict:
     expect(wte.shape[1] == m["hidden"], "model.safetensors wte", f"width: expected {m['hidden']}, found {wte.shape[1]}")
     grid = contract.pooled_grid(proc, m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
-    action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
+    # (Absent from a LeRobot checkpoint's pack step and policy config: that version's default.)
+    action_mode = norm.get("action_mode") or (bpt.UPSTREAMS[a.upstream]["action_mode_default"]
+                                              if ck.policy is not None else ck.config.get("action_mode", "both"))
     settings = norm.get("prompt_settings") or contract.prompt_settings(
         {k: v for k, v in ck.config.items() if k != "normalize_language"})
     tokens = bpt.tokenizer_tokens(tok_cfg)
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, proc["col_tokens"], m["seq_len"],
-                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens)
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens,
+                           a.upstream, cap)
+    m["rope_left_pad"] = int((tables["valid"][0] == 0).sum())  # the version's padding (upstream_layout)
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))
@@ -372,7 +377,7 @@ def run(a) -> dict:
     man = bundle.manifest(name, a.variant, order, comps, m)
     provenance = {
         "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "tag": a.tag,
-        "embedding_prefix": prefix, "norm_mode": norm["norm_mode"], "action_mode": action_mode,
+        "embedding_prefix": prefix, "norm_mode": norm["norm_mode"], "action_mode": action_mode, "upstream": a.upstream,
         "step_output": step_out, "step_output_from": "--step-output" if a.step_output else "onnx/action_step",
         "prompt_matched": proof, "end_to_end_observation": observation,
     }
