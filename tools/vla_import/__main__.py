@@ -341,8 +341,8 @@ def run(a) -> dict:
     cap = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"]) if ck.policy is not None else None
 
     # Qwen2Tokenizer.from_pretrained: tokenizer_config.json's tokens, else the class defaults
-    tok_cfg = ck.base / "tokenizer_config.json"
-    tok_cfg = checkpoint.read_json(tok_cfg) if tok_cfg.is_file() else {}
+    tok_cfg_path = ck.base / "tokenizer_config.json"
+    tok_cfg = checkpoint.read_json(tok_cfg_path) if tok_cfg_path.is_file() else {}
     try:
         tokenizer = bpt.load_tokenizer(ck.base / "tokenizer.json", tok_cfg)
     except bpt.PromptError as exc:
