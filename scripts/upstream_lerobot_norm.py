@@ -80,9 +80,10 @@ def _real(name: str, path: Path, replace: tuple[str, str] | None = None) -> type
     return mod
 
 
-def load_lerobot():
-    """lerobot.processor's pipeline and normalizer and processor_molmoact2.py, from their files."""
-    pol = molmoact2_dir()
+def load_lerobot(lerobot_root: Path | None = None):
+    """lerobot.processor's pipeline and normalizer and processor_molmoact2.py, from their files
+    (`lerobot_root`: another lerobot source tree's `src/lerobot`; default: the installed wheel)."""
+    pol = molmoact2_dir() if lerobot_root is None else Path(lerobot_root) / "policies" / "molmoact2"
     lr = pol.parent.parent
     _shell("lerobot", lr)
     configs = _shell("lerobot.configs", lr / "configs")

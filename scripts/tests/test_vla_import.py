@@ -190,6 +190,31 @@ def test_unsupported_crop_mode(copies, capsys):
             "expected 'resize'")
 
 
+def test_processor_config_is_read_as_lerobots_loader_reads_it(copies, capsys):
+    """golden/upstream/processors/: a `size` int is upstream's square; an absent crop_mode is
+    the image processor's default, overlap-and-resize-c2 (multi-crop), which vlad refuses."""
+    release, checkpoint, out = copies
+    path = checkpoint / "processor_config.json"
+    _edit_json(path, lambda p: p["image_processor"].update(size=56))
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    shutil.rmtree(out)
+    _edit_json(path, lambda p: p["image_processor"].pop("crop_mode"))
+    refused(capsys, args(release, checkpoint, out), out, "processor_config.json image_processor.crop_mode",
+            "found 'overlap-and-resize-c2' (absent: the image processor's default)")
+
+
+def test_the_upstream_version_is_recorded_and_its_padding_applied(copies, capsys):
+    """The tiny release was traced as lerobot 0.6.1 runs it (no padding at batch 1); lerobot main
+    pads the same prompt to a multiple of 8 first, a layout these contexts were not traced with."""
+    release, checkpoint, out = copies
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    assert json.loads((out / "import.json").read_text())["upstream"] == "lerobot-0.6.1"
+    assert bytes(np.load(out / "prompt" / "prompt_tables.npz")["upstream"]).decode() == "lerobot-0.6.1"
+    shutil.rmtree(out)
+    refused(capsys, args(release, checkpoint, out, "--upstream", "lerobot-main-c13d79e"), out, "--instruction",
+            "lerobot-main-c13d79e lays out as", "rows of left padding")
+
+
 def test_refused_import_leaves_an_existing_bundle_untouched(copies, capsys):
     release, checkpoint, out = copies
     shutil.copytree(REPO / "golden" / "bundles" / "molmoact2-upstream-original", out)
@@ -369,7 +394,8 @@ def test_lerobot_prompt_above_the_sequence_cap_is_refused(copies, capsys, tmp_pa
         pre["steps"][5]["config"]["max_sequence_length"] = 64
         (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
     needle = "policy_preprocessor.json molmoact2_pack_inputs" if where == "pack" else "config.json max_sequence_length"
-    refused(capsys, lerobot_args(release, lr, out), out, needle, "above the cap 64", "refuses such a prompt")
+    refused(capsys, lerobot_args(release, lr, out), out, needle, "above max_sequence_length 64",
+            "refuses such a prompt")
 
 
 @pytest.mark.parametrize("key", ["add_setup_tokens", "add_control_tokens"])
@@ -382,13 +408,13 @@ def test_lerobot_template_settings_reach_the_builder(copies, capsys, tmp_path, k
     pre = json.loads((lr / "policy_preprocessor.json").read_text())
     pre["steps"][5]["config"][key] = False
     (lr / "policy_preprocessor.json").write_text(json.dumps(pre))
-    refused(capsys, lerobot_args(release, lr, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
+    refused(capsys, lerobot_args(release, lr, out), out, "--instruction", "renders to 129 tokens", "seq_len 131")
 
 
 def test_hf_template_setting_reaches_the_builder(copies, capsys):
     release, checkpoint, out = copies
     _edit_json(checkpoint / "config.json", lambda c: c.update(add_setup_tokens=False))
-    refused(capsys, args(release, checkpoint, out), out, "--instruction", "renders to 129 tokens", "for 131 tokens")
+    refused(capsys, args(release, checkpoint, out), out, "--instruction", "renders to 129 tokens", "seq_len 131")
 
 
 def test_lerobot_joint_signs_are_refused(copies, capsys, tmp_path):

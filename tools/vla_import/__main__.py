@@ -20,6 +20,8 @@ sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 from . import bundle, checkpoint, contract, fastwam, fastwam_chain, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
+import build_prompt_tables as bpt  # noqa: E402
+
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")
 
@@ -44,6 +46,10 @@ def arguments(argv):
     ap.add_argument("--tag", help="normalization tag in norm_stats.json metadata_by_tag (Hugging Face layout; "
                     "a LeRobot checkpoint carries its statistics); Fast-WAM: the key in *_dataset_stats.json "
                     "action/state (upstream's shape_meta key, default 'default')")
+    ap.add_argument("--upstream", choices=list(bpt.UPSTREAMS), default=bpt.DEFAULT_UPSTREAM,
+                    help="MolmoAct2: the lerobot version whose host glue the bundle follows (padding, positions, "
+                    "sequence cap, action_mode default; no checkpoint file records it). Default: the pin, "
+                    f"{bpt.DEFAULT_UPSTREAM}")
     ap.add_argument("--instruction", action="append", default=[], help="an instruction (repeatable)")
     ap.add_argument("--instructions", type=Path, help=".json list of instructions")
     ap.add_argument("--frame-size", type=parse_size, help="raw camera frame HxW (an HF checkpoint does not state it)")
@@ -270,8 +276,9 @@ def run(a) -> dict:
                "expected the Hugging Face checkpoint the policy was trained from (or pass --base-checkpoint)")
         base_dir = sources.resolve(base, sources.BASE_FILES, "base checkpoint")
     ck = checkpoint.load(ck_dir, base_dir)
-    contract.refuse_unsupported(ck.config, ck.processor)
-    m = contract.settings(comps, order, ck.config, ck.processor)
+    contract.refuse_unsupported(ck.config)
+    proc = contract.processor(ck.processor)
+    m = contract.settings(comps, order, ck.config, proc)
     norm = normalization(ck, a, m)
     action_dims, state_dims = norm["action_dims"], norm["state_dims"]
     expect(action_dims <= m["action_width"], norm["stats_where"],
@@ -331,26 +338,32 @@ def run(a) -> dict:
                            "step_output", "keystone", "state_dims", "state_norm", "action_norm",
                            "attention_blocked_value", "prompt", "instructions")}
 
-    if ck.policy is not None:
-        cap, cap_where = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"])
-        expect(m["seq_len"] <= cap, cap_where, f"the exported prompt has {m['seq_len']} tokens, above the cap "
-               f"{cap}: lerobot's pack step refuses such a prompt")
+    cap = lerobot.sequence_cap(ck.root, ck.policy, m["cameras"], m["state_dims"]) if ck.policy is not None else None
 
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(ck.base / "tokenizer.json"))
+    # Qwen2Tokenizer.from_pretrained: tokenizer_config.json's tokens, else the class defaults
+    tok_cfg_path = ck.base / "tokenizer_config.json"
+    tok_cfg = checkpoint.read_json(tok_cfg_path) if tok_cfg_path.is_file() else {}
+    try:
+        tokenizer = bpt.load_tokenizer(ck.base / "tokenizer.json", tok_cfg)
+    except bpt.PromptError as exc:
+        raise ImportRefused(str(ck.base / "tokenizer.json"), str(exc).partition(": ")[2]) from exc
     roots = [ck.root]
     if ck.policy is not None and not checkpoint.has_embedding(ck.root):
         roots.append(sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint"))  # now with its weights
     wte, prefix, wte_from = checkpoint.embedding_table(roots)
     expect(wte.shape[1] == m["hidden"], "model.safetensors wte", f"width: expected {m['hidden']}, found {wte.shape[1]}")
-    grid = contract.pooled_grid(ck.processor, m["crop_size"], m["patch_size"], m["image_tokens"] // m["cameras"])
+    grid = contract.pooled_grid(proc, m["image_tokens"] // m["cameras"])
     # A LeRobot policy's action_mode (its pack step's) decides the expert's encoder mask.
-    action_mode = norm.get("action_mode") or ck.config.get("action_mode", "both")
+    # (Absent from a LeRobot checkpoint's pack step and policy config: that version's default.)
+    action_mode = norm.get("action_mode") or (bpt.UPSTREAMS[a.upstream]["action_mode_default"]
+                                              if ck.policy is not None else ck.config.get("action_mode", "both"))
     settings = norm.get("prompt_settings") or contract.prompt_settings(
         {k: v for k, v in ck.config.items() if k != "normalize_language"})
-    tables = prompt.tables(tokenizer, wte, instructions, m, grid, contract.col_tokens(ck.processor), m["seq_len"],
-                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings)
+    tokens = bpt.tokenizer_tokens(tok_cfg)
+    tables = prompt.tables(tokenizer, wte, instructions, m, grid, proc["col_tokens"], m["seq_len"],
+                           action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens,
+                           a.upstream, cap)
+    m["rope_left_pad"] = int((tables["valid"][0] == 0).sum())  # the version's padding (upstream_layout)
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))
@@ -364,7 +377,7 @@ def run(a) -> dict:
     man = bundle.manifest(name, a.variant, order, comps, m)
     provenance = {
         "release": a.release, "overlay": a.overlay, "checkpoint": a.checkpoint, "tag": a.tag,
-        "embedding_prefix": prefix, "norm_mode": norm["norm_mode"], "action_mode": action_mode,
+        "embedding_prefix": prefix, "norm_mode": norm["norm_mode"], "action_mode": action_mode, "upstream": a.upstream,
         "step_output": step_out, "step_output_from": "--step-output" if a.step_output else "onnx/action_step",
         "prompt_matched": proof, "end_to_end_observation": observation,
     }

@@ -5,6 +5,8 @@ import math
 
 from .errors import ImportRefused, expect
 
+import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
+
 COMPONENT_IO = {
     "vision": (["pixel_values"], ["image_embeds"]),
     "llm_split": (["hidden_states", "attention_bias"], ["hidden_out", "keys", "values"]),
@@ -41,18 +43,24 @@ def shape(c, tensor):
     return (c.inputs.get(tensor) or c.outputs.get(tensor))[0]
 
 
-def settings(comps: dict, order: list, config: dict, processor: dict) -> dict:
-    """The molmoact2 block's dimensions, each from the tensors and checked against the configs."""
+def processor(cfg: dict) -> dict:
+    """processor_config.json as lerobot's loader resolves it (build_prompt_tables'
+    `processor_settings`: the one implementation), its refusals as the importer's."""
+    try:
+        return bpt.processor_settings(cfg)
+    except bpt.PromptError as exc:
+        where, _, what = str(exc).partition(": ")
+        raise ImportRefused(where, what) from exc
+
+
+def settings(comps: dict, order: list, config: dict, proc: dict) -> dict:
+    """The molmoact2 block's dimensions, each from the tensors and checked against the configs
+    (`proc`: `processor(...)`)."""
     v, a_ctx, step, s0 = comps["vision"], comps["action_context"], comps["action_step"], comps["llm_split0"]
     _, cams, patches, pix = shape(v, "pixel_values")
     tokens, hidden = shape(v, "image_embeds")
-    ip = processor.get("image_processor", processor)
-    size = ip.get("size", {})
-    crop = size.get("height") if isinstance(size, dict) else size
-    expect(isinstance(size, dict) and size.get("height") == size.get("width"), "processor_config.json image_processor.size",
-           f"expected a square size, found {size}")
-    patch = ip.get("patch_size")
-    expect(patch is not None and patch * patch * 3 == pix, "processor_config.json image_processor.patch_size",
+    crop, patch = proc["crop_size"], proc["patch_size"]
+    expect(patch * patch * 3 == pix, "processor_config.json image_processor.patch_size",
            f"expected {int(math.isqrt(pix // 3))} (pixel_values last dim {pix}), found {patch}")
     expect((crop // patch) ** 2 == patches, "processor_config.json image_processor.size",
            f"expected {int(math.isqrt(patches)) * patch} (pixel_values has {patches} patches), found {crop}")
@@ -84,25 +92,17 @@ def settings(comps: dict, order: list, config: dict, processor: dict) -> dict:
             "action_context_width": width, "action_horizon": H, "action_width": W}
 
 
-def pooled_grid(processor: dict, crop: int, patch: int, tokens_per_camera: int) -> tuple:
-    ip = processor.get("image_processor", processor)
-    pool = ip.get("pooling_size", [2, 2])
-    g = crop // patch
-    grid = (math.ceil(g / pool[0]), math.ceil(g / pool[1]))
+def pooled_grid(proc: dict, tokens_per_camera: int) -> tuple:
+    grid = proc["grid"]
     expect(grid[0] * grid[1] == tokens_per_camera, "processor_config.json image_processor.pooling_size",
-           f"expected a pooling giving {tokens_per_camera} tokens per camera, found {pool} ({grid[0]}x{grid[1]})")
+           f"expected a pooling giving {tokens_per_camera} tokens per camera, found {proc['pooling_size']} "
+           f"({grid[0]}x{grid[1]})")
     return grid
 
 
-def refuse_unsupported(config: dict, processor: dict) -> None:
-    """Settings vlad cannot express are refused by name rather than imported wrongly."""
-    ip = processor.get("image_processor", processor)
-    expect(ip.get("crop_mode", "resize") == "resize", "processor_config.json image_processor.crop_mode",
-           f"expected 'resize' (the only crop vlad computes), found {ip.get('crop_mode')!r}")
-    for key in ("image_mean", "image_std"):
-        val = ip.get(key, [0.5, 0.5, 0.5])
-        expect(all(abs(x - 0.5) < 1e-9 for x in val), f"processor_config.json image_processor.{key}",
-               f"expected [0.5, 0.5, 0.5], found {val}")
+def refuse_unsupported(config: dict) -> None:
+    """Settings vlad cannot express are refused by name rather than imported wrongly (the
+    processor's: `processor`)."""
     expect(config.get("n_obs_steps", 1) == 1, "config.json n_obs_steps",
            f"expected 1 (actions from the chunk's first row), found {config.get('n_obs_steps')}")
     expect(config.get("state_format", "discrete") == "discrete", "config.json state_format",
@@ -151,12 +151,3 @@ def prompt_settings(*sources: dict) -> dict:
         expect(isinstance(value, bool), key, f"expected true or false, found {value!r}")
         out[key] = value
     return out
-
-
-def col_tokens(processor: dict) -> bool:
-    """Column tokens as lerobot's loader resolves them: `use_single_crop_col_tokens`, else
-    `image_use_col_tokens`, which defaults to true when the file lacks it."""
-    single = processor.get("use_single_crop_col_tokens")
-    if single is not None:
-        return bool(single)
-    return bool(processor.get("image_use_col_tokens", True))

@@ -12,11 +12,16 @@ import reference as ref  # noqa: E402
 
 
 def tables(tokenizer, wte, instructions, cfg, grid, col, seq_len, action_mode, setup, control, where,
-           settings=None):
-    """`settings`: the checkpoint's add_setup_tokens / add_control_tokens / normalize_language."""
+           settings=None, tokens=None, upstream=bpt.DEFAULT_UPSTREAM, cap=None):
+    """`settings`: the checkpoint's add_setup_tokens / add_control_tokens / normalize_language;
+    `tokens`: its BOS, EOS and PAD (`bpt.tokenizer_tokens`); `upstream`: the version followed
+    (its padding is the export's); `cap`: (max_sequence_length, where it came from) or None."""
     try:
-        return bpt.build_tables(tokenizer, wte, instructions, cfg["cameras"], grid, cfg["state_dims"], seq_len, 0,
-                                action_mode, col_tokens=col, setup=setup, control=control, **(settings or {}))
+        return bpt.build_tables(tokenizer, wte, instructions, cfg["cameras"], grid, cfg["state_dims"], seq_len, None,
+                                action_mode, col_tokens=col, setup=setup, control=control, upstream=upstream,
+                                max_sequence_length=cap[0] if cap else None, **(tokens or {}), **(settings or {}))
+    except bpt.CapError as exc:
+        raise ImportRefused(cap[1], str(exc)) from exc
     except bpt.PromptError as exc:
         raise ImportRefused(where, str(exc)) from exc
 

@@ -12,6 +12,11 @@
 //! fall back to the patch rows and to `valid`. When the manifest states the export's
 //! `rope_left_pad`, an instruction padded otherwise is refused: its baked RoPE positions
 //! would be shifted.
+//!
+//! Tables may name the upstream version whose host glue they follow (`upstream`, utf-8
+//! bytes; absent = lerobot 0.6.1, the pin). The runtime computes the same for every version it
+//! knows (they differ in padding, which `valid` and `rope_left_pad` carry); a version it does
+//! not know is refused rather than run with glue it has not been checked against.
 
 use crate::error::PolicyError;
 use crate::exec::non_finite;
@@ -50,6 +55,33 @@ pub struct PromptTables {
     pub instructions: Vec<Instruction>,
     /// `[256, D]` f32 rows of the `<state_k>` tokens.
     pub state_token_rows: Vec<f32>,
+}
+
+/// The upstream versions whose prompt layout the runtime follows (build_prompt_tables.py
+/// `UPSTREAMS`).
+pub const UPSTREAMS: [&str; 2] = ["lerobot-0.6.1", "lerobot-main-c13d79e"];
+
+/// The tables' `upstream` field, when present, must be one of [`UPSTREAMS`].
+fn check_upstream(npz: &Npz) -> Result<(), PolicyError> {
+    if !npz.contains("upstream") {
+        return Ok(());
+    }
+    let array = npz.array("upstream").map_err(PolicyError::Npz)?;
+    array
+        .check(DType::U8, &[array.len()])
+        .map_err(PolicyError::Npz)?;
+    let bytes = array.to_u8().map_err(PolicyError::Npz)?;
+    let name = String::from_utf8_lossy(&bytes);
+    if UPSTREAMS.contains(&name.as_ref()) {
+        return Ok(());
+    }
+    Err(PolicyError::Prompt {
+        file: npz.label().into(),
+        reason: format!(
+            "upstream: expected one of {} (the versions whose host glue vlad follows), found {name:?}",
+            UPSTREAMS.join(", ")
+        ),
+    })
 }
 
 /// An optional u8 `[n, s]` array as rows of 0/1, checked.
@@ -252,6 +284,7 @@ impl PromptTables {
     pub fn load(path: &Path, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
         let file = path.display().to_string();
         let npz = Npz::open(path).map_err(PolicyError::Npz)?;
+        check_upstream(&npz)?;
         let n = m.instructions.len();
         let (s, d) = (m.seq_len, m.hidden);
         let scaffold = npz
@@ -377,6 +410,32 @@ impl PromptTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upstream_version_vlad_does_not_follow_is_refused_in_one_line() {
+        let npz = |array: vla_npz::Array| {
+            Npz::from_bytes(vla_npz::npz_bytes(&[&array]).unwrap(), "prompt_tables.npz").unwrap()
+        };
+        let named = |name: &str| {
+            npz(vla_npz::Array::from_u8("upstream", &[name.len()], name.as_bytes()).unwrap())
+        };
+        for known in UPSTREAMS {
+            check_upstream(&named(known)).unwrap();
+        }
+        let absent = npz(vla_npz::Array::from_u8("valid", &[1], &[1]).unwrap());
+        check_upstream(&absent).unwrap();
+        let msg = check_upstream(&named("lerobot-0.7.0"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            "prompt tables prompt_tables.npz: upstream: expected one of lerobot-0.6.1, \
+             lerobot-main-c13d79e (the versions whose host glue vlad follows), found \"lerobot-0.7.0\""
+        );
+        let wide = npz(vla_npz::Array::from_i32("upstream", &[1], &[7]).unwrap());
+        let msg = check_upstream(&wide).unwrap_err().to_string();
+        assert!(msg.contains("upstream") && !msg.contains('\n'), "{msg}");
+    }
 
     #[test]
     fn observation_rows_are_added_or_replaced_and_text_rows_kept() {
