@@ -105,6 +105,10 @@ def test_a_recording_reads_back_with_the_mcap_package_and_the_textfile_parses(tm
         wait_until("5 inferences, 60 ticks and an ok action in the textfile", [daemon, sim], lambda: (
             value(metrics(textfile), "vlad_inferences") >= 5 and value(metrics(textfile), "vlad_ticks") >= 60
             and value(metrics(textfile), "vlad_published_actions", status="ok") > 0))
+        # Ask for the recording just after a chunk lands, so the newest chunk is inside the
+        # recorder's 30 s window however long an inference takes on this machine.
+        done = value(metrics(textfile), "vlad_inferences")
+        wait_until("one more inference", [daemon, sim], lambda: value(metrics(textfile), "vlad_inferences") > done)
         daemon.send_signal(signal.SIGUSR1)
         wait_until("a recording", [daemon, sim], lambda: any(recordings.glob("*.mcap")))
         families = metrics(textfile)
@@ -141,5 +145,7 @@ def test_a_recording_reads_back_with_the_mcap_package_and_the_textfile_parses(tm
                 img = pixels.reshape(body["height"], body["width"], 3)
                 assert body["encoding"] == "rgb8" and body["step"] == body["width"] * 3
                 np.testing.assert_array_equal(img, frames[cam])
-    assert seen.get("/vla/chunk", 0) >= 5 and seen.get("/vla/action", 0) >= 20, seen
+    # Actions: one a tick, and the run had 60 ticks before the trigger. Chunks: how many
+    # landed in the window depends on the inference time; the one just before the trigger did.
+    assert seen.get("/vla/chunk", 0) >= 1 and seen.get("/vla/action", 0) >= 20, seen
     assert any(t.startswith("/vla/camera/") for t in seen), seen
