@@ -243,7 +243,7 @@ def load_tokenizer(path: Path, config: dict | None = None):
         raise PromptError(f"{path}: not a tokenizer: {exc}".splitlines()[0]) from None
     model = data.get("model") or {}
     if model.get("type") != "BPE":
-        raise PromptError(f"{path} model.type: expected 'BPE' (Qwen2Tokenizer), found {model.get('type')!r}")
+        raise PromptError(f"{path}: model.type: expected 'BPE' (Qwen2Tokenizer), found {model.get('type')!r}")
     vocab = model.get("vocab") or {}
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model.get("merges") or []]
     tok.model = BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
@@ -321,7 +321,9 @@ def mask_action_spans(ids: np.ndarray, mask: np.ndarray, start_id, end_id) -> No
         e += 1
 
 
-def _token_id(tokenizer, token: str) -> int:
+def _token_id(tokenizer, token: str | None) -> int:
+    if token is None:
+        raise PromptError("tokenizer_config.json sets a token this prompt needs (BOS/EOS/PAD) to null")
     tid = tokenizer.token_to_id(token)
     if tid is None:
         raise PromptError(f"tokenizer has no token {token!r}")

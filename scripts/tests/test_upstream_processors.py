@@ -4,6 +4,7 @@ processor_config.json files loaded back by lerobot's own loader, and instruction
 special-token text. Exact: token ids, image block, state rows, encoder masks."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ REFUSED = {"crop_mode_absent": "crop_mode", "crop_overlap_c2": "crop_mode", "cro
 
 @pytest.fixture(scope="module")
 def tok():
-    return Tokenizer.from_file(str(UP / "tokenizer" / "tokenizer.json"))
+    # As the builder's --processor-config path and the importer load it (upstream's loader).
+    config = json.loads((UP / "tokenizer" / "tokenizer_config.json").read_text())
+    return bpt.load_tokenizer(UP / "tokenizer" / "tokenizer.json", config)
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +221,13 @@ def test_an_instruction_laid_out_otherwise_than_the_version_pads_it_is_refused(t
     assert len(golden["rows"][0]["input_ids"]) == 129
     with pytest.raises(bpt.PromptError, match=r"upstream 'lerobot-0.7': expected one of"):
         bpt.build_tables(tok, wte, ["go"], 2, (2, 2), 8, 125, None, "continuous", upstream="lerobot-0.7")
+
+
+def test_the_versions_the_builder_knows_are_the_ones_vlad_accepts():
+    # vlad refuses prompt tables naming a version outside vla_policy::UPSTREAMS: the two
+    # lists must be the same, and each has its pack golden.
+    rust = (Path(__file__).resolve().parents[2] / "runtime" / "crates" / "vla-policy" / "src" / "prompt.rs").read_text()
+    line = next(ln for ln in rust.splitlines() if ln.startswith("pub const UPSTREAMS"))
+    assert sorted(re.findall(r'"([^"]+)"', line)) == sorted(bpt.UPSTREAMS)
+    for version in bpt.UPSTREAMS:
+        assert (PROC / f"pack_{version}.json").exists(), version

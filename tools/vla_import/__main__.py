@@ -346,7 +346,10 @@ def run(a) -> dict:
     try:
         tokenizer = bpt.load_tokenizer(ck.base / "tokenizer.json", tok_cfg)
     except bpt.PromptError as exc:
-        raise ImportRefused(str(ck.base / "tokenizer.json"), str(exc).partition(": ")[2]) from exc
+        # The builder's message starts with the file's path; the refusal names the file itself.
+        path = str(ck.base / "tokenizer.json")
+        message = str(exc).removeprefix(f"{path}: ")
+        raise ImportRefused(path, message) from exc
     roots = [ck.root]
     if ck.policy is not None and not checkpoint.has_embedding(ck.root):
         roots.append(sources.resolve(base, sources.CHECKPOINT_FILES, "base checkpoint"))  # now with its weights

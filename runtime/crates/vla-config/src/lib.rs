@@ -264,8 +264,8 @@ pub struct ControlConfig {
     pub max_observation_age_ms: u32,
     /// A chunk older than this (ms since its observation, 1..=60000) is not published from.
     pub max_chunk_age_ms: u32,
-    /// After a chunk's last step, keep publishing it as a hold for this long (ms, 0..=60000),
-    /// then stop; 0 stops at once.
+    /// After a chunk's last step its last action stays `ok` this long (ms, 0..=60000), then
+    /// the loop publishes `hold` (fail closed); 0: `hold` at once.
     pub hold_after_chunk_end_ms: u32,
     /// Each action's `valid_until` is its publish time plus this (ms); validation keeps it at
     /// least one publish period.

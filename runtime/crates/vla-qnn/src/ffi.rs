@@ -560,7 +560,9 @@ const _: () = {
 /// Reads a `T` at `base + offset` from library-owned memory.
 ///
 /// # Safety
-/// `base + offset .. + size_of::<T>()` must be readable memory holding a valid `T`.
+/// `base` and `base + offset` must lie in one allocated object (as `pointer::add`
+/// requires), and `base + offset .. + size_of::<T>()` must be readable memory holding a
+/// valid `T`.
 pub unsafe fn read_at<T: Copy>(base: *const u8, offset: usize) -> T {
     // SAFETY: the caller guarantees `base + offset` lies in one readable object.
     let at = unsafe { base.add(offset) } as *const T;

@@ -243,9 +243,14 @@ fn call_error(
         // table, or a test's stand-in with its signature); `rc` is an error handle the
         // same library returned, `p` a local it writes.
         let ok = qnn!(unsafe f(rc, &mut p)) == ffi::QNN_SUCCESS;
-        // SAFETY: `p` is NULL or the library's NUL-terminated message, copied at once.
+        if !ok {
+            // QNN promises nothing about `p` when the call failed.
+            return None;
+        }
+        // SAFETY: on success `p` is NULL or the library's NUL-terminated message, copied
+        // at once.
         let m = unsafe { c_string(p) };
-        (ok && !m.is_empty()).then_some(m)
+        (!m.is_empty()).then_some(m)
     });
     QnnError::Call {
         operation,
@@ -270,9 +275,12 @@ impl Table<'_> {
     /// The table has at least `index + 1` slots and slot `index` holds a function of
     /// type `F` (an `extern "C" fn` pointer type).
     unsafe fn optional<F: Copy>(&self, index: usize) -> Option<F> {
-        debug_assert_eq!(
+        // Checked in release builds too: the transmute below is only sound for a
+        // pointer-sized `F`.
+        assert_eq!(
             core::mem::size_of::<F>(),
-            core::mem::size_of::<*const c_void>()
+            core::mem::size_of::<*const c_void>(),
+            "a QNN function table slot read as a type that is not a function pointer"
         );
         // SAFETY: per the caller's guarantee the slot is inside the provider struct.
         let raw: *const c_void = unsafe { read_at(self.base, self.offset + 8 * index) };
