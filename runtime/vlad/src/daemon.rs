@@ -686,6 +686,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             )
         } else {
             String::new()
+        } + if c.emulator_age_limits {
+            ", age limits past a minute allowed: HTP emulator only"
+        } else {
+            ""
         }
     );
     announce(&settings);
