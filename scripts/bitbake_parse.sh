@@ -275,4 +275,17 @@ if [[ -n "${META_RAUC:-}" ]]; then
     # The tar the RAUC bundle carries (reads only the bundle directory).
     run bitbake vla-bundle -c deploy
     tar -tvf "$build/tmp/deploy/images/$machine/vla-policy-molmoact2-libero-original-tiny.tar"
+    # The fleet agent: meta-rauc's rauc-hawkbit-updater with meta-vla's append, pulled in
+    # by packagegroup-vla.
+    printf '\n$ bitbake -e packagegroup-vla | grep ^RDEPENDS:packagegroup-vla=\n'
+    bitbake -e packagegroup-vla | grep '^RDEPENDS:packagegroup-vla='
+    printf '\n$ bitbake -e rauc-hawkbit-updater | grep -E "^(PV|VLA_HAWKBIT_DIR|VLA_HAWKBIT_VLA|SRC_URI|FILES:rauc-hawkbit-updater|SYSTEMD_SERVICE:rauc-hawkbit-updater)="\n'
+    bitbake -e rauc-hawkbit-updater |
+        grep -E '^(PV|VLA_HAWKBIT_DIR|VLA_HAWKBIT_VLA|SRC_URI|FILES:rauc-hawkbit-updater|SYSTEMD_SERVICE:rauc-hawkbit-updater)='
+    printf '\n$ bitbake -e rauc-hawkbit-updater | sed -n "/^do_install() {/,/^}/p"   (the append)\n'
+    bitbake -e rauc-hawkbit-updater | sed -n '/^do_install() {/,/^}/p' | grep -A30 'VLA_HAWKBIT\|vla-hawkbit' | head -30
+    run bitbake -g vla-image
+    printf '\n$ grep rauc-hawkbit-updater'"'"'s edges in task-depends.dot\n'
+    grep -oE '"(vla-image|packagegroup-vla)\.do_[a-z_]+" -> "(rauc-hawkbit-updater|vla-rauc)\.do_[a-z_]+"' \
+        task-depends.dot | sort -u
 fi

@@ -4,7 +4,10 @@
 #   1. oelint-adv over every recipe, include and conf file of meta-vla/;
 #   2. systemd-analyze verify over systemd/*.service|*.timer;
 #   3. systemd-tmpfiles --create of systemd/vla-tmpfiles.conf into a scratch root;
-#   4. scripts/gen_crates_inc.py --check (vlad-crates.inc matches Cargo.lock) and its tests.
+#   4. scripts/gen_crates_inc.py --check (vlad-crates.inc matches Cargo.lock) and its tests;
+#   5. the fleet agent's files (dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater):
+#      its service drop-in verified on a stand-in of meta-rauc's unit next to vlad.service,
+#      its tmpfiles.d into a scratch root, its configuration script's tests.
 # Prints one PASS/FAIL line per check and exits non-zero if any failed.
 # A real bitbake parse of the layer is scripts/bitbake_parse.sh (needs layer checkouts).
 set -uo pipefail
@@ -137,6 +140,59 @@ check_tmpfiles() {
         sed "s|$root||"
 }
 
+hawkbit_files="meta-vla/dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater/files"
+# VLA_HAWKBIT_DIR's default (the rauc-hawkbit-updater bbappend), as the bbappend substitutes it.
+hawkbit_dir="/var/lib/rauc-hawkbit-updater"
+
+check_hawkbit() {
+    say "rauc-hawkbit-updater: drop-in (systemd-analyze verify), tmpfiles, configuration"
+    install_systemd_tools || return 1
+    # meta-rauc's unit is not in this repository: a stand-in with its ExecStart and user
+    # carries the drop-in, which verify loads from the unit's .d directory (an unknown key
+    # or a bad line in it is reported). Binaries are stubs, as for vlad above; vlad.service
+    # sits next to it so that After=vlad.service resolves.
+    local units="$work/hawkbit-units" out status
+    mkdir -p "$units/bin" "$units/rauc-hawkbit-updater.service.d"
+    local stub
+    for stub in vlad rauc-hawkbit-updater vla-hawkbit-config; do
+        printf '#!/bin/sh\nexit 0\n' > "$units/bin/$stub"
+        chmod 0755 "$units/bin/$stub"
+    done
+    sed "s|/usr/bin/vlad|$units/bin/vlad|g" systemd/vlad.service > "$units/vlad.service"
+    printf '[Unit]\nDescription=stand-in for meta-rauc rauc-hawkbit-updater.service\n\n[Service]\nUser=rauc-hawkbit\nExecStart=%s -s -c /etc/rauc-hawkbit-updater/config.conf\n' \
+        "$units/bin/rauc-hawkbit-updater" > "$units/rauc-hawkbit-updater.service"
+    sed -e "s|@VLA_HAWKBIT_DIR@|$hawkbit_dir|g" \
+        -e "s|/usr/bin/rauc-hawkbit-updater|$units/bin/rauc-hawkbit-updater|" \
+        -e "s|/usr/libexec/vla/vla-hawkbit-config|$units/bin/vla-hawkbit-config|" \
+        "$hawkbit_files/vla-hawkbit.service.conf" > "$units/rauc-hawkbit-updater.service.d/50-vla.conf"
+    if grep -q '@[A-Z_]*@' "$units/rauc-hawkbit-updater.service.d/50-vla.conf"; then
+        echo "check_layer: a placeholder the bbappend does not substitute is left in the drop-in" >&2
+        return 1
+    fi
+    out="$(cd "$units" && SYSTEMD_UNIT_PATH="$units:" systemd-analyze verify --man=no \
+        rauc-hawkbit-updater.service vlad.service 2>&1)"
+    status=$?
+    echo "${out:-no findings}"
+    [[ $status -eq 0 && -z "$out" ]] || return 1
+
+    local root="$work/hawkbit-root" conf="$work/vla-hawkbit-tmpfiles.conf"
+    mkdir -p "$root/etc"
+    echo 'rauc-hawkbit:x:991:991::/:/bin/false' > "$root/etc/passwd"
+    echo 'rauc-hawkbit:x:991:' > "$root/etc/group"
+    sed "s|@VLA_HAWKBIT_DIR@|$hawkbit_dir|g" "$hawkbit_files/vla-hawkbit-tmpfiles.conf" > "$conf"
+    out="$(systemd-tmpfiles --create --root="$root" "$conf" 2>&1)"
+    status=$?
+    echo "${out:-no findings}"
+    [[ $status -eq 0 && -z "$out" ]] || return 1
+    [[ "$(stat -c '%a %u' "$root$hawkbit_dir/download")" == "700 991" ]] || {
+        echo "check_layer: tmpfiles did not make $hawkbit_dir/download 0700 rauc-hawkbit" >&2
+        return 1
+    }
+    stat -c '%A %u:%g %n' "$root$hawkbit_dir" "$root$hawkbit_dir/download" | sed "s|$root||"
+
+    .venv/bin/python -m pytest -q -p no:cacheprovider scripts/tests/test_vla_hawkbit_config.py
+}
+
 check_crates() {
     say "gen_crates_inc.py --check"
     python3 -m unittest discover -s scripts/tests -p 'test_gen_crates_inc.py' || return 1
@@ -151,6 +207,7 @@ run_check "oelint-adv (meta-vla, wrynose)" check_oelint
 run_check "systemd-analyze verify (systemd/)" check_units
 run_check "systemd-tmpfiles (vla-tmpfiles.conf)" check_tmpfiles
 run_check "vlad-crates.inc matches Cargo.lock" check_crates
+run_check "rauc-hawkbit-updater drop-in, tmpfiles, configuration" check_hawkbit
 
 printf '\n== summary\n'
 printf '%s\n' "${results[@]}"

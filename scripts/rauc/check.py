@@ -88,9 +88,9 @@ def rauc_bundle(rauc: Path, out: Path, name: str, policy: Path, version: str,
 
 # ------------------------------------------------------------------------------ the VM
 
-def boot(kernel_dir: Path, image: Path, work: Path, out: Path, timeout: float) -> float:
-    cmd = vm.qemu_command(kernel_dir, image, work)
-    log("booting the VM (qemu TCG)")
+def boot(kernel_dir: Path, image: Path, work: Path, out: Path, timeout: float, cpus: int) -> float:
+    cmd = vm.qemu_command(kernel_dir, image, work, cpus=cpus)
+    log(f"booting the VM (qemu TCG, {cpus} vCPU)")
     start = time.monotonic()
     with open(out / "console.log", "w") as console:
         try:
@@ -168,6 +168,10 @@ def main() -> int:
     # 408.6 s; emulator-only figures, docs/testing.md).
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds the VM may run")
     a = ap.parse_args()
+    try:
+        cpus = vm.cpus_from_env()
+    except vm.VmError as e:
+        raise SystemExit(f"rauc-check: {e}")
     vlad, rauc, kernel_dir = a.vlad.resolve(), a.rauc.resolve(), a.kernel_dir.resolve()
     out = a.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
@@ -259,10 +263,10 @@ def main() -> int:
     except vm.VmError as e:
         raise SystemExit(f"rauc-check: {e}")
     log(f"initramfs: busybox and {len(modules)} modules ({', '.join(modules)})")
-    seconds = boot(kernel_dir, image, work, out, a.timeout)
+    seconds = boot(kernel_dir, image, work, out, a.timeout, cpus)
     results = work / "results"
     log(f"VM ran {seconds:.1f} s")
-    summary = {"vm_seconds": round(seconds, 1), "hashes": hashes}
+    summary = {"vm_seconds": round(seconds, 1), "vm_cpus": cpus, "hashes": hashes}
     for name in ("good", "gate-fails", "untrusted"):
         t = (results / f"{name}.time")
         if t.exists():

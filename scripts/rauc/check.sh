@@ -6,6 +6,7 @@
 # daemon's parity gate, and the verdict reported back as RAUC's install result.
 #
 #   scripts/rauc/check.sh
+#   VLA_VM_CPUS=1 scripts/rauc/check.sh     # the VM with one vCPU (default 2)
 #
 # RAUC installs artifacts only from verity bundles, which need the kernel's device mapper
 # (dm-verity) and loop devices. So the install runs in a small VM: Debian's stock kernel

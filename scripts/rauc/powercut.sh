@@ -5,6 +5,7 @@
 # next boot checks that nothing was lost (scripts/rauc/powercut.py says what exactly).
 #
 #   scripts/rauc/powercut.sh [--cuts N] [--seed S]     # default 30 cuts, a random seed
+#   VLA_VM_CPUS=1 scripts/rauc/powercut.sh ...           # the VM with one vCPU (default 2)
 #
 # Set-up as scripts/rauc/check.sh (Debian packages, Debian's kernel, cached in build/).
 # Results and logs: build/powercut/. Exit status 0 nothing lost, 1 a check failed or the

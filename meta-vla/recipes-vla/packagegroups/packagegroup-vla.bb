@@ -4,9 +4,17 @@ DESCRIPTION = "Everything the IQ-9075 needs to run the policy named by VLA_POLIC
 BUGTRACKER = "https://example.invalid/vla-runtime/issues"
 SECTION = "robotics"
 
+require conf/vla-defaults.inc
+
 inherit packagegroup
 
+# With DISTRO_FEATURES "vla-rauc" (meta-rauc builds): the RAUC handlers that deliver
+# policies to vlad and the fleet agent that asks the server for them (VLA_UPDATE_AGENT,
+# meta-rauc's rauc-hawkbit-updater unless the product brings its own).
 RDEPENDS:${PN} = "\
     vla-bundle \
     vlad \
 "
+# (oelint's dependsordered reads the inline expression's text as one entry.)
+# nooelint: oelint.vars.dependsordered
+RDEPENDS:${PN} += "${@bb.utils.contains('DISTRO_FEATURES', 'vla-rauc', '${VLA_UPDATE_AGENT} vla-rauc', '', d)}"

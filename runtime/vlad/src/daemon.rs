@@ -522,6 +522,10 @@ fn announce_running(
             )
         } else {
             String::new()
+        } + if c.emulator_age_limits {
+            ", age limits past a minute allowed: HTP emulator only"
+        } else {
+            ""
         }
     );
     announce(settings);

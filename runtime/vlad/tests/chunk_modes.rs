@@ -258,7 +258,27 @@ fn every_merge_mode_moves_the_simulated_arm_with_real_actions() {
         assert!(err.contains(&format!("merge {merge}")), "{merge}: {err}");
         let r: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-        assert!(r["ok_applied"].as_u64().unwrap() > 20, "{merge}: {out}");
+        // A true timing requirement (class T in docs/testing.md), not a wait: the robot
+        // runs 6 s (120 ticks at 20 Hz) after READY, and a 32-step chunk that lands d = 20 L
+        // steps late (L its latency, the 150 ms injected included) plays 32 - 20 L ok rows
+        // before it runs out, while the next lands L later: an ok share of
+        // min(1, (32 - 20 L) / 20 L) of the ticks. More than 20 of 120 (the share above
+        // 1/6, what "moves the arm with real actions" needs over a few chunks) therefore
+        // needs L < 32 / 23.3 = 1.37 s: about 2.5x the emulator's quiet latency here (~0.5 s
+        // plus the injection). No longer robot run helps a slower machine (the share does
+        // not grow with time), so the failure names the daemon's own measured operating
+        // point, which shows whether the machine was past that bound.
+        let ok = r["ok_applied"].as_u64().unwrap();
+        let point = err
+            .lines()
+            .rev()
+            .find(|l| l.contains("operating point"))
+            .unwrap_or("(no operating point line)");
+        assert!(
+            ok > 20,
+            "{merge}: {ok} ok of ~120 ticks; needs an inference below ~1.37 s, the daemon \
+             measured: {point}\n{out}"
+        );
         assert_eq!(r["all_zero_applied"], 0, "{merge}");
         assert!(
             r["motion"]["seams"].as_u64().unwrap() > 0,

@@ -286,6 +286,11 @@ pub struct ControlConfig {
     /// Added to every inference (tests and benchmarks only: reproduces a board's
     /// latency on the emulator).
     pub extra_latency_ms: u32,
+    /// HTP emulator only: `max_observation_age_ms` and `max_chunk_age_ms` may exceed the
+    /// device ceiling of a minute (up to an hour), because a loaded emulator infers for
+    /// minutes. Refused by a build for any CPU but x86_64, the only one the emulator
+    /// exists for (the board's aarch64 build refuses it).
+    pub emulator_age_limits: bool,
 }
 
 impl ControlConfig {

@@ -143,6 +143,8 @@ pub(crate) struct RawControl {
     pub execute_steps: Option<f64>,
     pub chunk_rate_hz: Option<f64>,
     pub extra_latency_ms: Option<f64>,
+    /// Absent and `null` mean false.
+    pub emulator_age_limits: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

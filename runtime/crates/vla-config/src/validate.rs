@@ -21,6 +21,15 @@ use crate::{
 /// and a bound keeps millisecond arithmetic clear of overflow.
 const MAX_MS: u32 = 60_000;
 
+/// The age limits' ceiling with `control.emulator_age_limits`: a TCG VM on a loaded
+/// 2-core machine inferred for 160-190 s (docs/testing.md), and the slowest runs' hang
+/// guards are half an hour; an hour is past both and still far from overflow in ns.
+const EMULATOR_MAX_AGE_MS: u32 = 3_600_000;
+
+/// QAIRT ships the HTP emulator only as an x86_64 library: on any other CPU (the
+/// IQ-9075's aarch64) the HTP backend is the NPU, and a robot's limits stay a minute.
+const EMULATOR_BUILD: bool = cfg!(target_arch = "x86_64");
+
 type Checked<T> = Result<T, ConfigError>;
 
 fn path(keys: &[&str]) -> FieldPath {
@@ -130,10 +139,17 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         ));
     }
     let ms = |key: &str, value: f64, min: u32| whole(path(&["control", key]), value, min, MAX_MS);
+    let emulator_age_limits = emulator_age_limits(raw.emulator_age_limits, EMULATOR_BUILD)?;
+    let age_max = if emulator_age_limits {
+        EMULATOR_MAX_AGE_MS
+    } else {
+        MAX_MS
+    };
+    let age = |key: &str, value: f64| whole(path(&["control", key]), value, 1, age_max);
     let config = ControlConfig {
         publish_hz: hz,
-        max_observation_age_ms: ms("max_observation_age_ms", raw.max_observation_age_ms, 1)?,
-        max_chunk_age_ms: ms("max_chunk_age_ms", raw.max_chunk_age_ms, 1)?,
+        max_observation_age_ms: age("max_observation_age_ms", raw.max_observation_age_ms)?,
+        max_chunk_age_ms: age("max_chunk_age_ms", raw.max_chunk_age_ms)?,
         hold_after_chunk_end_ms: ms("hold_after_chunk_end_ms", raw.hold_after_chunk_end_ms, 0)?,
         action_valid_ms: ms("action_valid_ms", raw.action_valid_ms, 1)?,
         writer_heartbeat_timeout_ms: ms(
@@ -187,6 +203,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
             None => 0,
             Some(v) => ms("extra_latency_ms", v, 0)?,
         },
+        emulator_age_limits,
     };
     // Synchronous execution starts every chunk at its first row: there is no overlap for
     // another mode to merge, and rows to execute only mean something there.
@@ -390,6 +407,22 @@ fn metrics(raw: &RawMetrics) -> Checked<MetricsConfig> {
 }
 
 /// A whole number in `min..=max`.
+/// `control.emulator_age_limits`, refused where no emulator can run (`emulator_build`
+/// false), so that a board's configuration keeps the device ceiling.
+fn emulator_age_limits(raw: Option<bool>, emulator_build: bool) -> Checked<bool> {
+    match raw {
+        Some(true) if !emulator_build => Err(ConfigError::invalid(
+            path(&["control", "emulator_age_limits"]),
+            format_args!(
+                "false or absent in a build for {} (the HTP emulator runs on x86_64 only)",
+                std::env::consts::ARCH
+            ),
+            Found::Bool(true),
+        )),
+        other => Ok(other.unwrap_or(false)),
+    }
+}
+
 fn whole(at: FieldPath, value: f64, min: u32, max: u32) -> Checked<u32> {
     if value.fract() == 0.0 && value >= f64::from(min) && value <= f64::from(max) {
         Ok(value as u32)
@@ -600,5 +633,24 @@ fn syntax_problem(error: &JsonError) -> &'static str {
         JsonError::TrailingCharacters => "unexpected characters",
         JsonError::TrailingComma => "trailing comma",
         _ => "not valid JSON",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_emulator_setting_is_refused_where_no_emulator_runs() {
+        let e = emulator_age_limits(Some(true), false).expect_err("a board build refuses it");
+        let m = e.to_string();
+        assert!(m.contains("control.emulator_age_limits"), "{m}");
+        assert!(m.contains("x86_64"), "{m}");
+        assert!(!m.contains('\n'), "{m}");
+        for build in [false, true] {
+            assert!(!emulator_age_limits(None, build).unwrap());
+            assert!(!emulator_age_limits(Some(false), build).unwrap());
+        }
+        assert!(emulator_age_limits(Some(true), true).unwrap());
     }
 }

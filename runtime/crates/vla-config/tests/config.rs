@@ -56,6 +56,7 @@ fn device_config_parses_to_the_documented_values() {
     assert_eq!(config.control.action_valid_ms, 100);
     assert_eq!(config.control.writer_heartbeat_timeout_ms, 500);
     assert_eq!(config.control.chunk_rate_hz, Some(7.0));
+    assert!(!config.control.emulator_age_limits);
     assert_eq!(
         config.control.publish_period(),
         std::time::Duration::from_millis(50)
@@ -686,6 +687,72 @@ fn chunk_execution_fields_default_to_todays_behaviour_and_parse_when_given() {
     let c = parse(&json).unwrap().control;
     assert_eq!(c.trigger, vla_config::TriggerMode::Synchronous);
     assert_eq!(c.execute_steps, Some(10));
+}
+
+/// The device ceiling of a minute on the age limits holds unless a config says it runs on
+/// the emulator; even then an hour is the most, and only an x86_64 build (the emulator's)
+/// accepts the setting (the refusal on other CPUs is validate.rs's unit test).
+#[test]
+fn age_limits_past_a_minute_need_the_emulator_setting() {
+    let with = |ages: &str, rest: &str| {
+        edit(
+            &edit(
+                &dev_json(),
+                "\"writer_heartbeat_timeout_ms\": 500",
+                &format!("\"writer_heartbeat_timeout_ms\": 500{rest}"),
+            ),
+            "\"max_chunk_age_ms\": 1500",
+            &format!("\"max_chunk_age_ms\": {ages}"),
+        )
+    };
+    assert!(!parse(&dev_json()).unwrap().control.emulator_age_limits);
+    let (e, m) = error_of(&with("60001", ""));
+    assert_eq!(path_of(&e), "control.max_chunk_age_ms");
+    assert_mentions(&m, &["1..=60000", "60001"]);
+    let json = edit(
+        &dev_json(),
+        "\"max_observation_age_ms\": 200",
+        "\"max_observation_age_ms\": 60001",
+    );
+    assert_eq!(
+        path_of(&error_of(&json).0),
+        "control.max_observation_age_ms"
+    );
+    let (e, m) = error_of(&with("60001", ", \"emulator_age_limits\": false"));
+    assert_eq!(path_of(&e), "control.max_chunk_age_ms");
+    assert_mentions(&m, &["1..=60000"]);
+    if cfg!(target_arch = "x86_64") {
+        let c = parse(&with("3600000", ", \"emulator_age_limits\": true"))
+            .unwrap()
+            .control;
+        assert!(c.emulator_age_limits);
+        assert_eq!(c.max_chunk_age(), std::time::Duration::from_secs(3600));
+        let (e, m) = error_of(&with("3600001", ", \"emulator_age_limits\": true"));
+        assert_eq!(path_of(&e), "control.max_chunk_age_ms");
+        assert_mentions(&m, &["1..=3600000", "3600001"]);
+        // The other limits keep the device ceiling.
+        let json = edit(
+            &with("3600000", ", \"emulator_age_limits\": true"),
+            "\"hold_after_chunk_end_ms\": 100",
+            "\"hold_after_chunk_end_ms\": 60001",
+        );
+        let (e, m) = error_of(&json);
+        assert_eq!(path_of(&e), "control.hold_after_chunk_end_ms");
+        assert_mentions(&m, &["0..=60000"]);
+        let json = edit(
+            &with("1500", ", \"emulator_age_limits\": true"),
+            "\"max_observation_age_ms\": 200",
+            "\"max_observation_age_ms\": 3600000",
+        );
+        assert_eq!(
+            parse(&json).unwrap().control.max_observation_age_ms,
+            3_600_000
+        );
+    } else {
+        let (e, m) = error_of(&with("1500", ", \"emulator_age_limits\": true"));
+        assert_eq!(path_of(&e), "control.emulator_age_limits");
+        assert_mentions(&m, &["x86_64"]);
+    }
 }
 
 #[test]
