@@ -406,7 +406,6 @@ fn metrics(raw: &RawMetrics) -> Checked<MetricsConfig> {
     })
 }
 
-/// A whole number in `min..=max`.
 /// `control.emulator_age_limits`, refused where no emulator can run (`emulator_build`
 /// false), so that a board's configuration keeps the device ceiling.
 fn emulator_age_limits(raw: Option<bool>, emulator_build: bool) -> Checked<bool> {
@@ -423,6 +422,7 @@ fn emulator_age_limits(raw: Option<bool>, emulator_build: bool) -> Checked<bool>
     }
 }
 
+/// A whole number in `min..=max`.
 fn whole(at: FieldPath, value: f64, min: u32, max: u32) -> Checked<u32> {
     if value.fract() == 0.0 && value >= f64::from(min) && value <= f64::from(max) {
         Ok(value as u32)
