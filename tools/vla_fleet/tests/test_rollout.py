@@ -331,6 +331,10 @@ def fleet():
             if k in f.seen:
                 summary[f"{k}_seconds"] = round(f.seen[k]["seconds"], 1)
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        # What the server showed at each phase, for the operator's documentation and for
+        # a failure's post-mortem.
+        (OUT / "seen.json").write_text(json.dumps(f.seen, indent=2, default=lambda o: getattr(o, "__dict__", str(o)))
+                                       + "\n")
 
 
 def metric(text: str, name: str) -> float:
