@@ -85,8 +85,10 @@ class VladRaucClient(RaucDBUSDDIClient):
     def __init__(self, *args, install_command: list[str], **kwargs):
         super().__init__(*args, **kwargs)
         ddi = self.ddi
+        # 60 s per request instead of the client's 10: a feedback lost to a slow server
+        # leaves the deployment Running on the server for good.
         self.ddi = GoosebitDDIClient(ddi.session, ddi.host, ddi.ssl, ddi.headers["Authorization"].split(" ", 1)[1],
-                                     ddi.tenant, ddi.controller_id)
+                                     ddi.tenant, ddi.controller_id, timeout=60)
         self.install_command = install_command
 
     async def install(self):

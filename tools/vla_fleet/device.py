@@ -30,6 +30,7 @@ class Device:
         self.procs: dict[str, subprocess.Popen] = {}
         root.mkdir(parents=True, exist_ok=True)
         self.ota_root = Path(config["ota"]["root"])
+        self.rings = [Path(config["rings"]["observation_path"]), Path(config["rings"]["action_path"])]
         self.repo = self.ota_root / "rauc"
         self.config = root / "vlad.json"
         self.config.write_text(json.dumps(config, indent=2) + "\n")
@@ -141,3 +142,6 @@ class Device:
         # The agent first (it may be waiting on an install), the robot, then the daemon.
         for key in [k for k in self.procs if k.startswith("agent")] + ["robot", "daemon"]:
             self.stop(key)
+        # The rings are this stand-in's own (named per test run): nothing else maps them.
+        for ring in self.rings:
+            ring.unlink(missing_ok=True)
