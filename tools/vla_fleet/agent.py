@@ -19,12 +19,17 @@ import argparse
 import asyncio
 import hashlib
 import logging
+import os
 import sys
 from pathlib import Path
 
 import aiohttp
-from rauc_hawkbit.ddi.client import DDIClient
+from rauc_hawkbit.ddi.client import APIError, DDIClient
+from rauc_hawkbit.ddi.deployment_base import DeploymentStatusExecution, DeploymentStatusResult
 from rauc_hawkbit.rauc_dbus_ddi_client import RaucDBUSDDIClient
+
+# What a feedback call raises when the server is slow, restarting or refuses it.
+FEEDBACK_ERRORS = (APIError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
 def file_digest(path: str, algorithm: str) -> str:
@@ -107,14 +112,49 @@ class VladRaucClient(RaucDBUSDDIClient):
                 continue
             last = line
             steps += 1
-            # RAUC's Progress property: (percentage, message, nesting depth).
-            await self.progress_callback(None, None, None, None, None, (min(95, 5 * steps), line, 1))
+            # RAUC's Progress property: (percentage, message, nesting depth). A progress
+            # report the server does not take must not abandon the install under way.
+            await self.best_effort(self.progress_callback(None, None, None, None, None,
+                                                          (min(95, 5 * steps), line, 1)))
         rc = await proc.wait()
         if rc != 0:
-            await self.last_error_callback(None, None, None, None, None, last or f"install exited {rc}")
+            await self.best_effort(self.last_error_callback(None, None, None, None, None,
+                                                            last or f"install exited {rc}"))
         # RAUC's Completed signal: the client's own completion path sends the closing
-        # feedback (success or failure) and removes the download.
-        await self.complete_callback(None, None, None, None, None, (rc,))
+        # feedback (success or failure) and removes the download. The outcome must reach
+        # the server, or it shows the deployment Running for good: retried.
+        action_id = self.action_id
+        try:
+            await self.complete_callback(None, None, None, None, None, (rc,))
+        except FEEDBACK_ERRORS as e:
+            await self.close_deployment(action_id, rc, e)
+
+    async def best_effort(self, feedback) -> None:
+        try:
+            await feedback
+        except FEEDBACK_ERRORS as e:
+            self.logger.warning("progress feedback not delivered: %s", str(e) or type(e).__name__)
+
+    async def close_deployment(self, action_id, rc: int, first_error: Exception) -> None:
+        execution = DeploymentStatusExecution.closed
+        result = DeploymentStatusResult.success if rc == 0 else DeploymentStatusResult.failure
+        msg = f"Rauc bundle update completed with result: {rc}"
+        error = first_error
+        for attempt in range(1, 31):
+            self.logger.warning("result feedback not delivered (%s), attempt %d of 30 in 2 s",
+                                str(error) or type(error).__name__, attempt)
+            await asyncio.sleep(2)
+            try:
+                await self.ddi.deploymentBase[action_id].feedback(execution, result, [msg])
+                break
+            except FEEDBACK_ERRORS as e:
+                error = e
+        else:
+            self.logger.error("result of deployment %s never delivered: %s", action_id, error)
+        if os.path.exists(self.bundle_dl_location):
+            os.remove(self.bundle_dl_location)
+        self.action_id = None
+        self.result_callback(rc)
 
 
 def main() -> int:

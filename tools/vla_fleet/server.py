@@ -83,7 +83,10 @@ def serve(directory: Path, port: int) -> None:
     os.chdir(directory)
     os.execve(str(Path(sys.executable).parent / "uvicorn"),
               ["uvicorn", "vla_fleet.asgi:app", "--host", "127.0.0.1", "--port", str(port),
-               "--no-access-log"],
+               # Longer than the client's pauses between feedbacks during an install (the
+               # gate): with uvicorn's 5 s the client's pooled connection is closed under
+               # it and the next feedback fails with "Server disconnected".
+               "--timeout-keep-alive", "300", "--no-access-log"],
               settings_env(directory))
 
 

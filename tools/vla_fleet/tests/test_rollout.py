@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -130,10 +129,10 @@ class Fleet:
 
 
 def make_bundles(work: Path) -> dict:
-    from ota_fixtures import daemon_config, hex64, signed_policy_bundle  # noqa: F401
+    from ota_fixtures import hex64, signed_policy_bundle
     import check  # scripts/rauc/check.py: the RAUC bundle meta-vla's recipe builds
 
-    check.COMPATIBLE = COMPATIBLE
+    check.COMPATIBLE = COMPATIBLE  # rauc_bundle writes the module's compatible into the manifest
     fleet_key = work / "fleet.key"
     public = hex64(run(VLAD, "bundle", "keygen", fleet_key).stdout)
     cert, key = work / "rauc-cert.pem", work / "rauc-key.pem"
