@@ -12,6 +12,12 @@ mount -t devtmpfs dev /dev
 for m in $(cat /modules/order); do
     insmod "/modules/$m" || echo "vm-init: insmod $m failed"
 done
+# A scenario that boots the VM with a NIC (qemu user-mode networking: the fleet VM run)
+# reaches the host's loopback as 10.0.2.2; the others have none.
+ip link set lo up
+if [ -e /sys/class/net/eth0 ]; then
+    ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0 && ip route add default via 10.0.2.2
+fi
 work=$(cat /work-path)
 opts=trans=virtio,version=9p2000.L,msize=512000
 mount -t 9p -o "$opts,ro,cache=loose" hostroot /host || { echo "vm-init: no host root"; poweroff -f; }

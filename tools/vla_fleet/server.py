@@ -1,0 +1,112 @@
+"""The update server: goosebit's settings, database and admin for one server directory,
+and the command that serves it on 127.0.0.1 only.
+
+    python -m vla_fleet.server init DIR --admin NAME --password-file F
+    python -m vla_fleet.server serve DIR --port N
+
+`init` is idempotent. It writes DIR/goosebit.yaml (SQLite database, artifacts directory,
+a 2 s poll time, device tokens required: `device_auth` mode `strict`, every device is
+created with its token through the API before it may poll) and DIR/pyproject.toml (the
+aerich configuration the wheel does not ship), creates the database with `aerich upgrade`
+and the admin user without going through `/setup`. `serve` runs uvicorn with
+`vla_fleet.asgi:app` (goosebit, `/setup` answered 404) bound to 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+
+def settings_env(directory: Path) -> dict[str, str]:
+    """The environment goosebit reads its settings from (GOOSEBIT_SETTINGS)."""
+    return {**os.environ, "GOOSEBIT_SETTINGS": str(directory / "goosebit.yaml")}
+
+
+def write_settings(directory: Path, poll_time: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    key_file = directory / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(32) + "\n")
+        key_file.chmod(0o600)
+    (directory / "goosebit.yaml").write_text(
+        f"db_uri: sqlite:///{directory / 'db.sqlite3'}\n"
+        f"artifacts_dir: {directory / 'artifacts'}\n"
+        f"secret_key: {key_file.read_text().strip()}\n"
+        f'poll_time: "{poll_time}"\n'
+        "device_auth:\n  enable: true\n  mode: strict\n")
+    import goosebit.db  # noqa: F401  (the migrations ship inside the package)
+    migrations = Path(sys.modules["goosebit.db"].__file__).parent / "migrations"
+    (directory / "pyproject.toml").write_text(
+        "[tool.aerich]\n"
+        'tortoise_orm = "goosebit.db.config.TORTOISE_CONF"\n'
+        f'location = "{migrations}"\n'
+        'src_folder = "./."\n')
+
+
+async def create_admin(name: str, password: str) -> bool:
+    from goosebit import db
+    from goosebit.db.models import User
+    from goosebit.users import create_initial_user
+    from goosebit.settings.const import PWD_CXT as hasher
+
+    await db.init()
+    try:
+        if await User.get_or_none(username=name) is not None:
+            return False
+        await create_initial_user(name, hasher.hash(password))
+        return True
+    finally:
+        await db.close()
+
+
+def init(directory: Path, admin: str, password: str, poll_time: str) -> None:
+    if "GOOSEBIT_SETTINGS" not in os.environ:
+        # goosebit reads its settings when first imported: re-run with them in place.
+        write_settings(directory, poll_time)
+        raise SystemExit(subprocess.run([sys.executable, *sys.argv], env=settings_env(directory)).returncode)
+    write_settings(directory, poll_time)
+    aerich = Path(sys.executable).parent / "aerich"
+    p = subprocess.run([str(aerich), "upgrade"], cwd=directory, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"vla_fleet.server: aerich upgrade in {directory} failed: "
+                         f"{(p.stdout + p.stderr).strip().splitlines()[-1:]}")
+    made = asyncio.run(create_admin(admin, password))
+    print(f"vla_fleet.server: {directory} ready, admin {admin} {'created' if made else 'exists'}")
+
+
+def serve(directory: Path, port: int) -> None:
+    os.chdir(directory)
+    os.execve(str(Path(sys.executable).parent / "uvicorn"),
+              ["uvicorn", "vla_fleet.asgi:app", "--host", "127.0.0.1", "--port", str(port),
+               # Longer than the client's pauses between feedbacks during an install (the
+               # gate): with uvicorn's 5 s the client's pooled connection is closed under
+               # it and the next feedback fails with "Server disconnected".
+               "--timeout-keep-alive", "300", "--no-access-log"],
+              settings_env(directory))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("init")
+    i.add_argument("dir", type=Path)
+    i.add_argument("--admin", required=True)
+    i.add_argument("--password-file", type=Path, required=True)
+    i.add_argument("--poll-time", default="00:00:02")
+    s = sub.add_parser("serve")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--port", type=int, required=True)
+    a = ap.parse_args()
+    if a.cmd == "init":
+        init(a.dir.resolve(), a.admin, a.password_file.read_text().strip(), a.poll_time)
+    else:
+        serve(a.dir.resolve(), a.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""A fleet rollout through goosebit (a real hawkBit-DDI server on 127.0.0.1) to three
+device stand-ins, each with its own OTA store, its own vlad daemon on the HTP emulator
+(the Fast-WAM fixture), its own robot and its own rauc-hawkbit agent installing through
+meta-vla's RAUC handlers. Everything asserted about the rollout is read from the server's
+own API (/api/v1/rollouts, /api/v1/devices) and compared with what each device did.
+
+The scenario runs once (module fixture) in phases:
+  1. policy 1.1.0 (good) rolled out: canary group (dev-1), then wave-1 (dev-2, dev-3);
+  2. policy 1.2.0 (signed, intact, fails the parity gate) rolled out the same way, error
+     threshold 20 %: the canary fails, the rollout stops, wave-1 never gets it;
+  3. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3).
+
+Run with the project venv (the agents and the server run in build/fleet-venv):
+    scripts/setup_fleet.sh && .venv/bin/python -m pytest -q tools/vla_fleet/tests
+Needs target/release/vlad (or $VLAD), RAUC 1.13 from scripts/rauc/check.sh (build/tools),
+VLA_QNN_LIB_DIR. Emulator only: no board was attached."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "scripts/rauc"))
+
+from vla_fleet import rollout  # noqa: E402
+from vla_fleet.api import ApiError, Server  # noqa: E402
+from vla_fleet.device import Device  # noqa: E402
+
+OUT = REPO / "build/fleet-rollout"
+FLEET_VENV = Path(os.environ.get("FLEET_VENV", REPO / "build/fleet-venv"))
+RAUC = REPO / "build/tools/rauc-1.13/build/rauc"
+VLAD = Path(os.environ.get("VLAD", REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release/vlad"))
+FIXTURE = REPO / "golden/bundles/fastwam"
+COMPATIBLE = "vla-fleet-test"
+DEVICES = ["dev-1", "dev-2", "dev-3"]
+GROUPS = [("canary", ["dev-1"]), ("wave-1", ["dev-2", "dev-3"])]
+THRESHOLD = 20.0
+# The one guard against a hang; every wait below is keyed on the devices' processes
+# living and on the server's counters, not on how fast this machine is.
+DEADLINE_S = 1800.0
+ADMIN = "admin@vla.local"
+
+
+def cannot_run(what: str) -> None:
+    if os.environ.get("VLA_REQUIRE_ALL_TESTS") == "1":
+        pytest.fail(f"cannot run here: {what} (VLA_REQUIRE_ALL_TESTS=1)")
+    pytest.skip(f"cannot run here: {what}")
+
+
+def log(msg: str) -> None:
+    print(f"fleet-test: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(*args, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, args))} exited {p.returncode}: {p.stdout}{p.stderr}")
+    return p
+
+
+class Fleet:
+    """The server, the devices and what the scenario recorded."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+        self.devices: dict[str, Device] = {}
+        self.seen: dict[str, object] = {}
+        self.start = time.monotonic()
+        self.server_proc: subprocess.Popen | None = None
+
+    def spawn(self, argv, out: Path, env=None) -> subprocess.Popen:
+        with open(out, "ab") as f:
+            p = subprocess.Popen([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def keep_waiting(self, keys=("daemon", "robot", "agent")) -> str | None:
+        for p in self.procs:
+            if p.poll() is not None:
+                return f"{p.args[0]} exited {p.returncode} (logs in {OUT})"
+        for d in self.devices.values():
+            for k in keys:
+                if k in d.procs and not d.alive(k):
+                    return f"{d.name}'s {k} exited {d.procs[k].returncode}; log: {d.log(k)[-1500:]}"
+        if time.monotonic() - self.start > DEADLINE_S:
+            return f"the scenario ran past {DEADLINE_S:.0f} s"
+        return None
+
+    def wait_for(self, what: str, cond, keys=("daemon", "robot", "agent")):
+        while True:
+            v = cond()
+            if v:
+                return v
+            why = self.keep_waiting(keys)
+            if why is not None:
+                raise AssertionError(f"waiting for {what}: {why}")
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        for d in self.devices.values():
+            d.stop_all()
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def make_bundles(work: Path) -> dict:
+    from ota_fixtures import hex64, signed_policy_bundle
+    import check  # scripts/rauc/check.py: the RAUC bundle meta-vla's recipe builds
+
+    check.COMPATIBLE = COMPATIBLE  # rauc_bundle writes the module's compatible into the manifest
+    fleet_key = work / "fleet.key"
+    public = hex64(run(VLAD, "bundle", "keygen", fleet_key).stdout)
+    cert, key = work / "rauc-cert.pem", work / "rauc-key.pem"
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+        "-nodes", "-keyout", key, "-out", cert, "-days", "30", "-subj", "/CN=vla-fleet-test RAUC signer",
+        "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "keyUsage=digitalSignature")
+    policies = work / "policies"
+    policies.mkdir()
+    made = {"public": public, "cert": cert}
+    for name, version, tamper in (("a", "1.0.0", False), ("good", "1.1.0", False),
+                                  ("gate-fails", "1.2.0", True), ("corrupt", "1.3.0", False)):
+        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, fleet_key, tamper=tamper)
+        made[name] = {"dir": d, "version": version,
+                      "hash": run("sha256sum", d / "ota-manifest.json").stdout.split()[0]}
+        if name != "a":
+            made[name]["raucb"] = check.rauc_bundle(RAUC, work, name, d, version, cert, key)
+    return made
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    for what, ok in (("VLA_QNN_LIB_DIR unset (scripts/qnn_lib_dir.sh)", "VLA_QNN_LIB_DIR" in os.environ),
+                     (f"no vlad at {VLAD} (cargo build --release -p vlad)", VLAD.exists()),
+                     (f"no RAUC at {RAUC} (scripts/rauc/check.sh builds it)", RAUC.exists()),
+                     (f"no fleet venv at {FLEET_VENV} (scripts/setup_fleet.sh)",
+                      (FLEET_VENV / "bin/python").exists()),
+                     ("no dbus-daemon (scripts/setup_fleet.sh)", shutil.which("dbus-daemon") is not None),
+                     ("no unsquashfs (scripts/setup_fleet.sh)", shutil.which("unsquashfs") is not None)):
+        if not ok:
+            cannot_run(what)
+    from ota_fixtures import FASTWAM_CONTROL, daemon_config
+
+    # A CI runner's SIGTERM stops the scenario through its clean-up (every process it
+    # started is stopped) instead of killing pytest outright.
+    def terminated(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    previous = signal.signal(signal.SIGTERM, terminated)
+    shutil.rmtree(OUT, ignore_errors=True)
+    work = OUT / "work"
+    work.mkdir(parents=True)
+    f = Fleet()
+    try:
+        log("building the policy bundles and their RAUC bundles")
+        b = make_bundles(work)
+        f.bundles = b
+
+        # A private D-Bus "system bus" for the agents' RAUC proxy (nothing is called on it).
+        bus = OUT / "dbus.sock"
+        f.spawn(["dbus-daemon", "--session", "--nofork", f"--address=unix:path={bus}"], OUT / "dbus.log")
+        f.wait_for("the D-Bus socket", lambda: bus.exists(), keys=())
+
+        # The server: settings, database and admin offline, then uvicorn on 127.0.0.1.
+        server_dir = OUT / "server"
+        password = OUT / "admin.password"
+        password.write_text(os.urandom(12).hex() + "\n")
+        fenv = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
+        py = FLEET_VENV / "bin/python"
+        run(py, "-m", "vla_fleet.server", "init", server_dir, "--admin", ADMIN, "--password-file", password,
+            env=fenv)
+        port = free_port()
+        f.server_proc = f.spawn([py, "-m", "vla_fleet.server", "serve", server_dir, "--port", port],
+                                OUT / "server.log", env=fenv)
+        url = f"http://127.0.0.1:{port}"
+        f.server = Server(url)
+
+        def up():
+            try:
+                f.server.login(ADMIN, password.read_text().strip())
+                return True
+            except ApiError:
+                return False
+        f.wait_for("the server's login", up, keys=())
+        f.url, f.port, f.server_dir = url, port, server_dir
+
+        # The devices: each flashed with A, its daemon and robot started.
+        tokens = {}
+        for i, name in enumerate(DEVICES):
+            root = OUT / name
+            cfg = daemon_config(json.loads((REPO / "config/dev.json").read_text()), root / "ota", b["public"],
+                                f"vla-fleet-{os.getpid()}-{i}", FASTWAM_CONTROL, trial_inferences=1,
+                                max_trial_starts=3)
+            cfg["metrics"] = {"textfile": str(root / "vlad.prom"), "interval_ms": 1000}
+            d = Device(name, root, VLAD, cfg, COMPATIBLE, b["cert"], RAUC, py, verdict_wait=120)
+            d.env["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={bus}"
+            d.flash(b["a"]["dir"])
+            tokens[name] = root / "token"
+            tokens[name].write_text(os.urandom(16).hex() + "\n")
+            f.devices[name] = d
+        for d in f.devices.values():
+            d.start_daemon()
+        for d in f.devices.values():
+            f.wait_for(f"{d.name}'s daemon pid file", lambda d=d: (d.ota_root / "vlad.pid").exists(),
+                       keys=("daemon",))
+            d.start_robot()
+        for d in f.devices.values():
+            f.wait_for(f"{d.name}'s first ok action", lambda d=d: d.robot().get("ok_applied", 0) > 0, keys=("daemon", "robot"))
+        log(f"devices running A ({time.monotonic() - f.start:.0f} s)")
+
+        # The operator: the devices with their tokens, in their groups' feeds; the software.
+        for feed, names in GROUPS:
+            for name in names:
+                f.server.create_devices([name], feed, tokens[name].read_text().strip())
+        # The software before the devices register: uploading it creates the hardware
+        # entry for its `compatible`. goosebit 0.2.12 creates that entry with a racy
+        # get_or_create when devices register first and at once: two rows, and from
+        # then on every configData of that model answers 500.
+        sw = {name: f.server.upload_software(b[name]["raucb"]) for name in ("good", "gate-fails", "corrupt")}
+        f.sw = sw
+        for d in f.devices.values():
+            d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0")
+        f.wait_for("every device registered", lambda: all(
+            dv["last_state"] == "Registered" for dv in f.server.devices().values()))
+
+        # Phase 1: the good policy, canary then wave-1.
+        t0 = time.monotonic()
+        r1 = rollout.run(f.server, "policy 1.1.0", sw["good"], [(g, len(n)) for g, n in GROUPS], THRESHOLD,
+                         f.keep_waiting, say=log)
+        f.seen["good"] = {"result": r1, "seconds": time.monotonic() - t0,
+                          "rollouts": f.server.rollouts(), "devices": f.server.devices(),
+                          "current": {n: d.current() for n, d in f.devices.items()},
+                          "logs": {n: f.server.device_log(n) for n in DEVICES}}
+
+        # Phase 2: the gate-failing policy: the canary fails, the threshold stops the rollout.
+        t0 = time.monotonic()
+        robot_before = f.devices["dev-1"].robot()
+        r2 = rollout.run(f.server, "policy 1.2.0", sw["gate-fails"], [(g, len(n)) for g, n in GROUPS],
+                         THRESHOLD, f.keep_waiting, say=log)
+        f.seen["gate-fails"] = {"result": r2, "seconds": time.monotonic() - t0,
+                                "rollouts": f.server.rollouts(), "devices": f.server.devices(),
+                                "current": {n: d.current() for n, d in f.devices.items()},
+                                "status": f.devices["dev-1"].status(),
+                                "logs": {n: f.server.device_log(n) for n in DEVICES},
+                                "agent": f.devices["dev-1"].log("agent"),
+                                "robot_before": robot_before}
+        # Still publishing: ok actions keep arriving at dev-1's robot after the rollback.
+        d1 = f.devices["dev-1"]
+        n_ok = d1.robot().get("ok_applied", 0)
+        prom = (d1.root / "vlad.prom").read_text()
+        f.wait_for("dev-1's robot to receive more ok actions after the rollback",
+                   lambda: d1.robot().get("ok_applied", 0) > n_ok + 5)
+        f.seen["gate-fails"]["robot_after"] = d1.robot()
+        f.seen["gate-fails"]["metrics"] = prom
+        f.wait_for("dev-1's metrics textfile to count more ok actions",
+                   lambda: metric((d1.root / "vlad.prom").read_text(), 'vlad_published_actions_total{status="ok"}')
+                   > metric(prom, 'vlad_published_actions_total{status="ok"}'))
+        f.seen["gate-fails"]["metrics_after"] = (d1.root / "vlad.prom").read_text()
+
+        # Phase 3a: a corrupt download: the server's copy of 1.3.0 damaged after upload.
+        d2 = f.devices["dev-2"]
+        before = {"current": d2.current(), "bundles": d2.bundles(), "repo": sorted(os.listdir(d2.repo))}
+        agent_from = len(d2.log("agent"))
+        art = [p for p in (server_dir / "artifacts").rglob("*") if p.is_file() and p.name == "corrupt.raucb"]
+        assert len(art) == 1, f"the uploaded 1.3.0 artifact in {server_dir / 'artifacts'}: {art}"
+        data = bytearray(art[0].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        art[0].write_bytes(bytes(data))
+        f.server.patch_devices(["dev-2"], software=str(sw["corrupt"]))
+        f.wait_for("dev-2 in state Error", lambda: f.server.devices()["dev-2"]["last_state"] == "Error")
+        f.seen["corrupt"] = {"before": before, "after": {"current": d2.current(), "bundles": d2.bundles(),
+                                                         "repo": sorted(os.listdir(d2.repo))},
+                             "device": f.server.devices()["dev-2"], "log": f.server.device_log("dev-2"),
+                             "agent": d2.log("agent")[agent_from:], "daemon_alive": d2.alive("daemon")}
+
+        # Phase 3b/c: dev-3's agent with a refused token, then with an unreachable server.
+        d3 = f.devices["dev-3"]
+        d3.stop("agent")
+        before3 = {"current": d3.current(), "bundles": d3.bundles()}
+        wrong = d3.root / "wrong-token"
+        wrong.write_text("not-the-device-token\n")
+        f.server.patch_devices(["dev-3"], software=str(sw["good"]), force_update=True)
+        d3.start_agent(f"127.0.0.1:{port}", wrong, "1.1.0", key="agent-token")
+        f.wait_for("dev-3's refused-token line", lambda: "401" in d3.log("agent-token"),
+                   keys=("daemon", "robot", "agent-token"))
+        d3.stop("agent-token")
+        closed = free_port()
+        d3.start_agent(f"127.0.0.1:{closed}", tokens["dev-3"], "1.1.0", key="agent-unreachable")
+        f.wait_for("dev-3's unreachable-server line", lambda: "Cannot connect" in d3.log("agent-unreachable"),
+                   keys=("daemon", "robot", "agent-unreachable"))
+        d3.stop("agent-unreachable")
+        f.seen["refused"] = {"before": before3, "after": {"current": d3.current(), "bundles": d3.bundles()},
+                             "token_log": d3.log("agent-token"), "unreachable_log": d3.log("agent-unreachable"),
+                             "daemon_alive": d3.alive("daemon"), "device": f.server.devices()["dev-3"]}
+        f.seen["daemons_alive"] = {n: d.alive("daemon") for n, d in f.devices.items()}
+        f.seen["setup"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                                          "-d", "username=x@y.z&password=p", f"{url}/setup"],
+                                         capture_output=True, text=True).stdout
+        f.seen["total_seconds"] = time.monotonic() - f.start
+        log(f"scenario done in {f.seen['total_seconds']:.0f} s")
+        yield f
+    finally:
+        f.close()
+        signal.signal(signal.SIGTERM, previous)
+        summary = {k: v for k, v in f.seen.items() if k in ("total_seconds",)}
+        for k in ("good", "gate-fails"):
+            if k in f.seen:
+                summary[f"{k}_seconds"] = round(f.seen[k]["seconds"], 1)
+        (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        # What the server showed at each phase, for the operator's documentation and for
+        # a failure's post-mortem.
+        (OUT / "seen.json").write_text(json.dumps(f.seen, indent=2, default=lambda o: getattr(o, "__dict__", str(o)))
+                                       + "\n")
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {name} in the metrics textfile:\n{text[-2000:]}")
+
+
+def one_line_with(log_text: str, needle: str) -> str:
+    lines = [ln for ln in log_text.splitlines() if needle in ln]
+    assert lines, f"no line with {needle!r} in:\n{log_text[-3000:]}"
+    return lines[0]
+
+
+def test_good_policy_rolls_out_group_by_group(fleet):
+    s = fleet.seen["good"]
+    res = s["result"]
+    assert not res.stopped, res.reason
+    assert [(g.feed, g.success, g.failure) for g in res.groups] == [("canary", 1, 0), ("wave-1", 2, 0)]
+    for g in res.groups:
+        r = s["rollouts"][g.rollout_id]
+        assert (r["success_count"], r["failure_count"]) == (g.size, 0), r
+    good = fleet.bundles["good"]
+    for name in DEVICES:
+        dev = s["devices"][name]
+        assert dev["last_state"] == "Finished" and dev["sw_version"] == "1.1.0", dev
+        assert s["current"][name] == good["hash"], f"{name} runs {s['current'][name]}, not 1.1.0"
+        assert f"{good['hash']} passed" in s["logs"][name], s["logs"][name]
+
+
+def test_gate_failure_in_the_canary_stops_the_rollout(fleet):
+    s = fleet.seen["gate-fails"]
+    res = s["result"]
+    assert res.stopped and [g.feed for g in res.groups] == ["canary"], res
+    canary = s["rollouts"][res.groups[0].rollout_id]
+    assert (canary["success_count"], canary["failure_count"], canary["paused"]) == (0, 1, True), canary
+    # No rollout of 1.2.0 was started for wave-1.
+    assert not [r for r in s["rollouts"].values() if r["name"] == "policy 1.2.0 wave-1"], s["rollouts"]
+    good, bad = fleet.bundles["good"], fleet.bundles["gate-fails"]
+    dev1 = s["devices"]["dev-1"]
+    assert dev1["last_state"] == "Error" and dev1["sw_version"] == "1.1.0", dev1
+    assert f"rolled {bad['hash']} back to {good['hash']}" in s["logs"]["dev-1"], s["logs"]["dev-1"]
+    for name in ("dev-2", "dev-3"):
+        assert s["devices"][name]["last_state"] == "Finished" and s["devices"][name]["sw_version"] == "1.1.0"
+    # What the devices did: dev-1 back on 1.1.0 (its store names the rollback), the others untouched.
+    assert s["current"] == {n: good["hash"] for n in DEVICES}, s["current"]
+    assert bad["hash"][:12] in s["status"] and "last rollback" in s["status"], s["status"]
+    after, before = s["robot_after"], s["robot_before"]
+    assert after.get("ok_applied", 0) > before.get("ok_applied", 0), (before, after)
+    # The metrics textfile: ok actions still counted after the rollback, no failed inference.
+    ok = [metric(m, 'vlad_published_actions_total{status="ok"}') for m in (s["metrics"], s["metrics_after"])]
+    assert ok[1] > ok[0], ok
+    assert metric(s["metrics_after"], "vlad_inference_failures_total") == 0
+
+
+def test_corrupt_download_is_refused_before_anything_is_written(fleet):
+    s = fleet.seen["corrupt"]
+    assert s["device"]["last_state"] == "Error", s["device"]
+    line = one_line_with(s["agent"], "checksum does not match after")
+    assert "Artifact" in line
+    assert "checksum does not match" in s["log"], s["log"]
+    assert s["after"] == s["before"], (s["before"], s["after"])
+    assert "rauc-standin" not in s["agent"], "the install ran on a corrupt download"
+    assert s["daemon_alive"]
+
+
+def test_refused_token_and_unreachable_server_are_one_line_each(fleet):
+    s = fleet.seen["refused"]
+    line = one_line_with(s["token_log"], "401")
+    assert "Polling failed" in line, line
+    line = one_line_with(s["unreachable_log"], "Cannot connect")
+    assert "Polling failed" in line and "127.0.0.1" in line, line
+    assert s["after"] == s["before"] and s["daemon_alive"]
+    assert "Traceback" not in s["token_log"] + s["unreachable_log"]
+
+
+def test_daemons_ran_throughout_and_setup_is_unreachable(fleet):
+    assert fleet.seen["daemons_alive"] == {n: True for n in DEVICES}
+    assert fleet.seen["setup"] == "404"
