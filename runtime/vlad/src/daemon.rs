@@ -417,12 +417,13 @@ fn roll_back_at_start(
 }
 
 /// QNN, the performance votes and the first bundle resident and gated: the engine the
-/// loop runs, the gate's cosine and its latency (the loop's first latency estimate).
+/// loop runs (holding its gate's cosine) and the gate's latency (the loop's first latency
+/// estimate).
 fn start_engine(
     config: &vla_config::Config,
     common: &Common,
     source: &Source,
-) -> Result<(PolicyEngine, f64, Duration), Failure> {
+) -> Result<(PolicyEngine, Duration), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
         system_lib: config.qnn.system_lib.as_str().to_owned(),
@@ -460,12 +461,14 @@ fn start_engine(
         votes,
         extra_latency: c.extra_latency(),
         load_options,
+        running: crate::observe::RunningBundle::default(),
+        gate_cosine,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
             _ => vla_policy::PrefixMethod::VelocityMask,
         },
     };
-    Ok((engine, gate_cosine, gate_latency))
+    Ok((engine, gate_latency))
 }
 
 /// Observability (issue 19): the flight recorder and the metrics textfile, when configured.
@@ -473,31 +476,17 @@ fn start_observability(
     config: &vla_config::Config,
     settings: &LoopSettings,
     engine: &PolicyEngine,
-    gate_cosine: f64,
 ) -> Result<Option<crate::observe::Observability>, Failure> {
-    let (name, version) = engine
-        .bundle
-        .as_ref()
-        .map(|b| (b.manifest.name.clone(), b.manifest.version.clone()))
-        .unwrap_or_default();
-    let ota_state = match &engine.ota {
-        None => "none",
-        Some(o) if o.trial.on_trial() => "trial",
-        Some(_) => "committed",
-    };
-    let facts = crate::observe::BundleFacts {
-        name,
-        version,
-        hash: match &engine.ota {
-            Some(o) => o.trial.running_hash(),
-            None => crate::observe::manifest_hash(&engine.good),
-        },
-        path: engine.good.clone(),
-        parity_cosine: gate_cosine,
-        ota_state,
-    };
-    crate::observe::start(config, settings, engine.component_names(), &facts)
-        .map_err(Failure::Error)
+    let facts = engine.facts(engine.gate_cosine);
+    crate::observe::start(
+        config,
+        settings,
+        engine.component_names(),
+        &facts,
+        engine.running.clone(),
+        engine.ota.as_ref().map(|o| o.trial.view()),
+    )
+    .map_err(Failure::Error)
 }
 
 /// Logs that the loop runs, and with what, and tells systemd READY with the operating point.
@@ -632,9 +621,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     let source = Source::new(&config, args.bundle.take());
     systemd.notify("STATUS=loading contexts");
-    let (engine, gate_cosine, gate_latency) = start_engine(&config, &args.common, &source)?;
+    let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
-    let mut observability = start_observability(&config, &settings, &engine, gate_cosine)?;
+    let mut observability = start_observability(&config, &settings, &engine)?;
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;

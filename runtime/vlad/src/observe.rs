@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vla_control::{Health, LoopSettings};
 use vla_recorder::metrics::{self, Facts};
@@ -13,8 +14,29 @@ use vla_recorder::{Frames, Observer, ObserverSettings, RecorderSettings};
 pub struct Observability {
     pub observer: Observer,
     facts: Facts,
+    /// A bundle that passed its gate since the last textfile (a reload).
+    running: RunningBundle,
+    /// The OTA trial's state (trial until committed), when the bundle comes from a store.
+    trial: Option<vla_ota::TrialView>,
     textfile: Option<(PathBuf, Duration)>,
     last_write: Option<Instant>,
+}
+
+/// The newest bundle that passed its gate, handed from the engine (which reloads on the
+/// inference thread, off its critical path) to the main thread's textfile. A slot, not a
+/// queue: only the latest bundle matters.
+#[derive(Clone, Default)]
+pub struct RunningBundle(Arc<Mutex<Option<BundleFacts>>>);
+
+impl RunningBundle {
+    /// Called by the engine after a reload's bundle passed its gate.
+    pub fn post(&self, facts: BundleFacts) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(facts);
+    }
+
+    fn take(&self) -> Option<BundleFacts> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
 }
 
 /// The bundle facts the metrics and recordings carry.
@@ -32,6 +54,8 @@ pub fn start(
     settings: &LoopSettings,
     components: Vec<String>,
     bundle: &BundleFacts,
+    running: RunningBundle,
+    trial: Option<vla_ota::TrialView>,
 ) -> Result<Option<Observability>, String> {
     if config.recorder.is_none() && config.metrics.is_none() {
         return Ok(None);
@@ -83,6 +107,8 @@ pub fn start(
             ota_state: bundle.ota_state.into(),
             ..Facts::default()
         },
+        running,
+        trial,
         textfile: config.metrics.as_ref().map(|m| {
             (
                 PathBuf::from(m.textfile.as_str()),
@@ -97,6 +123,7 @@ impl Observability {
     /// Called from the daemon's main loop: rewrites the textfile when it is due (and
     /// always when `force`, at the end).
     pub fn tick(&mut self, health: &Health, force: bool) {
+        self.follow_reload();
         let Some((path, every)) = &self.textfile else {
             return;
         };
@@ -106,6 +133,10 @@ impl Observability {
         self.last_write = Some(Instant::now());
         let s = self.observer.stats();
         let f = &mut self.facts;
+        if let Some(t) = &self.trial {
+            // The trial ends (committed), or the store rolled back: the recorder knows.
+            f.ota_state = if t.on_trial() { "trial" } else { "committed" }.into();
+        }
         f.robot_alive = match s.robot_alive.load(std::sync::atomic::Ordering::Relaxed) {
             0 => Some(false),
             1 => Some(true),
@@ -118,6 +149,26 @@ impl Observability {
         if let Err(e) = metrics::write_atomically(path, &text) {
             log::warn!("metrics textfile {}: {e}", path.display());
         }
+    }
+
+    /// A reload's bundle, once posted: the textfile's facts and the recordings'
+    /// metadata name it from now on.
+    fn follow_reload(&mut self) {
+        let Some(b) = self.running.take() else {
+            return;
+        };
+        self.observer.set_metadata([
+            ("bundle_name".to_owned(), b.name.clone()),
+            ("bundle_version".to_owned(), b.version.clone()),
+            ("bundle_hash".to_owned(), b.hash.clone()),
+            ("bundle_path".to_owned(), b.path.display().to_string()),
+        ]);
+        let f = &mut self.facts;
+        f.bundle_name = b.name;
+        f.bundle_version = b.version;
+        f.bundle_hash = b.hash;
+        f.parity_cosine = b.parity_cosine;
+        f.ota_state = b.ota_state.into();
     }
 }
 

@@ -72,9 +72,20 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     v["rings"]["action_path"] = format!("/dev/shm/vlad-ota-{}-act", std::process::id()).into();
     v["control"]["publish_hz"] = 10.into();
     v["log"]["level"] = "info".into();
+    let textfile = tmp.join("vlad.prom");
+    v["metrics"] = serde_json::json!({"textfile": textfile.to_str().unwrap(), "interval_ms": 100});
     let config = tmp.join("vlad.json");
     std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
     let cfg = config.to_str().unwrap();
+    // What a fleet's scrape sees: the running bundle's version and hash, and its OTA state.
+    let metrics_name = |version: &str, hash: &str, state: &str| {
+        let text = std::fs::read_to_string(&textfile).unwrap_or_default();
+        text.lines().any(|l| {
+            l.starts_with("vlad_bundle_info{")
+                && l.contains(&format!("version=\"{version}\""))
+                && l.contains(&format!("hash=\"{hash}\""))
+        }) && text.contains(&format!("vlad_ota_state{{state=\"{state}\"}} 1"))
+    };
 
     // Bundle A (the fixture) and B (same contexts, new version): both signed.
     let sign = |name: &str, edit: &dyn Fn(&Path)| {
@@ -150,6 +161,16 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
             || out.contains(&format!("{b} passed its trial and is committed")),
         "{out}"
     );
+    // The textfile follows the reload (it named A until the daemon restarted, once).
+    wait_while_running("the textfile naming B, committed", &[daemon.id()], || {
+        metrics_name("1.1.0", &b, "committed")
+    })
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}",
+            std::fs::read_to_string(&textfile).unwrap_or_default()
+        )
+    });
 
     // C: signed and intact, but its end-to-end golden disagrees with what the contexts
     // compute: the daemon's parity gate must refuse it and the store roll back to B.
@@ -184,6 +205,10 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         current_target(&root).ends_with(&b)
     })
     .is_ok();
+    let metrics_back = wait_while_running("the textfile naming B again", &[daemon.id()], || {
+        metrics_name("1.1.0", &b, "committed")
+    })
+    .is_ok();
     // An observation window, not a bound: a daemon that died of the rejection shows here.
     std::thread::sleep(Duration::from_secs(3));
     let running = daemon.child.try_wait().unwrap().is_none();
@@ -206,6 +231,11 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     assert!(
         running,
         "the daemon keeps running after a rejected update:\n{log}"
+    );
+    assert!(
+        metrics_back,
+        "after the rollback the textfile names B: {}",
+        std::fs::read_to_string(&textfile).unwrap_or_default()
     );
     assert!(
         err.contains(&format!("reloaded: bundle {b}")),

@@ -70,7 +70,7 @@ pub use store::{
     Activated, BundleInfo, Daemon, Gated, GcReport, Installed, Placement, RolledBack, SignalDaemon,
     StartReport, Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
 };
-pub use trial::{TrialRecorder, FLUSH_INTERVAL};
+pub use trial::{TrialRecorder, TrialView, FLUSH_INTERVAL};
 pub use verify::{verify, VerifiedBundle};
 
 /// What a bundle must be built for to run here.

@@ -117,11 +117,41 @@ impl TrialRecorder {
         self.shared.recorded.load(Ordering::Acquire)
     }
 
+    /// A handle another thread keeps to read the running bundle and whether it is still
+    /// on trial (the daemon's metrics textfile, on its main thread).
+    pub fn view(&self) -> TrialView {
+        TrialView {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Asks the thread to record now instead of at its next interval.
     pub fn flush_soon(&self) {
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
+    }
+}
+
+/// Read-only view of a [`TrialRecorder`]'s state, for a thread that does not own it.
+#[derive(Clone)]
+pub struct TrialView {
+    shared: Arc<Shared>,
+}
+
+impl TrialView {
+    /// Whether the running bundle is still on trial.
+    pub fn on_trial(&self) -> bool {
+        self.shared.on_trial.load(Ordering::Acquire)
+    }
+
+    /// The running bundle's hash.
+    pub fn running_hash(&self) -> String {
+        self.shared
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -124,6 +124,9 @@ struct Shared {
     latency: LatencyMetrics,
     /// The last recording's path (for logs and tests).
     last_path: Mutex<Option<PathBuf>>,
+    /// Entries that replace the settings' metadata from now on (a reloaded bundle's
+    /// name and hash). Taken by the recorder thread only while it writes a recording.
+    metadata_updates: Mutex<BTreeMap<String, String>>,
 }
 
 /// The loop's observer: give [`Observer::tap`] to [`vla_control::ControlLoop::start_with_tap`].
@@ -155,6 +158,7 @@ impl Observer {
                 ..ObserverStats::default()
             },
             last_path: Mutex::new(None),
+            metadata_updates: Mutex::new(BTreeMap::new()),
             settings,
         });
         if let Some(r) = &shared.settings.recorder {
@@ -173,6 +177,17 @@ impl Observer {
     /// The tap to hand to the loop; every clone feeds this observer's queues.
     pub fn tap(&self) -> Arc<dyn Tap> {
         Arc::new(ObserverTap(self.shared.clone()))
+    }
+
+    /// Replaces metadata entries in the recordings written from now on (e.g. the
+    /// bundle's name and hash after a reload). Not for a real-time thread: takes a lock
+    /// the recorder thread holds while it copies the entries.
+    pub fn set_metadata(&self, entries: impl IntoIterator<Item = (String, String)>) {
+        self.shared
+            .metadata_updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(entries);
     }
 
     /// Asks for a recording now (SIGUSR1). Ignored without a recorder.
@@ -369,12 +384,21 @@ fn recorder_thread(shared: Arc<Shared>) {
             let newest = ticks.iter().last().map_or(0, |tick| tick.now_ns);
             let from = newest.saturating_sub(history_ns);
             let dropped = (shared.ticks.dropped(), shared.chunks.dropped());
+            let mut extra = shared.settings.metadata.clone();
+            extra.extend(
+                shared
+                    .metadata_updates
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
             let meta = mcap_out::Meta {
                 trigger: why,
                 geometry,
                 frames: shared.frames,
                 components: &shared.settings.components,
-                extra: &shared.settings.metadata,
+                extra: &extra,
                 history: recorder.history,
                 dropped,
             };

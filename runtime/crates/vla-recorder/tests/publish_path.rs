@@ -109,7 +109,7 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
             on_fault: true,
             hold_limit: None,
         }),
-        metadata: Default::default(),
+        metadata: [("bundle_name".to_owned(), "first".to_owned())].into(),
     })
     .unwrap();
     let mut writer = RingWriter::<Observation>::create(&settings.observation_path, G, 8).unwrap();
@@ -153,6 +153,8 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
 
     observer.request_recording();
     assert!(wait_for(|| recordings() == 1));
+    // A reload: the next recording names the new bundle.
+    observer.set_metadata([("bundle_name".to_owned(), "reloaded".to_owned())]);
     failing.store(true, Ordering::Relaxed);
     assert!(wait_for(|| recordings() == 2));
     failing.store(false, Ordering::Relaxed);
@@ -186,6 +188,10 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
         .expect("a fault recording");
     let rec = vla_recorder::read_recording(&dir.join(fault)).unwrap();
     assert_eq!(rec.metadata["trigger"], "fault");
+    assert_eq!(rec.metadata["bundle_name"], "reloaded");
+    let signal = names.iter().find(|n| n.ends_with("-signal.mcap")).unwrap();
+    let first = vla_recorder::read_recording(&dir.join(signal)).unwrap();
+    assert_eq!(first.metadata["bundle_name"], "first");
     assert!(
         rec.decisions.get("fault").copied().unwrap_or(0) >= 1,
         "{:?}",

@@ -55,11 +55,37 @@ pub(super) struct PolicyEngine {
     pub(super) prefix_method: vla_policy::PrefixMethod,
     /// Reloads start the policy's helper threads as the first load did.
     pub(super) load_options: vla_policy::LoadOptions,
+    /// Where a reload's gated bundle is posted for the metrics textfile.
+    pub(super) running: crate::observe::RunningBundle,
+    /// The end-to-end cosine of the running bundle's gate.
+    pub(super) gate_cosine: f64,
 }
 
 impl PolicyEngine {
+    /// What the metrics say about the running bundle, `cosine` its gate's.
+    pub(super) fn facts(&self, cosine: f64) -> crate::observe::BundleFacts {
+        let (name, version) = self
+            .bundle
+            .as_ref()
+            .map(|b| (b.manifest.name.clone(), b.manifest.version.clone()))
+            .unwrap_or_default();
+        let (hash, ota_state) = match &self.ota {
+            None => (crate::observe::manifest_hash(&self.good), "none"),
+            Some(o) if o.trial.on_trial() => (o.trial.running_hash(), "trial"),
+            Some(o) => (o.trial.running_hash(), "committed"),
+        };
+        crate::observe::BundleFacts {
+            name,
+            version,
+            hash,
+            path: self.good.clone(),
+            parity_cosine: cosine,
+            ota_state,
+        }
+    }
+
     fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
-        let (bundle, policy, _) = load_gated(&self.backend, dir, &self.load_options)?;
+        let (bundle, policy, cosine) = load_gated(&self.backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
             return Err(LoadError::Geometry {
@@ -71,6 +97,7 @@ impl PolicyEngine {
         self.policy = Some(policy);
         self.bundle = Some(bundle);
         self.good = dir.to_owned();
+        self.gate_cosine = cosine;
         Ok(())
     }
 }
@@ -111,7 +138,13 @@ impl Engine for PolicyEngine {
     }
 
     fn reload(&mut self) -> Result<String, EngineError> {
-        Ok(self.reload_policy()?)
+        let result = self.reload_policy();
+        // Whatever runs now (the new bundle, or the one it fell back to), once the OTA
+        // trial recorder knows its hash: the metrics and recordings name it.
+        if self.policy.is_some() {
+            self.running.post(self.facts(self.gate_cosine));
+        }
+        Ok(result?)
     }
 
     fn component_names(&self) -> Vec<String> {
