@@ -129,6 +129,19 @@ struct Shared {
     metadata_updates: Mutex<BTreeMap<String, String>>,
 }
 
+impl Shared {
+    /// The recordings' metadata now: the settings' entries with the later updates.
+    fn metadata(&self) -> BTreeMap<String, String> {
+        let mut all = self.settings.metadata.clone();
+        let updates = self
+            .metadata_updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        all.extend(updates.iter().map(|(k, v)| (k.clone(), v.clone())));
+        all
+    }
+}
+
 /// The loop's observer: give [`Observer::tap`] to [`vla_control::ControlLoop::start_with_tap`].
 pub struct Observer {
     shared: Arc<Shared>,
@@ -384,15 +397,7 @@ fn recorder_thread(shared: Arc<Shared>) {
             let newest = ticks.iter().last().map_or(0, |tick| tick.now_ns);
             let from = newest.saturating_sub(history_ns);
             let dropped = (shared.ticks.dropped(), shared.chunks.dropped());
-            let mut extra = shared.settings.metadata.clone();
-            extra.extend(
-                shared
-                    .metadata_updates
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone())),
-            );
+            let extra = shared.metadata();
             let meta = mcap_out::Meta {
                 trigger: why,
                 geometry,
