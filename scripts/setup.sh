@@ -6,21 +6,13 @@
 # Prints nothing but progress lines; the QNN library dir is in build/qnn-lib-dir.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$repo_root/scripts/setup_lib.sh"
 cd "$repo_root"
 mkdir -p build
 
 apt_packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils)
-missing=()
-for p in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "setup: installing Debian packages: ${missing[*]}"
-    sudo_cmd=()
-    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_ensure setup "${apt_packages[@]}"
 
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
     echo "setup: adding Rust target aarch64-unknown-linux-gnu"

@@ -8,28 +8,13 @@
 # Separate from the project .venv: nothing of it in CI's other steps.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$ROOT/scripts/setup_lib.sh"
 VENV="${FLEET_VENV:-$ROOT/build/fleet-venv}"
 PY="${PYTHON:-python3.11}"
 REQ="$ROOT/scripts/fleet-requirements.txt"
 
 apt_packages=(libcairo2-dev libgirepository1.0-dev pkg-config gcc libc6-dev dbus-daemon squashfs-tools openssl)
-missing=()
-for p in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "setup_fleet: installing Debian packages: ${missing[*]}"
-    sudo_cmd=()
-    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_ensure setup_fleet "${apt_packages[@]}"
 
-stamp="$VENV/.requirements.sha256"
-want="$(sha256sum "$REQ" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    echo "setup_fleet: venv $VENV from $REQ"
-    [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$REQ"
-    echo "$want" >"$stamp"
-fi
+venv_from_hashes setup_fleet "$VENV" "$REQ" "$PY"

@@ -8,6 +8,8 @@
 # nothing of it in CI's other steps).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$ROOT/scripts/setup_lib.sh"
 VENV="${LIBERO_VENV:-$ROOT/build/libero-venv}"
 PY="${PYTHON:-python3.11}"
 REQ="$ROOT/scripts/libero-requirements.txt"
@@ -15,26 +17,9 @@ REQ="$ROOT/scripts/libero-requirements.txt"
 # EGL/Mesa: headless rendering; gcc: the ring shim and bridge; ssh: --board/--bridge (and
 # the loopback sshd their test runs as the board).
 apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev openssh-client openssh-server)
-missing=()
-for p in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "setup_libero: installing Debian packages: ${missing[*]}"
-    sudo_cmd=()
-    [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+apt_ensure setup_libero "${apt_packages[@]}"
 
-stamp="$VENV/.requirements.sha256"
-want="$(sha256sum "$REQ" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    echo "setup_libero: venv $VENV from $REQ"
-    [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes --no-deps -r "$REQ"
-    echo "$want" >"$stamp"
-fi
+venv_from_hashes setup_libero "$VENV" "$REQ" "$PY"
 
 shim="$VENV/lib/libvla_ring_shim.so"
 src="$ROOT/tools/vla_libero/vla_ring_shim.c"

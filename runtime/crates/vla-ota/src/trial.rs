@@ -31,6 +31,19 @@ struct Shared {
     recorded: AtomicU64,
 }
 
+impl Shared {
+    fn on_trial(&self) -> bool {
+        self.on_trial.load(Ordering::Acquire)
+    }
+
+    fn running_hash(&self) -> String {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 /// How long dropping the recorder waits for its last flush: an installer holding the
 /// store's lock must not hold up the daemon's shutdown for minutes. Counts not recorded
 /// then are lost, which only lengthens the trial after the next start.
@@ -87,7 +100,7 @@ impl TrialRecorder {
 
     /// Whether the running bundle is still on trial.
     pub fn on_trial(&self) -> bool {
-        self.shared.on_trial.load(Ordering::Acquire)
+        self.shared.on_trial()
     }
 
     /// Another bundle runs now (after a reload). Counts not yet recorded belonged to the
@@ -105,11 +118,7 @@ impl TrialRecorder {
 
     /// The running bundle's hash.
     pub fn running_hash(&self) -> String {
-        self.shared
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.running_hash()
     }
 
     /// Healthy inferences handed to the store so far.
@@ -142,16 +151,12 @@ pub struct TrialView {
 impl TrialView {
     /// Whether the running bundle is still on trial.
     pub fn on_trial(&self) -> bool {
-        self.shared.on_trial.load(Ordering::Acquire)
+        self.shared.on_trial()
     }
 
     /// The running bundle's hash.
     pub fn running_hash(&self) -> String {
-        self.shared
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.running_hash()
     }
 }
 
