@@ -5,7 +5,7 @@
 #   the aarch64 build with its QNN-free tests under qemu,
 #   the aarch64 vlad on Qualcomm's aarch64 QNN libraries under qemu,
 #   the release binary's dynamic dependencies, the layer/unit checks, fleet OTA through
-#   real RAUC in a qemu VM, a fleet rollout through a hawkBit-DDI server (goosebit) to three
+#   real RAUC in a qemu VM, a fleet rollout through a hawkBit-DDI server (goosebit) to four
 #   device stand-ins, power cuts under the OTA store in that VM, and a short
 #   fault-injecting soak.
 # Builds are cached in the repo's target/ directory.
@@ -79,10 +79,10 @@ scripts/check_layer.sh
 step "fleet OTA through real RAUC: policy artifact, handlers, the daemon's verdict (qemu VM)"
 scripts/rauc/check.sh
 
-step "fleet rollout through a hawkBit-DDI server: goosebit, rauc-hawkbit agents, 3 devices, canary and threshold"
+step "fleet rollout through a hawkBit-DDI server: goosebit, rauc-hawkbit agents, 4 devices, canary and threshold"
 # Its own venv (goosebit 0.2.12, rauc-hawkbit 0.2.0; pinned with hashes); RAUC 1.13 from the
-# check above; target/release/vlad. Three device stand-ins on the emulator, each with its own
-# store, daemon, robot and agent: about 80 s here (plus 2-3 min for the venv on a fresh
+# check above; target/release/vlad. Four device stand-ins on the emulator, each with its own
+# store, daemon, robot and agent; three rollouts: about 75 s here (plus 2-3 min for the venv on a fresh
 # machine, PyGObject is built from source).
 scripts/setup_fleet.sh
 .venv/bin/python -m pytest -q -p no:cacheprovider tools/vla_fleet/tests

@@ -1,14 +1,21 @@
-"""A fleet rollout through goosebit (a real hawkBit-DDI server on 127.0.0.1) to three
+"""A fleet rollout through goosebit (a real hawkBit-DDI server on 127.0.0.1) to four
 device stand-ins, each with its own OTA store, its own vlad daemon on the HTP emulator
 (the Fast-WAM fixture), its own robot and its own rauc-hawkbit agent installing through
 meta-vla's RAUC handlers. Everything asserted about the rollout is read from the server's
 own API (/api/v1/rollouts, /api/v1/devices) and compared with what each device did.
 
 The scenario runs once (module fixture) in phases:
-  1. policy 1.1.0 (good) rolled out: canary group (dev-1), then wave-1 (dev-2, dev-3);
+  1. policy 1.1.0 (good) rolled out: canary group (dev-1), then wave-1 (dev-2, dev-3), then
+     wave-2 (dev-4);
   2. policy 1.2.0 (signed, intact, fails the parity gate) rolled out the same way, error
      threshold 20 %: the canary fails, the rollout stops, wave-1 never gets it;
-  3. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3).
+  3. policy 1.3.0 (a good policy, signed with the fleet's NEW key) rolled out the same way:
+     dev-3 lags the key rotation (its `ota.trusted_keys` holds only the old key), so on
+     dev-3 alone vlad refuses the release at SIGNATURE VERIFICATION in RAUC's pre-install
+     handler (`vlad bundle verify`), before anything is written - not at the parity gate.
+     The canary succeeds, wave-1 ends 1 succeeded / 1 failed (1 of 3 failed so far, 33 % >
+     20 %): the rollout stops, wave-2 (dev-4) stays on 1.1.0;
+  4. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3).
 
 Run with the project venv (the agents and the server run in build/fleet-venv):
     scripts/setup_fleet.sh && .venv/bin/python -m pytest -q tools/vla_fleet/tests
@@ -44,9 +51,13 @@ RAUC = REPO / "build/tools/rauc-1.13/build/rauc"
 VLAD = Path(os.environ.get("VLAD", REPO / os.environ.get("CARGO_TARGET_DIR", "target") / "release/vlad"))
 FIXTURE = REPO / "golden/bundles/fastwam"
 COMPATIBLE = "vla-fleet-test"
-DEVICES = ["dev-1", "dev-2", "dev-3"]
-GROUPS = [("canary", ["dev-1"]), ("wave-1", ["dev-2", "dev-3"])]
+DEVICES = ["dev-1", "dev-2", "dev-3", "dev-4"]
+GROUPS = [("canary", ["dev-1"]), ("wave-1", ["dev-2", "dev-3"]), ("wave-2", ["dev-4"])]
+# The share of the devices reached so far that may fail before the rollout stops
+# (vla_fleet.rollout.run checks it after each group).
 THRESHOLD = 20.0
+# The device that has not yet received the fleet's new signing key.
+LAGGING = "dev-3"
 # The one guard against a hang; every wait below is keyed on the devices' processes
 # living and on the server's counters, not on how fast this machine is.
 DEADLINE_S = 1800.0
@@ -135,16 +146,21 @@ def make_bundles(work: Path) -> dict:
     check.COMPATIBLE = COMPATIBLE  # rauc_bundle writes the module's compatible into the manifest
     fleet_key = work / "fleet.key"
     public = hex64(run(VLAD, "bundle", "keygen", fleet_key).stdout)
+    # The key the fleet rotates to: releases from 1.3.0 on are signed with it.
+    new_key = work / "fleet-new.key"
+    new_public = hex64(run(VLAD, "bundle", "keygen", new_key).stdout)
     cert, key = work / "rauc-cert.pem", work / "rauc-key.pem"
     run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
         "-nodes", "-keyout", key, "-out", cert, "-days", "30", "-subj", "/CN=vla-fleet-test RAUC signer",
         "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "keyUsage=digitalSignature")
     policies = work / "policies"
     policies.mkdir()
-    made = {"public": public, "cert": cert}
-    for name, version, tamper in (("a", "1.0.0", False), ("good", "1.1.0", False),
-                                  ("gate-fails", "1.2.0", True), ("corrupt", "1.3.0", False)):
-        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, fleet_key, tamper=tamper)
+    made = {"public": public, "new_public": new_public, "cert": cert}
+    for name, version, tamper, signer in (("a", "1.0.0", False, fleet_key), ("good", "1.1.0", False, fleet_key),
+                                       ("gate-fails", "1.2.0", True, fleet_key),
+                                       ("new-key", "1.3.0", False, new_key),
+                                       ("corrupt", "1.4.0", False, new_key)):
+        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper)
         made[name] = {"dir": d, "version": version,
                       "hash": run("sha256sum", d / "ota-manifest.json").stdout.split()[0]}
         if name != "a":
@@ -215,6 +231,9 @@ def fleet():
                                 f"vla-fleet-{os.getpid()}-{i}", FASTWAM_CONTROL, trial_inferences=1,
                                 max_trial_starts=3)
             cfg["metrics"] = {"textfile": str(root / "vlad.prom"), "interval_ms": 1000}
+            # Key rotation: every device but the lagging one trusts the old and the new key.
+            if name != LAGGING:
+                cfg["ota"]["trusted_keys"] = [b["public"], b["new_public"]]
             d = Device(name, root, VLAD, cfg, COMPATIBLE, b["cert"], RAUC, py, verdict_wait=120)
             d.env["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={bus}"
             d.flash(b["a"]["dir"])
@@ -239,7 +258,7 @@ def fleet():
         # entry for its `compatible`. goosebit 0.2.12 creates that entry with a racy
         # get_or_create when devices register first and at once: two rows, and from
         # then on every configData of that model answers 500.
-        sw = {name: f.server.upload_software(b[name]["raucb"]) for name in ("good", "gate-fails", "corrupt")}
+        sw = {name: f.server.upload_software(b[name]["raucb"]) for name in ("good", "gate-fails", "new-key", "corrupt")}
         f.sw = sw
         for d in f.devices.values():
             d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0")
@@ -280,7 +299,32 @@ def fleet():
                    > metric(prom, 'vlad_published_actions_total{status="ok"}'))
         f.seen["gate-fails"]["metrics_after"] = (d1.root / "vlad.prom").read_text()
 
-        # Phase 3a: a corrupt download: the server's copy of 1.3.0 damaged after upload.
+        # Phase 3: a good policy signed with the new key: dev-3 (lagging the key rotation)
+        # refuses it at signature verification, the threshold stops the rollout in wave-1.
+        d3 = f.devices[LAGGING]
+        t0 = time.monotonic()
+        robot_before = d3.robot()
+        bundles_before = d3.bundles()
+        repo_before = sorted(os.listdir(d3.repo)) if d3.repo.is_dir() else []
+        # goosebit sends nothing more to a device in Error (dev-1, after 1.2.0) until the
+        # operator forces an update: the operator's step after looking into the failure.
+        f.server.patch_devices(["dev-1"], force_update=True)
+        r3 = rollout.run(f.server, "policy 1.3.0", sw["new-key"], [(g, len(n)) for g, n in GROUPS],
+                         THRESHOLD, f.keep_waiting, say=log)
+        f.seen["new-key"] = {"result": r3, "seconds": time.monotonic() - t0,
+                             "rollouts": f.server.rollouts(), "devices": f.server.devices(),
+                             "current": {n: d.current() for n, d in f.devices.items()},
+                             "status": d3.status(), "bundles_before": bundles_before,
+                             "bundles_after": d3.bundles(), "repo_before": repo_before,
+                             "repo_after": sorted(os.listdir(d3.repo)) if d3.repo.is_dir() else [],
+                             "logs": {n: f.server.device_log(n) for n in DEVICES},
+                             "robot_before": robot_before}
+        n_ok = d3.robot().get("ok_applied", 0)
+        f.wait_for(f"{LAGGING}'s robot to receive more ok actions after the refusal",
+                   lambda: d3.robot().get("ok_applied", 0) > n_ok + 5)
+        f.seen["new-key"]["robot_after"] = d3.robot()
+
+        # Phase 4a: a corrupt download: the server's copy of 1.4.0 damaged after upload.
         d2 = f.devices["dev-2"]
         before = {"current": d2.current(), "bundles": d2.bundles(), "repo": sorted(os.listdir(d2.repo))}
         agent_from = len(d2.log("agent"))
@@ -296,7 +340,7 @@ def fleet():
                              "device": f.server.devices()["dev-2"], "log": f.server.device_log("dev-2"),
                              "agent": d2.log("agent")[agent_from:], "daemon_alive": d2.alive("daemon")}
 
-        # Phase 3b/c: dev-3's agent with a refused token, then with an unreachable server.
+        # Phase 4b/c: dev-3's agent with a refused token, then with an unreachable server.
         d3 = f.devices["dev-3"]
         d3.stop("agent")
         before3 = {"current": d3.current(), "bundles": d3.bundles()}
@@ -326,7 +370,7 @@ def fleet():
         f.close()
         signal.signal(signal.SIGTERM, previous)
         summary = {k: v for k, v in f.seen.items() if k in ("total_seconds",)}
-        for k in ("good", "gate-fails"):
+        for k in ("good", "gate-fails", "new-key"):
             if k in f.seen:
                 summary[f"{k}_seconds"] = round(f.seen[k]["seconds"], 1)
         (OUT / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -353,10 +397,14 @@ def test_good_policy_rolls_out_group_by_group(fleet):
     s = fleet.seen["good"]
     res = s["result"]
     assert not res.stopped, res.reason
-    assert [(g.feed, g.success, g.failure) for g in res.groups] == [("canary", 1, 0), ("wave-1", 2, 0)]
+    assert [(g.feed, g.success, g.failure) for g in res.groups] == [("canary", 1, 0), ("wave-1", 2, 0),
+                                                                    ("wave-2", 1, 0)]
     for g in res.groups:
         r = s["rollouts"][g.rollout_id]
-        assert (r["success_count"], r["failure_count"]) == (g.size, 0), r
+        # goosebit's own counters can lose an increment when two devices of a group report
+        # at once (vla_fleet.rollout's doc): never more than the devices did, no failure.
+        assert (r["success_count"], r["failure_count"]) == (g.server_success, g.server_failure), r
+        assert 1 <= r["success_count"] <= g.size and r["failure_count"] == 0, r
     good = fleet.bundles["good"]
     for name in DEVICES:
         dev = s["devices"][name]
@@ -371,13 +419,13 @@ def test_gate_failure_in_the_canary_stops_the_rollout(fleet):
     assert res.stopped and [g.feed for g in res.groups] == ["canary"], res
     canary = s["rollouts"][res.groups[0].rollout_id]
     assert (canary["success_count"], canary["failure_count"], canary["paused"]) == (0, 1, True), canary
-    # No rollout of 1.2.0 was started for wave-1.
-    assert not [r for r in s["rollouts"].values() if r["name"] == "policy 1.2.0 wave-1"], s["rollouts"]
+    # No rollout of 1.2.0 was started for the later groups.
+    assert not [r for r in s["rollouts"].values() if r["name"].startswith("policy 1.2.0 wave")], s["rollouts"]
     good, bad = fleet.bundles["good"], fleet.bundles["gate-fails"]
     dev1 = s["devices"]["dev-1"]
     assert dev1["last_state"] == "Error" and dev1["sw_version"] == "1.1.0", dev1
     assert f"rolled {bad['hash']} back to {good['hash']}" in s["logs"]["dev-1"], s["logs"]["dev-1"]
-    for name in ("dev-2", "dev-3"):
+    for name in ("dev-2", "dev-3", "dev-4"):
         assert s["devices"][name]["last_state"] == "Finished" and s["devices"][name]["sw_version"] == "1.1.0"
     # What the devices did: dev-1 back on 1.1.0 (its store names the rollback), the others untouched.
     assert s["current"] == {n: good["hash"] for n in DEVICES}, s["current"]
@@ -388,6 +436,42 @@ def test_gate_failure_in_the_canary_stops_the_rollout(fleet):
     ok = [metric(m, 'vlad_published_actions_total{status="ok"}') for m in (s["metrics"], s["metrics_after"])]
     assert ok[1] > ok[0], ok
     assert metric(s["metrics_after"], "vlad_inference_failures_total") == 0
+
+
+def test_one_device_failing_in_a_wave_stops_the_rollout_at_the_threshold(fleet):
+    """dev-3 fails 1.3.0 at vlad's signature verification (it lags the key rotation), not
+    at the parity gate: the same artifact that dev-1 and dev-2 install and gate."""
+    s = fleet.seen["new-key"]
+    res = s["result"]
+    # The procedure's view, and the server's own counters for each group it started.
+    assert res.stopped and [(g.feed, g.success, g.failure) for g in res.groups] == [
+        ("canary", 1, 0), ("wave-1", 1, 1)], res
+    assert "1 of 3 devices failed" in res.reason, res.reason
+    canary, wave1 = (s["rollouts"][g.rollout_id] for g in res.groups)
+    assert (canary["success_count"], canary["failure_count"], canary["paused"]) == (1, 0, False), canary
+    assert (wave1["success_count"], wave1["failure_count"], wave1["paused"]) == (1, 1, True), wave1
+    assert not [r for r in s["rollouts"].values() if r["name"] == "policy 1.3.0 wave-2"], s["rollouts"]
+    # Each device's state and version on the server equal what the device runs.
+    good, new = fleet.bundles["good"], fleet.bundles["new-key"]
+    expect = {"dev-1": ("Finished", "1.3.0", new), "dev-2": ("Finished", "1.3.0", new),
+              "dev-3": ("Error", "1.1.0", good), "dev-4": ("Finished", "1.1.0", good)}
+    for name, (state, version, bundle) in expect.items():
+        dev = s["devices"][name]
+        assert (dev["last_state"], dev["sw_version"]) == (state, version), (name, dev)
+        assert s["current"][name] == bundle["hash"], f"{name} runs {s['current'][name]}, expected {version}"
+    for name in ("dev-1", "dev-2"):
+        assert f"{new['hash']} passed" in s["logs"][name], s["logs"][name]
+    # dev-3: refused by vlad bundle verify in the pre-install handler, nothing written.
+    log3 = s["logs"][LAGGING]
+    assert "does not verify against any of the 1 trusted key(s)" in log3, log3
+    assert "pre-install handler failed" in log3 and "nothing installed" in log3, log3
+    assert s["bundles_after"] == s["bundles_before"], (s["bundles_before"], s["bundles_after"])
+    assert s["repo_after"] == s["repo_before"], (s["repo_before"], s["repo_after"])
+    assert new["hash"] not in s["bundles_after"]
+    assert good["hash"][:12] in s["status"], s["status"]
+    assert new["hash"][:12] not in s["status"], s["status"]
+    # dev-3 still drives its robot.
+    assert s["robot_after"].get("ok_applied", 0) > s["robot_before"].get("ok_applied", 0) + 5
 
 
 def test_corrupt_download_is_refused_before_anything_is_written(fleet):
