@@ -449,7 +449,11 @@ def test_one_device_failing_in_a_wave_stops_the_rollout_at_the_threshold(fleet):
     assert "1 of 3 devices failed" in res.reason, res.reason
     canary, wave1 = (s["rollouts"][g.rollout_id] for g in res.groups)
     assert (canary["success_count"], canary["failure_count"], canary["paused"]) == (1, 0, False), canary
-    assert (wave1["success_count"], wave1["failure_count"], wave1["paused"]) == (1, 1, True), wave1
+    # wave-1's two devices may report at the same moment, when goosebit can lose one of the
+    # two increments (vla_fleet.rollout's doc): never more than the devices did, and at least
+    # one; the devices' own states on the server (below) are exact.
+    assert wave1["paused"] and 1 <= wave1["success_count"] + wave1["failure_count"], wave1
+    assert wave1["success_count"] <= 1 and wave1["failure_count"] <= 1, wave1
     assert not [r for r in s["rollouts"].values() if r["name"] == "policy 1.3.0 wave-2"], s["rollouts"]
     # Each device's state and version on the server equal what the device runs.
     good, new = fleet.bundles["good"], fleet.bundles["new-key"]
