@@ -223,12 +223,16 @@ def fleet():
         f.wait_for("the server's login", up, keys=())
         f.url, f.port, f.server_dir = url, port, server_dir
 
-        # The devices: each flashed with A, its daemon and robot started.
+        # The devices: each flashed with A, its daemon and robot started. The synchronous
+        # trigger: each chunk plays from its first row when it lands, whatever its latency
+        # (up to max_chunk_age_ms), so the robots' ok actions do not depend on this machine
+        # inferring faster than a chunk's span (four daemons share two cores here).
+        control = dict(FASTWAM_CONTROL, trigger="synchronous", max_chunk_age_ms=60000)
         tokens = {}
         for i, name in enumerate(DEVICES):
             root = OUT / name
             cfg = daemon_config(json.loads((REPO / "config/dev.json").read_text()), root / "ota", b["public"],
-                                f"vla-fleet-{os.getpid()}-{i}", FASTWAM_CONTROL, trial_inferences=1,
+                                f"vla-fleet-{os.getpid()}-{i}", control, trial_inferences=1,
                                 max_trial_starts=3)
             cfg["metrics"] = {"textfile": str(root / "vlad.prom"), "interval_ms": 1000}
             # Key rotation: every device but the lagging one trusts the old and the new key.
