@@ -159,6 +159,29 @@ class MolmoDims:
         return self.splits * self.layers_per_split
 
 
+SAMPLER_POINTS = [(-0.35, -0.2), (0.4, 0.3), (0.1, -0.6), (-0.5, 0.55)]
+
+
+def grid_sample_matrix(points, g: int, coord_step: float = 0.0) -> np.ndarray:
+    """[points, g*g] weights of bilinear sampling at normalized (x, y) points, as
+    F.grid_sample(align_corners=False, padding_mode="zeros") reads a g x g grid: pixel
+    coordinate ((n + 1) * g - 1) / 2, taps outside the grid weigh zero. `coord_step` > 0
+    rounds each pixel coordinate to that step first (a coarser interpolation than torch's)."""
+    pool = np.zeros((len(points), g * g), np.float32)
+    for i, (nx, ny) in enumerate(points):
+        fx = ((nx + 1) * g - 1) / 2
+        fy = ((ny + 1) * g - 1) / 2
+        if coord_step:
+            fx, fy = round(fx / coord_step) * coord_step, round(fy / coord_step) * coord_step
+        x0, y0 = int(np.floor(fx)), int(np.floor(fy))
+        wx, wy = fx - x0, fy - y0
+        for yy, wyy in ((y0, 1 - wy), (y0 + 1, wy)):
+            for xx, wxx in ((x0, 1 - wx), (x0 + 1, wx)):
+                if 0 <= yy < g and 0 <= xx < g:
+                    pool[i, yy * g + xx] += wyy * wxx
+    return pool
+
+
 def pooling_matrix(dims: MolmoDims) -> np.ndarray:
     """[tokens_per_camera, patches] weights taking patch features to image tokens."""
     g = dims.grid
@@ -174,18 +197,7 @@ def pooling_matrix(dims: MolmoDims) -> np.ndarray:
         return pool
     # Grid-sampler stand-in: bilinear sampling (align_corners=False) at fixed normalized
     # points, written as a weight matrix so it compiles as a MatMul.
-    points = [(-0.35, -0.2), (0.4, 0.3), (0.1, -0.6), (-0.5, 0.55)][: dims.tokens_per_camera]
-    pool = np.zeros((len(points), g * g), np.float32)
-    for i, (nx, ny) in enumerate(points):
-        fx = ((nx + 1) * g - 1) / 2
-        fy = ((ny + 1) * g - 1) / 2
-        x0, y0 = int(np.floor(fx)), int(np.floor(fy))
-        wx, wy = fx - x0, fy - y0
-        for yy, wyy in ((y0, 1 - wy), (y0 + 1, wy)):
-            for xx, wxx in ((x0, 1 - wx), (x0 + 1, wx)):
-                if 0 <= yy < g and 0 <= xx < g:
-                    pool[i, yy * g + xx] += wyy * wxx
-    return pool
+    return grid_sample_matrix(SAMPLER_POINTS[: dims.tokens_per_camera], g)
 
 
 def self_attention(b, x, rng, width, heads, tokens, batch, fused, bias=None):
@@ -214,7 +226,9 @@ def geglu_mlp(b, x, rng, width, inner, fused):
     return b.add(x, b.matmul(m, dense(rng, inner, width, 0.7)))
 
 
-def build_vision(dims: MolmoDims, rng, fused: bool = False) -> onnx.ModelProto:
+def build_vision(dims: MolmoDims, rng, fused: bool = False, pool=None, rows_late: int = 0) -> onnx.ModelProto:
+    """`pool`: another pooling matrix than `pooling_matrix(dims)` (the same weights otherwise);
+    `rows_late`: the output's image rows shifted down by that many (the first repeated)."""
     b = GraphBuilder("vision")
     cams, n, pv, vw = dims.cameras, dims.patches, dims.patch_values, dims.vision_width
     px = b.input("pixel_values", [1, cams, n, pv])
@@ -223,12 +237,19 @@ def build_vision(dims: MolmoDims, rng, fused: bool = False) -> onnx.ModelProto:
     x = b.add(x, np.broadcast_to(pos, (cams, n, vw)).copy())
     x = self_attention(b, x, rng, vw, dims.vision_heads, n, cams, fused)
     x = geglu_mlp(b, x, rng, vw, 2 * vw, fused)
-    pool = pooling_matrix(dims)
+    pool = pooling_matrix(dims) if pool is None else pool
     x = b.matmul(b.const(np.broadcast_to(pool, (cams,) + pool.shape).copy(), "pool"), x)
     x = b.layer_norm(x, vw, rng)
     gate, up = projections(b, x, [dense(rng, vw, dims.hidden), dense(rng, vw, dims.hidden)], fused)
     x = b.matmul(b.mul(b.op("Gelu", [gate]), up), dense(rng, dims.hidden, dims.hidden, 1.5))
-    b.output(b.reshape(x, [dims.image_tokens, dims.hidden]), "image_embeds", [dims.image_tokens, dims.hidden])
+    x = b.reshape(x, [dims.image_tokens, dims.hidden])
+    if rows_late:
+        n = dims.image_tokens
+        shift = np.zeros((n, n), np.float32)
+        for i in range(n):
+            shift[i, max(i - rows_late, 0)] = 1.0
+        x = b.matmul(b.const(shift, "late"), x)
+    b.output(x, "image_embeds", [dims.image_tokens, dims.hidden])
     return b.model()
 
 

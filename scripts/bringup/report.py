@@ -7,7 +7,16 @@ Inputs (the results directory, `REPORT_DIR/raw/` when run.sh calls this):
   parity.json   `vlad parity --bundle --json`: per-context and end-to-end parity
   bench.json    `vlad bench-bundle --json`: latency per component, host overhead, load
                 times, memory (optional: without it the report says what is missing)
+  parity-*.json more `vlad parity --bundle --json` runs of the same bundle on other
+                observations (optional; each is one more observation per output)
   *.log         the commands' own output, linked from the report
+
+Besides report.md it writes REPORT_DIR/gates.json, the parity gate it proposes for every
+context output: the minimum cosine measured over the N observations less a stated margin
+(`--gate-margin`, default GATE_MARGIN), rounded down to 1e-6, for each output whose minimum
+is below the bundle's default gate; an output that meets the default keeps it. `vlad bundle calibrate DIR
+--from gates.json` writes the proposals below the bundle's default into its bundle.json,
+with this file's SHA-256 as their reason (docs/bundle-format.md, "Parity gates").
 
 bench.json follows `vlad bench-bundle` (runtime/vlad/src/bench_bundle.rs): durations in
 microseconds (`*_us`; `*_ms` is read too), `components: [{component, p50_us, p99_us}]`,
@@ -75,6 +84,10 @@ class Bench:
     unrecognised: dict[str, object]
 
 
+GATE_MARGIN = 0.0005  # below the measured minimum: fp16 noise of observations not measured
+GATES_FORMAT = "vla-bringup-gates/1"
+
+
 @dataclass
 class Results:
     directory: Path
@@ -83,6 +96,40 @@ class Results:
     parity_problem: str | None
     bench: Bench | None
     bench_problem: str | None
+    more_parity: list = field(default_factory=list)  # parity-*.json: more observations
+    gates: dict | None = None  # the proposed gates (gates.json)
+
+
+def propose_gates(runs: list[dict], margin: float) -> dict:
+    """Per context output: the minimum cosine over the parity runs, and that less `margin`
+    (rounded down to 1e-6) as the proposed gate. A run of another bundle is refused."""
+    first = runs[0]
+    measured: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        if (run.get("bundle"), run.get("version")) != (first.get("bundle"), first.get("version")):
+            raise ReportError(f"parity runs of different bundles: {first.get('bundle')} {first.get('version')}"
+                              f" and {run.get('bundle')} {run.get('version')}")
+        for c in run.get("contexts") or []:
+            for o in c.get("outputs") or []:
+                cos = o.get("cosine")
+                # A non-finite output (null) is no measurement to calibrate from: it stays
+                # at the default and fails there.
+                measured.setdefault((c.get("component"), o.get("name")), []).append(
+                    float(cos) if isinstance(cos, (int, float)) else math.nan)
+    default = first.get("context_gate")
+    outputs = []
+    for (context, output), values in measured.items():
+        if any(math.isnan(v) for v in values):
+            continue
+        low = min(values)
+        # An output that meets the default keeps it: calibrating must not loosen the gate of
+        # a context that does not need it (a tight gate there is what catches a wrong binary).
+        gate = default if default is not None and low >= default else math.floor((low - margin) * 1e6) / 1e6
+        outputs.append({"context": context, "output": output, "observations": len(values),
+                        "min_cosine": low, "max_cosine": max(values), "proposed_gate": gate})
+    return {"format": GATES_FORMAT, "bundle": first.get("bundle"), "version": first.get("version"),
+            "margin": margin, "default_gate": first.get("context_gate"),
+            "end_to_end_gate": first.get("end_to_end_gate"), "outputs": outputs}
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -234,7 +281,8 @@ def load_results(directory: Path) -> Results:
     else:
         bench_problem = (f"vlad bench-bundle wrote no bench.json (exit"
                          f" {target.get('bench_exit', '?')}); see bench.log")
-    return Results(directory, target, parity, parity_problem, bench, bench_problem)
+    more = [read_json(p) for p in sorted(directory.glob("parity-*.json"))]
+    return Results(directory, target, parity, parity_problem, bench, bench_problem, more)
 
 
 def action_geometry(bundle_dir: Path | None, n_values: int) -> tuple[int, int]:
@@ -339,11 +387,13 @@ def plot_latency(bench: Bench, path: Path) -> str | None:
 
 
 def plot_parity(parity: dict, path: Path) -> bool:
-    rows = [(c.get("component", "?"), o.get("name", "?"), o.get("cosine"))
+    # Each output against the gate it was held to (its own entry, else the default).
+    rows = [(c.get("component", "?"), o.get("name", "?"), o.get("cosine"), o.get("gate", parity.get("context_gate")))
             for c in parity.get("contexts") or [] for o in c.get("outputs") or []]
     e2e = parity.get("end_to_end") or {}
-    rows.append(("end to end", "actions", e2e.get("cosine")))
-    rows = [(c, o, cos) for c, o, cos in rows if isinstance(cos, (int, float))]
+    rows.append(("end to end", "actions", e2e.get("cosine"), parity.get("end_to_end_gate")))
+    gates = [g for *_, cos, g in rows if isinstance(cos, (int, float))]
+    rows = [(c, o, cos) for c, o, cos, _ in rows if isinstance(cos, (int, float))]
     if not rows:
         return False
     # 1 - cosine on a log axis: the gates (1e-4, 1e-3) and typical results (1e-6..1e-8)
@@ -352,8 +402,7 @@ def plot_parity(parity: dict, path: Path) -> bool:
     labels = [f"{c}\n{o}" for c, o, _ in rows]
     fig, ax = plt.subplots(figsize=(min(12.0, max(5.0, 0.6 * len(rows) + 2)), 3.8))
     colors = []
-    for (component, _, _), gap in zip(rows, gaps):
-        gate = parity.get("end_to_end_gate" if component == "end to end" else "context_gate")
+    for gate, gap in zip(gates, gaps):
         ok = not isinstance(gate, (int, float)) or gap <= 1.0 - gate
         colors.append("tab:green" if ok else "tab:red")
     ax.bar(range(len(rows)), gaps, color=colors)
@@ -424,27 +473,46 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
     if p is None:
         lines.append(f"No parity result: {results.parity_problem}.")
     else:
-        lines.append(f"Gates: every context output cosine >= {p.get('context_gate')},"
+        lines.append(f"Gates: every context output cosine >= {p.get('context_gate')} unless the bundle"
+                     " gives the output its own gate (column gate, with where it came from),"
                      f" end-to-end action chunk cosine >= {p.get('end_to_end_gate')}.")
         lines.append("")
         lines.append("| component | output | shape | cosine | max abs diff | within tol. |"
-                     " execute ms | verdict |")
-        lines.append("|---|---|---|---:|---:|---:|---:|---|")
+                     " execute ms | gate | verdict |")
+        lines.append("|---|---|---|---:|---:|---:|---:|---|---|")
         for c in p.get("contexts") or []:
             for o in c.get("outputs") or []:
                 shape = "x".join(str(s) for s in o.get("shape") or [])
+                gate = o.get("gate", p.get("context_gate"))
+                source = o.get("gate_from", "parity.context_cosine")
+                if o.get("gate_reason"):
+                    source += f": {o['gate_reason']}"
                 lines.append(
                     f"| {c.get('component')} | {o.get('name')} | {shape} |"
                     f" {_fmt(o.get('cosine'), '.8f')} | {_fmt(o.get('max_abs_diff'), '.3e')} |"
                     f" {_fmt(o.get('within_tolerance'), '.1%')} |"
-                    f" {_fmt(c.get('execute_ms'), '.2f')} | {_verdict(o.get('passed'))} |")
+                    f" {_fmt(c.get('execute_ms'), '.2f')} | {gate} ({source}) | {_verdict(o.get('passed'))} |")
         e = p.get("end_to_end") or {}
         ks = e.get("keystone")
         ks_text = f", KeyStone chose {ks.get('ours')} (golden {ks.get('golden')})" if ks else ""
         lines.append(f"| **end to end** | action chunk | {len(e.get('actions') or [])} values |"
                      f" {_fmt(e.get('cosine'), '.8f')} | {_fmt(e.get('max_abs_diff'), '.3e')} |"
-                     f" | | **{_verdict(e.get('passed'))}**{ks_text} |")
+                     f" | | {p.get('end_to_end_gate')} | **{_verdict(e.get('passed'))}**{ks_text} |")
         lines.append("")
+        gates = results.gates
+        if gates is not None:
+            n = max((o["observations"] for o in gates["outputs"]), default=0)
+            lines.append(f"Proposed gates ([`gates.json`](gates.json)): each output below the default"
+                         f" gets its minimum cosine over {n} observation(s) less {gates['margin']}; `vlad bundle calibrate DIR --from"
+                         f" gates.json` writes those below the default {gates['default_gate']} into"
+                         " bundle.json (the end-to-end gate is never changed).")
+            lines.append("")
+            lines.append("| component | output | observations | min cosine | proposed gate |")
+            lines.append("|---|---|---:|---:|---:|")
+            for o in gates["outputs"]:
+                lines.append(f"| {o['context']} | {o['output']} | {o['observations']} |"
+                             f" {o['min_cosine']:.8f} | {o['proposed_gate']:.6f} |")
+            lines.append("")
         if plot_parity(p, out / "parity.png"):
             lines.append("![parity per context and end to end](parity.png)")
             lines.append("")
@@ -560,13 +628,17 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
 
 
 def build_report(results_dir: Path, bundle_dir: Path | None, target_name: str,
-                 out: Path) -> Path:
+                 out: Path, margin: float = GATE_MARGIN) -> Path:
     if not results_dir.is_dir():
         raise ReportError(f"{results_dir}: no such results directory")
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("parity.png", "actions.png", "latency.png"):
         (out / stale).unlink(missing_ok=True)
     results = load_results(results_dir)
+    (out / "gates.json").unlink(missing_ok=True)
+    if results.parity is not None:
+        results.gates = propose_gates([results.parity, *results.more_parity], margin)
+        (out / "gates.json").write_text(json.dumps(results.gates, indent=2) + "\n")
     text = render(results, bundle_dir, target_name, out)
     path = out / "report.md"
     path.write_text(text)
@@ -579,9 +651,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bundle", type=Path, help="the bundle that was deployed (for its geometry)")
     ap.add_argument("--target", default="the target", help="name of the target for the title")
     ap.add_argument("--out", type=Path, required=True, help="report directory")
+    ap.add_argument("--gate-margin", type=float, default=GATE_MARGIN,
+                    help=f"proposed gate = measured minimum cosine less this (default {GATE_MARGIN})")
     args = ap.parse_args(argv)
+    if not 0 <= args.gate_margin < 1:
+        ap.error(f"--gate-margin {args.gate_margin} is not in [0, 1)")
     try:
-        path = build_report(args.results, args.bundle, args.target, args.out)
+        path = build_report(args.results, args.bundle, args.target, args.out, args.gate_margin)
     except ReportError as e:
         print(f"report: {e}", file=sys.stderr)
         return 1

@@ -208,3 +208,35 @@ def test_bench_json_that_is_not_an_object_is_named(tmp_path, doc):
     raw, out = write_results(tmp_path, parity_doc(), doc)
     md = build(raw, out)
     assert "bench.json: top level is" in md and "expected an object" in md
+
+
+def _with_outputs(doc, cosines):
+    doc["contexts"][0]["outputs"] = [
+        {"name": name, "shape": [1], "cosine": cos, "max_abs_diff": 0.1, "within_tolerance": 1.0,
+         "passed": cos is not None and cos >= 0.9999} for name, cos in cosines.items()]
+    return doc
+
+
+def test_gates_are_proposed_from_the_minimum_over_every_observation(tmp_path):
+    raw, out = write_results(tmp_path, parity=_with_outputs(parity_doc(), {
+        "pred_noise": 0.9985, "steady": 0.99999, "broken": None}), bench=bench_doc())
+    more = _with_outputs(parity_doc(), {"pred_noise": 0.9983, "steady": 0.99998, "broken": 0.5})
+    (raw / "parity-1.json").write_text(json.dumps(more))
+    text = build(raw, out)
+    gates = json.loads((out / "gates.json").read_text())
+    assert gates["format"] == "vla-bringup-gates/1" and gates["margin"] == report.GATE_MARGIN
+    assert (gates["bundle"], gates["version"]) == ("fastwam-libero-tiny", "0.1.0")
+    by = {o["output"]: o for o in gates["outputs"]}
+    assert by["pred_noise"]["observations"] == 2 and by["pred_noise"]["min_cosine"] == 0.9983
+    assert by["pred_noise"]["proposed_gate"] == 0.9978  # 0.9983 - 0.0005
+    assert by["steady"]["proposed_gate"] == 0.9999, "an output meeting the default keeps it"
+    assert "broken" not in by, "a non-finite observation is nothing to calibrate from"
+    assert "| action_step | pred_noise | 2 | 0.99830000 | 0.997800 |" in text
+
+
+def test_parity_runs_of_another_bundle_are_refused(tmp_path):
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
+    other = dict(parity_doc(), bundle="another")
+    (raw / "parity-1.json").write_text(json.dumps(other))
+    with pytest.raises(report.ReportError, match="different bundles"):
+        build(raw, out)

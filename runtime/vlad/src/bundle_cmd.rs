@@ -50,14 +50,20 @@ pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_jso
                 "component": c.label,
                 "execute_ms": c.execute_time.as_secs_f64() * 1e3,
                 "passed": c.passed(),
-                "outputs": c.outputs.iter().map(|o| json!({
-                    "name": o.name,
-                    "shape": o.shape,
-                    "cosine": finite(o.comparison.cosine),
-                    "max_abs_diff": finite(o.comparison.max_abs_diff),
-                    "within_tolerance": o.comparison.within_tolerance,
-                    "passed": o.passed,
-                })).collect::<Vec<_>>(),
+                "outputs": c.outputs.iter().map(|o| {
+                    let t = bundle.manifest.parity.threshold(&c.label, &o.name);
+                    json!({
+                        "name": o.name,
+                        "shape": o.shape,
+                        "cosine": finite(o.comparison.cosine),
+                        "max_abs_diff": finite(o.comparison.max_abs_diff),
+                        "within_tolerance": o.comparison.within_tolerance,
+                        "gate": o.min_cosine,
+                        "gate_from": t.entry.as_ref().map_or("parity.context_cosine", |(k, _)| k.as_str()),
+                        "gate_reason": t.entry.as_ref().map(|(_, r)| r.as_str()),
+                        "passed": o.passed,
+                    })
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -97,19 +103,28 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
         bundle.manifest.name,
         bundle.manifest.version
     );
-    s += &format!("per context (gate cosine >= {}):\n", r.context_gate);
     s += &format!(
-        "  {:<16} {:<16} {:>12} {:>11}  verdict\n",
-        "component", "output", "cosine", "max_abs"
+        "per context (default gate cosine >= {}, parity.context_cosine):\n",
+        r.context_gate
+    );
+    s += &format!(
+        "  {:<16} {:<16} {:>12} {:>11} {:>10}  verdict  gate from\n",
+        "component", "output", "cosine", "max_abs", "gate"
     );
     for c in &r.contexts {
         for o in &c.outputs {
+            let t = bundle.manifest.parity.threshold(&c.label, &o.name);
+            let from = match &t.entry {
+                None => "default".to_string(),
+                Some((key, reason)) => format!("{key}: {reason}"),
+            };
             s += &format!(
-                "  {:<16} {:<16} {:>12.8} {:>11.3e}  {}\n",
+                "  {:<16} {:<16} {:>12.8} {:>11.3e} {:>10}  {:<7}  {from}\n",
                 c.label,
                 o.name,
                 o.comparison.cosine,
                 o.comparison.max_abs_diff,
+                o.min_cosine,
                 if o.passed { "PASS" } else { "FAIL" }
             );
         }

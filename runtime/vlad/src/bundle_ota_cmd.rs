@@ -1,5 +1,8 @@
-//! `vlad bundle pack|sign|verify|keygen`: preparing a bundle directory for OTA delivery.
+//! `vlad bundle calibrate|pack|sign|verify|keygen`: preparing a bundle directory for OTA
+//! delivery.
 //!
+//! `calibrate` writes the per-output parity gates a bring-up report proposes
+//! (`bundle_calibrate`), before `pack`.
 //! `pack` writes `ota-manifest.json` (identity from `bundle.json`, every file's size and
 //! SHA-256), `sign` writes the detached Ed25519 signature `ota-manifest.json.sig`,
 //! `verify` runs the device's own verification, and `keygen` makes a signing key for
@@ -14,6 +17,9 @@ use std::path::PathBuf;
 
 const HELP: &str = "usage: vlad bundle <command>
 commands:
+  calibrate <dir> --from GATES.json
+                              write the per-output parity gates a bring-up report proposes
+                              into <dir>/bundle.json (before pack and sign)
   pack <dir>                  write <dir>/ota-manifest.json (removes a stale signature)
   sign <dir> --key FILE       sign it with the secret key in FILE (mode 0600)
   verify <dir> [--trusted-key HEX]... [--config FILE]
@@ -28,6 +34,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut command: Option<String> = None;
     let mut operand: Option<PathBuf> = None;
     let mut key: Option<PathBuf> = None;
+    let mut from: Option<PathBuf> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -36,6 +43,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 options.take(&name, &mut p)?;
             }
             Long("key") => key = Some(cli::value(&mut p)?.into()),
+            Long("from") => from = Some(cli::value(&mut p)?.into()),
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -56,7 +64,15 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if key.is_some() && command != "sign" {
         return Err(Failure::Usage("--key is only for bundle sign".into()));
     }
+    if from.is_some() != (command == "calibrate") {
+        return Err(Failure::Usage(
+            "bundle calibrate needs --from GATES.json, and only it takes --from".into(),
+        ));
+    }
     match command.as_str() {
+        "calibrate" => {
+            crate::bundle_calibrate::calibrate(&operand, from.as_deref().expect("checked above"))
+        }
         "pack" => {
             let manifest = vla_ota::pack(&operand)?;
             println!(

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_bundle;
+mod bundle_calibrate;
 mod bundle_cmd;
 mod bundle_ota_cmd;
 mod cli;
@@ -44,7 +45,8 @@ commands:
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
   ota status|install|activate|commit|rollback|gc
                                     over-the-air bundle store (signed, atomic, rollback)
-  bundle pack|sign|verify|keygen    make and check signed bundles
+  bundle calibrate|pack|sign|verify|keygen
+                                    calibrate parity gates, make and check signed bundles
 
 common options:
   --lib-dir DIR     QNN library directory (default: $VLA_QNN_LIB_DIR, else /usr/lib)

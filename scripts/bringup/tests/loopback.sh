@@ -214,6 +214,28 @@ check "failed report says FAIL" grep -q '^\*\*Parity: FAIL\*\*' "$tmp/report-gat
 check "failed report still has its plots" test -s "$tmp/report-gate/actions.png"
 check "workspace removed after a failed gate" no_workspace_left "$root_base"
 
+# 3b. Calibration: the LP-VTP-SD stand-in (its vision context samples more coarsely than
+#     torch, ~0.9985) fails the default gate on the "board"; the kit's gates.json proposes
+#     that output's gate from the measurement, `vlad bundle calibrate` writes it with the
+#     report's hash, and the bundle then passes here, while its llm splits stay at the default.
+standin="$tmp/lp-vtp-sd-gridsample"
+cp -r golden/bundles/molmoact2-lp-vtp-sd "$standin"
+cp golden/gate-standin/vision_gridsample_socid77_archv73.bin \
+    "$standin/ctx/vision_socid77_archv73.bin"
+bringup "$tmp/calibrate" "${key_args[@]}" --vlad "$vlad_x86" --bundle "$standin" \
+    --qnn-lib-dir "$qnn_dir" --iterations 1 --out "$tmp/report-calibrate"
+check "the stand-in misses the default gate (exit 3)" test "$rc" -eq 3
+check "the report proposes gates (gates.json)" test -s "$tmp/report-calibrate/gates.json"
+"$vlad_x86" bundle calibrate "$standin" --from "$tmp/report-calibrate/gates.json" >"$tmp/calibrate.out" 2>&1 \
+    || sed 's/^/     /' "$tmp/calibrate.out"
+report_hash="$(sha256sum "$tmp/report-calibrate/gates.json" | cut -d' ' -f1)"
+check "calibrate wrote the vision gate with the report's hash" \
+    "$python" -c 'import json, sys; g = json.load(open(sys.argv[1]))["parity"]["contexts"]
+sys.exit(0 if list(g) == ["vision"] and sys.argv[2] in g["vision"]["image_embeds"]["reason"] else 1)' \
+    "$standin/bundle.json" "$report_hash"
+check "the calibrated stand-in passes its gates" \
+    env VLA_QNN_LIB_DIR="$qnn_dir" "$vlad_x86" parity --bundle "$standin" --json "$tmp/calibrated.json"
+
 # 4. Password login (sshpass) as a plain user, QAIRT libraries uploaded from this machine,
 #    default cache dir in the user's home.
 qnn_local="$tmp/qnn-local"

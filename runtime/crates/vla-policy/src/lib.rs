@@ -34,7 +34,9 @@ pub use fastwam::norm::FastWamNormalizer;
 pub use fastwam::state::quat2axisangle;
 pub use fastwam::{map_gripper, proprio_row, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
-pub use manifest::{Manifest, PolicyKind};
+pub use manifest::{
+    Manifest, OutputGate, ParityGate, PolicyKind, Threshold, ANY_OUTPUT, GATE_FLOOR,
+};
 pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2};
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};

@@ -69,13 +69,91 @@ pub struct Component {
 }
 
 /// The parity gates' thresholds.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ParityGate {
-    /// Every context's outputs must reach this cosine against their goldens.
+    /// Every context's outputs must reach this cosine against their goldens, unless
+    /// `contexts` holds an entry for the output.
     pub context_cosine: f64,
-    /// The end-to-end actions must reach this cosine against the end-to-end golden.
+    /// The end-to-end actions must reach this cosine against the end-to-end golden. No
+    /// per-context entry changes it.
     pub end_to_end_cosine: f64,
+    /// Lets an entry of `contexts` go below [`GATE_FLOOR`] (still above 0). Set only when the
+    /// importer was told `--allow-low-gate`.
+    #[serde(default)]
+    pub allow_low_gate: bool,
+    /// Per-context, per-output thresholds: context name -> output name (or [`ANY_OUTPUT`])
+    /// -> threshold and the reason for it.
+    #[serde(default)]
+    pub contexts: BTreeMap<String, BTreeMap<String, OutputGate>>,
+}
+
+/// The lowest per-output threshold a bundle may set without `allow_low_gate`: below it, a
+/// context could be the wrong binary and still pass.
+pub const GATE_FLOOR: f64 = 0.99;
+
+/// The output key of a per-context entry that holds every output of the context that has
+/// no entry of its own.
+pub const ANY_OUTPUT: &str = "*";
+
+/// One output's own threshold (`parity.contexts.<context>.<output>`).
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OutputGate {
+    /// The threshold; kept as JSON so that a non-number is refused naming its field.
+    pub cosine: serde_json::Value,
+    /// Why this output has its own threshold (a card's figure, a calibration report's hash).
+    pub reason: String,
+}
+
+/// The threshold one output is held to, and where it comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Threshold {
+    /// Minimum cosine against the golden.
+    pub cosine: f64,
+    /// `None`: the bundle's `parity.context_cosine`; otherwise the entry's key path and reason.
+    pub entry: Option<(String, String)>,
+}
+
+impl ParityGate {
+    /// Refuses an entry of `context` that names none of its `outputs` (the graph's).
+    pub fn check_outputs(&self, context: &str, outputs: &[&str]) -> Result<(), Invalid> {
+        let Some(entries) = self.contexts.get(context) else {
+            return Ok(());
+        };
+        match entries
+            .keys()
+            .find(|k| k.as_str() != ANY_OUTPUT && !outputs.contains(&k.as_str()))
+        {
+            Some(unknown) => Err(invalid(
+                format!("parity.contexts.{context}.{unknown}"),
+                format!(
+                    "names no output of context `{context}` (its outputs: {})",
+                    outputs.join(", ")
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The threshold output `output` of context `context` is held to.
+    pub fn threshold(&self, context: &str, output: &str) -> Threshold {
+        let entry = self.contexts.get(context).and_then(|outs| {
+            outs.get(output)
+                .map(|g| (output, g))
+                .or_else(|| outs.get(ANY_OUTPUT).map(|g| (ANY_OUTPUT, g)))
+        });
+        match entry {
+            Some((key, g)) => Threshold {
+                cosine: g.cosine.as_f64().unwrap_or(f64::NAN),
+                entry: Some((format!("parity.contexts.{context}.{key}"), g.reason.clone())),
+            },
+            None => Threshold {
+                cosine: self.context_cosine,
+                entry: None,
+            },
+        }
+    }
 }
 
 /// What MolmoAct2's `action_step` graph returns (`step_output`).
@@ -592,6 +670,103 @@ mod tests {
             f.upstream_eval_deviations().unwrap(),
             "flow_steps 4 (upstream 10), shift 3 (upstream 5), gripper_map none (upstream libero), \
              gripper_binarize false (upstream true)"
+        );
+    }
+
+    fn gated(entry: serde_json::Value, allow_low: bool) -> Result<(), Invalid> {
+        closed_loop(|v| {
+            v["parity"]["contexts"] = entry;
+            v["parity"]["allow_low_gate"] = allow_low.into();
+        })
+        .validate()
+    }
+
+    #[test]
+    fn per_output_gates_are_refused_naming_the_entry() {
+        use serde_json::json;
+        let ok = json!({"wm_embed": {"video_tokens": {"cosine": 0.998, "reason": "card"}}});
+        gated(ok, false).unwrap();
+        let any = json!({"wm_embed": {"*": {"cosine": 0.995, "reason": "card"}}});
+        gated(any, false).unwrap();
+        let cases = [
+            (
+                json!({"vison": {"image_embeds": {"cosine": 0.998, "reason": "r"}}}),
+                "parity.contexts.vison",
+                "names no component",
+            ),
+            (
+                json!({"wm_embed": {"video_tokens": {"cosine": "0.998", "reason": "r"}}}),
+                "parity.contexts.wm_embed.video_tokens.cosine",
+                "is not a number",
+            ),
+            (
+                json!({"wm_embed": {"video_tokens": {"cosine": 1.0001, "reason": "r"}}}),
+                "parity.contexts.wm_embed.video_tokens.cosine",
+                "1.0001 is not in (0.99, 1]",
+            ),
+            (
+                json!({"wm_embed": {"video_tokens": {"cosine": 0.98, "reason": "r"}}}),
+                "parity.contexts.wm_embed.video_tokens.cosine",
+                "needs parity.allow_low_gate",
+            ),
+            (
+                json!({"wm_embed": {"video_tokens": {"cosine": 0.999, "reason": " "}}}),
+                "parity.contexts.wm_embed.video_tokens.reason",
+                "is empty",
+            ),
+            (
+                json!({"wm_embed": {}}),
+                "parity.contexts.wm_embed",
+                "holds no output",
+            ),
+        ];
+        for (entry, field, reason) in cases {
+            let e = gated(entry.clone(), false).unwrap_err();
+            assert_eq!(e.field, field, "{entry}");
+            assert!(e.reason.contains(reason), "{entry}: {}", e.reason);
+        }
+        let low = json!({"wm_embed": {"video_tokens": {"cosine": 0.98, "reason": "r"}}});
+        gated(low, true).unwrap();
+        let zero = json!({"wm_embed": {"video_tokens": {"cosine": 0.0, "reason": "r"}}});
+        assert!(gated(zero, true)
+            .unwrap_err()
+            .reason
+            .contains("not in (0, 1]"));
+    }
+
+    #[test]
+    fn an_output_is_held_to_its_entry_then_the_contexts_wildcard_then_the_default() {
+        use serde_json::json;
+        let m = closed_loop(|v| {
+            v["parity"]["contexts"] = json!({"wm_embed": {
+                "video_tokens": {"cosine": 0.998, "reason": "the card"},
+                "*": {"cosine": 0.995, "reason": "fp16"},
+            }})
+        });
+        let p = &m.parity;
+        let own = p.threshold("wm_embed", "video_tokens");
+        assert_eq!(own.cosine, 0.998);
+        assert_eq!(
+            own.entry,
+            Some((
+                "parity.contexts.wm_embed.video_tokens".into(),
+                "the card".into()
+            ))
+        );
+        assert_eq!(p.threshold("wm_embed", "context_embedding").cosine, 0.995);
+        let default = p.threshold("action_step", "pred_noise");
+        assert_eq!((default.cosine, default.entry), (p.context_cosine, None));
+        assert!(p
+            .check_outputs("wm_embed", &["video_tokens", "context_embedding"])
+            .is_ok());
+        let e = p
+            .check_outputs("wm_embed", &["context_embedding"])
+            .unwrap_err();
+        assert_eq!(e.field, "parity.contexts.wm_embed.video_tokens");
+        assert!(
+            e.reason.contains("its outputs: context_embedding"),
+            "{}",
+            e.reason
         );
     }
 }

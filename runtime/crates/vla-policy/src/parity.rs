@@ -10,7 +10,7 @@ use crate::error::PolicyError;
 use crate::{Observation, Policy};
 use std::path::Path;
 use vla_npz::{DType, Npz};
-use vla_parity::{check_context, ContextParity, GateOptions};
+use vla_parity::{check_context_with, ContextParity, GateOptions};
 use vla_tensor::{compare, Comparison};
 
 /// An observation stored as npz (`frames`, `state`, `instruction_id`, `seed`), the format
@@ -173,7 +173,8 @@ pub struct BundleParity {
     pub stages: Vec<StageParity>,
     /// The end-to-end actions against the golden.
     pub end_to_end: EndToEndParity,
-    /// The per-context and per-stage cosine threshold (`parity.context_cosine`).
+    /// The default per-context threshold and the per-stage one (`parity.context_cosine`);
+    /// each context output's own is in its [`vla_parity::OutputParity::min_cosine`].
     pub context_gate: f64,
     /// The end-to-end cosine threshold (`parity.end_to_end_cosine`).
     pub end_to_end_gate: f64,
@@ -201,13 +202,13 @@ impl BundleParity {
             .contexts
             .iter()
             .filter(|c| !c.passed())
-            .map(|c| {
-                format!(
-                    "{} cosine {:.6} < {}",
-                    c.label,
-                    c.min_cosine(),
-                    self.context_gate
-                )
+            .flat_map(|c| {
+                c.outputs.iter().filter(|o| !o.passed).map(|o| {
+                    format!(
+                        "{} {} cosine {:.6} < {}",
+                        c.label, o.name, o.comparison.cosine, o.min_cosine
+                    )
+                })
             })
             .collect();
         if let Some(st) = self.first_diverging_stage() {
@@ -240,9 +241,25 @@ impl Bundle {
             ..GateOptions::default()
         };
         let mut contexts = Vec::new();
+        let gates = &self.manifest.parity;
+        // Every entry must name a real output before anything runs: a misspelt output
+        // would otherwise leave the real one at the default without a word.
+        for g in policy.graphs_mut() {
+            let names: Vec<&str> = g.graph.outputs().iter().map(|t| t.name.as_str()).collect();
+            gates
+                .check_outputs(&g.component, &names)
+                .map_err(|invalid| PolicyError::ManifestInvalid {
+                    path: self.dir.join("bundle.json"),
+                    invalid,
+                })?;
+        }
         for g in policy.graphs_mut() {
             let npz = Npz::open(&g.golden).map_err(PolicyError::Npz)?;
-            let r = check_context(&mut g.graph, &npz, &gate).map_err(|e| PolicyError::Prompt {
+            let component = g.component.clone();
+            let r = check_context_with(&mut g.graph, &npz, &gate, |output| {
+                gates.threshold(&component, output).cosine
+            })
+            .map_err(|e| PolicyError::Prompt {
                 file: g.golden.display().to_string(),
                 reason: e.to_string(),
             })?;

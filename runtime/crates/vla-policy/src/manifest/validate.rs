@@ -130,6 +130,7 @@ impl Manifest {
                 return Err(invalid(field, format!("{v} is not in (0, 1]")));
             }
         }
+        self.output_gates()?;
         match self.policy {
             PolicyKind::Molmoact2 => {
                 let m = self
@@ -154,6 +155,64 @@ impl Manifest {
         }
         self.components_present()?;
         self.paths_inside_bundle()
+    }
+
+    /// Every per-output threshold names a listed context, is a number in (floor, 1] (the
+    /// floor: [`GATE_FLOOR`], or 0 with `allow_low_gate`) and gives a reason. Output names
+    /// are checked against the graphs when the bundle is gated (they live in the binaries).
+    fn output_gates(&self) -> Result<(), Invalid> {
+        let floor = if self.parity.allow_low_gate {
+            0.0
+        } else {
+            GATE_FLOOR
+        };
+        for (context, outputs) in &self.parity.contexts {
+            if !self.components.contains_key(context) {
+                return Err(invalid(
+                    format!("parity.contexts.{context}"),
+                    format!(
+                        "names no component of the bundle (components: {})",
+                        self.components
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            if outputs.is_empty() {
+                return Err(invalid(
+                    format!("parity.contexts.{context}"),
+                    "holds no output",
+                ));
+            }
+            for (output, gate) in outputs {
+                let field = format!("parity.contexts.{context}.{output}");
+                let Some(v) = gate.cosine.as_f64() else {
+                    return Err(invalid(
+                        format!("{field}.cosine"),
+                        format!("{} is not a number", gate.cosine),
+                    ));
+                };
+                if !(v > floor && v <= 1.0) {
+                    let why = if self.parity.allow_low_gate {
+                        format!("{v} is not in (0, 1]")
+                    } else {
+                        format!(
+                            "{v} is not in ({GATE_FLOOR}, 1] (a lower gate needs parity.allow_low_gate, the importer's --allow-low-gate)"
+                        )
+                    };
+                    return Err(invalid(format!("{field}.cosine"), why));
+                }
+                if gate.reason.trim().is_empty() {
+                    return Err(invalid(
+                        format!("{field}.reason"),
+                        "is empty: say why this output has its own gate",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every context the policy needs is listed.

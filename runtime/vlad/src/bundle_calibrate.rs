@@ -1,0 +1,182 @@
+//! `vlad bundle calibrate DIR --from GATES.json`: writes the per-output parity gates a board
+//! bring-up report proposes (`scripts/bringup/report.py` writes `gates.json`: each output's
+//! minimum cosine measured on the NPU over N observations, less a stated margin) into the
+//! bundle's `bundle.json`, each with the report's SHA-256 in its reason.
+//!
+//! It runs before `vlad bundle pack` and `sign`: a packed bundle is refused, since changing
+//! `bundle.json` would break its signed manifest. Only outputs whose proposal lies below the
+//! bundle's default (`parity.context_cosine`) get an entry; the others stay at the default,
+//! and the end-to-end gate is never touched. Nothing is written unless the whole edited
+//! manifest validates (context and output names, every gate in (floor, 1]).
+
+use crate::Failure;
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use vla_policy::Manifest;
+
+/// The format tag of the bring-up kit's gate proposals.
+const REPORT_FORMAT: &str = "vla-bringup-gates/1";
+
+/// One proposal of the report.
+struct Proposal {
+    context: String,
+    output: String,
+    measured: f64,
+    observations: u64,
+    gate: f64,
+}
+
+fn refuse(report: &Path, what: impl std::fmt::Display) -> Failure {
+    Failure::Error(format!("{}: {what}", report.display()))
+}
+
+fn proposals(report: &Path, doc: &serde_json::Value) -> Result<(f64, Vec<Proposal>), Failure> {
+    if doc.get("format").and_then(|f| f.as_str()) != Some(REPORT_FORMAT) {
+        return Err(refuse(
+            report,
+            format!("`format` is not {REPORT_FORMAT:?} (a bring-up kit gates.json)"),
+        ));
+    }
+    let margin = doc
+        .get("margin")
+        .and_then(|m| m.as_f64())
+        .ok_or_else(|| refuse(report, "`margin` is not a number"))?;
+    let outputs = doc
+        .get("outputs")
+        .and_then(|o| o.as_array())
+        .ok_or_else(|| refuse(report, "`outputs` is not a list"))?;
+    let mut found = Vec::new();
+    for (i, o) in outputs.iter().enumerate() {
+        let text = |key: &str| {
+            o.get(key)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| refuse(report, format!("outputs[{i}].{key} is not a string")))
+        };
+        let number = |key: &str| {
+            o.get(key)
+                .and_then(|v| v.as_f64())
+                .ok_or_else(|| refuse(report, format!("outputs[{i}].{key} is not a number")))
+        };
+        found.push(Proposal {
+            context: text("context")?,
+            output: text("output")?,
+            measured: number("min_cosine")?,
+            observations: o
+                .get("observations")
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| {
+                    refuse(report, format!("outputs[{i}].observations is not a count"))
+                })?,
+            gate: number("proposed_gate")?,
+        });
+    }
+    Ok((margin, found))
+}
+
+/// Every output a context's golden names, for refusing a proposal for an output the bundle
+/// does not have (the graphs themselves are checked again when the bundle is gated).
+fn golden_arrays(dir: &Path, manifest: &Manifest, context: &str) -> Result<Vec<String>, Failure> {
+    let c = &manifest.components[context];
+    let npz = vla_npz::Npz::open(dir.join(&c.golden))?;
+    Ok(npz.names().map(str::to_owned).collect())
+}
+
+/// Applies the proposals of `report` to the bundle in `dir`.
+pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
+    if dir.join(vla_ota::MANIFEST_FILE).exists() {
+        return Err(Failure::Error(format!(
+            "bundle {} is already packed ({}): calibrate before pack and sign, on a copy without it",
+            dir.display(),
+            vla_ota::MANIFEST_FILE
+        )));
+    }
+    let bytes = std::fs::read(report)
+        .map_err(|e| Failure::Error(format!("cannot read {}: {e}", report.display())))?;
+    let hash = vla_ota::hex::encode(&Sha256::digest(&bytes));
+    let doc: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| refuse(report, format!("not JSON: {e}")))?;
+    let (margin, found) = proposals(report, &doc)?;
+    let manifest_path = dir.join("bundle.json");
+    let manifest_bytes = std::fs::read(&manifest_path)
+        .map_err(|e| Failure::Error(format!("cannot read {}: {e}", manifest_path.display())))?;
+    // The bundle as it stands must be valid: what is refused below is the report's doing.
+    let bundle = vla_policy::Bundle::open(dir)?;
+    for key in ["bundle", "version"] {
+        let ours = if key == "bundle" {
+            &bundle.manifest.name
+        } else {
+            &bundle.manifest.version
+        };
+        if doc.get(key).and_then(|v| v.as_str()) != Some(ours.as_str()) {
+            return Err(refuse(
+                report,
+                format!(
+                    "`{key}` is {}, the bundle's is {ours:?}: this report measured another bundle",
+                    doc.get(key).unwrap_or(&serde_json::Value::Null)
+                ),
+            ));
+        }
+    }
+    let mut edited: serde_json::Value = serde_json::from_slice(&manifest_bytes)
+        .map_err(|e| Failure::Error(format!("{}: {e}", manifest_path.display())))?;
+    let default = bundle.manifest.parity.context_cosine;
+    let mut written = Vec::new();
+    for p in &found {
+        if !bundle.manifest.components.contains_key(&p.context) {
+            return Err(refuse(
+                report,
+                format!("context `{}` is no component of the bundle", p.context),
+            ));
+        }
+        if !golden_arrays(dir, &bundle.manifest, &p.context)?.contains(&p.output) {
+            return Err(refuse(
+                report,
+                format!(
+                    "output `{}` of context `{}` is not in its golden",
+                    p.output, p.context
+                ),
+            ));
+        }
+        if p.gate >= default {
+            println!(
+                "  {:<16} {:<16} measured {:.8} over {}: stays at the default {default}",
+                p.context, p.output, p.measured, p.observations
+            );
+            continue;
+        }
+        let reason = format!(
+            "calibrated: measured minimum cosine {:.8} over {} observations less margin {margin} (bring-up report sha256 {hash})",
+            p.measured, p.observations
+        );
+        edited["parity"]["contexts"][&p.context][&p.output] =
+            serde_json::json!({ "cosine": p.gate, "reason": reason });
+        println!(
+            "  {:<16} {:<16} measured {:.8} over {}: gate {}",
+            p.context, p.output, p.measured, p.observations, p.gate
+        );
+        written.push(p);
+    }
+    let out = serde_json::to_vec_pretty(&edited).expect("JSON of plain values");
+    let checked = Manifest::from_json(&out)
+        .map_err(|e| Failure::Error(format!("{}: {e}", manifest_path.display())))?;
+    checked.validate().map_err(|invalid| {
+        refuse(
+            report,
+            format!(
+                "would make `{}` {}; nothing written",
+                invalid.field, invalid.reason
+            ),
+        )
+    })?;
+    let tmp = dir.join(".bundle.json.calibrate");
+    std::fs::write(&tmp, [out.as_slice(), b"\n"].concat())
+        .and_then(|()| std::fs::rename(&tmp, &manifest_path))
+        .map_err(|e| Failure::Error(format!("cannot write {}: {e}", manifest_path.display())))?;
+    println!(
+        "calibrated {}: {} gate(s) from report sha256 {hash}; pack and sign it next",
+        manifest_path.display(),
+        written.len()
+    );
+    Ok(())
+}
