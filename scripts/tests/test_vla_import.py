@@ -733,7 +733,9 @@ def test_hub_repo_ids_fetch_only_the_files_the_import_reads(copies, capsys, tmp_
     assert main(argv) == 0, capsys.readouterr().err
     assert sorted(fetched) == sorted(hub)
     for repo, files in fetched.items():
-        assert "README.md" not in files and "training_args.bin" not in files, (repo, files)
+        # The release's card names the release (its gates); a checkpoint's card is not read.
+        assert ("README.md" in files) == (repo == "xpuenabler/tiny-release"), (repo, files)
+        assert "training_args.bin" not in files, (repo, files)
     assert "golden/trace.json" in fetched["xpuenabler/tiny-release"]
     assert "onnx/vision/vision.onnx" in fetched["xpuenabler/tiny-release"]
     assert NORMALIZER_FILE in fetched["xpuenabler/tiny-lerobot"]
@@ -967,3 +969,113 @@ def test_fastwam_chain_without_rotate_180_in_the_trace(chain_copies, capsys):
     _edit_json(release / "golden" / "trace.json", lambda t: t.pop("rotate_180"))
     refused(capsys, chain_args(release, checkpoint, out), out, "trace.json rotate_180",
             "expected a bool or 2 bools, found None")
+
+
+# --- parity gates (docs/bundle-format.md "Parity gates") ----------------------------------------
+
+def _gates(out: Path) -> tuple:
+    man = json.loads((out / "bundle.json").read_text())
+    record = json.loads((out / "import.json").read_text()).get("gates")
+    return man["parity"], record
+
+
+def test_gate_flags_are_written_with_their_reason(copies, capsys):
+    release, checkpoint, out = copies
+    argv = args(release, checkpoint, out, "--gate", "vision.image_embeds=0.998", "--gate", "llm_split1=0.9995",
+                "--gate-reason", "measured on board 7", "--gate-reason", "fp16 KV")
+    assert main(argv) == 0, capsys.readouterr().err
+    parity, record = _gates(out)
+    assert parity["context_cosine"] == 0.9999 and parity["end_to_end_cosine"] == 0.999
+    assert parity["contexts"] == {"vision": {"image_embeds": {"cosine": 0.998, "reason": "measured on board 7"}},
+                                  "llm_split1": {"*": {"cosine": 0.9995, "reason": "fp16 KV"}}}
+    assert "allow_low_gate" not in parity
+    assert {(e["context"], e["output"], e["from"]) for e in record["entries"]} == {
+        ("vision", "image_embeds", "--gate"), ("llm_split1", "*", "--gate")}
+
+
+@pytest.mark.parametrize("gate, needles", [
+    ("visio.image_embeds=0.998", ["--gate visio.image_embeds=0.998", "context 'visio' is not in the release"]),
+    ("vision.image_embed=0.998", ["output 'image_embed' is not an output of vision (its outputs: image_embeds)"]),
+    ("vision.image_embeds=high", ["--gate vision.image_embeds=high", "'high' is not a number"]),
+    ("vision.image_embeds=1.01", ["1.01 is not in (0.99, 1]"]),
+    ("vision.image_embeds=0.97", ["0.97 is not in (0.99, 1] (a lower gate needs --allow-low-gate)"]),
+    ("vision:0.998", ["expected CONTEXT[.OUTPUT]=COSINE"]),
+])
+def test_bad_gates_are_refused_in_one_line(copies, capsys, gate, needles):
+    release, checkpoint, out = copies
+    refused(capsys, args(release, checkpoint, out, "--gate", gate, "--gate-reason", "r"), out, *needles)
+
+
+def test_a_gate_needs_its_reason(copies, capsys):
+    release, checkpoint, out = copies
+    refused(capsys, args(release, checkpoint, out, "--gate", "vision=0.998"), out,
+            "--gate-reason: expected one reason, or one per --gate (1), found 0")
+
+
+def test_a_low_gate_is_taken_with_allow_low_gate_and_recorded(copies, capsys):
+    release, checkpoint, out = copies
+    argv = args(release, checkpoint, out, "--gate", "vision=0.97", "--gate-reason", "known resampler gap",
+                "--allow-low-gate")
+    assert main(argv) == 0, capsys.readouterr().err
+    parity, record = _gates(out)
+    assert parity["allow_low_gate"] is True and parity["contexts"]["vision"]["*"]["cosine"] == 0.97
+    assert record["allow_low_gate"] is True
+
+
+def test_the_lp_vtp_sd_card_gives_its_vision_gate_by_the_cards_base_model(copies, capsys):
+    release, checkpoint, out = copies
+    (release / "README.md").write_text("---\nlicense: apache-2.0\nbase_model: xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD\n"
+                                       "---\n# MolmoAct2-LIBERO LP-VTP-SD\n")
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    parity, record = _gates(out)
+    gate = parity["contexts"]["vision"]["image_embeds"]
+    assert gate["cosine"] == 0.9979
+    assert "0.99843835" in gate["reason"] and "xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD" in gate["reason"]
+    assert list(parity["contexts"]) == ["vision"], "the other contexts keep the default"
+    assert record["card"].startswith("xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD")
+    import subprocess
+    from vla_import import release as rel
+
+    run = subprocess.run([rel.vlad_command(None), "parity", "--bundle", str(out)], env=rel.qnn_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert run.returncode == 0, run.stdout
+    line = next(ln for ln in run.stdout.splitlines() if "image_embeds" in ln)
+    assert "0.9979" in line and "parity.contexts.vision.image_embeds: card xpuenabler/MolmoAct2-LIBERO-LP-VTP-SD" in line
+    # --gate wins over the card.
+    argv = args(release, checkpoint, out, "--gate", "vision.image_embeds=0.9985", "--gate-reason", "board")
+    assert main(argv) == 0, capsys.readouterr().err
+    assert _gates(out)[0]["contexts"]["vision"]["image_embeds"] == {"cosine": 0.9985, "reason": "board"}
+
+
+def test_a_release_known_to_meet_the_default_is_recorded_without_entries(copies, capsys):
+    release, checkpoint, out = copies
+    argv = args(release, checkpoint, out, "--release-name", "xpuenabler/molmoact2-drift-keystone-libero-qnn")
+    assert main(argv) == 0, capsys.readouterr().err
+    parity, record = _gates(out)
+    assert "contexts" not in parity
+    assert record["entries"] == [] and "0.99999361" in record["card"]
+
+
+def test_figures_the_release_states_in_trace_json_become_gates(copies, capsys):
+    release, checkpoint, out = copies
+    _edit_json(release / "golden" / "trace.json",
+               lambda t: t.update(parity={"vision": {"image_embeds": 0.9991}, "llm_split0": {"keys": 0.99999}}))
+    assert main(args(release, checkpoint, out)) == 0, capsys.readouterr().err
+    parity, record = _gates(out)
+    assert parity["contexts"] == {"vision": {"image_embeds": {
+        "cosine": 0.9986, "reason": "release states cosine 0.9991 in trace.json; gate = figure less 0.0005, "
+                                    "rounded down to 1e-4"}}}
+    _edit_json(release / "golden" / "trace.json", lambda t: t.update(parity={"vision": {"pixel": 0.9991}}))
+    out = out.parent / "refused"
+    refused(capsys, args(release, checkpoint, out), out, "trace.json parity.vision.pixel",
+            "output 'pixel' is not an output of vision")
+
+
+def test_the_docs_table_has_every_published_releases_figures_and_gates():
+    from vla_import import gates
+
+    docs = (REPO / "docs" / "bundle-format.md").read_text()
+    for name, release in gates.PUBLISHED.items():
+        assert name in docs, name
+        for (context, output), (figure, _) in release["figures"].items():
+            assert f"| `{context}.{output}` | {figure} | {gates.card_gate(figure)} |" in docs, (name, context)

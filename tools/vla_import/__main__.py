@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 
-from . import bundle, checkpoint, contract, fastwam, fastwam_chain, lerobot, prompt, release, sources  # noqa: E402
+from . import bundle, checkpoint, contract, fastwam, fastwam_chain, gates, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
 import build_prompt_tables as bpt  # noqa: E402
@@ -82,6 +82,15 @@ def arguments(argv):
     ap.add_argument("--name", help="bundle name (default: from the output directory)")
     ap.add_argument("--variant", default="original")
     ap.add_argument("--vlad", help="the vlad binary (default: the newer of target/release/vlad and target/debug/vlad, else PATH)")
+    ap.add_argument("--gate", action="append", default=[], metavar="CONTEXT[.OUTPUT]=COSINE",
+                    help="a parity gate of its own for one output (or every output) of a context, below or above "
+                    "the default 0.9999; repeatable; each needs --gate-reason")
+    ap.add_argument("--gate-reason", action="append", default=[], metavar="TEXT",
+                    help="why: one for every --gate, or one per --gate in order (recorded in bundle.json)")
+    ap.add_argument("--allow-low-gate", action="store_true",
+                    help=f"let a gate go below {gates.GATE_FLOOR} (recorded as parity.allow_low_gate)")
+    ap.add_argument("--release-name", help="the published release this is, for its card's gates "
+                    "(default: the Hub repo id, else the README card's base_model)")
     ap.add_argument("--out", type=Path, required=True)
     return ap.parse_args(argv)
 
@@ -130,7 +139,7 @@ def normalization(ck, a, m: dict) -> dict:
             "camera_keys": list(meta.get("camera_keys") or []), "norm_mode": mode, "stats_where": where}
 
 
-def run_fastwam(a, comps: dict, ck_dir) -> dict:
+def run_fastwam(a, comps: dict, rel_dir, ck_dir) -> dict:
     """The open-loop Fast-WAM bundle: the release's action_step on its golden world model."""
     order = fastwam.check_names(comps)
     for flag, value in (("--instruction", a.instruction or a.instructions),
@@ -163,6 +172,7 @@ def run_fastwam(a, comps: dict, ck_dir) -> dict:
         provenance["end_to_end_observation"] = f"seed {used} (open loop: the noise seed is all{skipped})"
         return arrays
 
+    gates.apply(a, rel_dir, comps, man, provenance)
     bundle.write(a.out, comps, order, man, {"inputs/world_model.npz": world}, e2e, provenance)
     return {"bundle": str(a.out), **provenance}
 
@@ -247,6 +257,7 @@ def run_fastwam_chain(a, comps: dict, rel_dir, ck_dir) -> dict:
             provenance["end_to_end_gripper_margin"] = closest
         return arrays
 
+    gates.apply(a, rel_dir, comps, man, provenance)
     bundle.write(a.out, comps, order, man, {"inputs/context_tables.npz": tables}, e2e, provenance)
     return {"bundle": str(a.out), **provenance}
 
@@ -256,12 +267,13 @@ def run(a) -> dict:
     rel_dir = sources.resolve(a.release, sources.RELEASE_FILES, "release")
     overlay = sources.resolve(a.overlay, sources.RELEASE_FILES, "overlay") if a.overlay else None
     comps = release.load(rel_dir, vlad, overlay)
+    gates.resolve(a, rel_dir, comps, bundle.CONTEXT_COSINE)  # a bad --gate is refused before the work
     if fastwam_chain.is_chain(comps):
         ck_dir = sources.resolve(a.checkpoint, sources.FASTWAM_CHAIN_FILES, "checkpoint")
         return run_fastwam_chain(a, comps, rel_dir, ck_dir)
     if fastwam.is_fastwam(comps):
         ck_dir = sources.resolve(a.checkpoint, sources.FASTWAM_FILES, "checkpoint")
-        return run_fastwam(a, comps, ck_dir)
+        return run_fastwam(a, comps, rel_dir, ck_dir)
     ck_dir = sources.resolve(a.checkpoint, sources.CHECKPOINT_FILES, "checkpoint")
     for flag, value in (("--state-input", a.state_input), ("--text-encoder", a.text_encoder)):
         expect(not value, flag, "a Fast-WAM setting, found for a MolmoAct2 release")
@@ -387,6 +399,7 @@ def run(a) -> dict:
     if ck.policy is not None:
         provenance.update({"layout": "lerobot", "base_checkpoint": str(ck.base), "statistics": norm["from"],
                            "embedding_from": wte_from, "flow_steps_from": flow_from})
+    gates.apply(a, rel_dir, comps, man, provenance)
     bundle.write(a.out, comps, order, man, {"prompt/prompt_tables.npz": tables},
                  lambda stage: bundle.end_to_end(stage, comps, order, obs), provenance)
     return {"bundle": str(a.out), **provenance}

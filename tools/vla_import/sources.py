@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .errors import ImportRefused
 
-RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**", "convert_report.json"]
+RELEASE_FILES = ["ctx/*", "golden/*", "onnx/**", "convert_report.json", "README.md"]
 CHECKPOINT_FILES = ["config.json", "processor_config.json", "preprocessor_config.json", "tokenizer.json",
                     "tokenizer_config.json", "special_tokens_map.json", "norm_stats.json",
                     "model.safetensors", "model.safetensors.index.json", "model-*.safetensors",
