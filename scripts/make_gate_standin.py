@@ -16,6 +16,10 @@ the card's figure:
   vision_gridsample_socid77_archv73.bin   the coarse sampler (cosine ~0.9985)
   vision_row_late_socid77_archv73.bin     torch's sampler, the output's image rows one late
 
+`--onnx DIR` instead writes the bundle's seven reference graphs (torch's sampler) to DIR as
+<component>.onnx, after checking each reproduces the base bundle's golden exactly: the
+reference scripts/bringup/observation_goldens.py runs to make goldens for more observations.
+
 Both go to golden/gate-standin/ (not a bundle: bench.sh walks golden/bundles) with `standin.json` (the cosines
 measured on the HTP emulator). The tests copy the base bundle and swap the vision binary in.
 """
@@ -55,7 +59,32 @@ def vision_graphs() -> dict:
     }
 
 
+def reference_graphs(out: Path) -> int:
+    """The base bundle's seven graphs, each checked against its committed golden."""
+    cfg = mg.MOLMO_VARIANTS["molmoact2-lp-vtp-sd"]
+    m = json.loads((BASE / "bundle.json").read_text())["molmoact2"]
+    cfg = dict(cfg, dims=mg.replace(cfg["dims"], seq_len=m["seq_len"], rope_left_pad=m["rope_left_pad"]))
+    out.mkdir(parents=True, exist_ok=True)
+    for component, model in mg.build_molmo_graphs(cfg).items():
+        path = out / f"{component}.onnx"
+        onnx.save(model, str(path))
+        golden = load_npz(BASE / "golden" / f"{component}_io.npz")
+        runner = ref.OrtCpuRunner(path)
+        feeds = {i.name: golden[i.name] for i in runner.session.get_inputs()}
+        for name, value in runner(feeds).items():
+            if not np.allclose(value, golden[name], rtol=1e-5, atol=1e-5):
+                print(f"make_gate_standin: {component} {name} does not reproduce the base golden", file=sys.stderr)
+                return 1
+    print(out)
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--onnx":
+        return reference_graphs(Path(sys.argv[2]))
+    if len(sys.argv) != 1:
+        print("usage: make_gate_standin.py [--onnx DIR]", file=sys.stderr)
+        return 2
     golden = load_npz(BASE / "golden" / "vision_io.npz")
     graphs = vision_graphs()
     BUILD.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,16 @@ run() {
     ./vlad parity --bundle bundle --json results/parity.json > results/parity.log 2>&1
     parity_exit=$?
     say parity_exit "$parity_exit"
+    # More observations (run.sh --observations): the same contexts on other goldens, for
+    # the gates the report proposes. Their verdicts are measurements, not this run's gate.
+    observations=0
+    for d in observations/*/; do
+        [ -d "$d" ] || continue
+        name=$(basename "$d")
+        ./vlad parity --bundle "$d" --json "results/parity-$name.json" > "results/parity-$name.log" 2>&1
+        observations=$((observations + 1))
+    done
+    say observations "$observations"
 
     # An older vlad answers an unknown command with exit 2.
     if ./vlad bench-bundle --help >/dev/null 2>&1; then
@@ -183,7 +193,8 @@ run() {
         say bench_exit unavailable
         echo "this vlad has no bench-bundle command" > results/bench.log
     fi
-    { say parity_exit "$parity_exit"; say bench_exit "${bench_exit:-unavailable}"; \
+    { say parity_exit "$parity_exit"; say observations "$observations"; \
+      say bench_exit "${bench_exit:-unavailable}"; \
       say iterations "$iterations"; say finished_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } \
         >> results/target.env
 }

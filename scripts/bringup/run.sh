@@ -21,6 +21,11 @@
 #   --remote-dir DIR        cache and workspaces on the target (default ~/.cache/vla-bringup)
 #   --remote-min-free MIB   free space to leave on the target after uploading (default 64)
 #   --iterations N          benchmark iterations (default 50)
+#   --observations DIR      more observations to measure parity on: DIR/<name>/ holds goldens
+#                           laid out as the bundle's (golden/<c>_io.npz, golden/end_to_end.npz;
+#                           scripts/bringup/observation_goldens.py makes them); vlad parity runs
+#                           once more per <name> on the bundle with those goldens, and the
+#                           report's gates.json takes the minimum over every run
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -42,7 +47,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
 qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
-remote_dir="" min_free_mib=64 iterations=50
+remote_dir="" min_free_mib=64 iterations=50 observations=""
 while (($#)); do
     opt=$1
     case "$opt" in
@@ -73,6 +78,7 @@ while (($#)); do
         --remote-dir) remote_dir=$2 ;;
         --remote-min-free) min_free_mib=$2 ;;
         --iterations) iterations=$2 ;;
+        --observations) observations=$2 ;;
         *) usage_error "unknown option $opt" ;;
     esac
     shift 2
@@ -114,6 +120,7 @@ fi
 
 [[ -f $vlad ]] || die "--vlad $vlad: no such file"
 [[ -f $bundle/bundle.json ]] || die "--bundle $bundle: no bundle.json there"
+[[ -z $observations || -d $observations ]] || die "--observations $observations: no such directory"
 if ((qairt_wheel)); then
     # QAIRT's device side from the public wheel (pinned by SHA-256), unpacked into build/.
     wheel_dir="$("$repo_root/scripts/fetch_qairt_aarch64.sh")" ||
@@ -229,10 +236,13 @@ fields() { sed -n "s/^$1=//p" <<<"$2"; }
 # --- what to deploy: every file lands in the target's cache under its sha256 -------------
 manifest="$work/manifest" # lines: sha256 mode size workspace-path local-path
 : >"$manifest"
+declare -A hashed # local path -> sha256: a bundle file deployed once per observation is hashed once
 add_file() {
     local local_path=$1 ws_path=$2 mode=$3 hash size
     [[ $ws_path != *[[:space:]]* ]] || die "$local_path: file names with whitespace are not supported"
-    hash="$(sha256sum "$local_path" | cut -d' ' -f1)"
+    hash=${hashed[$local_path]:-}
+    [[ -n $hash ]] || hash="$(sha256sum "$local_path" | cut -d' ' -f1)"
+    hashed[$local_path]=$hash
     size="$(stat -L -c %s "$local_path")"
     printf '%s %s %s %s %s\n' "$hash" "$mode" "$size" "$ws_path" "$local_path" >>"$manifest"
 }
@@ -249,6 +259,28 @@ add_file "$vlad" vlad x
 while IFS= read -r f; do
     add_file "$f" "bundle/${f#"$bundle"/}" r
 done < <(find -L "$bundle" -type f | sort)
+# Each observation: the bundle again (the same blobs, linked from the target's cache, so
+# nothing is uploaded twice) with the observation's goldens in place of the release's.
+if [[ -n $observations ]]; then
+    found_obs=0
+    for obs in "$observations"/*/; do
+        obs=${obs%/}
+        name=$(basename "$obs")
+        [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || die "--observations: $obs: name it with letters, digits, _ . - only"
+        while IFS= read -r f; do
+            rel=${f#"$obs"/}
+            [[ -f $bundle/$rel ]] || die "--observations: $f replaces no file of the bundle ($bundle/$rel)"
+        done < <(find -L "$obs" -type f | sort)
+        while IFS= read -r f; do
+            rel=${f#"$bundle"/}
+            if [[ -f $obs/$rel ]]; then src=$obs/$rel; else src=$f; fi
+            add_file "$src" "observations/$name/$rel" r
+        done < <(find -L "$bundle" -type f | sort)
+        found_obs=$((found_obs + 1))
+    done
+    ((found_obs)) || die "--observations $observations holds no observation directory"
+    note "$found_obs more observation(s) from $observations"
+fi
 if [[ -n $qnn_local_dir ]]; then
     for lib in libQnnHtp.so libQnnSystem.so; do
         [[ -f $qnn_local_dir/$lib ]] || die "QAIRT libraries missing: --qnn-local-dir $qnn_local_dir has no $lib"

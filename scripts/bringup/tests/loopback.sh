@@ -215,17 +215,38 @@ check "failed report still has its plots" test -s "$tmp/report-gate/actions.png"
 check "workspace removed after a failed gate" no_workspace_left "$root_base"
 
 # 3b. Calibration: the LP-VTP-SD stand-in (its vision context samples more coarsely than
-#     torch, ~0.9985) fails the default gate on the "board"; the kit's gates.json proposes
-#     that output's gate from the measurement, `vlad bundle calibrate` writes it with the
-#     report's hash, and the bundle then passes here, while its llm splits stay at the default.
+#     torch, ~0.9985) fails the default gate on the "board". Measured there on 3
+#     observations (the golden one and two "recorded" ones whose goldens the reference
+#     graphs make), the kit's gates.json proposes that output's gate, `vlad bundle calibrate`
+#     writes it with the report's hash, and the bundle then passes here, while its other
+#     contexts stay at the default.
 standin="$tmp/lp-vtp-sd-gridsample"
 cp -r golden/bundles/molmoact2-lp-vtp-sd "$standin"
 cp golden/gate-standin/vision_gridsample_socid77_archv73.bin \
     "$standin/ctx/vision_socid77_archv73.bin"
+"$python" scripts/make_gate_standin.py --onnx "$tmp/standin-onnx" >/dev/null
+mkdir -p "$tmp/recorded"
+"$python" - "$tmp/recorded" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from det_npz import load_npz, save_npz
+base = load_npz("golden/bundles/molmoact2-lp-vtp-sd/golden/end_to_end.npz")
+rng = np.random.default_rng(3)
+for k in (1, 2):
+    save_npz(f"{sys.argv[1]}/rec{k}.npz", {
+        "frames": rng.integers(0, 256, base["frames"].shape, dtype=np.uint8),
+        "state": (base["state"] + rng.normal(0, 0.02, base["state"].shape)).astype(np.float32),
+        "instruction_id": np.array([k % 3], np.int32), "seed": np.array([100 + k], np.uint64)})
+PY
+"$python" scripts/bringup/observation_goldens.py --bundle golden/bundles/molmoact2-lp-vtp-sd \
+    --onnx "$tmp/standin-onnx" --out "$tmp/observations" "$tmp"/recorded/rec*.npz >/dev/null
 bringup "$tmp/calibrate" "${key_args[@]}" --vlad "$vlad_x86" --bundle "$standin" \
-    --qnn-lib-dir "$qnn_dir" --iterations 1 --out "$tmp/report-calibrate"
+    --qnn-lib-dir "$qnn_dir" --iterations 1 --observations "$tmp/observations" --out "$tmp/report-calibrate"
 check "the stand-in misses the default gate (exit 3)" test "$rc" -eq 3
-check "the report proposes gates (gates.json)" test -s "$tmp/report-calibrate/gates.json"
+check "the report proposes gates from 3 observations (gates.json)" \
+    "$python" -c 'import json, sys; g = json.load(open(sys.argv[1]))
+sys.exit(0 if {o["observations"] for o in g["outputs"]} == {3} else 1)' "$tmp/report-calibrate/gates.json"
 "$vlad_x86" bundle calibrate "$standin" --from "$tmp/report-calibrate/gates.json" >"$tmp/calibrate.out" 2>&1 \
     || sed 's/^/     /' "$tmp/calibrate.out"
 report_hash="$(sha256sum "$tmp/report-calibrate/gates.json" | cut -d' ' -f1)"
@@ -234,7 +255,26 @@ check "calibrate wrote the vision gate with the report's hash" \
 sys.exit(0 if list(g) == ["vision"] and sys.argv[2] in g["vision"]["image_embeds"]["reason"] else 1)' \
     "$standin/bundle.json" "$report_hash"
 check "the calibrated stand-in passes its gates" \
-    env VLA_QNN_LIB_DIR="$qnn_dir" "$vlad_x86" parity --bundle "$standin" --json "$tmp/calibrated.json"
+    bash -c 'VLA_QNN_LIB_DIR="$1" "$2" parity --bundle "$3" >"$4" 2>&1' _ "$qnn_dir" "$vlad_x86" "$standin" \
+    "$tmp/calibrated.log"
+# Under those calibrated gates, the mistakes a tight gate is there for still fail: the
+# calibrated bundle with llm_split1 and llm_split2 swapped, and with a vision context whose
+# output has its image rows one late.
+cp -r "$standin" "$tmp/swapped"
+"$python" - "$tmp/swapped/bundle.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+c = m["components"]
+c["llm_split1"]["binary"], c["llm_split2"]["binary"] = c["llm_split2"]["binary"], c["llm_split1"]["binary"]
+json.dump(m, open(sys.argv[1], "w"), indent=2)
+PY
+cp -r "$standin" "$tmp/row-late"
+cp golden/gate-standin/vision_row_late_socid77_archv73.bin "$tmp/row-late/ctx/vision_socid77_archv73.bin"
+for mistake in swapped row-late; do
+    rc=0
+    VLA_QNN_LIB_DIR="$qnn_dir" "$vlad_x86" parity --bundle "$tmp/$mistake" >"$tmp/$mistake.log" 2>&1 || rc=$?
+    check "calibrated gates still fail the $mistake bundle (exit 3)" test "$rc" -eq 3
+done
 
 # 4. Password login (sshpass) as a plain user, QAIRT libraries uploaded from this machine,
 #    default cache dir in the user's home.
