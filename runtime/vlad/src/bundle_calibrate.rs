@@ -7,7 +7,8 @@
 //! `bundle.json` would break its signed manifest. Only outputs whose proposal lies below the
 //! bundle's default (`parity.context_cosine`) get an entry; the others stay at the default,
 //! and the end-to-end gate is never touched. Nothing is written unless the whole edited
-//! manifest validates (context and output names, every gate in (floor, 1]).
+//! manifest validates (context and output names, every gate in (floor, 1]). bundle.json is
+//! rewritten whole, its keys in sorted order (the manifest's meaning does not depend on it).
 
 use crate::Failure;
 use sha2::{Digest, Sha256};
@@ -164,7 +165,7 @@ pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
         refuse(
             report,
             format!(
-                "would make `{}` {}; nothing written",
+                "its gates break the bundle's rules: `{}` {}; nothing written",
                 invalid.field, invalid.reason
             ),
         )

@@ -719,6 +719,12 @@ mod tests {
                 "parity.contexts.wm_embed",
                 "holds no output",
             ),
+            // The end-to-end gate is no context: no entry can reach it.
+            (
+                json!({"end_to_end": {"actions": {"cosine": 0.995, "reason": "r"}}}),
+                "parity.contexts.end_to_end",
+                "names no component",
+            ),
         ];
         for (entry, field, reason) in cases {
             let e = gated(entry.clone(), false).unwrap_err();
