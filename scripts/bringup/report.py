@@ -13,8 +13,9 @@ Inputs (the results directory, `REPORT_DIR/raw/` when run.sh calls this):
 
 Besides report.md it writes REPORT_DIR/gates.json, the parity gate it proposes for every
 context output: the minimum cosine measured over the N observations less a stated margin
-(`--gate-margin`, default GATE_MARGIN), rounded down to 1e-6, for each output whose minimum
-is below the bundle's default gate; an output that meets the default keeps it. `vlad bundle calibrate DIR
+(`--gate-margin`, default GATE_MARGIN), rounded down to 1e-6, for each output (and each stage
+of the end-to-end run) whose minimum is below the bundle's default gate; one that meets the
+default keeps it. `vlad bundle calibrate DIR
 --from gates.json` writes the proposals below the bundle's default into its bundle.json,
 with this file's SHA-256 as their reason (docs/bundle-format.md, "Parity gates").
 
@@ -105,6 +106,7 @@ def propose_gates(runs: list[dict], margin: float) -> dict:
     (rounded down to 1e-6) as the proposed gate. A run of another bundle is refused."""
     first = runs[0]
     measured: dict[tuple[str, str], list[float]] = {}
+    staged: dict[str, list[float]] = {}
     for run in runs:
         if (run.get("bundle"), run.get("version")) != (first.get("bundle"), first.get("version")):
             raise ReportError(f"parity runs of different bundles: {first.get('bundle')} {first.get('version')}"
@@ -116,20 +118,25 @@ def propose_gates(runs: list[dict], margin: float) -> dict:
                 # at the default and fails there.
                 measured.setdefault((c.get("component"), o.get("name")), []).append(
                     float(cos) if isinstance(cos, (int, float)) else math.nan)
+        for st in run.get("stages") or []:
+            cos = st.get("cosine")
+            staged.setdefault(st.get("name"), []).append(float(cos) if isinstance(cos, (int, float)) else math.nan)
     default = first.get("context_gate")
-    outputs = []
-    for (context, output), values in measured.items():
+
+    def proposal(values: list) -> dict | None:
         if any(math.isnan(v) for v in values):
-            continue
+            return None
         low = min(values)
-        # An output that meets the default keeps it: calibrating must not loosen the gate of
-        # a context that does not need it (a tight gate there is what catches a wrong binary).
+        # What meets the default keeps it: calibrating must not loosen the gate of a context
+        # that does not need it (a tight gate there is what catches a wrong binary).
         gate = default if default is not None and low >= default else math.floor((low - margin) * 1e6) / 1e6
-        outputs.append({"context": context, "output": output, "observations": len(values),
-                        "min_cosine": low, "max_cosine": max(values), "proposed_gate": gate})
+        return {"observations": len(values), "min_cosine": low, "max_cosine": max(values), "proposed_gate": gate}
+
+    outputs = [{"context": c, "output": o, **p} for (c, o), v in measured.items() if (p := proposal(v))]
+    stages = [{"stage": name, **p} for name, v in staged.items() if (p := proposal(v))]
     return {"format": GATES_FORMAT, "bundle": first.get("bundle"), "version": first.get("version"),
             "margin": margin, "default_gate": first.get("context_gate"),
-            "end_to_end_gate": first.get("end_to_end_gate"), "outputs": outputs}
+            "end_to_end_gate": first.get("end_to_end_gate"), "outputs": outputs, "stages": stages}
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -512,6 +519,9 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
             for o in gates["outputs"]:
                 lines.append(f"| {o['context']} | {o['output']} | {o['observations']} |"
                              f" {o['min_cosine']:.8f} | {o['proposed_gate']:.6f} |")
+            for st in gates["stages"]:
+                lines.append(f"| stage | {st['stage']} | {st['observations']} |"
+                             f" {st['min_cosine']:.8f} | {st['proposed_gate']:.6f} |")
             lines.append("")
         if plot_parity(p, out / "parity.png"):
             lines.append("![parity per context and end to end](parity.png)")

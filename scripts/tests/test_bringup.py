@@ -232,6 +232,19 @@ def test_gates_are_proposed_from_the_minimum_over_every_observation(tmp_path):
     assert by["steady"]["proposed_gate"] == 0.9999, "an output meeting the default keeps it"
     assert "broken" not in by, "a non-finite observation is nothing to calibrate from"
     assert "| action_step | pred_noise | 2 | 0.99830000 | 0.997800 |" in text
+    assert gates["stages"] == [], "these runs store no stages"
+
+
+def test_stages_of_the_end_to_end_run_get_proposals_too(tmp_path):
+    doc = parity_doc()
+    doc["stages"] = [{"name": "hidden_states", "cosine": 0.99985, "passed": True},
+                     {"name": "pixel_values", "cosine": 1.0, "passed": True}]
+    raw, out = write_results(tmp_path, parity=doc, bench=bench_doc())
+    text = build(raw, out)
+    stages = {s["stage"]: s for s in json.loads((out / "gates.json").read_text())["stages"]}
+    assert stages["hidden_states"]["proposed_gate"] == 0.99935
+    assert stages["pixel_values"]["proposed_gate"] == 0.9999
+    assert "| stage | hidden_states | 1 | 0.99985000 | 0.999350 |" in text
 
 
 def test_parity_runs_of_another_bundle_are_refused(tmp_path):

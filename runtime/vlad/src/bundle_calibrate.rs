@@ -18,9 +18,10 @@ use vla_policy::Manifest;
 /// The format tag of the bring-up kit's gate proposals.
 const REPORT_FORMAT: &str = "vla-bringup-gates/1";
 
-/// One proposal of the report.
+/// One proposal of the report: a context output, or (`context` None) a stage of the
+/// end-to-end run.
 struct Proposal {
-    context: String,
+    context: Option<String>,
     output: String,
     measured: f64,
     observations: u64,
@@ -46,31 +47,44 @@ fn proposals(report: &Path, doc: &serde_json::Value) -> Result<(f64, Vec<Proposa
         .get("outputs")
         .and_then(|o| o.as_array())
         .ok_or_else(|| refuse(report, "`outputs` is not a list"))?;
+    // A report without stage proposals has none to apply.
+    let empty = Vec::new();
+    let stages = match doc.get("stages") {
+        None => &empty,
+        Some(s) => s
+            .as_array()
+            .ok_or_else(|| refuse(report, "`stages` is not a list"))?,
+    };
     let mut found = Vec::new();
-    for (i, o) in outputs.iter().enumerate() {
-        let text = |key: &str| {
-            o.get(key)
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-                .ok_or_else(|| refuse(report, format!("outputs[{i}].{key} is not a string")))
-        };
-        let number = |key: &str| {
-            o.get(key)
-                .and_then(|v| v.as_f64())
-                .ok_or_else(|| refuse(report, format!("outputs[{i}].{key} is not a number")))
-        };
-        found.push(Proposal {
-            context: text("context")?,
-            output: text("output")?,
-            measured: number("min_cosine")?,
-            observations: o
-                .get("observations")
-                .and_then(|v| v.as_u64())
-                .ok_or_else(|| {
-                    refuse(report, format!("outputs[{i}].observations is not a count"))
+    for (list, items) in [("outputs", outputs), ("stages", stages)] {
+        for (i, o) in items.iter().enumerate() {
+            let text = |key: &str| {
+                o.get(key)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+                    .ok_or_else(|| refuse(report, format!("{list}[{i}].{key} is not a string")))
+            };
+            let number = |key: &str| {
+                o.get(key)
+                    .and_then(|v| v.as_f64())
+                    .ok_or_else(|| refuse(report, format!("{list}[{i}].{key} is not a number")))
+            };
+            let (context, output) = if list == "outputs" {
+                (Some(text("context")?), text("output")?)
+            } else {
+                (None, text("stage")?)
+            };
+            let observations = o.get("observations").and_then(|v| v.as_u64());
+            found.push(Proposal {
+                context,
+                output,
+                measured: number("min_cosine")?,
+                observations: observations.ok_or_else(|| {
+                    refuse(report, format!("{list}[{i}].observations is not a count"))
                 })?,
-            gate: number("proposed_gate")?,
-        });
+                gate: number("proposed_gate")?,
+            });
+        }
     }
     Ok((margin, found))
 }
@@ -123,26 +137,43 @@ pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
         .map_err(|e| Failure::Error(format!("{}: {e}", manifest_path.display())))?;
     let default = bundle.manifest.parity.context_cosine;
     let mut written = Vec::new();
+    let end_to_end = vla_npz::Npz::open(dir.join(&bundle.manifest.end_to_end))?;
     for p in &found {
-        if !bundle.manifest.components.contains_key(&p.context) {
-            return Err(refuse(
-                report,
-                format!("context `{}` is no component of the bundle", p.context),
-            ));
+        match &p.context {
+            Some(context) => {
+                if !bundle.manifest.components.contains_key(context) {
+                    return Err(refuse(
+                        report,
+                        format!("context `{context}` is no component of the bundle"),
+                    ));
+                }
+                if !golden_arrays(dir, &bundle.manifest, context)?.contains(&p.output) {
+                    return Err(refuse(
+                        report,
+                        format!(
+                            "output `{}` of context `{context}` is not in its golden",
+                            p.output
+                        ),
+                    ));
+                }
+            }
+            // A stage is gated only where the end-to-end golden stores it.
+            None if !end_to_end.contains(&p.output) || p.output == "actions" => {
+                return Err(refuse(
+                    report,
+                    format!(
+                        "stage `{}` is not an intermediate the end-to-end golden stores",
+                        p.output
+                    ),
+                ))
+            }
+            None => {}
         }
-        if !golden_arrays(dir, &bundle.manifest, &p.context)?.contains(&p.output) {
-            return Err(refuse(
-                report,
-                format!(
-                    "output `{}` of context `{}` is not in its golden",
-                    p.output, p.context
-                ),
-            ));
-        }
+        let label = p.context.as_deref().unwrap_or("stage");
         if p.gate >= default {
             println!(
-                "  {:<16} {:<16} measured {:.8} over {}: stays at the default {default}",
-                p.context, p.output, p.measured, p.observations
+                "  {label:<16} {:<16} measured {:.8} over {}: stays at the default {default}",
+                p.output, p.measured, p.observations
             );
             continue;
         }
@@ -150,11 +181,14 @@ pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
             "calibrated: measured minimum cosine {:.8} over {} observations less margin {margin} (bring-up report sha256 {hash})",
             p.measured, p.observations
         );
-        edited["parity"]["contexts"][&p.context][&p.output] =
-            serde_json::json!({ "cosine": p.gate, "reason": reason });
+        let entry = serde_json::json!({ "cosine": p.gate, "reason": reason });
+        match &p.context {
+            Some(context) => edited["parity"]["contexts"][context][&p.output] = entry,
+            None => edited["parity"]["stages"][&p.output] = entry,
+        }
         println!(
-            "  {:<16} {:<16} measured {:.8} over {}: gate {}",
-            p.context, p.output, p.measured, p.observations, p.gate
+            "  {label:<16} {:<16} measured {:.8} over {}: gate {}",
+            p.output, p.measured, p.observations, p.gate
         );
         written.push(p);
     }

@@ -77,12 +77,18 @@ pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_jso
         "end_to_end_gate": r.end_to_end_gate,
         "contexts": contexts,
         "open_loop": r.open_loop,
-        "stages": r.stages.iter().map(|st| json!({
-            "name": st.name,
-            "cosine": finite(st.comparison.cosine),
-            "max_abs_diff": finite(st.comparison.max_abs_diff),
-            "passed": st.passed,
-        })).collect::<Vec<_>>(),
+        "stages": r.stages.iter().map(|st| {
+            let t = bundle.manifest.parity.stage_threshold(&st.name);
+            json!({
+                "name": st.name,
+                "cosine": finite(st.comparison.cosine),
+                "max_abs_diff": finite(st.comparison.max_abs_diff),
+                "gate": st.min_cosine,
+                "gate_from": t.entry.as_ref().map_or("parity.context_cosine", |(k, _)| k.as_str()),
+                "gate_reason": t.entry.as_ref().map(|(_, r)| r.as_str()),
+                "passed": st.passed,
+            })
+        }).collect::<Vec<_>>(),
         "first_diverging_stage": r.first_diverging_stage().map(|st| st.name.clone()),
         "end_to_end": {
             "cosine": finite(e.comparison.cosine),
@@ -131,15 +137,20 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
     }
     if !r.stages.is_empty() {
         s += &format!(
-            "per stage of the end-to-end run (gate cosine >= {}):\n",
+            "per stage of the end-to-end run (default gate cosine >= {}):\n",
             r.context_gate
         );
         for st in &r.stages {
+            let from = match bundle.manifest.parity.stage_threshold(&st.name).entry {
+                None => "default".to_string(),
+                Some((key, reason)) => format!("{key}: {reason}"),
+            };
             s += &format!(
-                "  {:<33} {:>12.8} {:>11.3e}  {}\n",
+                "  {:<33} {:>12.8} {:>11.3e} {:>10}  {:<7}  {from}\n",
                 st.name,
                 st.comparison.cosine,
                 st.comparison.max_abs_diff,
+                st.min_cosine,
                 if st.passed { "PASS" } else { "FAIL" }
             );
         }

@@ -159,6 +159,19 @@ fn an_entry_for_an_output_the_context_lacks_is_refused_in_one_line() {
             && err.contains("names no output of context `vision` (its outputs: image_embeds)"),
         "{err}"
     );
+    edit_manifest(&dir, |v| {
+        v["parity"]["contexts"] = serde_json::json!({});
+        v["parity"]["stages"] = serde_json::json!({"hidden_state": {
+            "cosine": 0.999, "reason": "misspelt"
+        }});
+    });
+    let (code, out, err) = parity(&dir);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("parity.stages.hidden_state")
+            && err.contains("names no stage of this policy's end-to-end run"),
+        "{err}"
+    );
 }
 
 /// A bring-up gates.json as scripts/bringup/report.py writes it.

@@ -86,6 +86,12 @@ pub struct ParityGate {
     /// -> threshold and the reason for it.
     #[serde(default)]
     pub contexts: BTreeMap<String, BTreeMap<String, OutputGate>>,
+    /// Per-stage thresholds of the end-to-end run's intermediates the golden stores
+    /// (`hidden_states`, `k_ctx`, ...): stage name -> threshold and the reason for it. A
+    /// context output with its own gate moves the stages built from it (vision's image
+    /// embeddings are rows of `hidden_states`); the end-to-end actions keep their gate.
+    #[serde(default)]
+    pub stages: BTreeMap<String, OutputGate>,
 }
 
 /// The lowest per-output threshold a bundle may set without `allow_low_gate`: below it, a
@@ -133,6 +139,34 @@ impl ParityGate {
                 ),
             )),
             None => Ok(()),
+        }
+    }
+
+    /// Refuses a stage entry that names none of the policy's `stages`.
+    pub fn check_stages(&self, stages: &[&str]) -> Result<(), Invalid> {
+        match self.stages.keys().find(|k| !stages.contains(&k.as_str())) {
+            Some(unknown) => Err(invalid(
+                format!("parity.stages.{unknown}"),
+                format!(
+                    "names no stage of this policy's end-to-end run (its stages: {})",
+                    stages.join(", ")
+                ),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// The threshold stage `stage` of the end-to-end run is held to.
+    pub fn stage_threshold(&self, stage: &str) -> Threshold {
+        match self.stages.get(stage) {
+            Some(g) => Threshold {
+                cosine: g.cosine.as_f64().unwrap_or(f64::NAN),
+                entry: Some((format!("parity.stages.{stage}"), g.reason.clone())),
+            },
+            None => Threshold {
+                cosine: self.context_cosine,
+                entry: None,
+            },
         }
     }
 
@@ -765,6 +799,27 @@ mod tests {
         assert!(p
             .check_outputs("wm_embed", &["video_tokens", "context_embedding"])
             .is_ok());
+        let m = closed_loop(|v| {
+            v["parity"]["stages"] = json!({"latents": {"cosine": 0.9995, "reason": "fp16"}})
+        });
+        m.validate().unwrap();
+        let t = m.parity.stage_threshold("latents");
+        assert_eq!(t.cosine, 0.9995);
+        assert_eq!(t.entry.unwrap().0, "parity.stages.latents");
+        assert_eq!(
+            m.parity.stage_threshold("image").cosine,
+            m.parity.context_cosine
+        );
+        assert!(m.parity.check_stages(&["image", "latents"]).is_ok());
+        let e = m.parity.check_stages(&["image"]).unwrap_err();
+        assert_eq!(e.field, "parity.stages.latents");
+        let bad = closed_loop(|v| {
+            v["parity"]["stages"] = json!({"latents": {"cosine": 1.2, "reason": "x"}})
+        });
+        assert_eq!(
+            bad.validate().unwrap_err().field,
+            "parity.stages.latents.cosine"
+        );
         let e = p
             .check_outputs("wm_embed", &["context_embedding"])
             .unwrap_err();

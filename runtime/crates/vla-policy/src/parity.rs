@@ -160,7 +160,9 @@ pub struct StageParity {
     pub name: String,
     /// Cosine and differences against the golden's copy.
     pub comparison: Comparison,
-    /// True when the cosine reaches the context gate and no value is NaN or infinite.
+    /// The cosine this stage was held to (its `parity.stages` entry, else the default).
+    pub min_cosine: f64,
+    /// True when the cosine reaches `min_cosine` and no value is NaN or infinite.
     pub passed: bool,
 }
 
@@ -214,7 +216,7 @@ impl BundleParity {
         if let Some(st) = self.first_diverging_stage() {
             parts.push(format!(
                 "first diverging stage `{}` cosine {:.6} < {}",
-                st.name, st.comparison.cosine, self.context_gate
+                st.name, st.comparison.cosine, st.min_cosine
             ));
         }
         let e = &self.end_to_end;
@@ -285,7 +287,15 @@ impl Bundle {
         policy.infer(&obs.observation(), &mut actions)?;
         let comparison = compare(&actions, &expected, 1e-3, 1e-2);
         let mut stages = Vec::new();
-        for (name, ours) in policy.stages(&obs.observation()) {
+        let produced = policy.stages(&obs.observation());
+        let names: Vec<&str> = produced.iter().map(|(n, _)| n.as_str()).collect();
+        gates
+            .check_stages(&names)
+            .map_err(|invalid| PolicyError::ManifestInvalid {
+                path: self.dir.join("bundle.json"),
+                invalid,
+            })?;
+        for (name, ours) in produced {
             if !npz.contains(&name) {
                 continue;
             }
@@ -302,10 +312,12 @@ impl Bundle {
                 });
             }
             let c = compare(&ours, &want, 1e-3, 1e-2);
-            let passed = c.non_finite == 0 && c.cosine >= gate.min_cosine;
+            let min_cosine = gates.stage_threshold(&name).cosine;
+            let passed = c.non_finite == 0 && c.cosine >= min_cosine;
             stages.push(StageParity {
                 name,
                 comparison: c,
+                min_cosine,
                 passed,
             });
         }

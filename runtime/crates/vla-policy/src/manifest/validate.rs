@@ -157,7 +157,7 @@ impl Manifest {
         self.paths_inside_bundle()
     }
 
-    /// Every per-output threshold names a listed context, is a number in (floor, 1] (the
+    /// Every per-output (and per-stage) threshold names a listed context, is a number in (floor, 1] (the
     /// floor: [`GATE_FLOOR`], or 0 with `allow_low_gate`) and gives a reason. Output names
     /// are checked against the graphs when the bundle is gated (they live in the binaries).
     fn output_gates(&self) -> Result<(), Invalid> {
@@ -187,30 +187,38 @@ impl Manifest {
                 ));
             }
             for (output, gate) in outputs {
-                let field = format!("parity.contexts.{context}.{output}");
-                let Some(v) = gate.cosine.as_f64() else {
-                    return Err(invalid(
-                        format!("{field}.cosine"),
-                        format!("{} is not a number", gate.cosine),
-                    ));
-                };
-                if !(v > floor && v <= 1.0) {
-                    let why = if self.parity.allow_low_gate {
-                        format!("{v} is not in (0, 1]")
-                    } else {
-                        format!(
-                            "{v} is not in ({GATE_FLOOR}, 1] (a lower gate needs parity.allow_low_gate, the importer's --allow-low-gate)"
-                        )
-                    };
-                    return Err(invalid(format!("{field}.cosine"), why));
-                }
-                if gate.reason.trim().is_empty() {
-                    return Err(invalid(
-                        format!("{field}.reason"),
-                        "is empty: say why this output has its own gate",
-                    ));
-                }
+                self.output_gate(&format!("parity.contexts.{context}.{output}"), gate, floor)?;
             }
+        }
+        for (stage, gate) in &self.parity.stages {
+            self.output_gate(&format!("parity.stages.{stage}"), gate, floor)?;
+        }
+        Ok(())
+    }
+
+    /// One entry: a number in (floor, 1] with a reason.
+    fn output_gate(&self, field: &str, gate: &OutputGate, floor: f64) -> Result<(), Invalid> {
+        let Some(v) = gate.cosine.as_f64() else {
+            return Err(invalid(
+                format!("{field}.cosine"),
+                format!("{} is not a number", gate.cosine),
+            ));
+        };
+        if !(v > floor && v <= 1.0) {
+            let why = if self.parity.allow_low_gate {
+                format!("{v} is not in (0, 1]")
+            } else {
+                format!(
+                    "{v} is not in ({GATE_FLOOR}, 1] (a lower gate needs parity.allow_low_gate, the importer's --allow-low-gate)"
+                )
+            };
+            return Err(invalid(format!("{field}.cosine"), why));
+        }
+        if gate.reason.trim().is_empty() {
+            return Err(invalid(
+                format!("{field}.reason"),
+                "is empty: say why this has its own gate",
+            ));
         }
         Ok(())
     }
