@@ -75,14 +75,32 @@ fn proposals(report: &Path, doc: &serde_json::Value) -> Result<(f64, Vec<Proposa
                 (None, text("stage")?)
             };
             let observations = o.get("observations").and_then(|v| v.as_u64());
+            let measured = number("min_cosine")?;
+            let gate = number("proposed_gate")?;
+            // A gate above 1 or at 0 is a broken report, not one to read as "the default holds".
+            if !(gate > 0.0 && gate <= 1.0) {
+                return Err(refuse(
+                    report,
+                    format!("{list}[{i}].proposed_gate {gate} is not in (0, 1]"),
+                ));
+            }
+            // A gate above what was measured would fail the very runs it came from.
+            if gate > measured {
+                return Err(refuse(
+                    report,
+                    format!(
+                        "{list}[{i}].proposed_gate {gate} is above its measured minimum {measured}"
+                    ),
+                ));
+            }
             found.push(Proposal {
                 context,
                 output,
-                measured: number("min_cosine")?,
+                measured,
                 observations: observations.ok_or_else(|| {
                     refuse(report, format!("{list}[{i}].observations is not a count"))
                 })?,
-                gate: number("proposed_gate")?,
+                gate,
             });
         }
     }

@@ -175,7 +175,7 @@ fn an_entry_for_an_output_the_context_lacks_is_refused_in_one_line() {
 }
 
 /// A bring-up gates.json as scripts/bringup/report.py writes it.
-fn gates_report(dir: &Path, outputs: serde_json::Value) -> PathBuf {
+fn gates_report(dir: &Path, outputs: serde_json::Value, stages: serde_json::Value) -> PathBuf {
     let path = dir.join("gates.json");
     let doc = serde_json::json!({
         "format": "vla-bringup-gates/1",
@@ -183,9 +183,20 @@ fn gates_report(dir: &Path, outputs: serde_json::Value) -> PathBuf {
         "version": "0.1.0",
         "margin": 0.0005,
         "outputs": outputs,
+        "stages": stages,
     });
     std::fs::write(&path, serde_json::to_vec_pretty(&doc).unwrap()).unwrap();
     path
+}
+
+fn calibrate(dir: &Path, report: &Path) -> Output {
+    vlad(&[
+        "bundle",
+        "calibrate",
+        dir.to_str().unwrap(),
+        "--from",
+        report.to_str().unwrap(),
+    ])
 }
 
 #[test]
@@ -214,16 +225,40 @@ fn calibrate_refuses_bad_reports_and_writes_nothing() {
                                 "min_cosine": "high", "proposed_gate": 0.998}]),
             "outputs[0].min_cosine is not a number",
         ),
+        (
+            serde_json::json!([{"context": "vision", "output": "image_embeds", "observations": 1,
+                                "min_cosine": 0.9985, "proposed_gate": 1.5}]),
+            "outputs[0].proposed_gate 1.5 is not in (0, 1]",
+        ),
+        (
+            serde_json::json!([{"context": "vision", "output": "image_embeds", "observations": 1,
+                                "min_cosine": 0.9985, "proposed_gate": 0.999}]),
+            "outputs[0].proposed_gate 0.999 is above its measured minimum 0.9985",
+        ),
     ];
-    for (outputs, want) in cases {
-        let report = gates_report(dir.parent().unwrap(), outputs);
-        let o = vlad(&[
-            "bundle",
-            "calibrate",
-            dir.to_str().unwrap(),
-            "--from",
-            report.to_str().unwrap(),
+    let stage = |name: &str| {
+        serde_json::json!([{"stage": name, "observations": 1,
+                            "min_cosine": 0.9995, "proposed_gate": 0.999}])
+    };
+    let cases = cases
+        .into_iter()
+        .map(|(outputs, want)| (outputs, serde_json::json!([]), want))
+        .chain([
+            (
+                serde_json::json!([]),
+                stage("hidden_state"),
+                "stage `hidden_state` is not an intermediate the end-to-end golden stores",
+            ),
+            // The end-to-end actions are no stage: their gate is never calibrated.
+            (
+                serde_json::json!([]),
+                stage("actions"),
+                "stage `actions` is not an intermediate",
+            ),
         ]);
+    for (outputs, stages, want) in cases {
+        let report = gates_report(dir.parent().unwrap(), outputs, stages);
+        let o = calibrate(&dir, &report);
         let (out, err) = text(&o);
         assert_eq!(o.status.code(), Some(1), "{out}{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
@@ -256,14 +291,14 @@ fn calibrate_writes_the_proposals_below_the_default_with_the_reports_hash() {
             {"context": "llm_split0", "output": "keys", "observations": 3,
              "min_cosine": 0.99999954, "proposed_gate": 0.9999},
         ]),
+        serde_json::json!([
+            {"stage": "hidden_states", "observations": 3,
+             "min_cosine": 0.99985, "proposed_gate": 0.99935},
+            {"stage": "k_ctx", "observations": 3,
+             "min_cosine": 0.99999, "proposed_gate": 0.9999},
+        ]),
     );
-    let o = vlad(&[
-        "bundle",
-        "calibrate",
-        dir.to_str().unwrap(),
-        "--from",
-        report.to_str().unwrap(),
-    ]);
+    let o = calibrate(&dir, &report);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
     use sha2::Digest;
@@ -284,17 +319,21 @@ fn calibrate_writes_the_proposals_below_the_default_with_the_reports_hash() {
         gates.get("llm_split0").is_none(),
         "the default holds: {gates}"
     );
+    let stages = &v["parity"]["stages"];
+    assert_eq!(stages["hidden_states"]["cosine"], 0.99935);
+    assert!(
+        stages["hidden_states"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&hash),
+        "{stages}"
+    );
+    assert!(stages.get("k_ctx").is_none(), "the default holds: {stages}");
     assert_eq!(v["parity"]["end_to_end_cosine"], 0.999);
 
     // Packed: calibrating now would break the signed manifest.
     std::fs::write(dir.join("ota-manifest.json"), "{}").unwrap();
-    let o = vlad(&[
-        "bundle",
-        "calibrate",
-        dir.to_str().unwrap(),
-        "--from",
-        report.to_str().unwrap(),
-    ]);
+    let o = calibrate(&dir, &report);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(1));
     assert!(err.contains("calibrate before pack and sign"), "{err}");
