@@ -5,7 +5,8 @@
 2. the published release's card, by the release's name (PUBLISHED: the table of
    docs/bundle-format.md "Published releases and their gates");
 3. figures the release states in a machine-readable file (`golden/trace.json`,
-   `convert_report.json`), read where they have a `parity` object or list (below).
+   `convert_report.json`), read only where they have a `parity` object or list in the shape
+   `stated_figures` describes: this importer's own, not a published format.
 
 A gate only below the bundle's default is written (a figure at or above the default keeps it).
 Every gate must lie in (GATE_FLOOR, 1], or (0, 1] with `--allow-low-gate` (recorded in
@@ -107,11 +108,31 @@ def release_names(release: str, rel_dir: Path, explicit: str | None) -> list:
     return names
 
 
-def stated_figures(rel_dir: Path) -> list:
-    """(context, output, cosine, file) the release states machine-readably: a `parity` object
-    {context: {output: cosine}} or list [{context|component, output, cosine}] in
-    golden/trace.json or convert_report.json (top level or golden/)."""
-    found = []
+def _stated_rows(parity) -> list | None:
+    """[(context, output, cosine)] of a `parity` value in the shape this importer reads, else None."""
+    if isinstance(parity, dict) and all(isinstance(outs, dict) for outs in parity.values()):
+        rows = [(c, o, v) for c, outs in parity.items() for o, v in outs.items()]
+    elif isinstance(parity, list) and all(isinstance(r, dict) for r in parity):
+        rows = [(r.get("context", r.get("component")), r.get("output"), r.get("cosine")) for r in parity]
+    else:
+        return None
+    ok = all(isinstance(c, str) and isinstance(o, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+             for c, o, v in rows)
+    return rows if ok else None
+
+
+def stated_figures(rel_dir: Path, comps: dict) -> tuple:
+    """(figures, notes): the (context, output, cosine, file) a release states machine-readably
+    in a `parity` object {context: {output: cosine}} or list [{context|component, output,
+    cosine}] of golden/trace.json or convert_report.json (top level or golden/), and one note
+    per file that has a `parity` key, used or not.
+
+    That shape is this importer's own: the releases' files could not be read here and their
+    cards do not state what trace.json holds (shared release notes). So a `parity` in any
+    other shape, or naming a context or output the release lacks, is taken for something else
+    and ignored with a note in import.json, never refused and never turned into a gate: an
+    ignored figure leaves the output at the default, the tighter side."""
+    found, notes = [], []
     for path in (rel_dir / "golden" / "trace.json", rel_dir / "convert_report.json",
                  rel_dir / "golden" / "convert_report.json"):
         if not path.is_file():
@@ -120,20 +141,20 @@ def stated_figures(rel_dir: Path) -> list:
             doc = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ImportRefused(str(path), f"not readable JSON: {exc}") from exc
-        parity = doc.get("parity") if isinstance(doc, dict) else None
-        rows = []
-        if isinstance(parity, dict):
-            rows = [(c, o, v) for c, outs in parity.items() if isinstance(outs, dict) for o, v in outs.items()]
-        elif isinstance(parity, list):
-            rows = [(r.get("context", r.get("component")), r.get("output"), r.get("cosine"))
-                    for r in parity if isinstance(r, dict)]
-        for c, o, v in rows:
-            expect(isinstance(c, str) and isinstance(o, str), f"{path} parity",
-                   f"expected context and output names, found {c!r} {o!r}")
-            expect(isinstance(v, (int, float)) and not isinstance(v, bool), f"{path} parity.{c}.{o}",
-                   f"expected a cosine, found {v!r}")
-            found.append((c, o, float(v), str(path)))
-    return found
+        if not isinstance(doc, dict) or "parity" not in doc:
+            continue
+        rows = _stated_rows(doc["parity"])
+        unknown = [f"{c}.{o}" for c, o, _ in rows or []
+                   if c not in comps or (o != ANY_OUTPUT and o not in comps[c].outputs)]
+        if rows is None or unknown:
+            why = (f"names what the release lacks ({', '.join(unknown)})" if unknown else
+                   "is not {context: {output: cosine}} nor [{context, output, cosine}]")
+            notes.append({"file": str(path), "used": 0,
+                          "note": f"`parity` {why}: taken for something else, its figures not used"})
+            continue
+        found += [(c, o, float(v), str(path)) for c, o, v in rows]
+        notes.append({"file": str(path), "used": len(rows), "note": "`parity` figures read"})
+    return found, notes
 
 
 def check(context: str, output: str, cosine: float, comps: dict, allow_low: bool, where: str) -> None:
@@ -151,8 +172,8 @@ def resolve(a, rel_dir: Path, comps: dict, default: float) -> tuple:
     """(parity.contexts entries, provenance list) for the import `a`."""
     allow_low = bool(a.allow_low_gate)
     chosen = {}  # (context, output) -> (cosine, reason, from)
-    for c, o, v, path in stated_figures(rel_dir):
-        check(c, o, 1.0, comps, True, f"{path} parity.{c}.{o}")
+    figures, stated = stated_figures(rel_dir, comps)
+    for c, o, v, path in figures:
         if v < default:
             gate = card_gate(v)
             chosen[(c, o)] = (gate, f"release states cosine {v} in {Path(path).name}; gate = figure less "
@@ -175,6 +196,8 @@ def resolve(a, rel_dir: Path, comps: dict, default: float) -> tuple:
         record.append({"context": c, "output": o, "cosine": v, "reason": reason, "from": source})
     provenance = {"default": default, "entries": record, "allow_low_gate": allow_low,
                   "release_names": names, "card": card["card"] if card else None}
+    if stated:
+        provenance["stated_figures"] = stated
     return entries, provenance
 
 
@@ -187,5 +210,5 @@ def apply(a, rel_dir: Path, comps: dict, man: dict, provenance: dict) -> None:
         man["parity"]["allow_low_gate"] = True
     # Only when there is something to say: a release without a card, figures or --gate
     # imports as before.
-    if record["entries"] or record["card"] or record["allow_low_gate"]:
+    if record["entries"] or record["card"] or record["allow_low_gate"] or record.get("stated_figures"):
         provenance["gates"] = record
