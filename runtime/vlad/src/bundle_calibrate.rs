@@ -5,8 +5,9 @@
 //!
 //! It runs before `vlad bundle pack` and `sign`: a packed bundle is refused, since changing
 //! `bundle.json` would break its signed manifest. Only outputs whose proposal lies below the
-//! bundle's default (`parity.context_cosine`) get an entry; the others stay at the default,
-//! and the end-to-end gate is never touched. Nothing is written unless the whole edited
+//! bundle's default (`parity.context_cosine`) get an entry; the others keep what they have
+//! (the default, or an entry already there, such as a card's), and the end-to-end gate is
+//! never touched. Nothing is written unless the whole edited
 //! manifest validates (context and output names, every gate in (floor, 1]). bundle.json is
 //! rewritten whole, its keys in sorted order (the manifest's meaning does not depend on it).
 
@@ -189,8 +190,17 @@ pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
         }
         let label = p.context.as_deref().unwrap_or("stage");
         if p.gate >= default {
+            // An entry the bundle already has (a card's) is left as it is, and said so.
+            let now = match &p.context {
+                Some(context) => bundle.manifest.parity.threshold(context, &p.output),
+                None => bundle.manifest.parity.stage_threshold(&p.output),
+            };
+            let kept = match now.entry {
+                None => format!("stays at the default {default}"),
+                Some((key, _)) => format!("keeps {key} {}", now.cosine),
+            };
             println!(
-                "  {label:<16} {:<16} measured {:.8} over {}: stays at the default {default}",
+                "  {label:<16} {:<16} measured {:.8} over {}: {kept}",
                 p.output, p.measured, p.observations
             );
             continue;
