@@ -13,6 +13,7 @@ mod bundle_cmd;
 mod bundle_ota_cmd;
 mod cli;
 mod daemon;
+mod dsp_plan;
 mod gate;
 mod inspect;
 mod memory;

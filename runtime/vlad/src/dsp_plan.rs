@@ -1,0 +1,132 @@
+//! The DSP memory plan of a bundle: its contexts' footprints (from the binaries, or from a
+//! published sizes table), the configured placement, and the refusal of one that cannot
+//! fit. vla-qnn's [`MemoryPlan`] does the arithmetic; this module feeds it the bundle and
+//! the `npu` section, and is what `vlad plan` and the daemon's start share.
+
+use crate::Failure;
+use std::path::Path;
+use vla_qnn::{Footprint, Group, MemoryPlan, Placement, QnnLibrary, MIB};
+
+/// NSPs QCS9075 has (Linux remoteproc for SA8775p lists CDSP0 and CDSP1): the count a plan
+/// made off the board assumes.
+pub const BOARD_NSPS: u32 = 2;
+
+/// The placement the `npu` section asks for.
+pub fn placement(npu: &vla_config::NpuConfig) -> Placement {
+    match npu.placement {
+        vla_config::NpuPlacement::Auto => Placement::Auto,
+        vla_config::NpuPlacement::Groups => Placement::Groups(
+            npu.groups
+                .iter()
+                .map(|g| Group {
+                    nsp: g.nsp.into(),
+                    contexts: g.contexts.iter().map(|c| c.to_string()).collect(),
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// The per-session budget of the `npu` section, in bytes.
+pub fn budget(npu: &vla_config::NpuConfig) -> u64 {
+    u64::from(npu.budget_mb()) * MIB
+}
+
+/// The footprints of a bundle's contexts in pipeline order. With the QNN system library,
+/// each binary states its spill-fill and I/O sizes; without it (`lib` `None`) only the
+/// file sizes are known, and spill-fill and I/O count as 0.
+pub fn bundle_footprints(
+    bundle: &vla_policy::Bundle,
+    lib: Option<&QnnLibrary>,
+) -> Result<Vec<Footprint>, Failure> {
+    let mut out = Vec::new();
+    for name in bundle.manifest.required_components() {
+        let c = bundle.manifest.components.get(&name).ok_or_else(|| {
+            Failure::Error(format!(
+                "bundle {}: component `{name}` is not in its manifest",
+                bundle.dir.display()
+            ))
+        })?;
+        let path = bundle.path(&c.binary);
+        let footprint = match lib {
+            Some(lib) => Footprint::of(&name, &vla_qnn::ContextBinary::open(lib, &path)?),
+            None => Footprint {
+                name: name.clone(),
+                weights: std::fs::metadata(&path)
+                    .map_err(|e| Failure::Error(format!("{}: {e}", path.display())))?
+                    .len(),
+                spill_fill: 0,
+                io: 0,
+            },
+        };
+        out.push(footprint);
+    }
+    Ok(out)
+}
+
+/// Plans `footprints` as `npu` asks on `nsps` NSPs; a placement that cannot be planned is
+/// the one-line error naming the session, its sum and the budget.
+pub fn compute(
+    what: &str,
+    footprints: Vec<Footprint>,
+    npu: &vla_config::NpuConfig,
+    nsps: u32,
+) -> Result<MemoryPlan, Failure> {
+    MemoryPlan::compute(footprints, &placement(npu), nsps, budget(npu))
+        .map_err(|e| Failure::Error(format!("{what}: placement refused: {e}")))
+}
+
+/// One release of a sizes table: its name, source and footprints (weights only).
+pub struct Release {
+    /// The release's name.
+    pub name: String,
+    /// Where its sizes were read.
+    pub source: String,
+    /// Its contexts, in pipeline order.
+    pub footprints: Vec<Footprint>,
+}
+
+/// Reads a sizes table (golden/releases/context-sizes.json): `{"releases": [{"name",
+/// "source", "contexts": [[name, MB], ...]}]}`, MB read as MiB.
+pub fn read_sizes(path: &Path) -> Result<Vec<Release>, Failure> {
+    let bad = |why: String| Failure::Error(format!("{}: {why}", path.display()));
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(e.to_string()))?;
+    let releases = v["releases"]
+        .as_array()
+        .ok_or_else(|| bad("no \"releases\" list".into()))?;
+    let mut out = Vec::new();
+    for (i, r) in releases.iter().enumerate() {
+        let name = r["name"]
+            .as_str()
+            .ok_or_else(|| bad(format!("releases[{i}] has no \"name\"")))?;
+        let contexts = r["contexts"]
+            .as_array()
+            .ok_or_else(|| bad(format!("release `{name}` has no \"contexts\" list")))?;
+        let mut footprints = Vec::new();
+        for (j, c) in contexts.iter().enumerate() {
+            let (Some(cname), Some(mb)) = (c[0].as_str(), c[1].as_f64()) else {
+                return Err(bad(format!(
+                    "release `{name}` contexts[{j}]: expected [name, MB]"
+                )));
+            };
+            if !(mb.is_finite() && mb > 0.0) {
+                return Err(bad(format!(
+                    "release `{name}` context `{cname}`: {mb} MB is not a size"
+                )));
+            }
+            footprints.push(Footprint {
+                name: cname.to_owned(),
+                weights: (mb * MIB as f64).round() as u64,
+                spill_fill: 0,
+                io: 0,
+            });
+        }
+        out.push(Release {
+            name: name.to_owned(),
+            source: r["source"].as_str().unwrap_or("").to_owned(),
+            footprints,
+        });
+    }
+    Ok(out)
+}
