@@ -35,6 +35,7 @@ mod library;
 mod load_output;
 mod memory_plan;
 mod perf;
+mod platform;
 mod release;
 
 pub use backend::Backend;
@@ -55,4 +56,5 @@ pub use memory_plan::{
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
+pub use platform::{CoreReport, DeviceReport, DeviceSelection, PlatformInfo};
 pub use release::{Coupling, QairtRelease};
