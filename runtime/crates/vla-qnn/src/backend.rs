@@ -252,6 +252,37 @@ pub struct Backend {
     pub(crate) inner: Arc<BackendInner>,
     /// The device contexts are created on when not the backend's default one.
     pub(crate) selected: Option<Arc<SelectedDevice>>,
+    /// Where [`crate::create_contexts`] puts each binary, when a plan says.
+    pub(crate) placement: Option<Arc<ContextPlacement>>,
+}
+
+/// Which session (a spill-fill group) and which device each context binary goes to, by
+/// the binary's path: what [`crate::create_contexts`] follows for a backend made by
+/// [`Backend::with_placement`]. A binary it does not name goes to the backend's own
+/// device, in a group of its own kind (session `usize::MAX`).
+#[derive(Clone, Default)]
+pub struct ContextPlacement {
+    pub(crate) entries: Vec<(std::path::PathBuf, usize, Backend)>,
+}
+
+impl ContextPlacement {
+    /// Puts the binary at `path` in session `session`, created through `on` (a backend
+    /// from [`Backend::on_device`], or the plain one).
+    pub fn place(&mut self, path: impl Into<std::path::PathBuf>, session: usize, on: &Backend) {
+        let on = Backend {
+            placement: None,
+            ..on.clone()
+        };
+        self.entries.push((path.into(), session, on));
+    }
+
+    /// The session and backend of the binary at `path`.
+    pub(crate) fn of(&self, path: &Path) -> Option<(usize, &Backend)> {
+        self.entries
+            .iter()
+            .find(|(p, _, _)| p == path)
+            .map(|(_, s, b)| (*s, b))
+    }
 }
 
 /// A device created on one reported HTP device (an NSP), freed after the last context
@@ -370,7 +401,17 @@ impl Backend {
                 device,
             }),
             selected: None,
+            placement: None,
         })
+    }
+
+    /// This backend, creating the contexts [`crate::create_contexts`] is given where
+    /// `placement` says.
+    pub fn with_placement(&self, placement: ContextPlacement) -> Backend {
+        Backend {
+            placement: Some(Arc::new(placement)),
+            ..self.clone()
+        }
     }
 
     /// The platform's HTP devices (NSPs) and cores as the backend reports them;
@@ -411,6 +452,7 @@ impl Backend {
                 handle,
                 id: device.id,
             })),
+            placement: None,
         })
     }
 

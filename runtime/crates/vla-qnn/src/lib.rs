@@ -38,7 +38,7 @@ mod perf;
 mod platform;
 mod release;
 
-pub use backend::Backend;
+pub use backend::{Backend, ContextPlacement};
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
 pub use error::{error_meaning, HtpRefusal, QnnError};

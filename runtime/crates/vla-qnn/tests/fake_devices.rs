@@ -6,7 +6,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use vla_qnn::{Backend, Context, ContextBinary, LoadOptions, QnnError, QnnLibrary};
+use vla_qnn::{
+    create_contexts, Backend, Context, ContextBinary, ContextPlacement, LoadOptions, QnnError,
+    QnnLibrary,
+};
 
 struct Scratch(PathBuf);
 
@@ -147,6 +150,65 @@ contextFree 0x1002
 deviceFree 0x201
 contextFree 0x1001
 contextFree 0x1003
+deviceFree 0x200
+deviceFree 0x100
+backendFree 0x20
+logFree 0x10
+";
+    assert_eq!(log, expected, "calls:\n{log}");
+
+    // A placement: a and c share session 0 on NSP 0, b is session 1 on NSP 1. Each
+    // session's contexts are created together on its device; they come back in the
+    // binaries' order.
+    // SAFETY: `fake_qnn_reset` has this signature in tests/c/fake_qnn.c.
+    let reset: libloading::Symbol<unsafe extern "C" fn()> =
+        unsafe { probe.get(b"fake_qnn_reset\0") }.unwrap();
+    // SAFETY: clears the library's log; nothing else uses the library now.
+    unsafe { reset() };
+    {
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&scratch.0)
+        };
+        let lib = std::sync::Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let info = backend.platform_info().unwrap().unwrap();
+        let nsp0 = backend.on_device(info.device(0).unwrap()).unwrap();
+        let nsp1 = backend.on_device(info.device(1).unwrap()).unwrap();
+        let mut placement = ContextPlacement::default();
+        placement.place(&a, 0, &nsp0);
+        placement.place(&b, 1, &nsp1);
+        placement.place(&c, 0, &nsp0);
+        let placed = backend.with_placement(placement);
+        drop((nsp0, nsp1));
+        let binaries = [&a, &b, &c]
+            .iter()
+            .map(|p| ContextBinary::open(&lib, p).unwrap())
+            .collect();
+        let group = create_contexts(&placed, binaries).map_err(|e| e.1).unwrap();
+        let paths: Vec<&Path> = group.contexts.iter().map(|c| c.binary().path()).collect();
+        assert_eq!(paths, vec![a.as_path(), b.as_path(), c.as_path()]);
+        drop(placed);
+        drop(backend);
+        drop(group);
+    }
+    let log = calls();
+    let expected = "\
+logCreate
+backendCreate
+deviceCreate default
+deviceGetPlatformInfo
+deviceFreePlatformInfo ours
+deviceCreate nsp 0 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+deviceCreate nsp 1 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+contextCreateFromBinary on 0x200 -> 0x1001
+contextCreateFromBinary on 0x200 -> 0x1002
+contextCreateFromBinary on 0x201 -> 0x1003
+contextFree 0x1001
+contextFree 0x1003
+deviceFree 0x201
+contextFree 0x1002
 deviceFree 0x200
 deviceFree 0x100
 backendFree 0x20

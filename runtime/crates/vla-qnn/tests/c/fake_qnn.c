@@ -65,6 +65,7 @@ static void record(const char *fmt, ...) {
 }
 
 const char *fake_qnn_calls(void) { return calls; }
+void fake_qnn_reset(void) { calls[0] = 0; contexts = 0; }
 
 static err_t log_create(void *cb, uint32_t level, handle_t *log) {
   (void)cb; (void)level; *log = (handle_t)0x10; record("logCreate"); return 0;
