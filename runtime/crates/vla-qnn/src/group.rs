@@ -86,6 +86,9 @@ pub struct ContextGroup {
     pub sharing: SpillFillSharing,
 }
 
+/// A session's id, its backend, and its binaries with their indices among all of them.
+type SessionBinaries = (usize, Backend, Vec<(usize, ContextBinary)>);
+
 /// A context of the set that could not be created: its index among the binaries.
 pub type GroupError = (usize, QnnError);
 
@@ -104,8 +107,8 @@ pub fn create_contexts(
         return create_contexts_sharing(backend, binaries, size);
     };
     let n = binaries.len();
-    // (session, backend, [(original index, binary)]) in order of first appearance.
-    let mut sessions: Vec<(usize, Backend, Vec<(usize, ContextBinary)>)> = Vec::new();
+    // Sessions in order of first appearance.
+    let mut sessions: Vec<SessionBinaries> = Vec::new();
     for (i, binary) in binaries.into_iter().enumerate() {
         let (session, on) = match placement.of(binary.path()) {
             Some((s, b)) => (s, b.clone()),
