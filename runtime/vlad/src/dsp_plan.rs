@@ -1,11 +1,17 @@
 //! The DSP memory plan of a bundle: its contexts' footprints (from the binaries, or from a
 //! published sizes table), the configured placement, and the refusal of one that cannot
 //! fit. vla-qnn's [`MemoryPlan`] does the arithmetic; this module feeds it the bundle and
-//! the `npu` section, and is what `vlad plan` and the daemon's start share.
+//! the `npu` section, and is what `vlad plan` and the daemon's start share. The daemon
+//! plans each bundle it loads before creating its contexts, and keeps the running one's
+//! plan for STATUS, the metrics and the recordings.
 
 use crate::Failure;
+use std::collections::BTreeMap;
 use std::path::Path;
-use vla_qnn::{Footprint, Group, MemoryPlan, Placement, QnnLibrary, MIB};
+use std::sync::{Mutex, OnceLock};
+use vla_qnn::{
+    Backend, ContextPlacement, Footprint, Group, MemoryPlan, Placement, QnnLibrary, MIB,
+};
 
 /// NSPs QCS9075 has (Linux remoteproc for SA8775p lists CDSP0 and CDSP1): the count a plan
 /// made off the board assumes.
@@ -129,4 +135,90 @@ pub fn read_sizes(path: &Path) -> Result<Vec<Release>, Failure> {
         });
     }
     Ok(out)
+}
+
+/// What the daemon plans with: its `npu` section and the NSPs the platform has. Set once
+/// by `vlad run` from its configuration before the first bundle loads; a load before
+/// that (none in vlad) plans with the defaults on one NSP.
+static SETTINGS: OnceLock<(vla_config::NpuConfig, u32)> = OnceLock::new();
+
+/// The plan of the bundle that last passed its gate (the running one).
+static RUNNING: Mutex<Option<MemoryPlan>> = Mutex::new(None);
+
+/// Sets the daemon's `npu` section and NSP count (the first call wins).
+pub fn configure(npu: vla_config::NpuConfig, nsps: u32) {
+    let _ = SETTINGS.set((npu, nsps));
+}
+
+/// The memory plan of `bundle` under the daemon's settings, from its binaries' own
+/// info, before any of its contexts is created; the refusal names the session, its sum
+/// and the budget.
+pub fn plan_bundle(bundle: &vla_policy::Bundle, lib: &QnnLibrary) -> Result<MemoryPlan, String> {
+    let default = (vla_config::NpuConfig::default(), 1);
+    let (npu, nsps) = SETTINGS.get().unwrap_or(&default);
+    let footprints = bundle_footprints(bundle, Some(lib)).map_err(|f| match f {
+        Failure::Usage(s) | Failure::Error(s) | Failure::Gate(s) | Failure::Pending(s) => s,
+    })?;
+    MemoryPlan::compute(footprints, &placement(npu), *nsps, budget(npu))
+        .map_err(|e| format!("placement refused: {e}"))
+}
+
+/// Records `plan` as the running bundle's (its gate passed).
+pub fn set_running(plan: MemoryPlan) {
+    *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
+}
+
+/// The running bundle's plan, if one passed its gate.
+pub fn running() -> Option<MemoryPlan> {
+    RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The plan's sessions as the metrics textfile states them.
+pub fn metric_sessions(plan: &MemoryPlan) -> Vec<vla_recorder::metrics::DspSession> {
+    plan.sessions
+        .iter()
+        .map(|s| vla_recorder::metrics::DspSession {
+            nsp: s.nsp,
+            contexts: s
+                .contexts
+                .iter()
+                .map(|&c| plan.footprints[c].name.as_str())
+                .collect::<Vec<_>>()
+                .join("+"),
+            bytes: s.bytes,
+        })
+        .collect()
+}
+
+/// `backend` with `plan`'s placement: a device per NSP the plan uses (as the platform
+/// reports it) and each binary of `bundle` in its session on its NSP's device. A backend
+/// that reports no platform info keeps its own device (the plan has one NSP then).
+pub fn place(
+    backend: &Backend,
+    bundle: &vla_policy::Bundle,
+    plan: &MemoryPlan,
+) -> Result<Backend, String> {
+    let Some(info) = backend.platform_info().map_err(|e| e.to_string())? else {
+        return Ok(backend.clone());
+    };
+    let mut on: BTreeMap<u32, Backend> = BTreeMap::new();
+    for nsp in plan.nsps_used() {
+        let device = info
+            .device(nsp)
+            .ok_or_else(|| format!("NSP {nsp} is not among the platform's: {}", info.describe()))?;
+        on.insert(nsp, backend.on_device(device).map_err(|e| e.to_string())?);
+    }
+    let mut placement = ContextPlacement::default();
+    for (i, s) in plan.sessions.iter().enumerate() {
+        for &c in &s.contexts {
+            let name = &plan.footprints[c].name;
+            let component = bundle
+                .manifest
+                .components
+                .get(name)
+                .ok_or_else(|| format!("component `{name}` is not in the manifest"))?;
+            placement.place(bundle.path(&component.binary), i, &on[&s.nsp]);
+        }
+    }
+    Ok(backend.with_placement(placement))
 }
