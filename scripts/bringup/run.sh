@@ -21,6 +21,9 @@
 #   --remote-dir DIR        cache and workspaces on the target (default ~/.cache/vla-bringup)
 #   --remote-min-free MIB   free space to leave on the target after uploading (default 64)
 #   --iterations N          benchmark iterations (default 50)
+#   --dsp-probe-runs N      executes per context in the DSP memory probe (`vlad dsp-probe`:
+#                           contexts one by one into one process, then as the memory plan
+#                           places them; default 20, 0 skips it)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -42,7 +45,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
 qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
-remote_dir="" min_free_mib=64 iterations=50
+remote_dir="" min_free_mib=64 iterations=50 probe_runs=20
 while (($#)); do
     opt=$1
     case "$opt" in
@@ -73,6 +76,7 @@ while (($#)); do
         --remote-dir) remote_dir=$2 ;;
         --remote-min-free) min_free_mib=$2 ;;
         --iterations) iterations=$2 ;;
+        --dsp-probe-runs) probe_runs=$2 ;;
         *) usage_error "unknown option $opt" ;;
     esac
     shift 2
@@ -84,6 +88,7 @@ done
 [[ -n $out ]] || usage_error "--out DIR is required"
 [[ $port =~ ^[0-9]+$ ]] || usage_error "--port: '$port' is not a port number"
 [[ $iterations =~ ^[1-9][0-9]*$ ]] || usage_error "--iterations: '$iterations' is not a positive number"
+[[ $probe_runs =~ ^[0-9]+$ ]] || usage_error "--dsp-probe-runs: '$probe_runs' is not a number"
 [[ $min_free_mib =~ ^[0-9]+$ ]] || usage_error "--remote-min-free: '$min_free_mib' is not a number of MiB"
 [[ -z $identity || -z $password_file ]] || usage_error "give --identity or --password-file, not both"
 [[ -z $qnn_lib_dir || -z $qnn_local_dir ]] || usage_error "give --qnn-lib-dir or --qnn-local-dir, not both"
@@ -347,7 +352,7 @@ else
     adsp_path=$probe_dsp_dirs
 fi
 note "running parity and the benchmark ($iterations iterations) on $target"
-status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations")"
+status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations" "$probe_runs")"
 
 mkdir -p "$out"
 raw="$out/raw"
