@@ -244,8 +244,9 @@ def probe_lines(plan_ok=True, jump=False):
     return "\n".join(json.dumps(d) for d in lines) + "\n"
 
 
+# Without parity and benchmark files: no plots, the DSP section alone is what is checked.
 def test_the_dsp_probe_says_where_loading_failed_and_which_placement_to_use(tmp_path):
-    raw, out = write_results(tmp_path, parity_doc(), bench_doc())
+    raw, out = write_results(tmp_path)
     (raw / "dsp-probe.jsonl").write_text(probe_lines())
     (raw / "dsp-probe.log").write_text(
         "[t DEBUG qnn] <V> PD 0 chosen for context 1, estimated future space on pd ~930.14 MB\n"
@@ -263,15 +264,15 @@ def test_the_dsp_probe_says_where_loading_failed_and_which_placement_to_use(tmp_
 
 
 def test_the_dsp_probe_flags_jumps_and_a_plan_that_does_not_load(tmp_path):
-    raw, out = write_results(tmp_path, parity_doc(), bench_doc())
+    raw, out = write_results(tmp_path)
     (raw / "dsp-probe.jsonl").write_text(probe_lines(jump=True))
     md = build(raw, out)
     assert "| plan | vision | 20.00 | 90.00 | 5 | 4 |" in md
     assert "graph switching suspected" in md
-    raw2, out2 = write_results(tmp_path / "b", parity_doc(), bench_doc())
+    raw2, out2 = write_results(tmp_path / "b")
     (raw2 / "dsp-probe.jsonl").write_text(probe_lines(plan_ok=False))
     md = build(raw2, out2)
     assert "**As planned: loading failed at `llm_split2`**" in md
     assert "the plan failed at `llm_split2`; the contexts need worker processes" in md
-    raw3, out3 = write_results(tmp_path / "c", parity_doc(), bench_doc())
+    raw3, out3 = write_results(tmp_path / "c")
     assert "No DSP memory probe in the results" in build(raw3, out3)
