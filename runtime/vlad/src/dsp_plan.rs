@@ -206,7 +206,20 @@ pub fn place(
         let device = info
             .device(nsp)
             .ok_or_else(|| format!("NSP {nsp} is not among the platform's: {}", info.describe()))?;
-        on.insert(nsp, backend.on_device(device).map_err(|e| e.to_string())?);
+        match backend.on_device(device) {
+            Ok(b) => {
+                on.insert(nsp, b);
+            }
+            // NSP 0 is where the backend's own device runs what vlad loaded before the
+            // plan: a platform that refuses the selection keeps that, said once.
+            Err(e) if nsp == 0 => {
+                log::warn!(
+                    "HTP device 0 not selectable ({e}); its sessions use the default device"
+                );
+                on.insert(nsp, backend.clone());
+            }
+            Err(e) => return Err(format!("NSP {nsp}: {e}")),
+        }
     }
     let mut placement = ContextPlacement::default();
     for (i, s) in plan.sessions.iter().enumerate() {
