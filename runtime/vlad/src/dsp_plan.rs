@@ -17,6 +17,13 @@ use vla_qnn::{
 /// made off the board assumes.
 pub const BOARD_NSPS: u32 = 2;
 
+/// A failure's one line, for a message that carries it on.
+pub fn text(f: Failure) -> String {
+    match f {
+        Failure::Usage(s) | Failure::Error(s) | Failure::Gate(s) | Failure::Pending(s) => s,
+    }
+}
+
 /// The placement the `npu` section asks for.
 pub fn placement(npu: &vla_config::NpuConfig) -> Placement {
     match npu.placement {
@@ -156,9 +163,7 @@ pub fn configure(npu: vla_config::NpuConfig, nsps: u32) {
 pub fn plan_bundle(bundle: &vla_policy::Bundle, lib: &QnnLibrary) -> Result<MemoryPlan, String> {
     let default = (vla_config::NpuConfig::default(), 1);
     let (npu, nsps) = SETTINGS.get().unwrap_or(&default);
-    let footprints = bundle_footprints(bundle, Some(lib)).map_err(|f| match f {
-        Failure::Usage(s) | Failure::Error(s) | Failure::Gate(s) | Failure::Pending(s) => s,
-    })?;
+    let footprints = bundle_footprints(bundle, Some(lib)).map_err(text)?;
     MemoryPlan::compute(footprints, &placement(npu), *nsps, budget(npu))
         .map_err(|e| format!("placement refused: {e}"))
 }

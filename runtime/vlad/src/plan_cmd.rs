@@ -153,12 +153,7 @@ fn memory_plans(
         let lib = match crate::qnn_setup::load_library(common) {
             Ok(lib) => Some(lib),
             Err(e) => {
-                let why = match e {
-                    Failure::Usage(s)
-                    | Failure::Error(s)
-                    | Failure::Gate(s)
-                    | Failure::Pending(s) => s,
-                };
+                let why = dsp_plan::text(e);
                 println!("(QNN system library not loaded, {why}: file sizes only)");
                 None
             }
