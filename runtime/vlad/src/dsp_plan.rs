@@ -100,7 +100,8 @@ pub struct Release {
 }
 
 /// Reads a sizes table (golden/releases/context-sizes.json): `{"releases": [{"name",
-/// "source", "contexts": [[name, MB], ...]}]}`, MB read as MiB.
+/// "source", "contexts": [{"name", "mb", "io_bytes"}, ...]}]}`, MB read as MiB,
+/// `io_bytes` optional (0).
 pub fn read_sizes(path: &Path) -> Result<Vec<Release>, Failure> {
     let bad = |why: String| Failure::Error(format!("{}: {why}", path.display()));
     let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
@@ -118,9 +119,9 @@ pub fn read_sizes(path: &Path) -> Result<Vec<Release>, Failure> {
             .ok_or_else(|| bad(format!("release `{name}` has no \"contexts\" list")))?;
         let mut footprints = Vec::new();
         for (j, c) in contexts.iter().enumerate() {
-            let (Some(cname), Some(mb)) = (c[0].as_str(), c[1].as_f64()) else {
+            let (Some(cname), Some(mb)) = (c["name"].as_str(), c["mb"].as_f64()) else {
                 return Err(bad(format!(
-                    "release `{name}` contexts[{j}]: expected [name, MB]"
+                    "release `{name}` contexts[{j}]: expected {{\"name\", \"mb\"}}"
                 )));
             };
             if !(mb.is_finite() && mb > 0.0) {
@@ -128,11 +129,19 @@ pub fn read_sizes(path: &Path) -> Result<Vec<Release>, Failure> {
                     "release `{name}` context `{cname}`: {mb} MB is not a size"
                 )));
             }
+            let io = match &c["io_bytes"] {
+                serde_json::Value::Null => 0,
+                n => n.as_u64().ok_or_else(|| {
+                    bad(format!(
+                        "release `{name}` context `{cname}`: io_bytes {n} is not a byte count"
+                    ))
+                })?,
+            };
             footprints.push(Footprint {
                 name: cname.to_owned(),
                 weights: (mb * MIB as f64).round() as u64,
                 spill_fill: 0,
-                io: 0,
+                io,
             });
         }
         out.push(Release {
