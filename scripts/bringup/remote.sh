@@ -4,7 +4,9 @@
 #
 #   probe BASE QNN_DIR DSP_DIRS HASH...   facts about the target, cache misses, QAIRT check
 #   link BASE WS (HASH MODE PATH)...      move uploads into the cache, verify, link into WS
-#   run WS QNN_DIR ADSP_PATH ITERATIONS   parity and benchmark, results in WS/results
+#   run WS QNN_DIR ADSP_PATH ITERATIONS [PROBE_RUNS]
+#                                         parity, benchmark and (PROBE_RUNS > 0) the DSP
+#                                         memory probe, results in WS/results
 #   cleanup WS                            remove the workspace and prove it is gone
 #
 # BASE empty means $HOME/.cache/vla-bringup. The cache BASE/blobs/<sha256> holds every
@@ -133,6 +135,7 @@ run() {
     qnn_dir=$2
     adsp_path=$3
     iterations=$4
+    probe_runs=${5:-20}
     cd "$ws" || { say error "workspace $ws is gone"; return 0; }
     # An uploaded v73 stub from a QAIRT release that names the unversioned libcdsprpc.so
     # (the wheel's does) finds the board's FastRPC library, which ships as
@@ -193,8 +196,20 @@ run() {
         say bench_exit unavailable
         echo "this vlad has no bench-bundle command" > results/bench.log
     fi
+    # Where the contexts fit: one by one into one process, then as the memory plan places
+    # them (docs/dsp-memory.md). QNN's verbose log names the process domain it chose.
+    if [ "$probe_runs" -gt 0 ] && ./vlad dsp-probe --help >/dev/null 2>&1; then
+        ./vlad dsp-probe --bundle bundle --runs "$probe_runs" --log-level debug \
+            > results/dsp-probe.jsonl 2> results/dsp-probe.log
+        probe_exit=$?
+    elif [ "$probe_runs" -gt 0 ]; then
+        probe_exit=unavailable
+    else
+        probe_exit=skipped
+    fi
     { say parity_exit "$parity_exit"; say observations "$observations"; \
       say bench_exit "${bench_exit:-unavailable}"; \
+      say dsp_probe_exit "$probe_exit"; \
       say iterations "$iterations"; say finished_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } \
         >> results/target.env
 }

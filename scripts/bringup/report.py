@@ -9,6 +9,9 @@ Inputs (the results directory, `REPORT_DIR/raw/` when run.sh calls this):
                 times, memory (optional: without it the report says what is missing)
   parity-*.json more `vlad parity --bundle --json` runs of the same bundle on other
                 observations (optional; each is one more observation per output)
+  dsp-probe.jsonl  `vlad dsp-probe`: contexts loaded one by one into one process, then as
+                the memory plan places them, with executes per context (optional);
+                dsp-probe.log holds QNN's verbose log ("PD N chosen for context M")
   *.log         the commands' own output, linked from the report
 
 Besides report.md it writes REPORT_DIR/gates.json, the parity gate it proposes for every
@@ -624,6 +627,8 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
         lines.append("```")
         lines.append("")
 
+    lines.extend(dsp_section(results.directory))
+
     lines.append("## Raw results")
     lines.append("")
     raw = results.directory
@@ -635,6 +640,100 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
         lines.append(f"- [`{f.name}`]({rel / f.name})")
     lines.append("")
     return "\n".join(lines)
+
+
+def read_probe(directory: Path) -> list[dict]:
+    """The objects of dsp-probe.jsonl (lines that are not JSON objects are skipped)."""
+    path = directory / "dsp-probe.jsonl"
+    found: list[dict] = []
+    if not path.is_file():
+        return found
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(doc, dict) and "probe" in doc:
+            found.append(doc)
+    return found
+
+
+def pd_choices(directory: Path) -> list[str]:
+    """QNN's own process-domain choices from its verbose log, in order."""
+    path = directory / "dsp-probe.log"
+    if not path.is_file():
+        return []
+    return [line[line.index("PD "):].strip() for line in path.read_text(errors="replace").splitlines()
+            if " chosen for context " in line and "PD " in line]
+
+
+def placement_to_use(probe: list[dict]) -> str:
+    """The placement the daemon should run with, from the probe's outcomes and executes."""
+    outcome = {d.get("placement"): d for d in probe if d.get("probe") == "outcome"}
+    jumps = {d.get("placement") for d in probe if d.get("probe") == "execute" and d.get("jumps")}
+    plan = outcome.get("plan")
+    if plan and plan.get("all_loaded") and "plan" not in jumps:
+        return f"the memory plan, `npu.placement` as configured: {plan.get('use', '')}"
+    if plan and plan.get("all_loaded"):
+        return ("the memory plan loads, but executes jumped (graph switching suspected): lower"
+                " `npu.session_mb` or place fewer contexts per session, and run again")
+    if plan:
+        return (f"none in one process: the plan failed at `{plan.get('failed_at')}`; the"
+                " contexts need worker processes (docs/dsp-memory.md)")
+    return "unknown: the probe did not reach the memory plan"
+
+
+def dsp_section(directory: Path) -> list[str]:
+    probe = read_probe(directory)
+    lines = ["## DSP memory (`vlad dsp-probe`)", ""]
+    if not probe:
+        lines += ["No DSP memory probe in the results (skipped, or the deployed vlad has no"
+                  " `dsp-probe` command).", ""]
+        return lines
+    for d in probe:
+        if d.get("probe") == "platform":
+            lines += [f"Platform: {d.get('info', '?')}.", ""]
+    lines += ["Contexts created one by one in one process, as before the memory plan:", "",
+              "| # | context | loaded | load ms | RSS MiB | PSS MiB |", "|---:|---|---|---:|---:|---:|"]
+    for d in probe:
+        if d.get("probe") == "load" and d.get("placement") == "one-process":
+            ok = "yes" if d.get("ok") else f"**no**: {d.get('error', '')}"
+            lines.append(f"| {d.get('index', '')} | {d.get('context', '')} | {ok} |"
+                         f" {_fmt(_number(d.get('load_ms')), '.1f')} | {_fmt(_mib(d.get('rss')), '.1f')} |"
+                         f" {_fmt(_mib(d.get('pss')), '.1f')} |")
+    lines.append("")
+    for d in probe:
+        if d.get("probe") == "outcome" and d.get("placement") == "one-process":
+            lines.append("All contexts loaded in one process." if d.get("all_loaded") else
+                         f"**Loading failed at `{d.get('failed_at')}`** in one process.")
+        if d.get("probe") == "plan":
+            lines.append(f"Memory plan: `{d.get('summary', '')}`.")
+        if d.get("probe") == "load" and d.get("placement") == "plan":
+            if d.get("ok"):
+                lines.append(f"As planned: loaded in {_fmt(_number(d.get('load_ms')), '.1f')} ms,"
+                             f" RSS {_fmt(_mib(d.get('rss')), '.1f')} MiB, PSS"
+                             f" {_fmt(_mib(d.get('pss')), '.1f')} MiB ({d.get('spill_fill', '')}).")
+            else:
+                lines.append(f"**As planned: loading failed at `{d.get('context')}`**: {d.get('error', '')}")
+    lines.append("")
+    execs = [d for d in probe if d.get("probe") == "execute"]
+    if execs:
+        lines += ["| placement | context | median ms | max ms | runs | jumps (run index) |",
+                  "|---|---|---:|---:|---:|---|"]
+        for d in execs:
+            runs = d.get("runs_ms") or []
+            jumps = ", ".join(str(j) for j in d.get("jumps") or []) or "none"
+            lines.append(f"| {d.get('placement')} | {d.get('context')} |"
+                         f" {_fmt(_number(d.get('median_ms')), '.2f')} | {_fmt(_number(d.get('max_ms')), '.2f')} |"
+                         f" {len(runs)} | {jumps} |")
+        lines.append("")
+    pds = pd_choices(directory)
+    if pds:
+        lines += ["QNN's process domains (its verbose log):", ""]
+        lines += [f"- {c}" for c in pds]
+        lines.append("")
+    lines += [f"**Placement to use:** {placement_to_use(probe)}.", ""]
+    return lines
 
 
 def build_report(results_dir: Path, bundle_dir: Path | None, target_name: str,

@@ -26,6 +26,9 @@
 #                           scripts/bringup/observation_goldens.py makes them); vlad parity runs
 #                           once more per <name> on the bundle with those goldens, and the
 #                           report's gates.json takes the minimum over every run
+#   --dsp-probe-runs N      executes per context in the DSP memory probe (`vlad dsp-probe`:
+#                           contexts one by one into one process, then as the memory plan
+#                           places them; default 20, 0 skips it)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -47,7 +50,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
 qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
-remote_dir="" min_free_mib=64 iterations=50 observations=""
+remote_dir="" min_free_mib=64 iterations=50 observations="" probe_runs=20
 while (($#)); do
     opt=$1
     case "$opt" in
@@ -79,6 +82,7 @@ while (($#)); do
         --remote-min-free) min_free_mib=$2 ;;
         --iterations) iterations=$2 ;;
         --observations) observations=$2 ;;
+        --dsp-probe-runs) probe_runs=$2 ;;
         *) usage_error "unknown option $opt" ;;
     esac
     shift 2
@@ -90,6 +94,7 @@ done
 [[ -n $out ]] || usage_error "--out DIR is required"
 [[ $port =~ ^[0-9]+$ ]] || usage_error "--port: '$port' is not a port number"
 [[ $iterations =~ ^[1-9][0-9]*$ ]] || usage_error "--iterations: '$iterations' is not a positive number"
+[[ $probe_runs =~ ^[0-9]+$ ]] || usage_error "--dsp-probe-runs: '$probe_runs' is not a number"
 [[ $min_free_mib =~ ^[0-9]+$ ]] || usage_error "--remote-min-free: '$min_free_mib' is not a number of MiB"
 [[ -z $identity || -z $password_file ]] || usage_error "give --identity or --password-file, not both"
 [[ -z $qnn_lib_dir || -z $qnn_local_dir ]] || usage_error "give --qnn-lib-dir or --qnn-local-dir, not both"
@@ -379,7 +384,7 @@ else
     adsp_path=$probe_dsp_dirs
 fi
 note "running parity and the benchmark ($iterations iterations) on $target"
-status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations")"
+status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations" "$probe_runs")"
 
 mkdir -p "$out"
 raw="$out/raw"

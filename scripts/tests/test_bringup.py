@@ -253,3 +253,71 @@ def test_parity_runs_of_another_bundle_are_refused(tmp_path):
     (raw / "parity-1.json").write_text(json.dumps(other))
     with pytest.raises(report.ReportError, match="different bundles"):
         build(raw, out)
+
+
+def probe_lines(plan_ok=True, jump=False):
+    lines = [
+        {"probe": "platform", "nsps": 2, "info": "platform info v1: 2 device(s): device 0 (...)"},
+        {"probe": "load", "placement": "one-process", "index": 0, "context": "vision",
+         "ok": True, "load_ms": 812.5, "rss": 1024 * 1048576, "pss": 1000 * 1048576},
+        {"probe": "load", "placement": "one-process", "index": 1, "context": "llm_split0",
+         "ok": True, "load_ms": 2100.0, "rss": 2900 * 1048576, "pss": 2800 * 1048576},
+        {"probe": "load", "placement": "one-process", "index": 2, "context": "llm_split1",
+         "ok": False, "load_ms": 40.0, "rss": 2900 * 1048576, "pss": 2800 * 1048576,
+         "error": "contextCreateFromBinary failed for llm_split1: QNN error 1002"},
+        {"probe": "outcome", "placement": "one-process", "all_loaded": False,
+         "failed_at": "llm_split1"},
+        {"probe": "plan", "summary": "s0 nsp0 [vision+llm_split0] 2751.0 MiB; budget 3584.0 MiB",
+         "budget": 3758096384},
+    ]
+    if plan_ok:
+        lines += [
+            {"probe": "load", "placement": "plan", "ok": True, "load_ms": 9000.0,
+             "rss": 9000 * 1048576, "pss": 8900 * 1048576, "spill_fill": "no shared spill-fill"},
+            {"probe": "execute", "placement": "plan", "context": "vision", "median_ms": 20.0,
+             "max_ms": 90.0 if jump else 22.0, "runs_ms": [25.0, 20.0, 21.0, 20.0, 90.0 if jump else 20.0],
+             "jumps": [4] if jump else []},
+            {"probe": "outcome", "placement": "plan", "all_loaded": True,
+             "use": "s0 nsp0 [vision+llm_split0] 2751.0 MiB; budget 3584.0 MiB"},
+        ]
+    else:
+        lines += [
+            {"probe": "load", "placement": "plan", "ok": False, "context": "llm_split2",
+             "error": "contextCreateFromBinary failed: QNN error 1002", "load_ms": 1.0},
+            {"probe": "outcome", "placement": "plan", "all_loaded": False, "failed_at": "llm_split2"},
+        ]
+    return "\n".join(json.dumps(d) for d in lines) + "\n"
+
+
+# Without parity and benchmark files: no plots, the DSP section alone is what is checked.
+def test_the_dsp_probe_says_where_loading_failed_and_which_placement_to_use(tmp_path):
+    raw, out = write_results(tmp_path)
+    (raw / "dsp-probe.jsonl").write_text(probe_lines())
+    (raw / "dsp-probe.log").write_text(
+        "[t DEBUG qnn] <V> PD 0 chosen for context 1, estimated future space on pd ~930.14 MB\n"
+        "[t DEBUG qnn] <V> PD 1 chosen for context 3, estimated future space on pd ~1830.00 MB\n")
+    md = build(raw, out)
+    assert "## DSP memory (`vlad dsp-probe`)" in md
+    assert "| 1 | llm_split1 | **no**: contextCreateFromBinary failed for llm_split1: QNN error 1002 |" \
+        not in md
+    assert "| 2 | llm_split1 | **no**: contextCreateFromBinary failed for llm_split1: QNN error 1002 |" in md
+    assert "| 1 | llm_split0 | yes | 2100.0 | 2900.0 | 2800.0 |" in md
+    assert "**Loading failed at `llm_split1`** in one process." in md
+    assert "- PD 1 chosen for context 3, estimated future space on pd ~1830.00 MB" in md
+    assert ("**Placement to use:** the memory plan, `npu.placement` as configured:"
+            " s0 nsp0 [vision+llm_split0] 2751.0 MiB; budget 3584.0 MiB.") in md
+
+
+def test_the_dsp_probe_flags_jumps_and_a_plan_that_does_not_load(tmp_path):
+    raw, out = write_results(tmp_path)
+    (raw / "dsp-probe.jsonl").write_text(probe_lines(jump=True))
+    md = build(raw, out)
+    assert "| plan | vision | 20.00 | 90.00 | 5 | 4 |" in md
+    assert "graph switching suspected" in md
+    raw2, out2 = write_results(tmp_path / "b")
+    (raw2 / "dsp-probe.jsonl").write_text(probe_lines(plan_ok=False))
+    md = build(raw2, out2)
+    assert "**As planned: loading failed at `llm_split2`**" in md
+    assert "the plan failed at `llm_split2`; the contexts need worker processes" in md
+    raw3, out3 = write_results(tmp_path / "c")
+    assert "No DSP memory probe in the results" in build(raw3, out3)

@@ -431,6 +431,19 @@ fn start_engine(
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
     let backend = Backend::new(lib)?;
+    // The NSPs the memory plan may use: the devices the backend reports.
+    let nsps = match backend.platform_info() {
+        Ok(Some(info)) if !info.devices.is_empty() => {
+            log::info!("HTP {}", info.describe());
+            info.devices.len() as u32
+        }
+        Ok(_) => 1,
+        Err(e) => {
+            log::warn!("HTP platform info unavailable ({e}); planning on one NSP");
+            1
+        }
+    };
+    crate::dsp_plan::configure(config.npu.clone(), nsps);
     let votes = crate::qnn_setup::start_votes(
         &backend,
         crate::qnn_setup::configured_mode(config.qnn.performance),
@@ -523,7 +536,9 @@ fn announce_running(
         &Measured::from_latency(gate_latency.as_nanos() as u64),
     )
     .map_or_else(String::new, |p| p.describe());
-    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
+    let dsp =
+        crate::dsp_plan::running().map_or_else(String::new, |p| format!("; dsp {}", p.summary()));
+    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}{dsp}"));
 }
 
 /// The main thread while the loop runs: signals, the recorder's trigger, the metrics
@@ -600,7 +615,11 @@ impl Supervisor<'_> {
         if self.last_status.elapsed() < Duration::from_secs(1) {
             return;
         }
-        let line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        let mut line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        if let Some(plan) = crate::dsp_plan::running() {
+            line.push_str("; dsp ");
+            line.push_str(&plan.summary());
+        }
         self.systemd.notify(&format!("STATUS={line}"));
         log::debug!("{line}");
         self.last_status = Instant::now();

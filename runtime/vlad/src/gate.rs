@@ -20,6 +20,8 @@ pub enum LoadError {
     Policy(PolicyError),
     /// It ran its goldens and missed the parity gate.
     Gate { dir: PathBuf, why: String },
+    /// Its contexts do not fit the DSP sessions as placed (nothing was created).
+    Placement { dir: PathBuf, why: String },
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -35,6 +37,7 @@ impl std::fmt::Display for LoadError {
                 write!(f, "bundle {}: {source}", path.display())
             }
             LoadError::Policy(e) => e.fmt(f),
+            LoadError::Placement { dir, why } => write!(f, "bundle {}: {why}", dir.display()),
             LoadError::Gate { dir, why } => {
                 write!(f, "bundle {} failed its parity gate: {why}", dir.display())
             }
@@ -52,7 +55,9 @@ impl std::error::Error for LoadError {
         match self {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
-            LoadError::Gate { .. } | LoadError::Geometry { .. } => None,
+            LoadError::Gate { .. } | LoadError::Geometry { .. } | LoadError::Placement { .. } => {
+                None
+            }
         }
     }
 }
@@ -181,7 +186,24 @@ pub fn load_gated(
     options: &vla_policy::LoadOptions,
 ) -> Result<(Bundle, Policy, f64), LoadError> {
     let bundle = Bundle::open(dir)?;
-    let mut policy = Policy::load_with(&bundle, backend, options)?;
+    // Before any context is created: a bundle that cannot fit is refused with its sums.
+    let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
+        LoadError::Placement {
+            dir: dir.to_owned(),
+            why,
+        }
+    })?;
+    log::info!(
+        "bundle {} DSP memory plan: {}",
+        dir.display(),
+        plan.summary()
+    );
+    let placed =
+        crate::dsp_plan::place(backend, &bundle, &plan).map_err(|why| LoadError::Placement {
+            dir: dir.to_owned(),
+            why,
+        })?;
+    let mut policy = Policy::load_with(&bundle, &placed, options)?;
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {
@@ -204,5 +226,6 @@ pub fn load_gated(
         );
     }
     let cosine = report.end_to_end.comparison.cosine;
+    crate::dsp_plan::set_running(plan);
     Ok((bundle, policy, cosine))
 }

@@ -14,6 +14,8 @@ mod bundle_cmd;
 mod bundle_ota_cmd;
 mod cli;
 mod daemon;
+mod dsp_plan;
+mod dsp_probe;
 mod gate;
 mod inspect;
 mod memory;
@@ -40,6 +42,8 @@ commands:
   replay FILE.mcap [--bundle DIR]   re-run a flight recording's observations, compare chunks (exit 3)
   plan --config FILE --horizon H --latency-ms L
                                     the operating point the config gives at a latency: hold, limits
+  plan --bundle DIR | --sizes FILE  the DSP memory plan: contexts per cDSP session and NSP
+  dsp-probe --bundle DIR            load contexts one by one, then as planned: where loading fails
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         "simulate" => simulate::run(rest),
         "replay" => replay::run(rest),
         "plan" => plan_cmd::run(rest),
+        "dsp-probe" => dsp_probe::run(rest),
         "ota" => ota_cmd::run(rest),
         "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {

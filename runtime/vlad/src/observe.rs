@@ -47,6 +47,8 @@ pub struct BundleFacts {
     pub path: PathBuf,
     pub parity_cosine: f64,
     pub ota_state: &'static str,
+    /// Its DSP memory plan.
+    pub memory_plan: Option<vla_qnn::MemoryPlan>,
 }
 
 pub fn start(
@@ -79,6 +81,9 @@ pub fn start(
     metadata.insert("bundle_hash".into(), bundle.hash.clone());
     metadata.insert("bundle_path".into(), bundle.path.display().to_string());
     metadata.insert("vlad_version".into(), env!("CARGO_PKG_VERSION").into());
+    if let Some(plan) = &bundle.memory_plan {
+        metadata.insert("dsp_memory_plan".into(), plan.summary());
+    }
     metadata.insert(
         "publish_hz".into(),
         (1.0 / settings.period.as_secs_f64()).to_string(),
@@ -105,6 +110,12 @@ pub fn start(
             parity_passed: true,
             parity_cosine: bundle.parity_cosine,
             ota_state: bundle.ota_state.into(),
+            dsp_sessions: bundle
+                .memory_plan
+                .as_ref()
+                .map(crate::dsp_plan::metric_sessions)
+                .unwrap_or_default(),
+            dsp_budget_bytes: bundle.memory_plan.as_ref().map_or(0, |p| p.budget),
             ..Facts::default()
         },
         running,
@@ -158,6 +169,13 @@ impl Observability {
             return;
         };
         self.observer.set_metadata([
+            (
+                "dsp_memory_plan".to_owned(),
+                b.memory_plan
+                    .as_ref()
+                    .map(|p| p.summary())
+                    .unwrap_or_default(),
+            ),
             ("bundle_name".to_owned(), b.name.clone()),
             ("bundle_version".to_owned(), b.version.clone()),
             ("bundle_hash".to_owned(), b.hash.clone()),
@@ -169,6 +187,12 @@ impl Observability {
         f.bundle_hash = b.hash;
         f.parity_cosine = b.parity_cosine;
         f.ota_state = b.ota_state.into();
+        f.dsp_sessions = b
+            .memory_plan
+            .as_ref()
+            .map(crate::dsp_plan::metric_sessions)
+            .unwrap_or_default();
+        f.dsp_budget_bytes = b.memory_plan.as_ref().map_or(0, |p| p.budget);
     }
 }
 

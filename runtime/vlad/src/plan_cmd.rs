@@ -1,9 +1,11 @@
 //! `vlad plan`: the operating point a config would run at, for latencies the operator
 //! names (a board's measured p50/p95, or the ones being planned for), without a bundle
-//! loaded or an NPU: the same estimate the daemon states at READY and in STATUS.
+//! loaded or an NPU: the same estimate the daemon states at READY and in STATUS. With a
+//! bundle, or a table of published context sizes, also the DSP memory plan: which
+//! contexts share a cDSP session, on which NSP, and each session's sum against the budget.
 
-use crate::cli;
-use crate::Failure;
+use crate::cli::{self, Common};
+use crate::{dsp_plan, Failure};
 use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -12,6 +14,13 @@ use vla_control::{Measured, OperatingPoint};
 pub const HELP: &str = "\
 vlad plan --config FILE (--horizon H | --bundle DIR) --latency-ms L [--latency-ms L ...]
           [--p50-ms L] [--observation-hz F]
+vlad plan (--bundle DIR | --sizes FILE) [--config FILE] [--nsps N] [--lib-dir DIR]
+
+The DSP memory plan of the bundle's contexts (their binaries' sizes, spill-fill and I/O,
+read through libQnnSystem when it loads, else file sizes alone), or of each release of a
+published sizes table (golden/releases/context-sizes.json), under the config's `npu`
+section (default: auto, 3840 MiB sessions less 256 MiB reserve) on N NSPs (default 2, as
+QCS9075 has).
 
 The operating point the config's `control` section gives at each latency (capture to chunk
 ready, p95; the expected hold uses --p50-ms when given, else the same latency): d against
@@ -25,9 +34,18 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut latencies: Vec<f64> = Vec::new();
     let mut p50: Option<f64> = None;
     let mut observation_hz: Option<f64> = None;
+    let mut sizes: Option<PathBuf> = None;
+    let mut nsps: u32 = dsp_plan::BOARD_NSPS;
+    let mut common = Common::default();
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
+            Long(name) if Common::OPTIONS.contains(&name) => {
+                let name = name.to_owned();
+                common.take(&name, &mut p)?;
+            }
+            Long("sizes") => sizes = Some(cli::value(&mut p)?.into()),
+            Long("nsps") => nsps = cli::number(&mut p, "--nsps")?,
             Long("config") => config = Some(cli::value(&mut p)?.into()),
             Long("horizon") => horizon = Some(cli::number(&mut p, "--horizon")?),
             Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
@@ -43,7 +61,19 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             other => return Err(cli::unexpected(other)),
         }
     }
+    if latencies.is_empty() && (bundle.is_some() || sizes.is_some()) {
+        return memory_plans(&common, config, bundle, sizes, nsps);
+    }
     let config = config.ok_or_else(|| Failure::Usage("plan needs --config FILE".into()))?;
+    if let Some(dir) = &bundle {
+        memory_plans(
+            &common,
+            Some(config.clone()),
+            Some(dir.clone()),
+            sizes,
+            nsps,
+        )?;
+    }
     let geometry = match (horizon, bundle) {
         (Some(h), None) if h > 0 => vla_ring::Geometry {
             cameras: 0,
@@ -96,6 +126,58 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         };
         if let Some(point) = OperatingPoint::estimate(&settings, &measured) {
             println!("{}", point.describe());
+        }
+    }
+    Ok(())
+}
+
+/// Prints the memory plan of the bundle and of every release of the sizes table.
+fn memory_plans(
+    common: &Common,
+    config: Option<PathBuf>,
+    bundle: Option<PathBuf>,
+    sizes: Option<PathBuf>,
+    nsps: u32,
+) -> Result<(), Failure> {
+    if nsps == 0 {
+        return Err(Failure::Usage("--nsps: expected at least 1".into()));
+    }
+    common.init_logging();
+    let npu = match &config {
+        Some(path) => vla_config::Config::load(path)?.npu,
+        None => vla_config::NpuConfig::default(),
+    };
+    if let Some(dir) = bundle {
+        let b = vla_policy::Bundle::open(&dir)?;
+        // The system library states spill-fill and I/O; without it, file sizes only.
+        let lib = match crate::qnn_setup::load_library(common) {
+            Ok(lib) => Some(lib),
+            Err(e) => {
+                let why = dsp_plan::text(e);
+                println!("(QNN system library not loaded, {why}: file sizes only)");
+                None
+            }
+        };
+        let footprints = dsp_plan::bundle_footprints(&b, lib.as_deref())?;
+        let plan = dsp_plan::compute(&b.manifest.name, footprints, &npu, nsps)?;
+        println!(
+            "memory plan of bundle {} ({}) on {nsps} NSP(s):",
+            b.manifest.name,
+            dir.display()
+        );
+        print!("{}", plan.render());
+    }
+    if let Some(path) = sizes {
+        for r in dsp_plan::read_sizes(&path)? {
+            println!(
+                "memory plan of release {} ({}) on {nsps} NSP(s):",
+                r.name, r.source
+            );
+            match dsp_plan::compute(&r.name, r.footprints, &npu, nsps) {
+                Ok(plan) => print!("{}", plan.render()),
+                Err(Failure::Error(e)) => println!("{e}"),
+                Err(other) => return Err(other),
+            }
         }
     }
     Ok(())

@@ -150,6 +150,16 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
         .unwrap()
         .iter()
         .any(|m| m.starts_with("STATUS=")));
+    // READY and STATUS carry the bundle's DSP memory plan.
+    assert!(
+        messages
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains("READY=1") && m.contains("; dsp s0 nsp0 [action_step] ")),
+        "{:?}",
+        messages.lock().unwrap()
+    );
     assert!(
         err.contains("SIGHUP: reloading") && err.contains("reloaded: bundle"),
         "{err}"
@@ -231,5 +241,43 @@ fn a_robot_ring_of_the_wrong_geometry_is_refused_and_only_hold_is_published() {
     assert!(out.contains(" 0 ok,"), "{out}");
     let _ = std::fs::remove_file(&obs_path);
     let _ = std::fs::remove_file(&act_path);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_placement_over_the_session_budget_is_refused_at_start_before_any_context_is_created() {
+    let Some(_) = qnn_dir() else { return };
+    let dir = scratch("placement");
+    let config = write_config(&dir, "placement", "molmoact2-original", 10.0);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    // The tiny fixtures need about 2.7 MiB together: a 2 MiB session less 1 MiB reserve
+    // holds vision and llm_split0, not all seven in one group.
+    v["npu"] = serde_json::json!({
+        "placement": "groups",
+        "session_mb": 2,
+        "reserve_mb": 1,
+        "groups": [
+            {"nsp": 0, "contexts": ["vision", "llm_split0", "llm_split1", "llm_split2",
+                                    "llm_split3", "action_context", "action_step"]}
+        ]
+    });
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.contains("placement refused: session 0 (NSP 0: vision + llm_split0 + llm_split1 + llm_split2 + llm_split3 + action_context + action_step) needs")
+            && last.contains("over the per-session budget of 1.0 MiB"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("compiled by QNN"),
+        "a context was created: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -143,3 +143,113 @@ fn bad_input_is_one_line_naming_it() {
         assert!(o.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// `config/vlad.json` with its `npu` section replaced by `npu` (JSON), in a fresh file.
+fn config_with_npu(tag: &str, npu: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("vlad-plan-npu-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(config("vlad.json")).unwrap()).unwrap();
+    v["npu"] = serde_json::from_str(npu).unwrap();
+    let cfg = dir.join("npu.json");
+    std::fs::write(&cfg, serde_json::to_vec(&v).unwrap()).unwrap();
+    let path = cfg.display().to_string();
+    (dir, path)
+}
+
+#[test]
+fn the_memory_plan_of_every_golden_bundle_is_printed() {
+    let root = repo_root().join("golden/bundles");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        if !dir.join("bundle.json").is_file() {
+            continue;
+        }
+        let o = plan(&["--bundle", dir.to_str().unwrap()]);
+        let out = stdout(&o);
+        assert!(
+            o.status.success(),
+            "{}: {out}{}",
+            dir.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(out.contains("memory plan of bundle"), "{out}");
+        assert!(out.contains("session 0 on NSP 0: "), "{out}");
+        assert!(out.contains("action_step"), "{out}");
+        // The fixtures are kilobytes: one session holds them all.
+        assert!(!out.contains("session 1 on"), "{out}");
+        seen += 1;
+    }
+    assert!(seen >= 10, "found {seen} bundles under {}", root.display());
+}
+
+#[test]
+fn the_published_releases_need_four_sessions_across_both_nsps() {
+    let sizes = repo_root().join("golden/releases/context-sizes.json");
+    let o = plan(&["--sizes", sizes.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for line in [
+        "session 0 on NSP 0: vision + llm_split0 = 2802.9 MiB of 3584.0 MiB (78%)",
+        "session 1 on NSP 1: llm_split1 = 1869.8 MiB of 3584.0 MiB",
+        "session 2 on NSP 1: llm_split2 = 1869.8 MiB of 3584.0 MiB",
+        "session 3 on NSP 0: llm_split3 + action_context + action_step = 3380.9 MiB of 3584.0 MiB (94%)",
+        "session 0 on NSP 0: vision + llm_split0 = 2283.3 MiB of 3584.0 MiB",
+        "session 0 on NSP 0: action_step = 2180.9 MiB of 3584.0 MiB",
+    ] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+    assert_eq!(out.matches("memory plan of release").count(), 4, "{out}");
+    // All seven in one session, as vlad loaded them before: refused with its sum.
+    let (dir, cfg) = config_with_npu(
+        "one",
+        r#"{"placement": "groups", "groups": [{"nsp": 0, "contexts": ["vision", "llm_split0",
+            "llm_split1", "llm_split2", "llm_split3", "action_context", "action_step"]}]}"#,
+    );
+    let o = plan(&["--sizes", sizes.to_str().unwrap(), "--config", &cfg]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("placement refused: session 0 (NSP 0: vision + llm_split0 + llm_split1 + llm_split2 + llm_split3 + action_context + action_step) needs 9923.2 MiB, over the per-session budget of 3584.0 MiB"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_placement_that_cannot_fit_is_refused_in_one_line() {
+    let bundle = repo_root().join("golden/bundles/molmoact2-original");
+    let all = r#"["vision", "llm_split0", "llm_split1", "llm_split2", "llm_split3", "action_context", "action_step"]"#;
+    let cases = [
+        (
+            format!(r#"{{"placement": "groups", "session_mb": 2, "reserve_mb": 1, "groups": [{{"nsp": 0, "contexts": {all}}}]}}"#),
+            "over the per-session budget of 1.0 MiB",
+        ),
+        (
+            r#"{"placement": "groups", "groups": [{"nsp": 0, "contexts": ["vision", "llm_spilt0"]}]}"#.to_string(),
+            "session 0 names context `llm_spilt0`, which is not one of vision, llm_split0",
+        ),
+        (
+            format!(r#"{{"placement": "groups", "groups": [{{"nsp": 2, "contexts": {all}}}]}}"#),
+            "session 0 is on NSP 2, but the platform has 2 (ids 0..1)",
+        ),
+        (
+            r#"{"placement": "groups", "groups": [{"nsp": 1, "contexts": ["vision"]}]}"#.to_string(),
+            "context `llm_split0` is in no session of the placement",
+        ),
+    ];
+    for (i, (npu, says)) in cases.iter().enumerate() {
+        let (dir, cfg) = config_with_npu(&format!("bad{i}"), npu);
+        let o = plan(&["--bundle", bundle.to_str().unwrap(), "--config", &cfg]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{npu}: {err}");
+        assert!(err.contains("placement refused: "), "{err}");
+        assert!(err.contains(says), "{npu}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

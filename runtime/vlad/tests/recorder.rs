@@ -121,6 +121,12 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     let rec = vla_recorder::read_recording(file).unwrap();
     assert_eq!(rec.metadata["trigger"], "signal");
     assert_eq!(rec.metadata["bundle_name"], "fastwam-libero-tiny");
+    // The DSP memory plan the bundle was loaded under: one session on NSP 0.
+    assert!(
+        rec.metadata["dsp_memory_plan"].starts_with("s0 nsp0 [action_step] "),
+        "{:?}",
+        rec.metadata.get("dsp_memory_plan")
+    );
     assert_eq!(rec.metadata["dropped_ticks"], "0");
     assert_eq!(rec.metadata["dropped_chunks"], "0");
     assert!(rec.chunks.len() >= 5, "{} chunks", rec.chunks.len());
@@ -158,6 +164,14 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
         text.contains("vlad_bundle_info{name=\"fastwam-libero-tiny\",version=\"0.1.0\",hash=\"")
     );
     assert_eq!(metric(&text, "vlad_parity_passed"), Some(1.0));
+    assert!(
+        text.contains("vlad_dsp_session_bytes{session=\"0\",nsp=\"0\",contexts=\"action_step\"} "),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "vlad_dsp_session_budget_bytes"),
+        Some((3840.0 - 256.0) * 1048576.0)
+    );
     assert!(text.contains("vlad_ota_state{state=\"none\"} 1"));
 
     // Replay: the same bundle reproduces every chunk; another one does not (exit 3).

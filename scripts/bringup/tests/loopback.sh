@@ -159,7 +159,7 @@ key_args=(--target root@127.0.0.1 --identity "$tmp/user_key" --remote-dir "$root
 report="$tmp/report-keystone"
 bringup "$tmp/main" "${key_args[@]}" --vlad "$vlad_x86" \
     --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 5 \
-    --out "$report"
+    --dsp-probe-runs 1 --out "$report"
 if ((rc == 0)); then ok "main run exits 0"; else bad "main run exit $rc"; sed 's/^/     /' "$tmp/main.err"; fi
 check "report.md written" test -s "$report/report.md"
 check "report says parity passed" grep -q '^\*\*Parity: PASS\*\*' "$report/report.md"
@@ -180,6 +180,8 @@ else
     check "missing bench-bundle is explained in the report" grep -q 'No benchmark' "$report/report.md"
 fi
 check "logs came back" test -s "$report/raw/parity.log"
+check "the DSP memory probe came back and is in the report" \
+    bash -c 'grep -q "\"probe\":\"outcome\"" "$1/raw/dsp-probe.jsonl" && grep -q "^## DSP memory" "$1/report.md" && grep -q "^\*\*Placement to use:" "$1/report.md"' _ "$report"
 check "remote workspace removed" no_workspace_left "$root_base"
 check "large files kept in the target's cache" test "$(find "$root_base/blobs" -type f | wc -l)" -ge 8
 if [[ -n $keep ]]; then
@@ -191,7 +193,7 @@ fi
 # 2. Same bundle again: everything comes from the cache, nothing is uploaded.
 bringup "$tmp/again" "${key_args[@]}" --vlad "$vlad_x86" \
     --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 1 \
-    --out "$tmp/report-again"
+    --dsp-probe-runs 0 --out "$tmp/report-again"
 check "second run exits 0" test "$rc" -eq 0
 check "second run uploads nothing (content-hash cache)" grep -q 'deploying: 0 files to upload' "$tmp/again.err"
 
@@ -207,7 +209,7 @@ z["actions"] = -z["actions"]
 np.savez(sys.argv[1], **z)
 PY
 bringup "$tmp/gate" "${key_args[@]}" --vlad "$vlad_x86" --bundle "$bad_bundle" \
-    --qnn-lib-dir "$qnn_dir" --iterations 1 --out "$tmp/report-gate"
+    --qnn-lib-dir "$qnn_dir" --iterations 1 --dsp-probe-runs 0 --out "$tmp/report-gate"
 check "failed parity gate exits 3" test "$rc" -eq 3
 check "failed parity gate is named on stderr" grep -q 'parity gate FAILED on root@127.0.0.1' "$tmp/gate.err"
 check "failed report says FAIL" grep -q '^\*\*Parity: FAIL\*\*' "$tmp/report-gate/report.md"
@@ -287,7 +289,7 @@ done
 user_home="$(getent passwd "$test_user" | cut -d: -f6)"
 bringup "$tmp/password" --target "$test_user@127.0.0.1" --password-file "$tmp/password" \
     --vlad "$vlad_x86" --bundle golden/bundles/fastwam --qnn-local-dir "$qnn_local" \
-    --iterations 2 --out "$tmp/report-fastwam"
+    --iterations 2 --dsp-probe-runs 0 --out "$tmp/report-fastwam"
 if ((rc == 0)); then ok "password login with uploaded QAIRT libraries exits 0"; else
     bad "password run exit $rc"; sed 's/^/     /' "$tmp/password.err"; fi
 check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastwam/report.md"

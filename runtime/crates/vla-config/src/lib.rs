@@ -54,6 +54,12 @@ pub const MAX_INFERENCE_CPUS: usize = 16;
 pub const MAX_TRUSTED_KEYS: usize = 8;
 /// Highest CPU index accepted (the kernel's `CPU_SETSIZE` is 1024).
 pub const MAX_CPU_INDEX: u16 = 1023;
+/// Most sessions an explicit `npu.groups` may list.
+pub const MAX_NPU_GROUPS: usize = 16;
+/// Most contexts one `npu.groups` entry may list.
+pub const MAX_NPU_GROUP_CONTEXTS: usize = 16;
+/// Highest NSP id a group may name (the platform's own count is checked at start).
+pub const MAX_NSP_ID: u8 = 7;
 /// Environment variable that replaces `qnn.lib_dir` (see [`Config::apply_overrides`]).
 pub const QNN_LIB_DIR_ENV: &str = "VLA_QNN_LIB_DIR";
 
@@ -410,6 +416,8 @@ pub struct Config {
     pub recorder: Option<RecorderConfig>,
     /// `None`: no metrics textfile (the default).
     pub metrics: Option<MetricsConfig>,
+    /// Where the bundle's contexts go on the NPU (`npu`; absent: the defaults).
+    pub npu: NpuConfig,
 }
 
 /// What the flight recorder keeps of the camera frames.
@@ -460,6 +468,62 @@ pub struct MetricsConfig {
     pub textfile: PathText,
     /// How often the textfile is rewritten, in ms (100..=60000, default 5000).
     pub interval_ms: u32,
+}
+
+/// Where the bundle's contexts go on the NPU: which share a cDSP session and on which
+/// NSP (`npu`). The names in `groups` are checked against the bundle at start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NpuConfig {
+    /// `auto` or explicit groups.
+    pub placement: NpuPlacement,
+    /// With [`NpuPlacement::Groups`]: the sessions (empty with `auto`).
+    pub groups: heapless::Vec<NpuGroup, MAX_NPU_GROUPS>,
+    /// A session's usable address space, in MiB (1..=4096, default 3840: 3.75 GiB).
+    pub session_mb: u32,
+    /// What the plan keeps free in each session for the runtime's own heap, in MiB
+    /// (below `session_mb`, default 256).
+    pub reserve_mb: u32,
+}
+
+impl NpuConfig {
+    /// The default `session_mb`: 3.75 GiB of a session's 4 GiB address space.
+    pub const DEFAULT_SESSION_MB: u32 = 3840;
+    /// The default `reserve_mb`.
+    pub const DEFAULT_RESERVE_MB: u32 = 256;
+
+    /// The budget each session's contexts must fit in, in MiB.
+    pub fn budget_mb(&self) -> u32 {
+        self.session_mb - self.reserve_mb
+    }
+}
+
+impl Default for NpuConfig {
+    fn default() -> Self {
+        NpuConfig {
+            placement: NpuPlacement::Auto,
+            groups: heapless::Vec::new(),
+            session_mb: Self::DEFAULT_SESSION_MB,
+            reserve_mb: Self::DEFAULT_RESERVE_MB,
+        }
+    }
+}
+
+/// `npu.placement`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NpuPlacement {
+    /// Pack the contexts in pipeline order under the budget (`"auto"`, the default).
+    Auto,
+    /// One session per entry of `npu.groups` (`"groups"`).
+    Groups,
+}
+
+/// One entry of `npu.groups`: a session's contexts and its NSP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NpuGroup {
+    /// The NSP (HTP device id, 0..=[`MAX_NSP_ID`]).
+    pub nsp: u8,
+    /// The bundle components of the session.
+    pub contexts: heapless::Vec<NameText, MAX_NPU_GROUP_CONTEXTS>,
 }
 
 /// Which environment overrides [`Config::apply_overrides`] applied, for the start-up log.

@@ -100,6 +100,8 @@ pub(crate) struct RawConfig {
     pub recorder: Option<RawRecorder>,
     /// Absent or `null`: no metrics textfile.
     pub metrics: Option<RawMetrics>,
+    /// Absent or `null`: the default placement (`auto` under the default budget).
+    pub npu: Option<RawNpu>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,4 +200,20 @@ pub(crate) struct RawRecorder {
 pub(crate) struct RawMetrics {
     pub textfile: PathText,
     pub interval_ms: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNpu {
+    pub placement: Option<WordText>,
+    pub groups: Option<List<RawNpuGroup, { crate::MAX_NPU_GROUPS }>>,
+    pub session_mb: Option<f64>,
+    pub reserve_mb: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNpuGroup {
+    pub nsp: f64,
+    pub contexts: List<NameText, { crate::MAX_NPU_GROUP_CONTEXTS }>,
 }

@@ -8,13 +8,15 @@ use serde_json_core::de::Error as JsonError;
 
 use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
 use crate::raw::{
-    RawConfig, RawControl, RawMetrics, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings, Text,
+    RawConfig, RawControl, RawMetrics, RawNpu, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings,
+    Text,
 };
 use crate::track::TrackError;
 use crate::{
     BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, MetricsConfig, NameText,
-    OtaConfig, PathText, QnnConfig, QnnPerformance, RealtimeConfig, RecorderConfig, RecorderFrames,
-    RingsConfig, SystemdConfig, TriggerMode, TrustedKey, MAX_CPU_INDEX,
+    NpuConfig, NpuGroup, NpuPlacement, OtaConfig, PathText, QnnConfig, QnnPerformance,
+    RealtimeConfig, RecorderConfig, RecorderFrames, RingsConfig, SystemdConfig, TriggerMode,
+    TrustedKey, MAX_CPU_INDEX, MAX_NSP_ID,
 };
 
 /// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
@@ -63,6 +65,10 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     };
     let recorder = raw.recorder.as_ref().map(recorder).transpose()?;
     let metrics = raw.metrics.as_ref().map(metrics).transpose()?;
+    let npu = match &raw.npu {
+        None => NpuConfig::default(),
+        Some(n) => npu(n)?,
+    };
     Ok(Config {
         qnn,
         bundle,
@@ -74,6 +80,92 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
         log,
         recorder,
         metrics,
+        npu,
+    })
+}
+
+fn npu(raw: &RawNpu) -> Checked<NpuConfig> {
+    let at = |k: &str| path(&["npu", k]);
+    let mut groups = heapless::Vec::new();
+    let placement = match raw.placement.as_ref().map(|w| w.0.as_str()) {
+        None | Some("auto") => {
+            if let Some(groups) = &raw.groups {
+                return Err(ConfigError::invalid(
+                    at("groups"),
+                    format_args!("absent unless npu.placement is \"groups\""),
+                    Found::Other(crate::error::bounded(format_args!(
+                        "{} groups",
+                        groups.0.len()
+                    ))),
+                ));
+            }
+            NpuPlacement::Auto
+        }
+        Some("groups") => {
+            let Some(list) = &raw.groups else {
+                return Err(ConfigError::invalid(
+                    at("groups"),
+                    format_args!(
+                        "a list of {{\"nsp\", \"contexts\"}} with npu.placement \"groups\""
+                    ),
+                    Found::Absent,
+                ));
+            };
+            if list.0.is_empty() {
+                return Err(ConfigError::invalid(
+                    at("groups"),
+                    format_args!("at least one group"),
+                    Found::Other(crate::error::bounded(format_args!("an empty list"))),
+                ));
+            }
+            for (i, g) in list.0.iter().enumerate() {
+                let gp = at("groups").index(i);
+                let nsp = whole(gp.clone().key("nsp"), g.nsp, 0, MAX_NSP_ID.into())? as u8;
+                let mut contexts = heapless::Vec::new();
+                for (j, name) in g.contexts.0.iter().enumerate() {
+                    let cp = gp.clone().key("contexts").index(j);
+                    if name.0.is_empty() {
+                        return Err(ConfigError::invalid(
+                            cp,
+                            format_args!("a component name"),
+                            Found::text(""),
+                        ));
+                    }
+                    // Capacity equals the raw list's bound, so this cannot fail.
+                    let _ = contexts.push(copy_text(cp, &name.0)?);
+                }
+                if contexts.is_empty() {
+                    return Err(ConfigError::invalid(
+                        gp.key("contexts"),
+                        format_args!("at least one component"),
+                        Found::Other(crate::error::bounded(format_args!("an empty list"))),
+                    ));
+                }
+                let _ = groups.push(NpuGroup { nsp, contexts });
+            }
+            NpuPlacement::Groups
+        }
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                at("placement"),
+                format_args!("one of auto, groups"),
+                Found::text(other),
+            ))
+        }
+    };
+    let session_mb = match raw.session_mb {
+        None => NpuConfig::DEFAULT_SESSION_MB,
+        Some(mb) => whole(at("session_mb"), mb, 1, 4096)?,
+    };
+    let reserve_mb = match raw.reserve_mb {
+        None => NpuConfig::DEFAULT_RESERVE_MB.min(session_mb - 1),
+        Some(mb) => whole(at("reserve_mb"), mb, 0, session_mb - 1)?,
+    };
+    Ok(NpuConfig {
+        placement,
+        groups,
+        session_mb,
+        reserve_mb,
     })
 }
 

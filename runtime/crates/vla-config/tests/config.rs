@@ -894,3 +894,79 @@ fn bad_recorder_and_metrics_fields_are_named() {
         assert_mentions(&message, &[mention]);
     }
 }
+
+#[test]
+fn npu_placement_defaults_to_auto_and_reads_explicit_groups() {
+    let config = parse(&device_json()).unwrap();
+    assert_eq!(config.npu, vla_config::NpuConfig::default());
+    assert_eq!(config.npu.budget_mb(), 3840 - 256);
+    let config = parse(&with_sections(
+        r#""npu": {"placement": "groups", "session_mb": 3800, "reserve_mb": 300, "groups": [
+            {"nsp": 0, "contexts": ["vision", "llm_split0"]},
+            {"nsp": 1, "contexts": ["llm_split1"]}]}"#,
+    ))
+    .unwrap();
+    assert_eq!(config.npu.budget_mb(), 3500);
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Groups);
+    let groups = &config.npu.groups;
+    assert_eq!(groups.len(), 2);
+    assert_eq!((groups[0].nsp, groups[0].contexts.len()), (0, 2));
+    assert_eq!(
+        (groups[1].nsp, groups[1].contexts[0].as_str()),
+        (1, "llm_split1")
+    );
+    let config = parse(&with_sections(r#""npu": {"placement": "auto"}"#)).unwrap();
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Auto);
+}
+
+#[test]
+fn bad_npu_fields_are_named() {
+    for (sections, field, mention) in [
+        (
+            r#""npu": {"placement": "spread"}"#,
+            "npu.placement",
+            "auto, groups",
+        ),
+        (r#""npu": {"placement": "groups"}"#, "npu.groups", "nsp"),
+        (
+            r#""npu": {"placement": "groups", "groups": []}"#,
+            "npu.groups",
+            "at least one",
+        ),
+        (
+            r#""npu": {"groups": [{"nsp": 0, "contexts": ["vision"]}]}"#,
+            "npu.groups",
+            "groups",
+        ),
+        (
+            r#""npu": {"placement": "groups", "groups": [{"nsp": 8, "contexts": ["vision"]}]}"#,
+            "npu.groups[0].nsp",
+            "0..=7",
+        ),
+        (
+            r#""npu": {"placement": "groups", "groups": [{"nsp": 0, "contexts": []}]}"#,
+            "npu.groups[0].contexts",
+            "at least one",
+        ),
+        (
+            r#""npu": {"placement": "groups", "groups": [{"nsp": 0, "contexts": ["a", ""]}]}"#,
+            "npu.groups[0].contexts[1]",
+            "component",
+        ),
+        (
+            r#""npu": {"session_mb": 5000}"#,
+            "npu.session_mb",
+            "1..=4096",
+        ),
+        (
+            r#""npu": {"session_mb": 1000, "reserve_mb": 1000}"#,
+            "npu.reserve_mb",
+            "0..=999",
+        ),
+        (r#""npu": {"sessions": 2}"#, "npu.sessions", "unknown field"),
+    ] {
+        let (error, message) = error_of(&with_sections(sections));
+        assert_eq!(path_of(&error), field, "{message}");
+        assert_mentions(&message, &[mention]);
+    }
+}

@@ -10,6 +10,7 @@
 use crate::error::{HtpRefusal, QnnError};
 use crate::ffi::{self, qnn, BackendHandle, DeviceHandle, LogHandle};
 use crate::library::QnnLibrary;
+use crate::platform::{DeviceReport, DeviceSelection, PlatformInfo};
 use core::ffi::{c_char, c_int, c_void};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -243,9 +244,76 @@ impl Drop for BackendInner {
 }
 
 /// An initialized QNN backend (log + backend + device), ready to create contexts.
+///
+/// A clone made by [`Backend::on_device`] creates its contexts on a device of its own
+/// (one NSP); every clone shares the one backend.
 #[derive(Clone)]
 pub struct Backend {
     pub(crate) inner: Arc<BackendInner>,
+    /// The device contexts are created on when not the backend's default one.
+    pub(crate) selected: Option<Arc<SelectedDevice>>,
+    /// Where [`crate::create_contexts`] puts each binary, when a plan says.
+    pub(crate) placement: Option<Arc<ContextPlacement>>,
+}
+
+/// Which session (a spill-fill group) and which device each context binary goes to, by
+/// the binary's path: what [`crate::create_contexts`] follows for a backend made by
+/// [`Backend::with_placement`]. A binary it does not name goes to the backend's own
+/// device, in a group of its own kind (session `usize::MAX`).
+#[derive(Clone, Default)]
+pub struct ContextPlacement {
+    pub(crate) entries: Vec<(std::path::PathBuf, usize, Backend)>,
+}
+
+impl ContextPlacement {
+    /// Puts the binary at `path` in session `session`, created through `on` (a backend
+    /// from [`Backend::on_device`], or the plain one).
+    pub fn place(&mut self, path: impl Into<std::path::PathBuf>, session: usize, on: &Backend) {
+        let on = Backend {
+            placement: None,
+            ..on.clone()
+        };
+        self.entries.push((path.into(), session, on));
+    }
+
+    /// The session and backend of the binary at `path`.
+    pub(crate) fn of(&self, path: &Path) -> Option<(usize, &Backend)> {
+        self.entries
+            .iter()
+            .find(|(p, _, _)| p == path)
+            .map(|(_, s, b)| (*s, b))
+    }
+}
+
+/// A device created on one reported HTP device (an NSP), freed after the last context
+/// created on it and before the backend (it holds the backend's `Arc`).
+pub(crate) struct SelectedDevice {
+    pub backend: Arc<BackendInner>,
+    pub handle: DeviceHandle,
+    pub id: u32,
+}
+
+// SAFETY: as for BackendInner: an opaque handle usable from any thread, never mutated.
+unsafe impl Send for SelectedDevice {}
+// SAFETY: as above.
+unsafe impl Sync for SelectedDevice {}
+
+impl Drop for SelectedDevice {
+    fn drop(&mut self) {
+        if let Some(free) = self.backend.lib.core.device_free {
+            // SAFETY: `free` is the provider's deviceFree; the handle was created by
+            // deviceCreate of the same library (kept loaded by `self.backend`), its
+            // contexts are gone (each holds this struct's Arc), and it is freed once.
+            let rc = qnn!(unsafe free(self.handle));
+            if rc != ffi::QNN_SUCCESS {
+                log::warn!(
+                    "QNN deviceFree (device {}) returned {}",
+                    self.id,
+                    ffi::error_code(rc)
+                );
+            }
+        }
+    }
 }
 
 impl Backend {
@@ -332,7 +400,73 @@ impl Backend {
                 backend,
                 device,
             }),
+            selected: None,
+            placement: None,
         })
+    }
+
+    /// This backend, creating the contexts [`crate::create_contexts`] is given where
+    /// `placement` says.
+    pub fn with_placement(&self, placement: ContextPlacement) -> Backend {
+        Backend {
+            placement: Some(Arc::new(placement)),
+            ..self.clone()
+        }
+    }
+
+    /// The platform's HTP devices (NSPs) and cores as the backend reports them;
+    /// `Ok(None)` when the provider has no `deviceGetPlatformInfo`.
+    pub fn platform_info(&self) -> Result<Option<PlatformInfo>, QnnError> {
+        PlatformInfo::read(&self.inner.lib, self.inner.log)
+    }
+
+    /// This backend with a device of its own on `device` (a config of option
+    /// PLATFORM_INFO naming it and its cores): contexts created through the returned
+    /// backend live on that NSP. The device is freed after its last context.
+    pub fn on_device(&self, device: &DeviceReport) -> Result<Backend, QnnError> {
+        let lib = &self.inner.lib;
+        let Some(create) = lib.core.device_create else {
+            return Err(QnnError::Call {
+                operation: "deviceCreate",
+                subject: format!(
+                    "HTP device {} (the provider has no deviceCreate)",
+                    device.id
+                ),
+                code: 1000,
+                backend_message: None,
+            });
+        };
+        let selection = DeviceSelection::new(device);
+        let list: [*const c_void; 2] = [selection.config() as *const c_void, core::ptr::null()];
+        let mut handle = DeviceHandle::NULL;
+        // SAFETY: `create` is the provider's deviceCreate (a non-NULL slot of the checked
+        // table, the library kept loaded by `self.inner`); the log is ours or NULL; the
+        // config list is NULL-terminated and `selection` (which everything it points to
+        // lives in) outlives the call; `handle` is a local QNN writes once.
+        let rc = qnn!(unsafe create(self.inner.log, list.as_ptr(), &mut handle));
+        lib.check(rc, "deviceCreate", || format!("HTP device {}", device.id))?;
+        Ok(Backend {
+            inner: self.inner.clone(),
+            selected: Some(Arc::new(SelectedDevice {
+                backend: self.inner.clone(),
+                handle,
+                id: device.id,
+            })),
+            placement: None,
+        })
+    }
+
+    /// The HTP device id contexts made through this backend go to (`None`: the default).
+    pub fn device_id(&self) -> Option<u32> {
+        self.selected.as_ref().map(|d| d.id)
+    }
+
+    /// The device handle contexts are created on, and what keeps it alive.
+    pub(crate) fn context_device(&self) -> (DeviceHandle, Option<Arc<SelectedDevice>>) {
+        match &self.selected {
+            Some(d) => (d.handle, Some(d.clone())),
+            None => (self.inner.device, None),
+        }
     }
 
     /// The library the backend was created from.

@@ -8,7 +8,7 @@
 // FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
 #![allow(unsafe_code)]
 
-use crate::backend::{Backend, BackendInner};
+use crate::backend::{Backend, BackendInner, SelectedDevice};
 use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
 use crate::error::QnnError;
 use crate::ffi::{self, qnn, ContextHandle, GraphHandle, ProfileHandle, QnnTensor, SignalHandle};
@@ -19,6 +19,9 @@ use vla_tensor::AlignedBuf;
 
 struct ContextInner {
     backend: Arc<BackendInner>,
+    /// The device the context was created on when not the backend's own: freed after
+    /// the context (fields drop after `drop` frees the context).
+    _device: Option<Arc<SelectedDevice>>,
     handle: ContextHandle,
     binary: ContextBinary,
     /// Names of the graphs that have a live [`Graph`]. QNN does not document concurrent
@@ -107,15 +110,17 @@ impl Context {
             libs.as_deref().unwrap_or("unknown"),
             coupling.describe()
         );
+        let (device, device_keep) = backend.context_device();
         let mut handle = ContextHandle::NULL;
         // SAFETY: a slot of the checked provider table, the library kept loaded by `b`;
-        // the backend and device are live (held by `b`); the buffer is the whole mapped
+        // the backend and device are live (held by `b`, and a selected device by
+        // `device_keep`); the buffer is the whole mapped
         // file, its exact size; the config list is NULL or NULL-terminated and its configs
         // (and what they point to) outlive the call; a NULL profile is allowed; the
         // out-pointer is a local.
         let rc = qnn!(unsafe b.lib.core.context_create_from_binary(
             b.backend,
-            b.device,
+            device,
             list_ptr,
             bytes.as_ptr() as *const c_void,
             bytes.len() as u64,
@@ -131,6 +136,7 @@ impl Context {
         Ok(Self {
             inner: Arc::new(ContextInner {
                 backend: b.clone(),
+                _device: device_keep,
                 handle,
                 binary,
                 retrieved: Mutex::new(Vec::new()),

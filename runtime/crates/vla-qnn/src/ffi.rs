@@ -138,6 +138,10 @@ pub mod slot {
     pub const LOG_CREATE: usize = 25;
     /// `logFree`.
     pub const LOG_FREE: usize = 27;
+    /// `deviceGetPlatformInfo`.
+    pub const DEVICE_GET_PLATFORM_INFO: usize = 37;
+    /// `deviceFreePlatformInfo`.
+    pub const DEVICE_FREE_PLATFORM_INFO: usize = 38;
     /// `deviceGetInfrastructure`.
     pub const DEVICE_GET_INFRASTRUCTURE: usize = 39;
     /// `deviceCreate`.
@@ -241,6 +245,171 @@ pub type GraphExecuteFn = unsafe extern "C" fn(
 /// `deviceGetInfrastructure(QnnDevice_Infrastructure_t* out)`: the out value is a pointer
 /// to the backend's infrastructure struct (HTP: [`htp_perf`]).
 pub type DeviceGetInfrastructureFn = unsafe extern "C" fn(*mut *const c_void) -> ErrorHandle;
+/// `deviceGetPlatformInfo(log, const QnnDevice_PlatformInfo_t** info)`: the devices
+/// (NSPs) and cores the backend sees; the memory is the backend's until
+/// [`DeviceFreePlatformInfoFn`].
+pub type DeviceGetPlatformInfoFn =
+    unsafe extern "C" fn(LogHandle, *mut *const c_void) -> ErrorHandle;
+/// `deviceFreePlatformInfo(log, const QnnDevice_PlatformInfo_t* info)`.
+pub type DeviceFreePlatformInfoFn = unsafe extern "C" fn(LogHandle, *const c_void) -> ErrorHandle;
+
+/// `QnnDevice_PlatformInfo_t` (QnnDevice.h): u32 version @0, union @8; v1 = { u32
+/// numHwDevices @0, QnnDevice_HardwareDeviceInfo_t* hwDevices @8 }. Offsets absolute.
+pub mod platform_info {
+    /// `u32 version` (1).
+    pub const VERSION: usize = 0;
+    /// v1: `u32 numHwDevices`.
+    pub const NUM_DEVICES: usize = 8;
+    /// v1: `QnnDevice_HardwareDeviceInfo_t* hwDevices`.
+    pub const DEVICES: usize = 16;
+    /// Bytes we read.
+    pub const MIN_SIZE: usize = DEVICES + 8;
+}
+
+/// `QnnDevice_HardwareDeviceInfo_t`: u32 version @0, union @8; v1 = { u32 deviceId @0,
+/// u32 deviceType @4, u32 numCores @8, QnnDevice_CoreInfo_t* cores @16,
+/// deviceInfoExtension @24 }. Offsets absolute; the array stride is the struct's size
+/// (40: the union holds v1 only in every header seen, 2.32 to 2.51).
+pub mod hw_device_info {
+    /// Bytes from one device to the next.
+    pub const STRIDE: usize = 40;
+    /// `u32 version` (1).
+    pub const VERSION: usize = 0;
+    /// v1: `u32 deviceId`.
+    pub const DEVICE_ID: usize = 8;
+    /// v1: `u32 deviceType` (HTP: 0 on-chip).
+    pub const DEVICE_TYPE: usize = 12;
+    /// v1: `u32 numCores`.
+    pub const NUM_CORES: usize = 16;
+    /// v1: `QnnDevice_CoreInfo_t* cores`.
+    pub const CORES: usize = 24;
+    /// v1: `QnnDevice_DeviceInfoExtension_t` (HTP: `QnnHtpDevice_DeviceInfoExtension_t*`).
+    pub const EXTENSION: usize = 32;
+}
+
+/// `QnnDevice_CoreInfo_t`: u32 version @0, union @8; v1 = { u32 coreId @0, u32 coreType
+/// @4, coreInfoExtension @8 }. Offsets absolute; stride 24.
+pub mod core_info {
+    /// Bytes from one core to the next.
+    pub const STRIDE: usize = 24;
+    /// `u32 version` (1).
+    pub const VERSION: usize = 0;
+    /// v1: `u32 coreId`.
+    pub const CORE_ID: usize = 8;
+    /// v1: `u32 coreType` (HTP: 0 NSP, 1 HPASS).
+    pub const CORE_TYPE: usize = 12;
+}
+
+/// `QnnHtpDevice_DeviceInfoExtension_t` (QnnHtpDevice.h): u32 devType @0 (0 on-chip),
+/// union @8: on-chip = { size_t vtcmSize (MB) @0, u32 socModel @8, bool signedPdSupport
+/// @12, bool dlbcSupport @13, u32 arch @16 }. Offsets absolute.
+pub mod htp_device_extension {
+    /// `devType`: 0 = on-chip.
+    pub const DEV_TYPE: usize = 0;
+    /// On-chip: `size_t vtcmSize`, in MB.
+    pub const VTCM_MB: usize = 8;
+    /// On-chip: `u32 socModel`.
+    pub const SOC_MODEL: usize = 16;
+    /// On-chip: `bool signedPdSupport`.
+    pub const SIGNED_PD: usize = 20;
+    /// On-chip: `bool dlbcSupport`.
+    pub const DLBC: usize = 21;
+    /// On-chip: `u32 arch` (73 = v73).
+    pub const ARCH: usize = 24;
+    /// Bytes we read.
+    pub const MIN_SIZE: usize = ARCH + 4;
+}
+
+/// `QnnHtpDevice_DeviceInfoExtension_t` with its on-chip member, as the caller builds it
+/// for a device config (offsets in [`htp_device_extension`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HtpOnChipExtension {
+    /// `devType`: 0 on-chip.
+    pub dev_type: u32,
+    /// Padding to the union.
+    pub _pad: u32,
+    /// `size_t vtcmSize`, MB.
+    pub vtcm_mb: u64,
+    /// `socModel`.
+    pub soc_model: u32,
+    /// `signedPdSupport`.
+    pub signed_pd: bool,
+    /// `dlbcSupport`.
+    pub dlbc: bool,
+    /// `arch`.
+    pub arch: u32,
+    /// Zeros to the end of the union.
+    pub _rest: u32,
+}
+
+/// `QnnDevice_Config_t`: u32 option @0, union @8 { customConfig; hardwareInfo }. Option
+/// PLATFORM_INFO's member is a `QnnDevice_PlatformInfo_t*` naming the one device (and its
+/// cores) the created device is to use, which is how QNN's NSP-selection tutorial picks
+/// an NSP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceConfig {
+    /// `QnnDevice_ConfigOption_t` ([`DEVICE_CONFIG_OPTION_PLATFORM_INFO`]).
+    pub option: u32,
+    /// The option's pointer.
+    pub pointer: *const c_void,
+}
+/// `QNN_DEVICE_CONFIG_OPTION_CUSTOM`.
+pub const DEVICE_CONFIG_OPTION_CUSTOM: u32 = 0;
+/// `QNN_DEVICE_CONFIG_OPTION_PLATFORM_INFO`.
+pub const DEVICE_CONFIG_OPTION_PLATFORM_INFO: u32 = 1;
+
+/// `QnnDevice_PlatformInfo_t` version 1, as the caller builds it for a device config.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PlatformInfoV1 {
+    /// 1.
+    pub version: u32,
+    /// Padding to the union, which is pointer-aligned.
+    pub _pad: u32,
+    /// `numHwDevices`.
+    pub num_devices: u32,
+    /// `hwDevices`.
+    pub devices: *const HwDeviceInfoV1,
+}
+
+/// `QnnDevice_HardwareDeviceInfo_t` version 1, as the caller builds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HwDeviceInfoV1 {
+    /// 1.
+    pub version: u32,
+    /// Padding to the union, which is pointer-aligned.
+    pub _pad: u32,
+    /// `deviceId`.
+    pub device_id: u32,
+    /// `deviceType`.
+    pub device_type: u32,
+    /// `numCores`.
+    pub num_cores: u32,
+    /// `cores`.
+    pub cores: *const CoreInfoV1,
+    /// `deviceInfoExtension` (HTP: an [`HtpOnChipExtension`], or NULL).
+    pub extension: *const c_void,
+}
+
+/// `QnnDevice_CoreInfo_t` version 1, as the caller builds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CoreInfoV1 {
+    /// 1.
+    pub version: u32,
+    /// Padding to the union, which is pointer-aligned.
+    pub _pad: u32,
+    /// `coreId`.
+    pub core_id: u32,
+    /// `coreType`.
+    pub core_type: u32,
+    /// `coreInfoExtension` (NULL).
+    pub extension: *const c_void,
+}
+
 /// `errorGetMessage(error, const char** message)`: the message of an error handle.
 pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
 
@@ -555,6 +724,28 @@ const _: () = {
     assert!(core::mem::size_of::<HtpContextGroupConfig>() == 24);
     assert!(core::mem::offset_of!(HtpContextGroupConfig, first_group_handle) == 8);
     assert!(core::mem::offset_of!(HtpContextGroupConfig, max_spill_fill_buffer) == 16);
+    assert!(core::mem::size_of::<DeviceConfig>() == 16);
+    assert!(core::mem::offset_of!(HtpOnChipExtension, vtcm_mb) == htp_device_extension::VTCM_MB);
+    assert!(
+        core::mem::offset_of!(HtpOnChipExtension, soc_model) == htp_device_extension::SOC_MODEL
+    );
+    assert!(
+        core::mem::offset_of!(HtpOnChipExtension, signed_pd) == htp_device_extension::SIGNED_PD
+    );
+    assert!(core::mem::offset_of!(HtpOnChipExtension, dlbc) == htp_device_extension::DLBC);
+    assert!(core::mem::offset_of!(HtpOnChipExtension, arch) == htp_device_extension::ARCH);
+    assert!(core::mem::offset_of!(DeviceConfig, pointer) == 8);
+    assert!(core::mem::offset_of!(PlatformInfoV1, num_devices) == platform_info::NUM_DEVICES);
+    assert!(core::mem::offset_of!(PlatformInfoV1, devices) == platform_info::DEVICES);
+    assert!(core::mem::size_of::<HwDeviceInfoV1>() == hw_device_info::STRIDE);
+    assert!(core::mem::offset_of!(HwDeviceInfoV1, device_id) == hw_device_info::DEVICE_ID);
+    assert!(core::mem::offset_of!(HwDeviceInfoV1, device_type) == hw_device_info::DEVICE_TYPE);
+    assert!(core::mem::offset_of!(HwDeviceInfoV1, num_cores) == hw_device_info::NUM_CORES);
+    assert!(core::mem::offset_of!(HwDeviceInfoV1, cores) == hw_device_info::CORES);
+    assert!(core::mem::offset_of!(HwDeviceInfoV1, extension) == hw_device_info::EXTENSION);
+    assert!(core::mem::size_of::<CoreInfoV1>() == core_info::STRIDE);
+    assert!(core::mem::offset_of!(CoreInfoV1, core_id) == core_info::CORE_ID);
+    assert!(core::mem::offset_of!(CoreInfoV1, core_type) == core_info::CORE_TYPE);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.

@@ -86,17 +86,66 @@ pub struct ContextGroup {
     pub sharing: SpillFillSharing,
 }
 
+/// A session's id, its backend, and its binaries with their indices among all of them.
+type SessionBinaries = (usize, Backend, Vec<(usize, ContextBinary)>);
+
 /// A context of the set that could not be created: its index among the binaries.
 pub type GroupError = (usize, QnnError);
 
 /// Creates one context per binary, as one spill-fill group when the binaries report a
 /// spill-fill size ([`shared_spill_fill`] of their [`crate::BinaryInfo::spill_fill_bytes`]).
+///
+/// With a backend made by [`Backend::with_placement`], each session of the placement is
+/// its own group, created on the session's device, in the order of the sessions' first
+/// binaries; the contexts come back in the order of the binaries.
 pub fn create_contexts(
     backend: &Backend,
     binaries: Vec<ContextBinary>,
 ) -> Result<ContextGroup, GroupError> {
-    let size = shared_spill_fill(binaries.iter().map(|b| b.info().spill_fill_bytes()));
-    create_contexts_sharing(backend, binaries, size)
+    let Some(placement) = backend.placement.clone() else {
+        let size = shared_spill_fill(binaries.iter().map(|b| b.info().spill_fill_bytes()));
+        return create_contexts_sharing(backend, binaries, size);
+    };
+    let n = binaries.len();
+    // Sessions in order of first appearance.
+    let mut sessions: Vec<SessionBinaries> = Vec::new();
+    for (i, binary) in binaries.into_iter().enumerate() {
+        let (session, on) = match placement.of(binary.path()) {
+            Some((s, b)) => (s, b.clone()),
+            None => (
+                usize::MAX,
+                Backend {
+                    placement: None,
+                    ..backend.clone()
+                },
+            ),
+        };
+        match sessions.iter_mut().find(|(s, _, _)| *s == session) {
+            Some((_, _, members)) => members.push((i, binary)),
+            None => sessions.push((session, on, vec![(i, binary)])),
+        }
+    }
+    let mut slots: Vec<Option<Context>> = (0..n).map(|_| None).collect();
+    let mut sharing = SpillFillSharing::NotNeeded;
+    for (_, on, members) in sessions {
+        let (indices, group): (Vec<usize>, Vec<ContextBinary>) = members.into_iter().unzip();
+        let size = shared_spill_fill(group.iter().map(|b| b.info().spill_fill_bytes()));
+        let made = create_contexts_sharing(&on, group, size).map_err(|(k, e)| (indices[k], e))?;
+        // A refusal is what the caller most needs to hear of; else any group shared.
+        sharing = match (&sharing, made.sharing) {
+            (SpillFillSharing::Refused { .. }, _) => sharing,
+            (_, refused @ SpillFillSharing::Refused { .. }) => refused,
+            (_, shared @ SpillFillSharing::Shared { .. }) => shared,
+            (_, SpillFillSharing::NotNeeded) => sharing,
+        };
+        for (i, c) in indices.into_iter().zip(made.contexts) {
+            slots[i] = Some(c);
+        }
+    }
+    Ok(ContextGroup {
+        contexts: slots.into_iter().flatten().collect(),
+        sharing,
+    })
 }
 
 /// [`create_contexts`] with the group's spill-fill size given (`None`: no group), for

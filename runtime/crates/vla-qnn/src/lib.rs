@@ -6,7 +6,8 @@
 //! reads its graphs and tensors through libQnnSystem; [`Context`] makes it resident and
 //! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
 //! before QNN sees it; [`create_contexts`] makes a bundle's contexts share one spill-fill
-//! buffer when their binaries need one; [`PerfGovernor`] votes for HTP performance around inferences.
+//! buffer when their binaries need one; [`MemoryPlan`] places contexts in cDSP sessions
+//! and NSPs under a budget before anything is created; [`PerfGovernor`] votes for HTP performance around inferences.
 //! Nothing here knows about policies.
 //!
 //! ```no_run
@@ -32,10 +33,12 @@ pub mod ffi;
 mod group;
 mod library;
 mod load_output;
+mod memory_plan;
 mod perf;
+mod platform;
 mod release;
 
-pub use backend::Backend;
+pub use backend::{Backend, ContextPlacement};
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
 pub use context::{Context, Graph, IoBuffers};
 pub use error::{error_meaning, HtpRefusal, QnnError};
@@ -46,7 +49,12 @@ pub use group::{
 pub use library::{
     ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
+pub use memory_plan::{
+    mib, Footprint, Group, MemoryPlan, Placement, PlanError, PlannedSession, DEFAULT_RESERVE_BYTES,
+    DEFAULT_SESSION_BUDGET, MIB, SESSION_USABLE_BYTES,
+};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
+pub use platform::{CoreReport, DeviceReport, DeviceSelection, PlatformInfo};
 pub use release::{Coupling, QairtRelease};

@@ -117,6 +117,8 @@ pub(crate) struct CoreFns {
     pub device_create: Option<ffi::DeviceCreateFn>,
     pub device_free: Option<ffi::DeviceFreeFn>,
     pub device_get_infrastructure: Option<ffi::DeviceGetInfrastructureFn>,
+    pub device_get_platform_info: Option<ffi::DeviceGetPlatformInfoFn>,
+    pub device_free_platform_info: Option<ffi::DeviceFreePlatformInfoFn>,
     pub error_get_message: Option<ffi::ErrorGetMessageFn>,
 }
 
@@ -412,6 +414,10 @@ impl QnnLibrary {
             device_create: unsafe { t.optional(slot::DEVICE_CREATE) },
             // SAFETY: slot 43 is deviceFree, inside the table.
             device_free: unsafe { t.optional(slot::DEVICE_FREE) },
+            // SAFETY: slot 37 is deviceGetPlatformInfo, inside the table.
+            device_get_platform_info: unsafe { t.optional(slot::DEVICE_GET_PLATFORM_INFO) },
+            // SAFETY: slot 38 is deviceFreePlatformInfo, inside the table.
+            device_free_platform_info: unsafe { t.optional(slot::DEVICE_FREE_PLATFORM_INFO) },
             // SAFETY: slot 39 is deviceGetInfrastructure, inside the table.
             device_get_infrastructure: unsafe { t.optional(slot::DEVICE_GET_INFRASTRUCTURE) },
             // SAFETY: slot 48 is errorGetMessage, the highest slot read, inside the table.

@@ -93,6 +93,21 @@ pub struct Facts {
     pub dropped_ticks: u64,
     /// Chunk records the recorder dropped because it fell behind.
     pub dropped_chunks: u64,
+    /// The running bundle's DSP memory plan, one entry per cDSP session (empty: none).
+    pub dsp_sessions: Vec<DspSession>,
+    /// The per-session budget the plan was checked against, in bytes.
+    pub dsp_budget_bytes: u64,
+}
+
+/// One cDSP session of the running bundle's memory plan.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DspSession {
+    /// The NSP it is on.
+    pub nsp: u32,
+    /// Its contexts, `+`-joined, in pipeline order.
+    pub contexts: String,
+    /// What the plan puts in it.
+    pub bytes: u64,
 }
 
 fn label(v: &str) -> String {
@@ -197,6 +212,26 @@ pub fn render(health: &Health, latency: &LatencyMetrics, f: &Facts) -> String {
         label(&f.bundle_version),
         label(&f.bundle_hash)
     );
+    if !f.dsp_sessions.is_empty() {
+        let _ = writeln!(
+            o,
+            "# HELP vlad_dsp_session_bytes What the memory plan puts in each cDSP session (weights, I/O, shared spill-fill).\n# TYPE vlad_dsp_session_bytes gauge"
+        );
+        for (i, s) in f.dsp_sessions.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "vlad_dsp_session_bytes{{session=\"{i}\",nsp=\"{}\",contexts=\"{}\"}} {}",
+                s.nsp,
+                label(&s.contexts),
+                s.bytes
+            );
+        }
+        let _ = writeln!(
+            o,
+            "# HELP vlad_dsp_session_budget_bytes The per-session budget the memory plan was checked against.\n# TYPE vlad_dsp_session_budget_bytes gauge\nvlad_dsp_session_budget_bytes {}",
+            f.dsp_budget_bytes
+        );
+    }
     let _ = writeln!(
         o,
         "# HELP vlad_parity_passed Whether the running bundle passed its parity gate.\n# TYPE vlad_parity_passed gauge\nvlad_parity_passed {}",
@@ -275,5 +310,39 @@ mod tests {
         assert!(text.contains("vlad_component_seconds_bucket{component=\"vit\",le=\"0.0025\"} 1\n"));
         assert!(text.contains("vlad_component_seconds_count{component=\"vit\"} 2\n"));
         assert!(text.contains("vlad_robot_alive -1\n"));
+    }
+
+    #[test]
+    fn the_memory_plan_is_one_gauge_per_session_and_the_budget() {
+        let l = LatencyMetrics::new(&[]);
+        let text = render(&Health::default(), &l, &Facts::default());
+        assert!(!text.contains("vlad_dsp_session"), "{text}");
+        let f = Facts {
+            dsp_sessions: vec![
+                DspSession {
+                    nsp: 0,
+                    contexts: "vision+llm_split0".into(),
+                    bytes: 2_884_632_576,
+                },
+                DspSession {
+                    nsp: 1,
+                    contexts: "llm_split1".into(),
+                    bytes: 1_913_651_200,
+                },
+            ],
+            dsp_budget_bytes: 3_758_096_384,
+            ..Facts::default()
+        };
+        let text = render(&Health::default(), &l, &f);
+        assert!(text.contains(
+            "vlad_dsp_session_bytes{session=\"0\",nsp=\"0\",contexts=\"vision+llm_split0\"} 2884632576\n"
+        ), "{text}");
+        assert!(text.contains(
+            "vlad_dsp_session_bytes{session=\"1\",nsp=\"1\",contexts=\"llm_split1\"} 1913651200\n"
+        ), "{text}");
+        assert!(
+            text.contains("vlad_dsp_session_budget_bytes 3758096384\n"),
+            "{text}"
+        );
     }
 }

@@ -1,0 +1,218 @@
+//! Devices per NSP against a stand-in QNN library (tests/c/fake_qnn.c, built here with the
+//! system `cc`): the calls vla-qnn makes, in order; each context created on the device of
+//! its NSP; and the teardown order (contexts, then their devices, then the default
+//! device, the backend and the log), whatever order the owner drops things in. The
+//! stand-in reports two NSPs, which the emulator cannot (it reports one).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use vla_qnn::{
+    create_contexts, Backend, Context, ContextBinary, ContextPlacement, LoadOptions, QnnError,
+    QnnLibrary,
+};
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds the stand-in library into `dir`, or says why this run cannot.
+fn build_fake(dir: &Path) -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    match Command::new(&cc).arg("-dumpmachine").output() {
+        Ok(out) if out.status.success() => {
+            let machine = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if !machine.starts_with(std::env::consts::ARCH) {
+                eprintln!(
+                    "skipping: `{cc}` builds for {machine}, these tests run as {} (cross build)",
+                    std::env::consts::ARCH
+                );
+                return None;
+            }
+        }
+        other => {
+            vla_test_support::cannot_run(&format!("no usable C compiler `{cc}`: {other:?}"));
+            return None;
+        }
+    }
+    let lib = dir.join("libfakeqnn.so");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fake_qnn.c");
+    let out = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-shared",
+            "-fPIC",
+        ])
+        .arg(&source)
+        .arg("-o")
+        .arg(&lib)
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(lib)
+}
+
+#[test]
+fn each_context_lands_on_its_nsp_device_and_teardown_goes_contexts_devices_backend_log() {
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("vla-fake-qnn-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let Some(fake) = build_fake(&scratch.0) else {
+        return;
+    };
+    // The test's own handle on the library keeps it (and its call log) loaded after
+    // vla-qnn has closed it.
+    // SAFETY: the stand-in built above; its initializers do nothing.
+    let probe = unsafe { libloading::Library::new(&fake) }.unwrap();
+    let calls = || -> String {
+        // SAFETY: `fake_qnn_calls` has this signature in tests/c/fake_qnn.c.
+        let f: libloading::Symbol<unsafe extern "C" fn() -> *const core::ffi::c_char> =
+            unsafe { probe.get(b"fake_qnn_calls\0") }.unwrap();
+        // SAFETY: takes no arguments and returns the library's static log buffer.
+        let text = unsafe { f() };
+        // SAFETY: a NUL-terminated static buffer of the library, loaded while `probe` is.
+        unsafe { std::ffi::CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let binary = |name: &str| {
+        let path = scratch.0.join(name);
+        std::fs::write(&path, b"not a real context binary").unwrap();
+        path
+    };
+    let (a, b, c) = (binary("a.bin"), binary("b.bin"), binary("c.bin"));
+    {
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&scratch.0)
+        };
+        let lib = std::sync::Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let info = backend.platform_info().unwrap().unwrap();
+        assert_eq!(
+            info.describe(),
+            "platform info v1: 2 device(s): device 0 (v73, soc 77, 8 MB VTCM, cores 0 (type 0)); \
+             device 1 (v73, soc 77, 8 MB VTCM, cores 0 (type 0))"
+        );
+        let nsp0 = backend.on_device(info.device(0).unwrap()).unwrap();
+        let nsp1 = backend.on_device(info.device(1).unwrap()).unwrap();
+        assert_eq!(
+            (nsp0.device_id(), nsp1.device_id(), backend.device_id()),
+            (Some(0), Some(1), None)
+        );
+        let mut absent = info.devices[1].clone();
+        absent.id = 2;
+        match backend.on_device(&absent) {
+            Err(QnnError::Call { code: 14001, .. }) => {}
+            other => panic!("NSP 2 accepted: {:?}", other.map(|b| b.device_id())),
+        }
+        let ca = Context::create(&nsp0, ContextBinary::open(&lib, &a).unwrap()).unwrap();
+        let cb = Context::create(&nsp1, ContextBinary::open(&lib, &b).unwrap()).unwrap();
+        let cc = Context::create(&nsp0, ContextBinary::open(&lib, &c).unwrap()).unwrap();
+        // Dropped in the worst order: backends (and their devices) before the contexts
+        // on them, the library handle first of all.
+        drop(lib);
+        drop(nsp0);
+        drop(nsp1);
+        drop(backend);
+        drop(cb);
+        drop(ca);
+        drop(cc);
+    }
+    let log = calls();
+    let expected = "\
+logCreate
+backendCreate
+deviceCreate default
+deviceGetPlatformInfo
+deviceFreePlatformInfo ours
+deviceCreate nsp 0 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+deviceCreate nsp 1 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+deviceCreate refused: nsp 2
+contextCreateFromBinary on 0x200 -> 0x1001
+contextCreateFromBinary on 0x201 -> 0x1002
+contextCreateFromBinary on 0x200 -> 0x1003
+contextFree 0x1002
+deviceFree 0x201
+contextFree 0x1001
+contextFree 0x1003
+deviceFree 0x200
+deviceFree 0x100
+backendFree 0x20
+logFree 0x10
+";
+    assert_eq!(log, expected, "calls:\n{log}");
+
+    // A placement: a and c share session 0 on NSP 0, b is session 1 on NSP 1. Each
+    // session's contexts are created together on its device; they come back in the
+    // binaries' order.
+    // SAFETY: `fake_qnn_reset` has this signature in tests/c/fake_qnn.c.
+    let reset: libloading::Symbol<unsafe extern "C" fn()> =
+        unsafe { probe.get(b"fake_qnn_reset\0") }.unwrap();
+    // SAFETY: clears the library's log; nothing else uses the library now.
+    unsafe { reset() };
+    {
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&scratch.0)
+        };
+        let lib = std::sync::Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let info = backend.platform_info().unwrap().unwrap();
+        let nsp0 = backend.on_device(info.device(0).unwrap()).unwrap();
+        let nsp1 = backend.on_device(info.device(1).unwrap()).unwrap();
+        let mut placement = ContextPlacement::default();
+        placement.place(&a, 0, &nsp0);
+        placement.place(&b, 1, &nsp1);
+        placement.place(&c, 0, &nsp0);
+        let placed = backend.with_placement(placement);
+        drop((nsp0, nsp1));
+        let binaries = [&a, &b, &c]
+            .iter()
+            .map(|p| ContextBinary::open(&lib, p).unwrap())
+            .collect();
+        let group = create_contexts(&placed, binaries).map_err(|e| e.1).unwrap();
+        let paths: Vec<&Path> = group.contexts.iter().map(|c| c.binary().path()).collect();
+        assert_eq!(paths, vec![a.as_path(), b.as_path(), c.as_path()]);
+        drop(placed);
+        drop(backend);
+        drop(group);
+    }
+    let log = calls();
+    let expected = "\
+logCreate
+backendCreate
+deviceCreate default
+deviceGetPlatformInfo
+deviceFreePlatformInfo ours
+deviceCreate nsp 0 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+deviceCreate nsp 1 cores 1 core0 0 ext soc 77 arch 73 vtcm 8
+contextCreateFromBinary on 0x200 -> 0x1001
+contextCreateFromBinary on 0x200 -> 0x1002
+contextCreateFromBinary on 0x201 -> 0x1003
+contextFree 0x1001
+contextFree 0x1003
+deviceFree 0x201
+contextFree 0x1002
+deviceFree 0x200
+deviceFree 0x100
+backendFree 0x20
+logFree 0x10
+";
+    assert_eq!(log, expected, "calls:\n{log}");
+}
