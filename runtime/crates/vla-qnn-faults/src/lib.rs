@@ -136,20 +136,37 @@ fn lock() -> std::sync::MutexGuard<'static, State> {
     PLAN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// CLOCK_MONOTONIC in ns (the clock the rings' times use): a test matches an injected
+/// fault against the actions published around it.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Counts the call and applies its outcome; `Some(code)` to return instead of forwarding.
 fn intercept(f: Func, handle: usize) -> Option<u64> {
     let (n, outcome) = refresh(&mut lock()).decide(f, handle);
     match outcome {
         Outcome::Forward => None,
         Outcome::Fail(code) => {
-            say(format_args!("{} call {n}: {code}", f.name()));
+            say(format_args!(
+                "{} call {n}: {code} at {} ns",
+                f.name(),
+                monotonic_ns()
+            ));
             Some(code)
         }
         Outcome::Block(d, code) => {
             say(format_args!(
-                "{} call {n}: blocking {} ms",
+                "{} call {n}: blocking {} ms at {} ns",
                 f.name(),
-                d.as_millis()
+                d.as_millis(),
+                monotonic_ns()
             ));
             // Outside the lock: other threads' calls go on meanwhile.
             std::thread::sleep(d);
