@@ -608,3 +608,96 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
     done.unwrap();
     run.end("-KILL");
 }
+
+fn vlad_ok(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "vlad {args:?} failed: {text}");
+    text
+}
+
+fn hash_in(out: &str) -> String {
+    out.split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .unwrap_or_else(|| panic!("no hash in: {out}"))
+        .to_owned()
+}
+
+#[test]
+fn on_trial_a_restart_while_gating_keeps_the_bundle_and_a_held_one_is_rolled_back() {
+    if qnn_dir().is_none() {
+        return;
+    }
+    let keys = std::env::temp_dir().join(format!("vlad-npu-ota-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&keys);
+    std::fs::create_dir_all(&keys).unwrap();
+    let key = keys.join("fleet.key");
+    let public = hash_in(&vlad_ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let root = keys.join("ota");
+    let Some(rig) = rig("ota", |v| {
+        v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+        v["ota"]["root"] = root.to_str().unwrap().into();
+        v["ota"]["trusted_keys"] = serde_json::json!([public]);
+        // Enough healthy inferences that a fault armed when the reload is logged lands
+        // inside the trial.
+        v["ota"]["trial_inferences"] = 20.into();
+    }) else {
+        return;
+    };
+    let cfg = rig.config.to_str().unwrap().to_owned();
+    let sign = |name: &str, version: &str| {
+        let dir = keys.join(name);
+        vla_test_support::copy_dir(&repo_root().join("golden/bundles/fastwam"), &dir);
+        let p = dir.join("bundle.json");
+        let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        m["version"] = version.into();
+        std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+        let d = dir.to_str().unwrap();
+        vlad_ok(&["bundle", "pack", d]);
+        vlad_ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);
+        hash_in(&vlad_ok(&["ota", "install", d, "--config", &cfg]))
+    };
+    let verdict = |hash: &str| {
+        Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["ota", "verdict", hash, "--config", &cfg, "--wait", "30"])
+            .output()
+            .unwrap()
+    };
+    let a = sign("a", "1.0.0");
+    vlad_ok(&["ota", "activate", &a, "--config", &cfg]);
+    let run = Run::start(rig, &[]);
+    run.driving();
+    run.wait_log(&format!("bundle {a} passed its trial and is committed"));
+
+    // A DSP restart while B's gate runs is the NPU's fault, not B's: the session is
+    // re-created, B loads again and its trial commits it.
+    let b = sign("b", "1.1.0");
+    // Inferences create no contexts: the next context created is B's.
+    run.arm("ssr on=contextCreateFromBinary from=+1\n");
+    vlad_ok(&["ota", "activate", &b, "--config", &cfg]);
+    run.wait_log("DSP subsystem restart while loading");
+    run.wait_log(&format!("bundle {b} passed its trial and is committed"));
+
+    // C fails for ever once on trial: never committed, rolled back to B once the engine
+    // would hold.
+    let c = sign("c", "1.2.0");
+    vlad_ok(&["ota", "activate", &c, "--config", &cfg]);
+    run.wait_log(&format!("reloaded: bundle {c}"));
+    run.arm("graphExecute from=+1 times=forever code=1003\n");
+    run.wait_log("during the trial");
+    let vc = verdict(&c);
+    assert!(!vc.status.success(), "C committed:\n{}", run.log());
+    assert!(!run.log().contains(&format!("bundle {c} passed its trial")));
+    assert!(
+        std::fs::read_link(root.join("current")).is_ok_and(|t| t.ends_with(&b)),
+        "current is not B again: {:?}\n{}",
+        std::fs::read_link(root.join("current")),
+        run.log()
+    );
+    run.stop();
+    let _ = std::fs::remove_dir_all(&keys);
+}

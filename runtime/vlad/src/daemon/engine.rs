@@ -15,7 +15,7 @@ use vla_qnn::Backend;
 
 /// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
 pub(super) struct OtaLink {
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
     /// The running bundle's hash and its trial: healthy inferences are counted in memory
     /// and recorded in the store by the recorder's own (non-real-time) thread, so the
     /// inference thread never waits for the store's lock (an installer holds it while it
@@ -234,7 +234,7 @@ impl PolicyEngine {
         let previous = self.good.clone();
         // The NPU cannot hold two sets of contexts: free the old ones first.
         self.policy = None;
-        match self.try_load(&target) {
+        match self.try_load_through_restart(&target) {
             Ok(()) => Ok(format!("bundle {}", target.display())),
             Err(rejected) => {
                 log::error!(
@@ -265,7 +265,7 @@ impl PolicyEngine {
             .map_err(ReloadError::Store)?
             .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
-        match self.try_load(&dir) {
+        match self.try_load_through_restart(&dir) {
             Ok(()) => {
                 if let Some(o) = &self.ota {
                     o.trial.running(hash.clone(), true);
@@ -314,7 +314,7 @@ impl PolicyEngine {
     }
 
     /// Names the bundle now running, and its gate's inference time, in the pid file.
-    fn record_gated(&self, store: &Store) {
+    pub(super) fn record_gated(&self, store: &Store) {
         if let (Some(o), Some(p)) = (&self.ota, &self.policy) {
             record_gated(
                 store,

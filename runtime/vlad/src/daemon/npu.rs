@@ -7,6 +7,7 @@
 
 use super::engine::PolicyEngine;
 use crate::gate::LoadError;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,6 +238,7 @@ impl PolicyEngine {
             log::error!(
                 "NPU: {why} after {MAX_REBUILDS} re-creations without a healthy inference: holding the arm until SIGHUP or a restart"
             );
+            self.roll_back_held_trial();
             return;
         }
         self.npu.rebuilds += 1;
@@ -304,6 +306,66 @@ impl PolicyEngine {
         }
         self.backend = Some(backend);
         Ok(())
+    }
+
+    /// Loads `dir`; a DSP restart during the load (the gate runs every context) is the
+    /// NPU's, not the bundle's: the session is re-created and the load tried once more,
+    /// so a good bundle on trial is not rolled back for it.
+    pub(super) fn try_load_through_restart(&mut self, dir: &Path) -> Result<(), LoadError> {
+        match self.try_load(dir) {
+            Err(e)
+                if failed_call(&e).is_some_and(|(_, code)| {
+                    code == SYSTEM_COMMUNICATION || code == SYSTEM_COMMUNICATION_FATAL
+                }) =>
+            {
+                self.npu.status.0.restarts.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "NPU: DSP subsystem restart while loading {}: {e}; re-creating the session and loading it again",
+                    dir.display()
+                );
+                self.fresh_backend()?;
+                self.try_load(dir)
+            }
+            other => other,
+        }
+    }
+
+    /// Held while the running bundle is on its OTA trial: the trial fails (it never
+    /// completed its healthy inferences) and the store rolls back to the previous bundle,
+    /// loaded on a new session; if that fails too, the engine stays held.
+    fn roll_back_held_trial(&mut self) {
+        let Some(store) = self
+            .ota
+            .as_ref()
+            .filter(|o| o.trial.on_trial())
+            .map(|o| o.store.clone())
+        else {
+            return;
+        };
+        if let Err(e) = self.fresh_backend() {
+            log::error!("NPU: cannot re-create the session to roll back: {e}");
+            return;
+        }
+        let reason = format!("the NPU failed past {MAX_REBUILDS} re-creations during the trial");
+        let rolled = store.fail_trial(&reason, &mut |d: &Path| self.try_load(d));
+        let running = store.current().ok().flatten();
+        if let (Some(o), Some((h, _))) = (&self.ota, &running) {
+            o.trial.running(h.clone(), false);
+        }
+        match rolled {
+            Ok(Some(r)) if self.policy.is_some() => {
+                log::error!("NPU: {reason}: rolled back ({r:?}); driving the previous bundle");
+                self.npu.rebuilds = 0;
+                self.npu.consecutive = 0;
+                self.npu.status.set(OK);
+                self.record_gated(&store);
+                self.running.post(self.facts(self.gate_cosine));
+            }
+            Ok(r) => log::error!(
+                "NPU: {reason}: rolled back ({r:?}) but the previous bundle did not load: holding"
+            ),
+            Err(e) => log::error!("NPU: {reason}; rollback: {e}: holding"),
+        }
     }
 
     /// SIGHUP: a held engine gets a new session and its counts start again.
