@@ -578,6 +578,8 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
         ],
     );
     notified(&sock, run.pid(), "WATCHDOG=1").unwrap();
+    // STATUS= carries the NPU's state and counters.
+    notified(&sock, run.pid(), "npu ok (0 failed calls").unwrap();
     run.driving();
     run.arm("graphExecute from=+1 times=1 block_ms=600000\n");
     run.wait_log("withholding WATCHDOG=1");
