@@ -563,6 +563,27 @@ fn a_memory_error_at_a_reload_keeps_the_running_bundle() {
 }
 
 #[test]
+fn a_reload_whose_fallback_fails_too_re_creates_the_session_and_drives_again() {
+    let Some(rig) = rig("fallback", |_| {}) else {
+        return;
+    };
+    let run = Run::start(rig, &[]);
+    let chunk = run.driving();
+    // The new bundle and the running one's reload both fail: nothing is loaded.
+    run.arm("contextCreateFromBinary from=+1 times=2 code=1002\n");
+    let now = vla_ring::monotonic_ns();
+    Command::new("kill")
+        .args(["-HUP", &run.pid().to_string()])
+        .status()
+        .unwrap();
+    run.wait_log("the previous bundle failed too");
+    run.wait_log("no bundle loaded after a reload");
+    run.wait_ok_after(now, chunk);
+    run.wait_metric("vlad_npu_state{state=\"ok\"}", |v| v == 1.0);
+    run.stop();
+}
+
+#[test]
 fn refused_performance_votes_leave_the_daemon_driving() {
     let Some(rig) = rig("votes", |v| {
         v["qnn"]["performance"] = "burst".into();

@@ -154,6 +154,11 @@ impl Engine for PolicyEngine {
     fn reload(&mut self) -> Result<String, EngineError> {
         self.unhold_for_reload()?;
         let result = self.reload_policy();
+        if self.policy.is_none() {
+            // Neither bundle loaded: the next failed inference re-creates the session and
+            // loads the one that ran, within the re-creation limit.
+            self.npu.rebuild_due();
+        }
         // Whatever runs now (the new bundle, or the one it fell back to), once the OTA
         // trial recorder knows its hash: the metrics and recordings name it.
         if self.policy.is_some() {

@@ -129,6 +129,7 @@ enum Why {
     Restart { op: &'static str, code: u64 },
     Repeated { op: &'static str, code: u64, n: u32 },
     RebuildFailed,
+    NothingLoaded,
 }
 
 impl std::fmt::Display for Why {
@@ -139,6 +140,7 @@ impl std::fmt::Display for Why {
                 write!(f, "{n} inferences in a row failed ({op} returned {code})")
             }
             Why::RebuildFailed => write!(f, "the last re-creation failed"),
+            Why::NothingLoaded => write!(f, "no bundle loaded after a reload"),
         }
     }
 }
@@ -216,6 +218,11 @@ impl Npu {
                 n: self.consecutive,
             });
         }
+    }
+
+    /// Nothing is loaded (a reload and its fallback failed): a re-creation is due.
+    pub(super) fn rebuild_due(&mut self) {
+        self.due = Some(Why::NothingLoaded);
     }
 
     /// A healthy inference: the counts of failures in a row start again.
