@@ -48,6 +48,7 @@ struct Rig {
     textfile: PathBuf,
     log: PathBuf,
     act: PathBuf,
+    obs: PathBuf,
 }
 
 /// The wrapper's .so, built by cargo as this test's dev-dependency.
@@ -99,7 +100,8 @@ fn rig(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Option<Rig> {
         .unwrap()
         .into();
     let act = PathBuf::from(format!("/dev/shm/{tag}-act"));
-    v["rings"]["observation_path"] = format!("/dev/shm/{tag}-obs").into();
+    let obs = PathBuf::from(format!("/dev/shm/{tag}-obs"));
+    v["rings"]["observation_path"] = obs.to_str().unwrap().into();
     v["rings"]["action_path"] = act.to_str().unwrap().into();
     v["control"]["publish_hz"] = 10.into();
     v["log"]["level"] = "info".into();
@@ -119,6 +121,7 @@ fn rig(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> Option<Rig> {
         config,
         textfile,
         act,
+        obs,
     })
 }
 
@@ -292,6 +295,7 @@ impl Run {
         let log = self.log();
         let _ = std::fs::remove_dir_all(&self.rig.dir);
         let _ = std::fs::remove_file(&self.rig.act);
+        let _ = std::fs::remove_file(&self.rig.obs);
         log
     }
 }
