@@ -8,6 +8,10 @@ Phases:
            OTA activations of a signed bundle that fails its parity gate (must roll back)
            and of a good one (must commit); the simulator goes silent on its own schedule
            (--gap-every/--gap-length). RSS is sampled every second.
+  npu      (end of main) NPU faults through the fault-injecting QNN library the daemon
+           loads in place of libQnnHtp.so (--faults-lib; docs/reliability.md): a failed
+           graphExecute, three in a row, a DSP subsystem restart (QNN's validity table and
+           the stricter model), a memory error at a reload, each NPU_REPEATS times.
   overrun  the same store, restarted with a publish rate at which a chunk lasts half an
            inference (measured in the main phase): the robot must only ever get `hold`
            or valid `ok` actions.
@@ -55,6 +59,17 @@ RSS_BOUND_KIB = 1024
 # lasts while they live, until the run's deadline (start + duration + this), never for a
 # guess of how fast this machine gates and infers.
 HANG_GUARD_S = 1800.0
+
+# NPU faults: each kind this many times (rules for vla-qnn-faults; see docs/reliability.md).
+NPU_REPEATS = 3
+NPU_SPACING_S = 2.0
+NPU_FAULTS = {
+    "npu-exec": "graphExecute from=+1 times=1 code=1003",
+    "npu-exec3": "graphExecute from=+1 times=3 code=1003",
+    "npu-ssr": "ssr on=graphExecute from=+1",
+    "npu-ssr-be": "ssr on=graphExecute from=+1 until=backend",
+    "npu-1002": "contextCreateFromBinary from=+1 times=1 code=1002",
+}
 
 LOG_LINE = re.compile(r"^\[(\S+?)Z?\s+(\w+)\s+(\S+)\]\s?(.*)$")
 STATUS = re.compile(
@@ -114,7 +129,7 @@ def signed_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
 
 
 class Daemon:
-    def __init__(self, vlad: Path, config: Path, out: Path, tag: str):
+    def __init__(self, vlad: Path, config: Path, out: Path, tag: str, env: dict | None = None):
         self.tag = tag
         self.out_path = out / f"daemon-{tag}.out"
         self.log_path = out / f"daemon-{tag}.log"
@@ -122,6 +137,7 @@ class Daemon:
             [str(vlad), "run", "--config", str(config),
              "--log-level", "info,qnn=error,vlad::daemon=debug"],
             stdout=open(self.out_path, "w"), stderr=open(self.log_path, "w"),
+            env=env,
         )
         self.started = time.time()
         self.exit_code: int | None = None
@@ -312,6 +328,63 @@ def wait_for(cond, deadline: float, daemon: Daemon, sim: "Simulator | None" = No
     return cond()
 
 
+def npu_environment(out: Path, faults_lib: Path) -> tuple[dict, Path]:
+    """The daemon's environment with vla-qnn-faults as its libQnnHtp.so: a library
+    directory of symlinks to the real one (and the vendored `*.libs` beside it, which the
+    real libraries find through `$ORIGIN/..`); its rules file (empty: every call forwarded)."""
+    real = Path(os.environ["VLA_QNN_LIB_DIR"])
+    lib = out / "qnn-faults" / "qnn"
+    lib.mkdir(parents=True)
+    for f in real.iterdir():
+        if f.name != "libQnnHtp.so":
+            (lib / f.name).symlink_to(f)
+    (lib / "libQnnHtp.so").symlink_to(faults_lib.resolve())
+    for f in real.parent.iterdir():
+        if f.name.endswith(".libs"):
+            (lib.parent / f.name).symlink_to(f)
+    rules = out / "qnn-faults" / "faults.rules"
+    rules.write_text("# nothing armed\n")
+    env = dict(os.environ, VLA_QNN_LIB_DIR=str(lib), VLA_QNN_FAULTS=str(rules),
+               VLA_QNN_FAULTS_REAL=str(real / "libQnnHtp.so"))
+    return env, rules
+
+
+def npu_event(kind: str, daemon: Daemon, sim: "Simulator", rules: Path, deadline: float) -> Event:
+    """Arms one NPU fault and waits until the daemon has dealt with it (its log) and the
+    robot applies a new `ok` action after that."""
+    ev = Event(kind, time.time())
+    text = daemon.log_text()
+    injected = text.count("vla-qnn-faults: graphExecute call")
+    recovered = text.count("NPU: re-created and gated")
+    refused = sum(1 for ln in text.splitlines() if "rejected" in ln and "QNN error 1002" in ln)
+    reloads = text.count("reloaded: bundle") + text.count("reload failed")
+    rules.write_text(f"# {kind} at {ev.start:.1f}\n{NPU_FAULTS[kind]}\n")
+    if kind == "npu-1002":
+        daemon.proc.send_signal(signal.SIGHUP)
+
+    def handled() -> bool:
+        t = daemon.log_text()
+        if kind == "npu-exec":
+            return t.count("vla-qnn-faults: graphExecute call") > injected
+        if kind == "npu-1002":
+            return (sum(1 for ln in t.splitlines() if "rejected" in ln and "QNN error 1002" in ln)
+                    > refused and t.count("reloaded: bundle") + t.count("reload failed") > reloads)
+        return t.count("NPU: re-created and gated") > recovered
+
+    ok = wait_for(handled, deadline, daemon, sim)
+    detail = "handled"
+    if ok:
+        applied = (sim.snapshot() or {}).get("ok_applied", 0)
+        ok = wait_for(lambda: (sim.snapshot() or {}).get("ok_applied", 0) > applied, deadline, daemon, sim)
+        detail = "handled; the robot drives again" if ok else "handled, but the robot got no ok after it"
+    else:
+        detail = "the daemon did not report handling it"
+    if "NOT bit-identical" in daemon.log_text():
+        ok, detail = False, "a re-created session computed another golden chunk"
+    ev.ok, ev.detail, ev.done = ok, detail, time.time()
+    return ev
+
+
 # --------------------------------------------------------------------------- statistics
 
 
@@ -431,6 +504,8 @@ def main() -> int:
     ap.add_argument("--bundle", default="fastwam", help="fixture under golden/bundles")
     ap.add_argument("--out", type=Path, default=REPO / "build" / "soak")
     ap.add_argument("--summary", type=Path, help="print the tables of a finished soak's summary.json")
+    ap.add_argument("--faults-lib", type=Path,
+                    help="libvla_qnn_faults.so, loaded by the daemon as libQnnHtp.so (required unless --summary)")
     a = ap.parse_args()
     if a.summary:
         s = json.loads(a.summary.read_text())
@@ -440,6 +515,8 @@ def main() -> int:
         return 1 if s["failures"] else 0
     if not a.vlad:
         ap.error("--vlad is required")
+    if not a.faults_lib or not a.faults_lib.is_file():
+        ap.error("--faults-lib must name libvla_qnn_faults.so (scripts/soak.sh builds it)")
     if a.duration < 90:
         ap.error("--duration must be at least 90 seconds (one fault cycle and its warm-up)")
     fixture = REPO / "golden" / "bundles" / a.bundle
@@ -452,13 +529,13 @@ def main() -> int:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     try:
-        return soak(vlad, fixture, out, a.duration)
+        return soak(vlad, fixture, out, a.duration, a.faults_lib)
     except SoakError as e:
         log(f"error: {e}")
         return 1
 
 
-def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
+def soak(vlad: Path, fixture: Path, out: Path, duration: float, faults_lib: Path) -> int:
     manifest = json.loads((fixture / "bundle.json").read_text())
     fastwam = manifest["policy"] == "fastwam"
     base = json.loads((REPO / "config" / "demo-emulator.json").read_text())
@@ -493,6 +570,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
     for r in rings:
         r.unlink(missing_ok=True)
 
+    npu_env, npu_rules = npu_environment(out, faults_lib)
     rss = RssSampler()
     timeline = SimTimeline()
     rss.start()
@@ -505,7 +583,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
         # ------------------------------------------------------------------ main phase
         log(f"main phase: {main_len:.0f} s at {control['publish_hz']:g} Hz, events every "
             f"{spacing:g} s, robot silent {gaps[1]:g} s every {gaps[0]:g} s")
-        daemon = Daemon(vlad, config, out, "main")
+        daemon = Daemon(vlad, config, out, "main", npu_env)
         daemons.append(daemon)
         ready_s = daemon.wait_ready(deadline)
         log(f"daemon ready in {ready_s:.1f} s (pid {daemon.proc.pid})")
@@ -523,15 +601,45 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
             return sim
 
         sim = new_sim()
+
+        def npu_round(daemon: Daemon, sim: Simulator, rounds: int) -> bool:
+            # Once no trial is pending: a memory error at a reload of a bundle on trial
+            # rolls it back, rightly, which is not the event measured here.
+            if not wait_for(lambda: not trial_pending(root), deadline, daemon, sim):
+                failures.append("the NPU phase found a trial that never ended")
+                return False
+            for _ in range(rounds):
+                for kind in NPU_FAULTS:
+                    if not daemon.alive():
+                        return False
+                    time.sleep(NPU_SPACING_S)
+                    ev = npu_event(kind, daemon, sim, npu_rules, deadline)
+                    events.append(ev)
+                    log(f"t+{ev.start - t0:6.1f} s {kind:9s} {'ok' if ev.ok else 'FAILED'} in "
+                        f"{ev.done - ev.start:5.1f} s: {ev.detail}")
+            npu_rules.write_text("# nothing armed\n")
+            return True
+
+        # The first round of NPU faults is part of the warm-up: the recovery path's first
+        # allocations (a new backend, its contexts) are not growth.
+        log(f"npu faults: {len(NPU_FAULTS)} kinds x {NPU_REPEATS} rounds, {NPU_SPACING_S:g} s apart; "
+            f"round 1 in the warm-up, the others after the main cycle")
+        npu_start = time.time()
+        npu_round(daemon, sim, 1)
+        main_end += time.time() - npu_start
         cycle = ["sighup", "restart", "ota-bad", "ota-good"]
         warmup_end: float | None = None
-        next_at = t0 + spacing
+        next_at = time.time() + spacing
+
+        def cycled() -> int:
+            return sum(1 for e in events if e.kind in cycle)
+
         # An event needs the robot for a while after it (a trial commits on inferences).
         # The phase lasts until one full cycle has run and been measured for two spacings
         # after it, however long its reloads take on this machine.
-        while daemon.alive() and (next_at < main_end - spacing or len(events) < len(cycle)):
+        while daemon.alive() and (next_at < main_end - spacing or cycled() < len(cycle)):
             time.sleep(max(0.0, next_at - time.time()))
-            kind = cycle[len(events) % len(cycle)]
+            kind = cycle[cycled() % len(cycle)]
             ev = Event(kind, time.time())
             if kind == "sighup":
                 done, failed = daemon.count("reloaded: bundle"), daemon.count("reload failed")
@@ -572,7 +680,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
             events.append(ev)
             log(f"t+{ev.start - t0:6.1f} s {kind:9s} {'ok' if ev.ok else 'FAILED'} in "
                 f"{ev.done - ev.start:5.1f} s: {ev.detail}")
-            if warmup_end is None and len(events) == len(cycle):
+            if warmup_end is None and cycled() == len(cycle):
                 # Writing a flight recording is a code path too (its JSON and the MCAP
                 # writer's buffers on the recorder thread): one of a full history, asked
                 # for now, so that the first one a fault triggers later is not growth.
@@ -584,6 +692,9 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
                 warmup_end = time.time() + 5.0
                 main_end = max(main_end, time.time() + 2 * spacing)
             next_at = max(next_at + spacing, time.time() + 3.0)
+        # NPU faults, rounds 2.. (the first ran in the warm-up); judged by the RSS check.
+        if daemon.alive() and npu_round(daemon, sim, NPU_REPEATS - 1):
+            main_end = max(main_end, time.time() + 2 * spacing)
         while daemon.alive() and sim.proc.poll() is None and time.time() < main_end:
             time.sleep(0.2)
         main_alive = daemon.alive()
@@ -617,7 +728,7 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float) -> int:
         over_config = make_config(base, out, root, public, over_control, "overrun")
         log(f"overrun phase: {overrun_len:.0f} s at {over_hz:g} Hz: a {chunk_len}-step chunk lasts "
             f"{chunk_len / over_hz:.2f} s, an inference {p50_s:.2f} s (main phase p50)")
-        odaemon = Daemon(vlad, over_config, out, "overrun")
+        odaemon = Daemon(vlad, over_config, out, "overrun", npu_env)
         daemons.append(odaemon)
         odaemon.wait_ready(deadline)
         rss.target = ("overrun", odaemon.proc.pid)

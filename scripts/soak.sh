@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Soak of the vlad daemon with the simulated robot and injected faults (docs/soak.md):
 # SIGHUP reloads, firmware restarts (SIGKILL of the ring writer), robot silences, an OTA
-# bundle that fails its parity gate (must roll back) and a good one, then a phase where
+# bundle that fails its parity gate (must roll back) and a good one, NPU faults through
+# the fault-injecting QNN library, then a phase where
 # inference is slower than a chunk lasts. Reports deadline misses, holds, action
 # staleness and the daemon's RSS after warm-up; exits 1 if a check fails.
 #
@@ -21,13 +22,15 @@ while (($#)); do
     case "$1" in
         --duration) duration="${2:?--duration needs SECONDS}"; shift 2 ;;
         --bundle) bundle="${2:?--bundle needs NAME}"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "soak.sh: unknown argument \`$1\` (see --help)" >&2; exit 2 ;;
     esac
 done
 scripts/setup.sh
 export VLA_QNN_LIB_DIR="$(cat build/qnn-lib-dir)"
-cargo build --release --locked -p vlad 2>&1 | tail -1
+# vla-qnn-faults: the NPU phase's fault-injecting QNN library (test support, not in the image).
+cargo build --release --locked -p vlad -p vla-qnn-faults 2>&1 | tail -1
 target_dir="${CARGO_TARGET_DIR:-target}"
 exec .venv/bin/python scripts/soak.py --vlad "$target_dir/release/vlad" \
+    --faults-lib "$target_dir/release/libvla_qnn_faults.so" \
     --duration "$duration" --bundle "$bundle"

@@ -10,6 +10,9 @@
 //! after a final `hold`.
 
 mod engine;
+mod npu;
+
+pub use npu::NpuStatus;
 
 use crate::cli::{self, Common};
 use crate::gate::{load_gated, LoadError};
@@ -329,7 +332,11 @@ impl Source {
 
 /// A bundle loaded and gated at start: its directory, what `load_gated` returned, and
 /// the OTA store's link to it.
-type Started = (PathBuf, (Bundle, Policy, f64), Option<OtaLink>);
+type Started = (
+    PathBuf,
+    (Bundle, Policy, crate::gate::Gated),
+    Option<OtaLink>,
+);
 
 /// The policy's helper threads set up as the inference thread is.
 fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
@@ -398,7 +405,7 @@ fn roll_back_at_start(
     backend: &Backend,
     options: &vla_policy::LoadOptions,
 ) -> Result<Started, Failure> {
-    let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
+    let mut loaded: Option<(PathBuf, (Bundle, Policy, crate::gate::Gated))> = None;
     store
         .fail_trial(&why.to_string(), &mut |d: &Path| {
             loaded = Some((d.to_owned(), load_gated(backend, d, options)?));
@@ -430,7 +437,7 @@ fn start_engine(
         ..vla_qnn::LoadOptions::htp(crate::qnn_setup::lib_dir(common)?)
     };
     let lib = Arc::new(vla_qnn::QnnLibrary::load(&opts)?);
-    let backend = Backend::new(lib)?;
+    let backend = Backend::new(lib.clone())?;
     // The NSPs the memory plan may use: the devices the backend reports.
     let nsps = match backend.platform_info() {
         Ok(Some(info)) if !info.devices.is_empty() => {
@@ -444,14 +451,14 @@ fn start_engine(
         }
     };
     crate::dsp_plan::configure(config.npu.clone(), nsps);
-    let votes = crate::qnn_setup::start_votes(
-        &backend,
+    let vote = (
         crate::qnn_setup::configured_mode(config.qnn.performance),
         config.qnn.performance_idle_release(),
     );
+    let votes = crate::qnn_setup::start_votes(&backend, vote.0, vote.1);
     let load_options = load_options(&config.realtime);
     let t = Instant::now();
-    let (good, (bundle, policy, gate_cosine), ota) = load_initial(source, &backend, &load_options)?;
+    let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;
     log::info!(
         "contexts resident and gated in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -464,7 +471,7 @@ fn start_engine(
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
     let engine = PolicyEngine {
-        backend,
+        backend: Some(backend),
         ota,
         configured: source.bundle_dir.clone(),
         good,
@@ -475,7 +482,8 @@ fn start_engine(
         extra_latency: c.extra_latency(),
         load_options,
         running: crate::observe::RunningBundle::default(),
-        gate_cosine,
+        gate_cosine: gated.cosine,
+        npu: npu::Npu::new(lib, Some(vote), gated.actions),
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
             _ => vla_policy::PrefixMethod::VelocityMask,
@@ -498,6 +506,7 @@ fn start_observability(
         &facts,
         engine.running.clone(),
         engine.ota.as_ref().map(|o| o.trial.view()),
+        engine.npu.status.clone(),
     )
     .map_err(Failure::Error)
 }
@@ -553,6 +562,11 @@ struct Supervisor<'a> {
     bundle_dir: &'a Path,
     watchdog: Option<Duration>,
     last_watchdog: Instant,
+    /// `systemd.inference_deadline_ms`: an inference thread away longer is stuck.
+    inference_deadline: Duration,
+    /// Said once per stall: the watchdog is withheld.
+    stalled: bool,
+    npu: NpuStatus,
     last_status: Instant,
     rate_base: (Instant, u64),
 }
@@ -602,8 +616,19 @@ impl Supervisor<'_> {
         let now = vla_ring::monotonic_ns();
         let ticking =
             now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
-        // An inference may take seconds on a slow backend; a wedged one for 30 s is not health.
-        let inferring = now.saturating_sub(Health::get(&h.inference_alive_ns)) < 30_000_000_000;
+        // An inference may take seconds on a slow backend; one past the deadline is a
+        // blocked QNN call. Its thread cannot be abandoned (QNN may still write into its
+        // buffers, and its session is the process's): systemd restarts vlad instead.
+        let away = now.saturating_sub(Health::get(&h.inference_alive_ns));
+        let inferring = away < self.inference_deadline.as_nanos() as u64;
+        if !inferring && !self.stalled {
+            log::error!(
+                "the inference thread has not come back for {:.1} s (deadline {:.1} s; a QNN call blocks): withholding WATCHDOG=1 so that systemd restarts vlad; the arm holds meanwhile",
+                away as f64 / 1e9,
+                self.inference_deadline.as_secs_f64()
+            );
+        }
+        self.stalled = !inferring;
         if ticking && inferring && !self.lp.is_broken() && self.last_watchdog.elapsed() >= every {
             self.systemd.notify("WATCHDOG=1");
             self.last_watchdog = Instant::now();
@@ -615,7 +640,11 @@ impl Supervisor<'_> {
         if self.last_status.elapsed() < Duration::from_secs(1) {
             return;
         }
-        let mut line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        let mut line = format!(
+            "{}; {}",
+            status_line(self.lp.health(), self.settings, &mut self.rate_base),
+            self.npu.status()
+        );
         if let Some(plan) = crate::dsp_plan::running() {
             line.push_str("; dsp ");
             line.push_str(&plan.summary());
@@ -643,6 +672,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
     let mut observability = start_observability(&config, &settings, &engine)?;
+    let npu = engine.npu.status.clone();
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
@@ -658,6 +688,9 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         bundle_dir: &source.bundle_dir,
         watchdog: config.systemd.watchdog.then(watchdog_interval).flatten(),
         last_watchdog: now,
+        inference_deadline: Duration::from_millis(config.systemd.inference_deadline_ms.into()),
+        stalled: false,
+        npu,
         last_status: now,
         rate_base: (now, 0),
     }

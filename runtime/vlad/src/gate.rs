@@ -22,6 +22,8 @@ pub enum LoadError {
     Gate { dir: PathBuf, why: String },
     /// Its contexts do not fit the DSP sessions as placed (nothing was created).
     Placement { dir: PathBuf, why: String },
+    /// The QNN backend could not be (re-)created to load it on.
+    Backend(vla_qnn::QnnError),
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -38,6 +40,7 @@ impl std::fmt::Display for LoadError {
             }
             LoadError::Policy(e) => e.fmt(f),
             LoadError::Placement { dir, why } => write!(f, "bundle {}: {why}", dir.display()),
+            LoadError::Backend(e) => write!(f, "re-creating the QNN backend: {e}"),
             LoadError::Gate { dir, why } => {
                 write!(f, "bundle {} failed its parity gate: {why}", dir.display())
             }
@@ -55,6 +58,7 @@ impl std::error::Error for LoadError {
         match self {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
+            LoadError::Backend(e) => Some(e),
             LoadError::Gate { .. } | LoadError::Geometry { .. } | LoadError::Placement { .. } => {
                 None
             }
@@ -140,6 +144,11 @@ pub enum InferError {
     /// No policy is loaded: the last reload failed and so did the fallback.
     NoPolicy,
     Policy(PolicyError),
+    /// The NPU failed past the recovery limit: nothing runs until SIGHUP or a restart.
+    NpuHeld {
+        /// Re-creations tried without a healthy inference between them.
+        rebuilds: u32,
+    },
 }
 
 impl std::fmt::Display for InferError {
@@ -147,6 +156,10 @@ impl std::fmt::Display for InferError {
         match self {
             InferError::NoPolicy => write!(f, "no policy loaded (the last reload failed)"),
             InferError::Policy(e) => e.fmt(f),
+            InferError::NpuHeld { rebuilds } => write!(
+                f,
+                "the NPU failed again after {rebuilds} re-creations: holding until SIGHUP or a restart"
+            ),
         }
     }
 }
@@ -154,7 +167,7 @@ impl std::fmt::Display for InferError {
 impl std::error::Error for InferError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            InferError::NoPolicy => None,
+            InferError::NoPolicy | InferError::NpuHeld { .. } => None,
             InferError::Policy(e) => Some(e),
         }
     }
@@ -178,13 +191,23 @@ pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
     }
 }
 
+/// What a bundle's gate measured, kept for the running bundle.
+#[derive(Clone, Debug, Default)]
+pub struct Gated {
+    /// The end-to-end cosine against the golden chunk.
+    pub cosine: f64,
+    /// The chunk this backend computed for the end-to-end golden observation: what a
+    /// re-created NPU session must compute again, bit for bit.
+    pub actions: Vec<f32>,
+}
+
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
-/// golden (which also warms up every context). Also returns the end-to-end cosine.
+/// golden (which also warms up every context). Also returns what the gate measured.
 pub fn load_gated(
     backend: &Backend,
     dir: &Path,
     options: &vla_policy::LoadOptions,
-) -> Result<(Bundle, Policy, f64), LoadError> {
+) -> Result<(Bundle, Policy, Gated), LoadError> {
     let bundle = Bundle::open(dir)?;
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
@@ -225,7 +248,10 @@ pub fn load_gated(
             dir.display()
         );
     }
-    let cosine = report.end_to_end.comparison.cosine;
     crate::dsp_plan::set_running(plan);
-    Ok((bundle, policy, cosine))
+    let gated = Gated {
+        cosine: report.end_to_end.comparison.cosine,
+        actions: report.end_to_end.actions,
+    };
+    Ok((bundle, policy, gated))
 }

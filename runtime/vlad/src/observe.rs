@@ -20,6 +20,8 @@ pub struct Observability {
     trial: Option<vla_ota::TrialView>,
     textfile: Option<(PathBuf, Duration)>,
     last_write: Option<Instant>,
+    /// The NPU's state and fault counters (`vlad_npu_*`).
+    npu: crate::daemon::NpuStatus,
 }
 
 /// The newest bundle that passed its gate, handed from the engine (which reloads on the
@@ -58,6 +60,7 @@ pub fn start(
     bundle: &BundleFacts,
     running: RunningBundle,
     trial: Option<vla_ota::TrialView>,
+    npu: crate::daemon::NpuStatus,
 ) -> Result<Option<Observability>, String> {
     if config.recorder.is_none() && config.metrics.is_none() {
         return Ok(None);
@@ -127,6 +130,7 @@ pub fn start(
             )
         }),
         last_write: None,
+        npu,
     }))
 }
 
@@ -156,7 +160,7 @@ impl Observability {
         f.recordings = Health::get(&s.recordings);
         f.recording_errors = Health::get(&s.recording_errors);
         (f.dropped_ticks, f.dropped_chunks) = self.observer.dropped();
-        let text = metrics::render(health, self.observer.latency(), f);
+        let text = metrics::render(health, self.observer.latency(), f) + &self.npu.render();
         if let Err(e) = metrics::write_atomically(path, &text) {
             log::warn!("metrics textfile {}: {e}", path.display());
         }

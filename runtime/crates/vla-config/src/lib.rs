@@ -367,6 +367,10 @@ pub struct SystemdConfig {
     pub notify: bool,
     /// Send `WATCHDOG=1` when `$WATCHDOG_USEC` asks for it (requires `notify`).
     pub watchdog: bool,
+    /// The watchdog is withheld (systemd restarts vlad) once the inference thread has
+    /// not come back for this long: a QNN call that blocks (`systemd.inference_deadline_ms`,
+    /// default 30000; longer than any inference, a session re-creation included).
+    pub inference_deadline_ms: u32,
 }
 
 /// An Ed25519 public key trusted to sign bundles (the 32 raw bytes).

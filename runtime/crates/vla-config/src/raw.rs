@@ -165,6 +165,8 @@ pub(crate) struct RawRealtime {
 pub(crate) struct RawSystemd {
     pub notify: bool,
     pub watchdog: bool,
+    /// Absent: 30000.
+    pub inference_deadline_ms: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

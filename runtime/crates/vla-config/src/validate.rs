@@ -58,6 +58,12 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     let systemd = SystemdConfig {
         notify: raw.systemd.notify,
         watchdog: raw.systemd.watchdog,
+        inference_deadline_ms: whole(
+            path(&["systemd", "inference_deadline_ms"]),
+            raw.systemd.inference_deadline_ms.unwrap_or(30_000.0),
+            100,
+            3_600_000,
+        )?,
     };
     let ota = ota(&raw.ota)?;
     let log = LogConfig {

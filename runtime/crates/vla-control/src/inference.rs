@@ -365,6 +365,8 @@ impl Inference {
                     Event::Drop
                 };
                 self.post(event, None);
+                // The hold is posted: a repair that takes seconds delays nothing unsafe.
+                self.engine.after_failure();
             }
         }
     }

@@ -81,6 +81,10 @@ pub trait Engine: Send + 'static {
         let _ = prefix;
         self.infer(obs, actions)
     }
+    /// Called on the inference thread after a failed inference has been handed to the
+    /// publisher (which holds from its next tick): where an engine repairs itself (the
+    /// NPU re-created after a DSP restart) without delaying the hold. Default: nothing.
+    fn after_failure(&mut self) {}
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
     fn reload(&mut self) -> Result<String, EngineError>;

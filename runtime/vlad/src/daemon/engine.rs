@@ -15,7 +15,7 @@ use vla_qnn::Backend;
 
 /// The OTA store's view of the running bundle (when `bundle.path` is `<ota.root>/current`).
 pub(super) struct OtaLink {
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
     /// The running bundle's hash and its trial: healthy inferences are counted in memory
     /// and recorded in the store by the recorder's own (non-real-time) thread, so the
     /// inference thread never waits for the store's lock (an installer holds it while it
@@ -36,7 +36,8 @@ impl OtaLink {
 
 /// The policy as the control loop's engine.
 pub(super) struct PolicyEngine {
-    pub(super) backend: Backend,
+    /// None only while the NPU session is being re-created (or failed to be).
+    pub(super) backend: Option<Backend>,
     pub(super) ota: Option<OtaLink>,
     /// The configured path (often the OTA `current` symlink), re-resolved on reload.
     pub(super) configured: PathBuf,
@@ -59,6 +60,8 @@ pub(super) struct PolicyEngine {
     pub(super) running: crate::observe::RunningBundle,
     /// The end-to-end cosine of the running bundle's gate.
     pub(super) gate_cosine: f64,
+    /// NPU faults: the re-creation policy and its counters.
+    pub(super) npu: super::npu::Npu,
 }
 
 impl PolicyEngine {
@@ -85,8 +88,14 @@ impl PolicyEngine {
         }
     }
 
-    fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
-        let (bundle, policy, cosine) = load_gated(&self.backend, dir, &self.load_options)?;
+    pub(super) fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
+        let backend = self.backend.as_ref().ok_or_else(|| {
+            LoadError::Backend(vla_qnn::QnnError::NotAvailable {
+                what: "QNN backend",
+                reason: "its re-creation failed".into(),
+            })
+        })?;
+        let (bundle, policy, gated) = load_gated(backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
             return Err(LoadError::Geometry {
@@ -98,7 +107,8 @@ impl PolicyEngine {
         self.policy = Some(policy);
         self.bundle = Some(bundle);
         self.good = dir.to_owned();
-        self.gate_cosine = cosine;
+        self.gate_cosine = gated.cosine;
+        self.npu.reference = gated.actions;
         Ok(())
     }
 }
@@ -138,8 +148,18 @@ impl Engine for PolicyEngine {
         Ok(self.run(obs, Some(&p), actions)?)
     }
 
+    fn after_failure(&mut self) {
+        self.recover_if_due();
+    }
+
     fn reload(&mut self) -> Result<String, EngineError> {
+        self.unhold_for_reload()?;
         let result = self.reload_policy();
+        if self.policy.is_none() {
+            // Neither bundle loaded: the next failed inference re-creates the session and
+            // loads the one that ran, within the re-creation limit.
+            self.npu.rebuild_due();
+        }
         // Whatever runs now (the new bundle, or the one it fell back to), once the OTA
         // trial recorder knows its hash: the metrics and recordings name it.
         if self.policy.is_some() {
@@ -172,6 +192,9 @@ impl PolicyEngine {
         prefix: Option<&vla_policy::ActionPrefix<'_>>,
         actions: &mut [f32],
     ) -> Result<(), InferError> {
+        if let Some(rebuilds) = self.npu.held() {
+            return Err(InferError::NpuHeld { rebuilds });
+        }
         let policy = self.policy.as_mut().ok_or(InferError::NoPolicy)?;
         let g = self.geometry;
         let o = vla_policy::Observation {
@@ -184,12 +207,16 @@ impl PolicyEngine {
             seed: obs.seed,
         };
         let vote = self.votes.as_ref().map(|v| v.inference());
-        match prefix {
+        let result = match prefix {
             Some(p) => policy.infer_with_prefix(&o, p, actions),
             None => policy.infer(&o, actions),
-        }
-        .map_err(InferError::Policy)?;
+        };
         drop(vote);
+        if let Err(e) = result {
+            self.npu.failed(&e);
+            return Err(InferError::Policy(e));
+        }
+        self.npu.healthy();
         if !self.extra_latency.is_zero() {
             // Reproduces a slower NPU's operating point on the emulator (tests, benchmarks).
             std::thread::sleep(self.extra_latency);
@@ -213,7 +240,7 @@ impl PolicyEngine {
         let previous = self.good.clone();
         // The NPU cannot hold two sets of contexts: free the old ones first.
         self.policy = None;
-        match self.try_load(&target) {
+        match self.try_load_through_restart(&target) {
             Ok(()) => Ok(format!("bundle {}", target.display())),
             Err(rejected) => {
                 log::error!(
@@ -244,7 +271,7 @@ impl PolicyEngine {
             .map_err(ReloadError::Store)?
             .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
-        match self.try_load(&dir) {
+        match self.try_load_through_restart(&dir) {
             Ok(()) => {
                 if let Some(o) = &self.ota {
                     o.trial.running(hash.clone(), true);
@@ -293,7 +320,7 @@ impl PolicyEngine {
     }
 
     /// Names the bundle now running, and its gate's inference time, in the pid file.
-    fn record_gated(&self, store: &Store) {
+    pub(super) fn record_gated(&self, store: &Store) {
         if let (Some(o), Some(p)) = (&self.ota, &self.policy) {
             record_gated(
                 store,
