@@ -7,7 +7,8 @@ scripts/setup_upstream.sh. The tokenizer's data is synthetic but shaped like Mol
 byte symbols, merges learned by `tokenizers`' own BPE trainer on a fixed corpus (so words,
 digits, code and multi-byte scripts merge), then MolmoAct2's special tokens with their real
 names and roles (as scripts/upstream_molmoact2.py makes them). Every id in `cases.json` is
-upstream's output: `tokenizer(text)["input_ids"]`, as the processor calls it.
+upstream's output: `tokenizer(text)["input_ids"]`, as the processor calls it; `normalized` is
+lerobot's `_normalize_question_text(text)` (loaded as scripts/upstream_molmoact2.py loads it).
 
 The script also checks the rule vla-text follows: transformers 5 builds Qwen2Tokenizer's
 normalizer, split and byte-level steps itself, whatever tokenizer.json says. A copy of the file
@@ -168,8 +169,13 @@ def cases() -> list[tuple[str, str]]:
 
 
 def main():
+    from upstream_molmoact2 import load_hf_package, load_lerobot_processor
+
+    load_hf_package()  # the processor module imports the vendored HF package
+    normalize = load_lerobot_processor()._normalize_question_text
     tok, n_merges = build(OUT)
-    rows = [{"category": cat, "text": text, "ids": tok(text)["input_ids"]} for cat, text in cases()]
+    rows = [{"category": cat, "text": text, "ids": tok(text)["input_ids"], "normalized": normalize(text)}
+            for cat, text in cases()]
     # The rule the Rust tokenizer follows: the file's normalizer and pre-tokenizer are not used.
     data = json.loads((OUT / "tokenizer.json").read_text())
     data["normalizer"] = {"type": "Lowercase"}
@@ -187,7 +193,8 @@ def main():
     import transformers
 
     manifest = {
-        "producer": "transformers.Qwen2Tokenizer.from_pretrained(dir)(text)['input_ids']",
+        "producer": "ids: transformers.Qwen2Tokenizer.from_pretrained(dir)(text)['input_ids']; normalized: "
+                    "lerobot 0.6.1 processor_molmoact2._normalize_question_text(text)",
         "versions": {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
                      "python": sys.version.split()[0]},
         "merges": n_merges,

@@ -20,6 +20,8 @@
 //! but brings 86 crates (rayon, serde derive, esaxx, spm tables) for the one model vlad
 //! needs; the figures are in docs/prompt-text.md.
 
+pub mod molmoact2;
+
 use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use regex::Regex;
 use serde_json::Value;
