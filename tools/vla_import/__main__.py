@@ -365,7 +365,8 @@ def run(a) -> dict:
     tokens = bpt.tokenizer_tokens(tok_cfg)
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, proc["col_tokens"], m["seq_len"],
                            action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens,
-                           a.upstream, cap)
+                           a.upstream, cap,
+                           paths=(ck.base / "tokenizer.json", tok_cfg_path if tok_cfg_path.is_file() else None))
     m["rope_left_pad"] = int((tables["valid"][0] == 0).sum())  # the version's padding (upstream_layout)
     # What vlad renders run-time instruction text with: the tokenizer, the exact embedding
     # table (its own dtype) and the template settings used for the tables above.

@@ -21,6 +21,7 @@ mod observe;
 mod ota_cmd;
 mod parity;
 mod plan_cmd;
+mod prompt_cmd;
 mod qnn_setup;
 mod replay;
 mod simulate;
@@ -40,6 +41,7 @@ commands:
   plan --config FILE --horizon H --latency-ms L
                                     the operating point the config gives at a latency: hold, limits
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
+  prompt --tokenizer F ...          render instructions as upstream does (the importer's tables)
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
   ota status|install|activate|commit|rollback|gc
@@ -107,6 +109,7 @@ fn main() -> ExitCode {
         "simulate" => simulate::run(rest),
         "replay" => replay::run(rest),
         "plan" => plan_cmd::run(rest),
+        "prompt" => prompt_cmd::run(rest),
         "ota" => ota_cmd::run(rest),
         "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {
