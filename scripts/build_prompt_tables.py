@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""Builds prompt/prompt_tables.npz for a MolmoAct2 bundle (the device has no tokenizer).
+"""Builds prompt/prompt_tables.npz for a MolmoAct2 bundle.
+
+The importer renders instructions with `vlad prompt` (vla-text, the renderer the device uses for
+run-time text) and passes them in (`build_tables(rendered=...)`); the Python rendering below is
+kept as the oracle that Rust renderer is tested against (scripts/tests/test_vlad_prompt.py), and
+for the stand-in fixtures' word-level tokenizers.
 
 Each instruction is rendered exactly as the upstream processor does it (LeRobot's
 `processor_molmoact2.py` `_build_robot_text` + the HF `MolmoAct2Processor`; the rules are
