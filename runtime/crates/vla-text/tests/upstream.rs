@@ -101,3 +101,34 @@ fn a_file_that_is_not_a_byte_level_bpe_is_refused_in_one_line() {
         .to_string();
     assert!(msg.contains("model.type") && !msg.contains('\n'), "{msg}");
 }
+
+#[test]
+fn arbitrary_text_never_panics_and_gives_ids_of_the_vocabulary() {
+    // Text reaches the device from the robot: any UTF-8 must tokenize. Seeded random code
+    // points (controls, surrogate-free planes, specials' pieces), lengths 0..400.
+    let tok = load();
+    let max = tok.token_to_id("<state_255>").unwrap();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..300 {
+        let len = (next() % 400) as usize;
+        let text: String = (0..len)
+            .map(|_| match next() % 4 {
+                0 => {
+                    let pieces = b"<>|_ \t\n\r'sS0";
+                    char::from(pieces[(next() % pieces.len() as u64) as usize])
+                }
+                1 => char::from_u32((next() % 0x80) as u32).unwrap(),
+                _ => char::from_u32((next() % 0x11_0000) as u32).unwrap_or('\u{fffd}'),
+            })
+            .collect();
+        let ids = tok.encode(&text);
+        assert!(ids.iter().all(|&i| i <= max), "{text:?}");
+        assert_eq!(text.is_empty(), ids.is_empty(), "{text:?}");
+    }
+}
