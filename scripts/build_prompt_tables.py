@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""Builds prompt/prompt_tables.npz for a MolmoAct2 bundle (the device has no tokenizer).
+"""Builds prompt/prompt_tables.npz for a MolmoAct2 bundle.
+
+The importer renders instructions with `vlad prompt` (vla-text, the renderer the device uses for
+run-time text) and passes them in (`build_tables(rendered=...)`); the Python rendering below is
+kept as the oracle that Rust renderer is tested against (scripts/tests/test_vlad_prompt.py), and
+for the stand-in fixtures' word-level tokenizers.
 
 Each instruction is rendered exactly as the upstream processor does it (LeRobot's
 `processor_molmoact2.py` `_build_robot_text` + the HF `MolmoAct2Processor`; the rules are
@@ -341,13 +346,16 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
                  seq_len: int, rope_left_pad, action_mode: str, col_tokens: bool = True,
                  bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                  setup: str = SETUP, control: str = CONTROL, upstream: str | None = None,
-                 max_sequence_length: int | None = None, **settings) -> dict:
+                 max_sequence_length: int | None = None, rendered: list | None = None, **settings) -> dict:
     """`settings`: the checkpoint's `add_setup_tokens`, `add_control_tokens`,
     `normalize_language` (all true when absent, upstream's defaults). `upstream`: the version
     followed (`UPSTREAMS`), recorded in the tables as `upstream` (utf-8 bytes); None = the pin,
     unrecorded (the stand-in fixtures). `rope_left_pad` None: the padding that version gives the
     first instruction at batch 1 (`upstream_layout`), which every instruction must share.
-    `max_sequence_length`: the pack step's cap, refused as that version refuses it."""
+    `max_sequence_length`: the pack step's cap, refused as that version refuses it. `rendered`:
+    each instruction as `vlad prompt` renders it (vla-text, the device's renderer: what the
+    importer uses); None renders here in Python (the test oracle the Rust renderer is checked
+    against)."""
     version = upstream or DEFAULT_UPSTREAM
     check_upstream(version)
     if wte.ndim != 2:
@@ -368,8 +376,15 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
     span_ids = tokenizer.token_to_id(ACTION_START), tokenizer.token_to_id(ACTION_END)
     sequences, state_rows = [], []
     for n, text in enumerate(instructions):
-        prompt = render_prompt(text, cameras, grid, state_dims, col_tokens, setup, control, **settings)
-        ids = encode_prompt(tokenizer, prompt, bos_id)
+        if rendered is not None:
+            r = rendered[n]
+            if "error" in r:
+                error = CapError if r["kind"] == "over_cap" else PromptError
+                raise error(f"instruction {n} ({normalize_task(text)!r}): {r['error']}")
+            ids = list(r["ids"])
+        else:
+            prompt = render_prompt(text, cameras, grid, state_dims, col_tokens, setup, control, **settings)
+            ids = encode_prompt(tokenizer, prompt, bos_id)
         rows, pads = upstream_layout(len(ids), version)
         if rope_left_pad is None:
             if rows != seq_len:
@@ -384,15 +399,18 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
                 raise CapError(f"instruction {n} ({normalize_task(text)!r}): {why}: lerobot's pack step "
                                f"({version}) refuses such a prompt")
         length = seq_len - rope_left_pad
-        # The state clause's rows: where the prompt with every state at bin 1 differs (a
-        # `<state_0>` the instruction itself holds is text, as upstream renders it).
-        head, clause, tail = prompt.rpartition(STATE_START + "<state_0>" * state_dims + STATE_END)
-        probe = encode_prompt(tokenizer, head + STATE_START + "<state_1>" * state_dims + STATE_END + tail
-                              if clause else prompt, bos_id)
-        if len(probe) == len(ids):
-            state_rows.append(np.flatnonzero(np.array(ids) != np.array(probe)))
+        if rendered is not None:
+            state_rows.append(np.array(rendered[n]["state_positions"], np.int64))
         else:
-            state_rows.append(np.empty(0, np.int64))
+            # The state clause's rows: where the prompt with every state at bin 1 differs (a
+            # `<state_0>` the instruction itself holds is text, as upstream renders it).
+            head, clause, tail = prompt.rpartition(STATE_START + "<state_0>" * state_dims + STATE_END)
+            probe = encode_prompt(tokenizer, head + STATE_START + "<state_1>" * state_dims + STATE_END + tail
+                                  if clause else prompt, bos_id)
+            if len(probe) == len(ids):
+                state_rows.append(np.flatnonzero(np.array(ids) != np.array(probe)))
+            else:
+                state_rows.append(np.empty(0, np.int64))
         if max(ids) >= wte.shape[0]:
             raise PromptError(f"instruction {n}: token id {max(ids)} outside wte rows {wte.shape[0]}")
         if len(ids) != length:
@@ -424,6 +442,12 @@ def build_tables(tokenizer, wte: np.ndarray, instructions, cameras: int, grid: t
             encoder_mask[n] &= (token_ids[n] != eos_id).astype(np.uint8)
             mask_action_spans(token_ids[n], encoder_mask[n], *span_ids)
         img = np.flatnonzero(token_ids[n] == patch_id)
+        if rendered is not None:  # the renderer's own rows and masks, placed after the padding
+            r = rendered[n]
+            image_block[n, rope_left_pad:] = r["image_block"]
+            encoder_mask[n] = 0
+            encoder_mask[n, rope_left_pad:] = r["encoder_mask"]
+            img = np.array(r["image_positions"], np.int64) + rope_left_pad
         st = state_rows[n] + rope_left_pad
         if len(img) != n_img:
             # upstream's build_input_embeddings: "Expected {patch rows} image patch embeddings, got {features}"

@@ -333,9 +333,17 @@ def test_lerobot_checkpoint_gives_the_same_bundle(copies, capsys, tmp_path):
     made = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
     assert made == sorted(p.relative_to(plain) for p in plain.rglob("*") if p.is_file())
     for rel in made:
-        if rel.name not in ("bundle.json", "import.json"):
+        if rel.name == "embedding.npy":  # each in its checkpoint's dtype (this LeRobot one: f32)
+            lr_rows, hf_rows = np.load(out / rel), np.load(plain / rel)
+            assert (lr_rows.dtype, hf_rows.dtype) == (np.float32, np.uint16)  # bf16 bit patterns
+            np.testing.assert_array_equal(lr_rows, (hf_rows.astype(np.uint32) << 16).view(np.float32))
+        elif rel.name not in ("bundle.json", "import.json"):
             assert (out / rel).read_bytes() == (plain / rel).read_bytes(), rel
     got, want = (_f32_norms(json.loads((d / "bundle.json").read_text())) for d in (out, plain))
+    assert want["molmoact2"]["text"].pop("embedding_dtype") == "bf16"
+    # A LeRobot pack step caps the prompt (its inferred budget); a Hugging Face checkpoint does not.
+    assert (got["molmoact2"]["text"].pop("max_sequence_length"), want["molmoact2"]["text"].pop("max_sequence_length")) \
+        == (576, None)
     for key in ("state_norm", "action_norm"):
         # The blocks say whose normalizer runs them: LeRobot's pipeline (its eps, no zero mask)
         # for a LeRobot checkpoint, the HF one for an HF checkpoint; the statistics are the same.

@@ -377,8 +377,23 @@ def run(a) -> dict:
     tokens = bpt.tokenizer_tokens(tok_cfg)
     tables = prompt.tables(tokenizer, wte, instructions, m, grid, proc["col_tokens"], m["seq_len"],
                            action_mode, norm["setup_type"], norm["control_mode"], "--instruction", settings, tokens,
-                           a.upstream, cap)
+                           a.upstream, cap,
+                           paths=(ck.base / "tokenizer.json", tok_cfg_path if tok_cfg_path.is_file() else None))
     m["rope_left_pad"] = int((tables["valid"][0] == 0).sum())  # the version's padding (upstream_layout)
+    # What vlad renders run-time instruction text with: the tokenizer, the exact embedding
+    # table (its own dtype) and the template settings used for the tables above.
+    table, marker = checkpoint.exact_table(wte, checkpoint.embedding_dtype(roots))
+    text_files = {"prompt/tokenizer.json": (ck.base / "tokenizer.json").read_bytes(), "prompt/embedding.npy": table}
+    m["text"] = {"tokenizer": "prompt/tokenizer.json", "embedding": "prompt/embedding.npy",
+                 "grid": [int(grid[0]), int(grid[1])], "col_tokens": bool(proc["col_tokens"]),
+                 "setup": norm["setup_type"], "control": norm["control_mode"], **settings,
+                 "upstream": a.upstream, "max_sequence_length": cap[0] if cap else None,
+                 "action_mode": action_mode}
+    if marker:
+        m["text"]["embedding_dtype"] = marker
+    if tok_cfg_path.is_file():
+        text_files["prompt/tokenizer_config.json"] = tok_cfg_path.read_bytes()
+        m["text"]["tokenizer_config"] = "prompt/tokenizer_config.json"
     proof = prompt.prove(tables, comps["llm_split0"].arrays, comps["action_step"].arrays, wte, tokenizer,
                          instructions, blocked, str(comps["llm_split0"].golden),
                          str(comps["action_step"].golden))
@@ -400,7 +415,7 @@ def run(a) -> dict:
         provenance.update({"layout": "lerobot", "base_checkpoint": str(ck.base), "statistics": norm["from"],
                            "embedding_from": wte_from, "flow_steps_from": flow_from})
     gates.apply(a, rel_dir, comps, man, provenance)
-    bundle.write(a.out, comps, order, man, {"prompt/prompt_tables.npz": tables},
+    bundle.write(a.out, comps, order, man, {"prompt/prompt_tables.npz": tables, **text_files},
                  lambda stage: bundle.end_to_end(stage, comps, order, obs), provenance)
     return {"bundle": str(a.out), **provenance}
 

@@ -90,7 +90,8 @@ def end_to_end(stage: Path, comps: dict, order: list, obs: dict) -> dict:
 
 
 def write(out: Path, comps: dict, order: list, man: dict, files: dict, make_end_to_end, provenance: dict) -> None:
-    """`files`: bundle-relative npz path -> arrays (the prompt tables, a world model);
+    """`files`: bundle-relative npz path -> arrays (the prompt tables, a world model), or .npy
+    path -> one array, or path -> bytes;
     `make_end_to_end(stage)`: the end-to-end arrays, computed on the staged bundle."""
     out = Path(out)
     parent = out.resolve().parent
@@ -104,7 +105,12 @@ def write(out: Path, comps: dict, order: list, man: dict, files: dict, make_end_
             save_npz(stage / "golden" / f"{c}_io.npz", {k: np.asarray(v) for k, v in comps[c].arrays.items()})
         for rel, arrays in files.items():
             (stage / rel).parent.mkdir(parents=True, exist_ok=True)
-            save_npz(stage / rel, arrays)
+            if isinstance(arrays, bytes):  # a file copied as is (the tokenizer)
+                (stage / rel).write_bytes(arrays)
+            elif isinstance(arrays, np.ndarray):  # one array, memory-mapped by vlad
+                np.save(stage / rel, arrays, allow_pickle=False)
+            else:
+                save_npz(stage / rel, arrays)
         (stage / "bundle.json").write_text(json.dumps(man, indent=2) + "\n")
         e2e = make_end_to_end(stage)
         save_npz(stage / "golden" / "end_to_end.npz", e2e)

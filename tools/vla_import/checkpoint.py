@@ -103,6 +103,31 @@ def embedding_table(roots: list) -> tuple[np.ndarray, str, list]:
     return np.concatenate([a, b]).astype(np.float32), prefix, [f"{fa} {ka}", f"{fb} {kb}"]
 
 
+def embedding_dtype(roots: list) -> str:
+    """The safetensors dtype of the wte tensors (`embedding_table` takes each from the first root
+    that has it): the dtype the bundle's embedding table keeps; F32 when the two differ."""
+    dtypes = set()
+    for name in (WTE, NEW):
+        for root in roots:
+            where = _locate(root)
+            key, _ = _find(where, name)
+            if key:
+                dtypes.add(_header(where[key])[0][key]["dtype"])
+                break
+    return dtypes.pop() if len(dtypes) == 1 else "F32"
+
+
+def exact_table(wte: np.ndarray, dtype: str) -> tuple[np.ndarray, str | None]:
+    """The f32 table `embedding_table` returns, back in the checkpoint's `dtype` (exact: f16 and
+    bf16 widen to f32 without loss). bf16 as its u16 bit patterns, marked "bf16" (npy has no
+    bf16)."""
+    if dtype == "F16":
+        return wte.astype(np.float16), None
+    if dtype == "BF16":
+        return (np.ascontiguousarray(wte, np.float32).view(np.uint32) >> 16).astype(np.uint16), "bf16"
+    return np.ascontiguousarray(wte, np.float32), None
+
+
 @dataclass
 class Checkpoint:
     root: Path  # the checkpoint given (its weights)

@@ -1,25 +1,77 @@
-"""The prompt tables (scripts/build_prompt_tables.py renders and embeds), and the proof that
-they are the release's own: the traced prompt recovered from the llm_split0 golden must be
+"""The prompt tables (rendered by `vlad prompt`, the device's own renderer, and embedded by
+scripts/build_prompt_tables.py), and the proof that they are the release's own: the traced prompt recovered from the llm_split0 golden must be
 what the builder renders for one of the instructions, with the same attention bias and the
 same encoder mask."""
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from .errors import ImportRefused, expect
 
+REPO = Path(__file__).resolve().parents[2]
+
 import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
 import reference as ref  # noqa: E402
 
 
+def vlad_binary() -> Path:
+    """`$VLAD`, else the repository's release or debug build."""
+    if os.environ.get("VLAD"):
+        return Path(os.environ["VLAD"])
+    for build in ("release", "debug"):
+        path = REPO / "target" / build / "vlad"
+        if path.is_file():
+            return path
+    raise ImportRefused("vlad", "the importer renders prompts with `vlad prompt`: build it (cargo build -p vlad) "
+                                "or set VLAD to its path")
+
+
+def render(paths, instructions, cfg, grid, col, action_mode, setup, control, settings, upstream, cap) -> list:
+    """Each instruction as `vlad prompt` renders it (see its help for the fields)."""
+    tokenizer_json, tokenizer_config = paths
+    settings = settings or {}
+    with tempfile.TemporaryDirectory() as tmp:
+        listing = Path(tmp) / "instructions.json"
+        listing.write_text(json.dumps(list(instructions)))
+        cmd = [str(vlad_binary()), "prompt", "--tokenizer", str(tokenizer_json), "--cameras", str(cfg["cameras"]),
+               "--grid", f"{grid[0]}x{grid[1]}", "--state-dims", str(cfg["state_dims"]), "--setup", setup,
+               "--control", control, "--upstream", upstream, "--action-mode", action_mode,
+               "--instructions", str(listing)]
+        if tokenizer_config is not None:
+            cmd += ["--tokenizer-config", str(tokenizer_config)]
+        if not col:
+            cmd.append("--no-col-tokens")
+        for key, flag in (("add_setup_tokens", "--no-setup-tokens"), ("add_control_tokens", "--no-control-tokens"),
+                          ("normalize_language", "--no-normalize-language")):
+            if settings.get(key, True) is False:
+                cmd.append(flag)
+        if cap is not None:
+            cmd += ["--max-sequence-length", str(cap)]
+        run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if run.returncode != 0:
+        lines = run.stderr.strip().splitlines() or [f"exit {run.returncode}"]
+        raise ImportRefused(str(tokenizer_json), lines[-1].removeprefix("vlad: error: "))
+    return json.loads(run.stdout)["instructions"]
+
+
 def tables(tokenizer, wte, instructions, cfg, grid, col, seq_len, action_mode, setup, control, where,
-           settings=None, tokens=None, upstream=bpt.DEFAULT_UPSTREAM, cap=None):
+           settings=None, tokens=None, upstream=bpt.DEFAULT_UPSTREAM, cap=None, paths=None):
     """`settings`: the checkpoint's add_setup_tokens / add_control_tokens / normalize_language;
     `tokens`: its BOS, EOS and PAD (`bpt.tokenizer_tokens`); `upstream`: the version followed
-    (its padding is the export's); `cap`: (max_sequence_length, where it came from) or None."""
+    (its padding is the export's); `cap`: (max_sequence_length, where it came from) or None;
+    `paths`: (tokenizer.json, tokenizer_config.json or None) that `vlad prompt` renders with."""
+    rendered = render(paths, instructions, cfg, grid, col, action_mode, setup, control, settings, upstream,
+                      cap[0] if cap else None) if paths is not None else None
     try:
         return bpt.build_tables(tokenizer, wte, instructions, cfg["cameras"], grid, cfg["state_dims"], seq_len, None,
                                 action_mode, col_tokens=col, setup=setup, control=control, upstream=upstream,
-                                max_sequence_length=cap[0] if cap else None, **(tokens or {}), **(settings or {}))
+                                max_sequence_length=cap[0] if cap else None, rendered=rendered,
+                                **(tokens or {}), **(settings or {}))
     except bpt.CapError as exc:
         raise ImportRefused(cap[1], str(exc)) from exc
     except bpt.PromptError as exc:

@@ -174,9 +174,10 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
 }
 
 const RUN_ONCE_HELP: &str =
-    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N] [--out FILE.npz] [--lib-dir DIR]
+    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N | --instruction-text TEXT] [--out FILE.npz] [--lib-dir DIR]
 The observation npz holds frames (uint8 [cameras,H,W,3]), state (f32), instruction_id and seed,
-like a bundle's golden/end_to_end.npz. --out writes the chunk (f32 `actions` [H, A]) and, for
+like a bundle's golden/end_to_end.npz. --instruction-text renders an instruction the bundle
+does not list (MolmoAct2 bundles with a molmoact2.text block; refused in one line otherwise). --out writes the chunk (f32 `actions` [H, A]) and, for
 KeyStone, `keystone_choice` (i32 [1]), for comparing against a reference.";
 
 /// The chunk of `run-once --out` as an npz (`actions`, and `keystone_choice` when chosen).
@@ -205,6 +206,7 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
     let (mut dir, mut obs_path): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut seed, mut instruction): (Option<u64>, Option<u32>) = (None, None);
     let mut out: Option<PathBuf> = None;
+    let mut text: Option<OsString> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -216,6 +218,7 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
             Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
             Long("seed") => seed = Some(cli::number(&mut p, "--seed")?),
             Long("instruction") => instruction = Some(cli::number(&mut p, "--instruction")?),
+            Long("instruction-text") => text = Some(cli::value(&mut p)?),
             Long("out") => out = Some(cli::value(&mut p)?.into()),
             Short('h') | Long("help") => {
                 println!("{RUN_ONCE_HELP}");
@@ -235,6 +238,14 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
         obs.instruction_id = i;
     }
     let (_bundle, mut policy, load_ms) = load(&common, &dir)?;
+    if let Some(text) = &text {
+        if instruction.is_some() {
+            return Err(Failure::Usage(
+                "run-once takes --instruction or --instruction-text, not both".into(),
+            ));
+        }
+        obs.instruction_id = policy.instruction_from_text(text.as_encoded_bytes())?;
+    }
     let g = policy.geometry();
     let mut actions = vec![0f32; g.chunk_len * g.action_dims];
     // The first inference pays the backend's warm-up; report the second as steady state.

@@ -24,6 +24,7 @@ mod observe;
 mod ota_cmd;
 mod parity;
 mod plan_cmd;
+mod prompt_cmd;
 mod qnn_setup;
 mod replay;
 mod simulate;
@@ -45,6 +46,7 @@ commands:
   plan --bundle DIR | --sizes FILE  the DSP memory plan: contexts per cDSP session and NSP
   dsp-probe --bundle DIR            load contexts one by one, then as planned: where loading fails
   run-once --bundle DIR --obs FILE  one inference: the action chunk and per-component latency
+  prompt --tokenizer F ...          render instructions as upstream does (the importer's tables)
   bench-context <ctx.bin>           load time, first executes, steady p50/p99
   bench-bundle --bundle DIR         end-to-end latency, execute sum, host overhead, load, memory
   ota status|install|activate|commit|rollback|gc
@@ -114,6 +116,7 @@ fn main() -> ExitCode {
         "replay" => replay::run(rest),
         "plan" => plan_cmd::run(rest),
         "dsp-probe" => dsp_probe::run(rest),
+        "prompt" => prompt_cmd::run(rest),
         "ota" => ota_cmd::run(rest),
         "bundle" => bundle_ota_cmd::run(rest),
         "-h" | "--help" | "help" => {

@@ -247,3 +247,71 @@ fn image_rows_written_one_row_late_fail_the_check() {
         write_npz(&path, &arrays.iter().collect::<Vec<_>>()).unwrap();
     });
 }
+
+/// `run-once --instruction-text` with texts the bundle was not imported with: upstream
+/// predict_action's actions for them (golden/upstream-molmoact2/upstream/text_actions.npz,
+/// scripts/upstream_text_actions.py), within this file's bounds; a text too long for the
+/// exported contexts is refused in one line.
+#[test]
+fn run_once_with_an_instruction_text_gives_upstreams_actions_for_it() {
+    if !qnn_available() {
+        return;
+    }
+    let golden = Npz::open(golden().join("upstream-molmoact2/upstream/text_actions.npz")).unwrap();
+    let bytes = |name: &str| golden.array(name).unwrap().to_u8().unwrap();
+    let texts = String::from_utf8(bytes("texts")).unwrap();
+    let dir = scratch("text");
+    let obs = dir.join("obs.npz");
+    let arrays = [
+        golden.array("frames").unwrap(),
+        golden.array("state").unwrap(),
+        Array::from_i32("instruction_id", &[1], &[0]).unwrap(),
+        golden.array("seed").unwrap(),
+    ];
+    write_npz(&obs, &arrays.iter().collect::<Vec<_>>()).unwrap();
+    let b = bundle("original");
+    let text0 = texts.lines().next().unwrap();
+    let out = dir.join("out.npz");
+    let o = vlad(&[
+        "run-once",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--obs",
+        obs.to_str().unwrap(),
+        "--instruction-text",
+        text0,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = Npz::open(&out)
+        .unwrap()
+        .array("actions")
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let want = golden.array("actions0").unwrap().to_f32().unwrap();
+    let (cos, diff) = (cosine(&got, &want), max_abs(&got, &want));
+    println!("{text0:?}: cosine {cos:.6}, max abs {diff:.3e}");
+    assert!(
+        cos >= COSINE && diff <= MAX_ABS,
+        "{text0:?}: cosine {cos}, max abs {diff}"
+    );
+    let too_long = String::from_utf8(bytes("too_long")).unwrap();
+    let o = vlad(&[
+        "run-once",
+        "--bundle",
+        b.to_str().unwrap(),
+        "--obs",
+        obs.to_str().unwrap(),
+        "--instruction-text",
+        &too_long,
+    ]);
+    let msg = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        msg.contains("too many tokens") && msg.trim_end().lines().count() == 1,
+        "{msg}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -21,11 +21,14 @@
 //! # Ok::<(), vla_npz::NpzError>(())
 //! ```
 
-#![forbid(unsafe_code)]
+// Unsafe code only in `mapped` (the one memory map).
+#![deny(unsafe_code)]
 
 mod array;
 mod dtype;
 mod error;
+#[allow(unsafe_code)]
+mod mapped;
 mod npy;
 mod npz;
 mod zip;
@@ -33,6 +36,7 @@ mod zip;
 pub use array::Array;
 pub use dtype::{DType, Element};
 pub use error::NpzError;
+pub use mapped::MappedNpy;
 pub use npy::{open_npy, read_npy, write_npy};
 pub use npz::{npz_bytes, write_npz, Npz};
 

@@ -84,7 +84,7 @@ pub(crate) fn read_npy_slice(bytes: &[u8], file: &str, name: &str) -> Result<Arr
     )
 }
 
-fn array_name_for(label: &str) -> String {
+pub(crate) fn array_name_for(label: &str) -> String {
     Path::new(label)
         .file_stem()
         .map(|stem| stem.to_string_lossy().into_owned())

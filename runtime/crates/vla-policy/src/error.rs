@@ -63,6 +63,14 @@ pub enum PolicyError {
         /// What is wrong, as one line.
         reason: String,
     },
+    /// An instruction given as text that vlad will not run (refused before anything
+    /// computed from it is published).
+    Instruction {
+        /// The text, as given (shortened in the message).
+        text: String,
+        /// Why, as one line.
+        reason: String,
+    },
     /// Reading an npz of the bundle (golden, tables, world model, observation) failed.
     Npz(vla_npz::NpzError),
     /// Loading or executing a context failed.
@@ -152,6 +160,11 @@ impl core::fmt::Display for PolicyError {
                 "component `{component}` tensor `{tensor}`: expected {expected}, found {found}"
             ),
             PolicyError::Prompt { file, reason } => write!(f, "prompt tables {file}: {reason}"),
+            PolicyError::Instruction { text, reason } => {
+                let short: String = text.chars().take(60).collect();
+                let more = if short.len() < text.len() { "..." } else { "" };
+                write!(f, "instruction {:?}: {reason}", format!("{short}{more}"))
+            }
             PolicyError::Npz(e) => e.fmt(f),
             PolicyError::Qnn { component, error } => write!(f, "component `{component}`: {error}"),
             PolicyError::Observation { field, expected, found } => {

@@ -25,6 +25,7 @@ mod parity;
 mod prefix;
 mod preprocess;
 mod prompt;
+mod text;
 
 pub use bundle::{Bundle, LoadedGraph, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
 pub use error::PolicyError;
@@ -37,7 +38,7 @@ pub use keystone::KeyStoneSelector;
 pub use manifest::{
     Manifest, OutputGate, ParityGate, PolicyKind, Threshold, ANY_OUTPUT, GATE_FLOOR,
 };
-pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2};
+pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TEXT_SLOTS};
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
@@ -202,6 +203,18 @@ impl Policy {
             }
             PolicyKind::Fastwam => Policy::FastWam(Box::new(FastWam::load(bundle, backend)?)),
         })
+    }
+
+    /// The instruction id of an instruction given as text (see
+    /// [`MolmoAct2::instruction_from_text`]); Fast-WAM bundles take their fixed list only.
+    pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
+        match self {
+            Policy::MolmoAct2(p) => p.instruction_from_text(text),
+            Policy::FastWam(_) => Err(PolicyError::Instruction {
+                text: String::from_utf8_lossy(text).into_owned(),
+                reason: "a Fast-WAM bundle takes only its fixed instructions".into(),
+            }),
+        }
     }
 
     /// What the robot side must provide and will receive.

@@ -393,6 +393,49 @@ pub struct MolmoAct2Settings {
     pub prompt: String,
     /// The instruction texts; an observation's `instruction_id` indexes them.
     pub instructions: Vec<String>,
+    /// What vlad needs to render an instruction given as text at run time; absent: only
+    /// the fixed `instructions` (see docs/prompt-text.md).
+    #[serde(default)]
+    pub text: Option<TextSettings>,
+}
+
+/// The `molmoact2.text` block: the checkpoint's tokenizer and text embedding table and the
+/// prompt template's settings, as the importer resolved them from the checkpoint.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TextSettings {
+    /// Bundle-relative path of the checkpoint's `tokenizer.json`.
+    pub tokenizer: String,
+    /// Bundle-relative path of its `tokenizer_config.json` (BOS, EOS, PAD), when it has one.
+    #[serde(default)]
+    pub tokenizer_config: Option<String>,
+    /// Bundle-relative path of the embedding table `.npy` `[V, D]`, in the checkpoint's dtype
+    /// (f32 or f16; bf16 as its u16 bit patterns, with `embedding_dtype` "bf16").
+    pub embedding: String,
+    /// "bf16" when the table holds bf16 bit patterns; absent: the `.npy` dtype says it.
+    #[serde(default)]
+    pub embedding_dtype: Option<String>,
+    /// Pooled image tokens per camera `[rows, cols]`.
+    pub grid: [usize; 2],
+    /// `<im_col>` after each row of patches.
+    pub col_tokens: bool,
+    /// The setup text (`setup_type`).
+    pub setup: String,
+    /// The control mode text (`control_mode`).
+    pub control: String,
+    /// Wrap the setup text in its markers.
+    pub add_setup_tokens: bool,
+    /// Wrap the control text in its markers.
+    pub add_control_tokens: bool,
+    /// Normalize the task text as upstream does.
+    pub normalize_language: bool,
+    /// The upstream version whose prompt layout is followed.
+    pub upstream: String,
+    /// The pack step's cap, when the checkpoint states one.
+    #[serde(default)]
+    pub max_sequence_length: Option<usize>,
+    /// The checkpoint's action mode: "continuous" or "both".
+    pub action_mode: String,
 }
 
 /// The `fastwam` block: the action step's shape, its flow schedule and one of the two

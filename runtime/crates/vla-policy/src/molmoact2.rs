@@ -33,6 +33,7 @@ use crate::norm::{state_token_id, Normalizer};
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::preprocess::Preprocessor;
 use crate::prompt::PromptTables;
+use crate::text::TextPrompt;
 use crate::{LoadOptions, Observation};
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,7 +86,17 @@ pub struct MolmoAct2 {
     /// Component whose output is poisoned after it runs (tests only).
     pub(crate) fault: Option<String>,
     prefix: PrefixBuffers,
+    /// Renders instructions given as text (bundles with a `text` block).
+    text: Option<TextPrompt>,
+    /// The texts rendered into the slots after the fixed instructions.
+    text_slots: Vec<Vec<u8>>,
+    /// The slot the next new text replaces once all are used (the oldest rendered).
+    text_next: usize,
 }
+
+/// Instructions given as text kept rendered at once (each holds an `[S, S]` bias and an
+/// `[S, D]` scaffold): the oldest is replaced when a new one arrives.
+pub const TEXT_SLOTS: usize = 4;
 
 /// The state-token id of every state value: normalize, clip, quantize (step 2).
 pub fn state_token_ids(norm: &Normalizer, state: &[f32], ids: &mut [usize]) {
@@ -224,6 +235,10 @@ impl MolmoAct2 {
         let (nt, _) = action_step.output("next_trajectory", Some(&traj))?;
 
         let prompt = PromptTables::load(&bundle.path(&m.prompt), &m)?;
+        let text = match &m.text {
+            Some(t) => Some(TextPrompt::load(&bundle.path(""), t, &m)?),
+            None => None,
+        };
         let mut dim_is_pad = AlignedBuf::zeroed(m.action_width * 4);
         for (i, v) in dim_is_pad.as_f32_mut().iter_mut().enumerate() {
             *v = if i >= m.action_dims { 1.0 } else { 0.0 };
@@ -285,8 +300,54 @@ impl MolmoAct2 {
             action_context,
             action_step,
             prompt,
+            text,
+            text_slots: Vec::with_capacity(TEXT_SLOTS),
+            text_next: 0,
             settings: m,
         })
+    }
+
+    /// The instruction id of `text` (UTF-8 bytes), rendering it when it is not rendered yet:
+    /// a fixed instruction of the same text, else one of [`TEXT_SLOTS`] slots after the fixed
+    /// ones (the oldest rendered replaced in place; the others keep their ids). Allocates and renders: never on the hot path. A refusal
+    /// leaves every rendered instruction as it was.
+    pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
+        let fixed = self.settings.instructions.len();
+        if let Some(i) = self
+            .settings
+            .instructions
+            .iter()
+            .position(|t| t.as_bytes() == text)
+        {
+            return Ok(i as u32);
+        }
+        if let Some(i) = self.text_slots.iter().position(|t| t == text) {
+            return Ok((fixed + i) as u32);
+        }
+        let Some(renderer) = &self.text else {
+            return Err(PolicyError::Instruction {
+                text: String::from_utf8_lossy(text).into_owned(),
+                reason: "this bundle takes only its fixed instructions (no molmoact2.text block)"
+                    .into(),
+            });
+        };
+        let instruction = renderer.render(text, &self.settings)?;
+        let slot = if self.text_slots.len() < TEXT_SLOTS {
+            self.text_slots.push(text.to_vec());
+            self.prompt.instructions.push(instruction);
+            self.text_slots.len() - 1
+        } else {
+            // The oldest rendered slot is replaced in place: the other slots keep their ids.
+            let slot = self.text_next;
+            self.text_slots[slot] = text.to_vec();
+            self.prompt.instructions[fixed + slot] = instruction;
+            if self.prompt_instruction == Some((fixed + slot) as u32) {
+                self.prompt_instruction = None; // the prompt buffer holds the old scaffold
+            }
+            slot
+        };
+        self.text_next = (slot + 1) % TEXT_SLOTS;
+        Ok((fixed + slot) as u32)
     }
 
     /// Index of the KeyStone candidate chosen by the last inference.
@@ -319,7 +380,7 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        obs.check_state_and_instruction(m.state_dims, m.instructions.len())?;
+        obs.check_state_and_instruction(m.state_dims, self.prompt.instructions.len())?;
         // LeRobot's pipeline raises on such a gripper ("set normalize_gripper=True"): no
         // action from it, so none from vlad either (the loop holds), never a clipped one.
         if let Some((i, x)) = self.state_norm.refused(obs.state) {

@@ -1,9 +1,10 @@
 //! Prompt tables: per-instruction scaffolds, image/state token positions, state-token rows,
 //! and everything derived from them that depends only on the instruction.
 //!
-//! The device has no tokenizer. The bundle carries the embedded prompt of every supported
-//! instruction; the f32 scaffold, the attention bias and the encoder mask of each are
-//! computed here once at load, so per inference only the image and state rows change.
+//! The bundle carries the embedded prompt of every fixed instruction (instructions given as
+//! text at run time are rendered by the `text` module into the same [`Instruction`]); the f32
+//! scaffold, the attention bias and the encoder mask of each are computed here once at load,
+//! so per inference only the image and state rows change.
 //!
 //! The bidirectional image block is every image special token (`image_block`, upstream's
 //! `token_type_ids`), not only the patch rows that receive embeddings; the action
