@@ -14,8 +14,11 @@ use std::path::PathBuf;
 
 const HELP: &str = "usage: vlad bundle <command>
 commands:
-  pack <dir>                  write <dir>/ota-manifest.json (removes a stale signature)
-  sign <dir> --key FILE       sign it with the secret key in FILE (mode 0600)
+  pack <dir> [--expires UNIX_SECONDS]
+                              write <dir>/ota-manifest.json (removes stale signatures); devices
+                              refuse to install it after its expiry (default: 90 days from now)
+  sign <dir> --key FILE       add a signature with the secret key in FILE (mode 0600); each
+                              signer of a k-of-n threshold (ota.signature_threshold) runs it
   verify <dir> [--trusted-key HEX]... [--config FILE]
                               verify as the device does: signature, SoC 77 / arch 73,
                               runtime version, every file's size and SHA-256
@@ -28,6 +31,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut command: Option<String> = None;
     let mut operand: Option<PathBuf> = None;
     let mut key: Option<PathBuf> = None;
+    let mut expires: Option<u64> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -36,6 +40,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 options.take(&name, &mut p)?;
             }
             Long("key") => key = Some(cli::value(&mut p)?.into()),
+            Long("expires") => {
+                let text = cli::string(&mut p)?;
+                expires = Some(text.parse().map_err(|_| {
+                    Failure::Usage(format!("--expires: `{text}` is not Unix seconds"))
+                })?);
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -56,15 +66,22 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if key.is_some() && command != "sign" {
         return Err(Failure::Usage("--key is only for bundle sign".into()));
     }
+    if expires.is_some() && command != "pack" {
+        return Err(Failure::Usage("--expires is only for bundle pack".into()));
+    }
     match command.as_str() {
         "pack" => {
-            let manifest = vla_ota::pack(&operand)?;
+            let manifest = match expires {
+                Some(t) => vla_ota::pack_until(&operand, t)?,
+                None => vla_ota::pack(&operand)?,
+            };
             println!(
-                "packed {} {} ({} files, {} bytes) into {}",
+                "packed {} {} ({} files, {} bytes, expires at Unix time {}) into {}",
                 manifest.name,
                 manifest.version,
                 manifest.files.len(),
                 manifest.payload_bytes(),
+                manifest.expires,
                 operand.join(vla_ota::MANIFEST_FILE).display()
             );
             println!(
@@ -85,12 +102,14 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         }
         "verify" => {
             // Without a configuration, `--trusted-key` alone is enough off the device.
-            let keys = if options.config.is_none() && !options.trusted_keys.is_empty() {
-                options.trusted_keys.clone()
+            let (keys, threshold) = if options.config.is_none() && !options.trusted_keys.is_empty()
+            {
+                (options.trusted_keys.clone(), 1)
             } else {
-                options.settings()?.trusted_keys
+                let settings = options.settings()?;
+                (settings.trusted_keys, settings.signature_threshold)
             };
-            let v = vla_ota::verify(&operand, &keys, &device_target())?;
+            let v = vla_ota::verify_threshold(&operand, &keys, threshold, &device_target())?;
             println!(
                 "verified {} {} ({}, soc {} arch {}, needs runtime {}): {} files, {} bytes",
                 v.manifest.name,
@@ -102,7 +121,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 v.manifest.files.len(),
                 v.manifest.payload_bytes()
             );
-            println!("signed by {}", v.signed_by.to_hex());
+            for signer in &v.signers {
+                println!("signed by {}", signer.to_hex());
+            }
+            println!("expires at Unix time {}", v.manifest.expires);
             println!("content hash {}", v.content_hash);
             Ok(())
         }

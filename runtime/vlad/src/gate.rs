@@ -20,6 +20,12 @@ pub enum LoadError {
     Policy(PolicyError),
     /// It ran its goldens and missed the parity gate.
     Gate { dir: PathBuf, why: String },
+    /// Under OTA, it does not verify against the daemon's own keys and device (signatures,
+    /// every file's hash) at the moment it is loaded.
+    Unverified {
+        dir: PathBuf,
+        source: Box<vla_ota::OtaError>,
+    },
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -38,6 +44,11 @@ impl std::fmt::Display for LoadError {
             LoadError::Gate { dir, why } => {
                 write!(f, "bundle {} failed its parity gate: {why}", dir.display())
             }
+            LoadError::Unverified { dir, source } => write!(
+                f,
+                "bundle {} does not verify with this daemon's keys: {source}",
+                dir.display()
+            ),
             LoadError::Geometry { dir, needs, rings } => write!(
                 f,
                 "bundle {} needs ring geometry {needs:?}, the rings are {rings:?}",
@@ -52,6 +63,7 @@ impl std::error::Error for LoadError {
         match self {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
+            LoadError::Unverified { source, .. } => Some(&**source),
             LoadError::Gate { .. } | LoadError::Geometry { .. } => None,
         }
     }

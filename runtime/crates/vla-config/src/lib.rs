@@ -374,6 +374,8 @@ pub struct OtaConfig {
     pub root: PathText,
     /// Keys a bundle signature may verify against; empty: every update is refused.
     pub trusted_keys: heapless::Vec<TrustedKey, MAX_TRUSTED_KEYS>,
+    /// Distinct trusted keys that must have signed a bundle (k of n; default 1).
+    pub signature_threshold: u32,
     /// Inferences a new bundle must complete before it is marked good.
     pub trial_inferences: u32,
     /// Starts a new bundle gets before it is rolled back.

@@ -323,9 +323,18 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
         // Capacity equals the raw list's bound, so this cannot fail.
         let _ = trusted_keys.push(key);
     }
+    // At most the number of keys (at least 1): a threshold no set of keys can meet would
+    // refuse every update without saying why.
+    let signature_threshold = whole(
+        path(&["ota", "signature_threshold"]),
+        raw.signature_threshold.unwrap_or(1.0),
+        1,
+        (trusted_keys.len() as u32).max(1),
+    )?;
     Ok(OtaConfig {
         root,
         trusted_keys,
+        signature_threshold,
         trial_inferences: whole(
             path(&["ota", "trial_inferences"]),
             raw.trial_inferences,

@@ -16,6 +16,7 @@
 //! Every operation that changes anything holds an exclusive `flock` on `ota.lock`.
 
 mod activation;
+mod floor;
 mod gc;
 mod install;
 mod recovery;
@@ -23,6 +24,7 @@ mod signal;
 mod trial;
 
 pub use activation::{Activated, RolledBack};
+pub use floor::{Floor, FLOOR_FILE};
 pub use gc::{BundleInfo, GcReport, Status};
 pub use install::{Installed, Placement};
 pub use recovery::StartReport;
@@ -33,7 +35,7 @@ use crate::durable;
 use crate::error::OtaError;
 use crate::hex;
 use crate::state::OtaState;
-use crate::verify::{verify, VerifiedBundle};
+use crate::verify::{verify_threshold, VerifiedBundle};
 use crate::OtaSettings;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::{File, OpenOptions};
@@ -50,12 +52,14 @@ const TRASH_PREFIX: &str = ".trash-";
 
 type StepHook = Box<dyn Fn(&str) + Send + Sync>;
 type SpaceProbe = Box<dyn Fn(&Path) -> std::io::Result<u64> + Send + Sync>;
+type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
 
 /// The OTA store rooted at [`OtaSettings::root`].
 pub struct Store {
     settings: OtaSettings,
     step_hook: Option<StepHook>,
     free_space: Option<SpaceProbe>,
+    clock: Option<Clock>,
     proc_root: PathBuf,
 }
 
@@ -71,6 +75,7 @@ impl Store {
             settings,
             step_hook: None,
             free_space: None,
+            clock: None,
             proc_root: PathBuf::from("/proc"),
         }
     }
@@ -138,7 +143,12 @@ impl Store {
 
     /// Full verification of `dir` against this store's keys and device.
     pub fn verify(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
-        verify(dir, &self.settings.trusted_keys, &self.settings.target)
+        verify_threshold(
+            dir,
+            &self.settings.trusted_keys,
+            self.settings.signature_threshold,
+            &self.settings.target,
+        )
     }
 
     fn lock(&self) -> Result<LockGuard, OtaError> {
@@ -314,6 +324,18 @@ impl Store {
         self.step("discard: moved to trash");
         std::fs::remove_dir_all(&trash).map_err(|e| OtaError::io("removing", &trash, e))?;
         Ok(bytes)
+    }
+
+    /// The version the installed bundle `hash`'s manifest names (`None`: unreadable).
+    fn bundle_version(&self, hash: &str) -> Option<String> {
+        let dir = self.bundle_dir(hash);
+        let path = dir.join(crate::MANIFEST_FILE);
+        let bytes =
+            crate::verify::read_small(&path, crate::MAX_MANIFEST_BYTES, &dir, crate::MANIFEST_FILE)
+                .ok()?;
+        crate::OtaManifest::parse(&path, &bytes)
+            .ok()
+            .map(|m| m.version)
     }
 
     /// The current bundle's content hash and directory, read from the `current` link.

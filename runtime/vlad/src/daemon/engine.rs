@@ -243,7 +243,23 @@ impl PolicyEngine {
             .map_err(ReloadError::Store)?
             .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
-        match self.try_load(&dir) {
+        // Verified here, with the daemon's own keys, whatever the CLI that installed and
+        // activated it trusted (`--trusted-key`): a reload never widens what drives.
+        let loaded = match store.verify(&dir) {
+            Ok(v) if v.content_hash == hash => self.try_load(&dir),
+            Ok(v) => Err(LoadError::Unverified {
+                dir: dir.clone(),
+                source: Box::new(vla_ota::OtaError::InUseCorrupt {
+                    hash: hash.clone(),
+                    reason: format!("its manifest hashes to {}", v.content_hash),
+                }),
+            }),
+            Err(source) => Err(LoadError::Unverified {
+                dir: dir.clone(),
+                source: Box::new(source),
+            }),
+        };
+        match loaded {
             Ok(()) => {
                 if let Some(o) = &self.ota {
                     o.trial.running(hash.clone(), true);

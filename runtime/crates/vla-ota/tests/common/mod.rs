@@ -155,6 +155,7 @@ pub fn settings(root: &Path) -> OtaSettings {
     OtaSettings {
         root: root.to_owned(),
         trusted_keys: trusted(),
+        signature_threshold: 1,
         trial_inferences: 3,
         max_trial_starts: 2,
         target: target(),
