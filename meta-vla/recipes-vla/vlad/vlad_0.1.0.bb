@@ -58,7 +58,7 @@ export CARGO_PROFILE_RELEASE_STRIP = "false"
 USERADD_PACKAGES = "${PN}"
 # fastrpc is also created by meta-qcom's fastrpc recipe (the group its udev rules grant the
 # DSP device nodes to); useradd skips a group that already exists.
-GROUPADD_PARAM:${PN} = "--system vla; --system fastrpc"
+GROUPADD_PARAM:${PN} = "--system vla; --system fastrpc; --system vla-robot"
 USERADD_PARAM:${PN} = "--system --home-dir ${localstatedir}/lib/vla --no-create-home \
                        --shell ${base_sbindir}/nologin --gid vla --groups fastrpc vla"
 
