@@ -63,10 +63,11 @@ USERADD_PARAM:${PN} = "--system --home-dir ${localstatedir}/lib/vla --no-create-
                        --shell ${base_sbindir}/nologin --gid vla --groups fastrpc vla"
 
 SYSTEMD_PACKAGES = "${PN}"
-# Started at boot: the daemon and the trial-period timer. The OTA oneshots run on demand.
-SYSTEMD_SERVICE:${PN} = "vlad.service vla-ota-commit.timer"
+# Started at boot: the daemon (it commits a trial itself). The OTA oneshots run on demand;
+# scripts/check_recipe_install.py checks that every unit named here is installed.
+SYSTEMD_SERVICE:${PN} = "vlad.service"
 VLAD_ONDEMAND_UNITS = "\
-    vla-ota-activate.service \
+    vla-ota-activate@.service \
     vla-ota-commit.service \
     vla-ota-install@.service \
     vla-ota-rollback.service \
@@ -86,6 +87,15 @@ python vlad_set_trusted_keys() {
         if not re.fullmatch(r'[0-9a-f]{64}', key):
             bb.fatal("VLA_OTA_TRUSTED_KEYS: `%s` is not an Ed25519 public key "
                      "(64 lowercase hex characters)" % key)
+    # Keys whose secret is published (RFC 8032's test vectors): the list vlad itself
+    # refuses at start, from the same file.
+    published_path = d.expand('${S}/runtime/crates/vla-ota/published-keys.txt')
+    with open(published_path, encoding='utf-8') as published_file:
+        published = dict(line.split(' ', 1) for line in published_file.read().splitlines() if line)
+    for key in keys:
+        if key in published:
+            bb.fatal("VLA_OTA_TRUSTED_KEYS: `%s` may not be trusted: its secret key is published "
+                     "(%s); generate a fleet key with `vlad bundle keygen`" % (key, published[key]))
     if not keys:
         bb.warn("VLA_OTA_TRUSTED_KEYS is empty: the image's vlad trusts no bundle signature "
                 "and will refuse every bundle, the shipped one included")
