@@ -605,7 +605,10 @@ impl Supervisor<'_> {
         if self.last_status.elapsed() < Duration::from_secs(1) {
             return;
         }
-        let line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        let mut line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
+        if let Some(stale) = crate::observe::staleness() {
+            line = format!("{stale}; {line}");
+        }
         self.systemd.notify(&format!("STATUS={line}"));
         log::debug!("{line}");
         self.last_status = Instant::now();

@@ -753,7 +753,11 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
         refusal.contains(&format!("rolled {b} back to {a}")),
         "{refusal}"
     );
-    assert!(current_target(&root).ends_with(&a));
+    // The state says so first; the link follows it.
+    wait_while_running("the link back to A", &[daemon.id()], || {
+        current_target(&root).ends_with(&a)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // A byte of a context binary flipped after the install verified it.
     let c = signed_install(&tmp, &key, cfg, "bundle-c", "1.2.0");

@@ -81,6 +81,7 @@ impl PolicyEngine {
             path: self.good.clone(),
             parity_cosine: cosine,
             ota_state,
+            expires: crate::observe::manifest_expiry(&self.good),
         }
     }
 
