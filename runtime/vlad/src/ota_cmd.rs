@@ -535,6 +535,14 @@ fn status(store: &Store) -> Result<(), Failure> {
         );
     }
     println!("previous: {}", describe(&state.previous));
+    match store.floor() {
+        Ok(floor) => println!(
+            "version floor: {} (nothing older is installed or activated; latest time seen: Unix {})",
+            floor.version.as_deref().unwrap_or("none yet"),
+            floor.clock
+        ),
+        Err(e) => println!("version floor: {}", crate::error_line(&e)),
+    }
     for (name, link) in [("current", &s.current_link), ("previous", &s.previous_link)] {
         let expected = match name {
             "current" => &state.current,
