@@ -22,6 +22,8 @@ commands:
   verify <dir> [--trusted-key HEX]... [--config FILE]
                               verify as the device does: signature, SoC 77 / arch 73,
                               runtime version, every file's size and SHA-256
+  sign-keys <dir> --key FILE  add a root-key signature to <dir>/keys.json (the key list:
+                              signing keys, threshold, revoked keys; docs/security.md)
   keygen <file>               create a secret key file (0600, never overwritten), print the public key
 Keys are 64 hex characters; a signature is 128 hex characters.
 Exit status: 0 done, 1 error or refused, 2 usage.";
@@ -63,8 +65,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         command.ok_or_else(|| Failure::Usage(format!("bundle needs a command\n{HELP}")))?;
     let operand =
         operand.ok_or_else(|| Failure::Usage(format!("bundle {command} needs a path\n{HELP}")))?;
-    if key.is_some() && command != "sign" {
-        return Err(Failure::Usage("--key is only for bundle sign".into()));
+    if key.is_some() && command != "sign" && command != "sign-keys" {
+        return Err(Failure::Usage(
+            "--key is only for bundle sign and sign-keys".into(),
+        ));
     }
     if expires.is_some() && command != "pack" {
         return Err(Failure::Usage("--expires is only for bundle pack".into()));
@@ -101,15 +105,14 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Ok(())
         }
         "verify" => {
-            // Without a configuration, `--trusted-key` alone is enough off the device.
-            let (keys, threshold) = if options.config.is_none() && !options.trusted_keys.is_empty()
-            {
-                (options.trusted_keys.clone(), 1)
+            // Without a configuration, `--trusted-key` alone is enough off the device;
+            // with one, as the device's store would: its key list (stored, or a newer
+            // root-signed one beside the manifest) and its threshold.
+            let v = if options.config.is_none() && !options.trusted_keys.is_empty() {
+                vla_ota::verify(&operand, &options.trusted_keys, &device_target())?
             } else {
-                let settings = options.settings()?;
-                (settings.trusted_keys, settings.signature_threshold)
+                vla_ota::Store::new(options.settings()?).verify_offered(&operand)?
             };
-            let v = vla_ota::verify_threshold(&operand, &keys, threshold, &device_target())?;
             println!(
                 "verified {} {} ({}, soc {} arch {}, needs runtime {}): {} files, {} bytes",
                 v.manifest.name,
@@ -126,6 +129,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             }
             println!("expires at Unix time {}", v.manifest.expires);
             println!("content hash {}", v.content_hash);
+            Ok(())
+        }
+        "sign-keys" => {
+            let key =
+                key.ok_or_else(|| Failure::Usage("bundle sign-keys needs --key FILE".into()))?;
+            let public = vla_ota::sign_key_list(&operand, &key)?;
+            println!(
+                "signed {} with root key {}",
+                operand.join(vla_ota::KEY_LIST_FILE).display(),
+                public.to_hex()
+            );
             Ok(())
         }
         "keygen" => {

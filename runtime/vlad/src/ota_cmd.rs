@@ -63,13 +63,15 @@ pub fn device_target() -> DeviceTarget {
 /// secret is published (RFC 8032's test vectors) is refused: the daemon does not start.
 pub fn ota_settings(config: &vla_config::OtaConfig) -> Result<OtaSettings, OtaError> {
     let trusted_keys: Vec<PublicKey> = config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect();
-    for key in &trusted_keys {
+    let root_keys: Vec<PublicKey> = config.root_keys.iter().map(|k| PublicKey(k.0)).collect();
+    for key in trusted_keys.iter().chain(&root_keys) {
         key.check_not_published()?;
     }
     Ok(OtaSettings {
         root: PathBuf::from(config.root.as_str()),
         trusted_keys,
         signature_threshold: config.signature_threshold as usize,
+        root_keys,
         trial_inferences: config.trial_inferences,
         max_trial_starts: config.max_trial_starts,
         target: device_target(),
@@ -121,6 +123,7 @@ impl StoreOptions {
             root: PathBuf::new(),
             trusted_keys: Vec::new(),
             signature_threshold: 1,
+            root_keys: Vec::new(),
             // The defaults of the shipped configuration (config/vlad.json).
             trial_inferences: 20,
             max_trial_starts: 3,

@@ -257,6 +257,13 @@ pub enum OtaError {
         /// Signatures required (`ota.signature_threshold`).
         threshold: usize,
     },
+    /// A key list (`keys.json`) that is unsigned by the root keys, unreadable or invalid.
+    KeyList {
+        /// The key list file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A key offered as trusted whose secret is published (anyone can sign with it).
     PublishedKey {
         /// The key, 64 hex characters.
@@ -393,6 +400,7 @@ impl OtaError {
                 "signature file {}: {valid} distinct trusted key(s) signed, {threshold} required (ota.signature_threshold)",
                 path.display()
             ),
+            KeyList { path, reason } => write!(f, "key list {}: {reason}", path.display()),
             PublishedKey { key, published } => write!(
                 f,
                 "key {key} may not be trusted: its secret key is published ({published}); generate a fleet key with `vlad bundle keygen`"

@@ -13,6 +13,7 @@
 //! bundles/.trash-<hash>-<pid>/     a bundle being deleted (removed at the next start)
 //! current  -> bundles/<hash>       what the daemon loads (`bundle.path`)
 //! previous -> bundles/<hash>       the rollback target
+//! keys.json, keys.json.sig         the newest root-signed key list accepted (rotation)
 //! ota-state.json                   current, previous, trial, trial_starts, healthy count
 //! version-floor.json               highest committed version, latest time seen (anti-rollback)
 //! ota.lock                         flock serializing OTA operations between processes
@@ -31,6 +32,7 @@
 //!         "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
 //!     )?],
 //!     signature_threshold: 1,
+//!     root_keys: Vec::new(),
 //!     trial_inferences: 20,
 //!     max_trial_starts: 3,
 //!     target: DeviceTarget { soc_model: 77, htp_arch: 73, runtime_version: "0.1.0".into() },
@@ -50,6 +52,7 @@
 mod durable;
 mod error;
 pub mod hex;
+mod keylist;
 mod manifest;
 pub mod maps;
 mod signing;
@@ -62,12 +65,14 @@ pub mod version;
 use std::path::{Path, PathBuf};
 
 pub use error::{OtaError, SignalError};
+pub use keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE};
 pub use manifest::{
     pack, pack_until, FileEntry, OtaManifest, DEFAULT_VALIDITY_S, MANIFEST_FILE, MANIFEST_FORMAT,
     MAX_MANIFEST_BYTES, SIGNATURE_FILE,
 };
 pub use signing::{
-    keygen, read_secret_key, sign, PublicKey, MAX_SIGNATURES, MAX_SIGNATURE_BYTES, PUBLISHED_KEYS,
+    keygen, read_secret_key, sign, sign_key_list, PublicKey, MAX_SIGNATURES, MAX_SIGNATURE_BYTES,
+    PUBLISHED_KEYS,
 };
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
@@ -98,6 +103,9 @@ pub struct OtaSettings {
     pub trusted_keys: Vec<PublicKey>,
     /// Distinct trusted keys that must have signed a bundle (k of n; 1: any one key).
     pub signature_threshold: usize,
+    /// The fleet's offline root keys: a key list (`keys.json`) they signed replaces
+    /// `trusted_keys` and `signature_threshold` and revokes keys. Empty: no key list.
+    pub root_keys: Vec<PublicKey>,
     /// Healthy inferences a new bundle must complete before it is committed.
     pub trial_inferences: u32,
     /// Starts a new bundle gets (its activation is the first) before it is rolled back.

@@ -129,27 +129,45 @@ pub fn keygen(secret_key_file: &Path) -> Result<PublicKey, OtaError> {
 /// to `ota-manifest.json.sig` (each signer of a k-of-n threshold runs this in turn; `pack`
 /// removes the signatures of an earlier manifest). Returns the public key that verifies it.
 pub fn sign(bundle_dir: &Path, secret_key_file: &Path) -> Result<PublicKey, OtaError> {
-    let key = read_secret_key(secret_key_file)?;
     let manifest_path = bundle_dir.join(MANIFEST_FILE);
     let bytes =
         std::fs::read(&manifest_path).map_err(|e| OtaError::io("reading", &manifest_path, e))?;
     // Refuse to sign something verification would refuse anyway.
     crate::manifest::OtaManifest::parse(&manifest_path, &bytes)?;
-    let signature = key.sign(&bytes);
-    let signature_path = bundle_dir.join(SIGNATURE_FILE);
+    add_signature(bundle_dir, SIGNATURE_FILE, &bytes, secret_key_file)
+}
+
+/// Signs `<dir>/keys.json` (a key list) with the fleet's root key in `secret_key_file`,
+/// adding a line to `keys.json.sig`. Run on the offline machine that holds the root key.
+pub fn sign_key_list(dir: &Path, secret_key_file: &Path) -> Result<PublicKey, OtaError> {
+    let path = dir.join(crate::KEY_LIST_FILE);
+    let bytes = std::fs::read(&path).map_err(|e| OtaError::io("reading", &path, e))?;
+    add_signature(dir, crate::KEY_LIST_SIGNATURE_FILE, &bytes, secret_key_file)
+}
+
+/// Adds the signature of `bytes` by the key in `secret_key_file` to `dir/signature_file`:
+/// the other signers' lines are kept, this key's own is replaced, not doubled.
+fn add_signature(
+    dir: &Path,
+    signature_file: &str,
+    bytes: &[u8],
+    secret_key_file: &Path,
+) -> Result<PublicKey, OtaError> {
+    let key = read_secret_key(secret_key_file)?;
+    let signature = key.sign(bytes);
+    let signature_path = dir.join(signature_file);
     let mut text = match std::fs::symlink_metadata(&signature_path) {
         Ok(_) => {
             let existing = crate::verify::read_small(
                 &signature_path,
                 MAX_SIGNATURE_BYTES,
-                bundle_dir,
-                SIGNATURE_FILE,
+                dir,
+                signature_file,
             )?;
-            // The other signers' lines are kept; this key's own is replaced, not doubled.
             let public = key.verifying_key();
             parse_signatures(&signature_path, &existing)?
                 .into_iter()
-                .filter(|s| public.verify_strict(&bytes, s).is_err())
+                .filter(|s| public.verify_strict(bytes, s).is_err())
                 .map(|s| format!("{}\n", hex::encode(&s.to_bytes())))
                 .collect::<String>()
         }
@@ -158,11 +176,7 @@ pub fn sign(bundle_dir: &Path, secret_key_file: &Path) -> Result<PublicKey, OtaE
     };
     text.push_str(&hex::encode(&signature.to_bytes()));
     text.push('\n');
-    durable::write_atomic(
-        &bundle_dir.join(SIGNATURE_FILE),
-        text.as_bytes(),
-        &mut |_| {},
-    )?;
+    durable::write_atomic(&signature_path, text.as_bytes(), &mut |_| {})?;
     Ok(PublicKey(key.verifying_key().to_bytes()))
 }
 

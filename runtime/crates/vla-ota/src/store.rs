@@ -34,6 +34,8 @@ pub use trial::{TrialProgress, Verdict};
 use crate::durable;
 use crate::error::OtaError;
 use crate::hex;
+use crate::keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE};
+use crate::signing::PublicKey;
 use crate::state::OtaState;
 use crate::verify::{verify_threshold, VerifiedBundle};
 use crate::OtaSettings;
@@ -141,14 +143,75 @@ impl Store {
         }
     }
 
-    /// Full verification of `dir` against this store's keys and device.
+    /// Full verification of `dir` against this store's keys (the stored key list's, or the
+    /// settings') and device.
     pub fn verify(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
-        verify_threshold(
-            dir,
-            &self.settings.trusted_keys,
-            self.settings.signature_threshold,
-            &self.settings.target,
-        )
+        let (keys, threshold) = self.trust()?;
+        verify_threshold(dir, &keys, threshold, &self.settings.target)
+    }
+
+    /// The keys bundles verify against and how many must have signed: the stored key
+    /// list's (its revoked keys removed) when there is one, else the settings'.
+    pub fn trust(&self) -> Result<(Vec<PublicKey>, usize), OtaError> {
+        Ok(match self.key_list()? {
+            Some(list) => list.trust(),
+            None => (
+                self.settings.trusted_keys.clone(),
+                self.settings.signature_threshold,
+            ),
+        })
+    }
+
+    /// Verification of a bundle offered for install (what RAUC's pre-install handler
+    /// asks): with the key list beside its manifest when that list is root-signed and
+    /// newer than the stored one (install adopts it), else as [`Store::verify`].
+    pub fn verify_offered(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
+        let offered = match self.settings.root_keys.is_empty() {
+            true => None,
+            false => KeyList::read(dir, &self.settings.root_keys)?,
+        };
+        let stored = self.key_list()?;
+        let (keys, threshold) = match (offered, stored) {
+            (Some(o), s) if s.as_ref().is_none_or(|s| o.version > s.version) => o.trust(),
+            (_, Some(s)) => s.trust(),
+            (_, None) => (
+                self.settings.trusted_keys.clone(),
+                self.settings.signature_threshold,
+            ),
+        };
+        verify_threshold(dir, &keys, threshold, &self.settings.target)
+    }
+
+    /// The key list the store accepted last, if any (its root signature checked again).
+    pub fn key_list(&self) -> Result<Option<KeyList>, OtaError> {
+        if self.settings.root_keys.is_empty() {
+            return Ok(None);
+        }
+        KeyList::read(self.root(), &self.settings.root_keys)
+    }
+
+    /// Keeps `list` if it is newer than the stored one (key lists never go back); called
+    /// with the lock held. Returns whether it was kept.
+    fn adopt_key_list(&self, list: &KeyList) -> Result<bool, OtaError> {
+        if self
+            .key_list()?
+            .is_some_and(|stored| stored.version >= list.version)
+        {
+            return Ok(false);
+        }
+        // Signature first: a crash between the two writes leaves the old list with a
+        // signature that does not verify it, which `key_list` refuses (fail closed) until
+        // the next install brings the new list again.
+        durable::write_atomic(
+            &self.root().join(KEY_LIST_SIGNATURE_FILE),
+            &list.signature,
+            &mut |s| self.step(s),
+        )?;
+        durable::write_atomic(&self.root().join(KEY_LIST_FILE), &list.bytes, &mut |s| {
+            self.step(s)
+        })?;
+        log::info!("key list version {} adopted", list.version);
+        Ok(true)
     }
 
     fn lock(&self) -> Result<LockGuard, OtaError> {

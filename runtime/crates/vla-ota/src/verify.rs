@@ -261,7 +261,13 @@ fn check_file_set(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError>
     let listing = walk(bundle)?;
     let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
     for file in &listing.files {
-        if file != MANIFEST_FILE && file != SIGNATURE_FILE && !listed.contains(file.as_str()) {
+        let beside = [
+            MANIFEST_FILE,
+            SIGNATURE_FILE,
+            crate::KEY_LIST_FILE,
+            crate::KEY_LIST_SIGNATURE_FILE,
+        ];
+        if !beside.contains(&file.as_str()) && !listed.contains(file.as_str()) {
             return Err(OtaError::ExtraFile {
                 bundle: bundle.to_owned(),
                 path: file.clone(),

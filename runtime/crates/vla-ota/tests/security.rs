@@ -280,3 +280,91 @@ fn a_file_that_grows_after_listing_is_read_only_to_its_declared_size() {
     let store = store(&tmp.join("root"));
     assert!(store.install(&dir).is_err());
 }
+
+/// A secret key whose secret is not published (a key list refuses published keys).
+fn fresh(n: u8) -> String {
+    format!("{n:02x}").repeat(32)
+}
+
+/// Writes `keys.json` into `dir` and signs it with each of `root_secrets`.
+fn key_list(
+    dir: &Path,
+    version: u64,
+    keys: &[&str],
+    threshold: usize,
+    revoked: &[&str],
+    root_secrets: &[&str],
+) {
+    let hexes = |secrets: &[&str]| -> Vec<String> {
+        secrets.iter().map(|s| public_of(s).to_hex()).collect()
+    };
+    let list = serde_json::json!({
+        "format": 1, "version": version, "keys": hexes(keys), "threshold": threshold, "revoked": hexes(revoked),
+    });
+    std::fs::write(
+        dir.join("keys.json"),
+        serde_json::to_vec_pretty(&list).unwrap(),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(dir.join("keys.json.sig"));
+    for (i, secret) in root_secrets.iter().enumerate() {
+        let key = key_file(
+            dir.parent().unwrap(),
+            &format!("root-{version}-{i}.key"),
+            secret,
+        );
+        vla_ota::sign_key_list(dir, &key).unwrap();
+    }
+}
+
+#[test]
+fn a_root_signed_key_list_rotates_and_revokes_signing_keys_over_the_air() {
+    let tmp = TempDir::new("sec-keylist");
+    let root = tmp.join("root");
+    let src = tmp.join("src");
+    // The device trusts DEV by configuration and the root key for key lists.
+    let (root_secret, new_secret, other_secret) = (fresh(0x51), fresh(0x52), fresh(0x53));
+    let (root_key, new_key, other_key) = (&*root_secret, &*new_secret, &*other_secret);
+    let store = Store::new(vla_ota::OtaSettings {
+        root_keys: vec![public_of(root_key)],
+        ..settings(&root)
+    });
+    let later = now() + 3600;
+    // 1.1.0 is signed by the NEW key, and carries key list v1: keys [NEW], DEV revoked.
+    let rotated = build(&src, &versioned("b", "1.1.0"), later, &[new_key]);
+    assert!(matches!(
+        store.install(&rotated).unwrap_err(),
+        OtaError::BadSignature { .. }
+    ));
+    key_list(&rotated, 1, &[new_key], 1, &[DEV_SECRET], &[root_key]);
+    store.verify_offered(&rotated).unwrap();
+    store.install(&rotated).unwrap();
+    assert_eq!(store.key_list().unwrap().unwrap().version, 1);
+    assert!(root.join("keys.json").is_file());
+
+    // DEV is revoked: refused although the configuration still lists it.
+    let by_dev = build(&src, &versioned("c", "1.2.0"), later, &[DEV_SECRET]);
+    let e = store.install(&by_dev).unwrap_err();
+    assert!(matches!(e, OtaError::BadSignature { .. }), "{e}");
+
+    // A key list signed by anyone but the root key is refused with its bundle.
+    let forged = build(&src, &versioned("d", "1.2.0"), later, &[DEV_SECRET]);
+    key_list(&forged, 2, &[DEV_SECRET], 1, &[], &[other_key]);
+    let e = store.install(&forged).unwrap_err();
+    assert!(matches!(e, OtaError::KeyList { .. }), "{e}");
+    assert!(e.to_string().contains("root key"), "{e}");
+
+    // An older (root-signed) list does not bring DEV back: key lists never go back.
+    let replayed = build(&src, &versioned("e", "1.2.0"), later, &[DEV_SECRET]);
+    key_list(&replayed, 0, &[DEV_SECRET], 1, &[], &[root_key]);
+    assert!(store.install(&replayed).is_err());
+    assert_eq!(store.key_list().unwrap().unwrap().version, 1);
+
+    // A published key in a key list is refused too.
+    let published = build(&src, &versioned("f", "1.2.0"), later, &[new_key]);
+    key_list(&published, 3, &[OTHER_SECRET], 1, &[], &[root_key]);
+    assert!(matches!(
+        store.install(&published).unwrap_err(),
+        OtaError::PublishedKey { .. }
+    ));
+}

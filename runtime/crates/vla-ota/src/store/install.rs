@@ -52,6 +52,17 @@ impl Store {
 
     /// [`Store::install`] with the files placed as `placement` says.
     pub fn install_with(&self, source: &Path, placement: Placement) -> Result<Installed, OtaError> {
+        // A newer root-signed key list beside the manifest is adopted first: the bundle
+        // it travels with may be signed by the keys it introduces.
+        // (Without root keys configured, a key list is not read at all.)
+        let list = match self.settings.root_keys.is_empty() {
+            true => None,
+            false => crate::KeyList::read(source, &self.settings.root_keys)?,
+        };
+        if let Some(list) = list {
+            let _lock = self.lock()?;
+            self.adopt_key_list(&list)?;
+        }
         let verified = self.verify(source)?;
         let _lock = self.lock()?;
         self.check_floor_and_expiry(&verified)?;
