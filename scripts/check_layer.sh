@@ -188,6 +188,16 @@ check_hawkbit() {
     status=$?
     echo "${out:-no findings}"
     [[ $status -eq 0 && -z "$out" ]] || return 1
+    # The agent is the device's one network-facing process: its sandbox may not regress
+    # past 3.0 (vlad's own units score 1.8-3.0).
+    local exposure
+    exposure="$(cd "$units" && SYSTEMD_UNIT_PATH="$units:" systemd-analyze security --offline=true \
+        rauc-hawkbit-updater.service 2>&1 | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')"
+    echo "systemd-analyze security --offline=true rauc-hawkbit-updater.service: ${exposure:-no score}"
+    awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 3.0) }' || {
+        echo "check_layer: the agent's exposure ${exposure:-?} is above 3.0" >&2
+        return 1
+    }
 
     local root="$work/hawkbit-root" conf="$work/vla-hawkbit-tmpfiles.conf"
     mkdir -p "$root/etc"
