@@ -13,7 +13,7 @@
 //! bundles/.trash-<hash>-<pid>/     a bundle being deleted (removed at the next start)
 //! current  -> bundles/<hash>       what the daemon loads (`bundle.path`)
 //! previous -> bundles/<hash>       the rollback target
-//! keys.json, keys.json.sig         the newest root-signed key list accepted (rotation)
+//! key-list.json                    the newest root-signed key list accepted (rotation)
 //! ota-state.json                   current, previous, trial, trial_starts, healthy count
 //! version-floor.json               highest committed version, latest time seen (anti-rollback)
 //! ota.lock                         flock serializing OTA operations between processes
@@ -65,7 +65,7 @@ pub mod version;
 use std::path::{Path, PathBuf};
 
 pub use error::{OtaError, SignalError};
-pub use keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE};
+pub use keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE, STORED_KEY_LIST_FILE};
 pub use manifest::{
     pack, pack_until, FileEntry, OtaManifest, DEFAULT_VALIDITY_S, MANIFEST_FILE, MANIFEST_FORMAT,
     MAX_MANIFEST_BYTES, SIGNATURE_FILE,

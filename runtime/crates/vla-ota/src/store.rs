@@ -34,7 +34,7 @@ pub use trial::{TrialProgress, Verdict};
 use crate::durable;
 use crate::error::OtaError;
 use crate::hex;
-use crate::keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE};
+use crate::keylist::{KeyList, STORED_KEY_LIST_FILE};
 use crate::signing::PublicKey;
 use crate::state::OtaState;
 use crate::verify::{verify_threshold, VerifiedBundle};
@@ -187,7 +187,10 @@ impl Store {
         if self.settings.root_keys.is_empty() {
             return Ok(None);
         }
-        KeyList::read(self.root(), &self.settings.root_keys)
+        KeyList::read_stored(
+            &self.root().join(STORED_KEY_LIST_FILE),
+            &self.settings.root_keys,
+        )
     }
 
     /// Keeps `list` if it is newer than the stored one (key lists never go back); called
@@ -199,17 +202,11 @@ impl Store {
         {
             return Ok(false);
         }
-        // Signature first: a crash between the two writes leaves the old list with a
-        // signature that does not verify it, which `key_list` refuses (fail closed) until
-        // the next install brings the new list again.
         durable::write_atomic(
-            &self.root().join(KEY_LIST_SIGNATURE_FILE),
-            &list.signature,
+            &self.root().join(STORED_KEY_LIST_FILE),
+            &list.stored_bytes(),
             &mut |s| self.step(s),
         )?;
-        durable::write_atomic(&self.root().join(KEY_LIST_FILE), &list.bytes, &mut |s| {
-            self.step(s)
-        })?;
         log::info!("key list version {} adopted", list.version);
         Ok(true)
     }

@@ -340,7 +340,7 @@ fn a_root_signed_key_list_rotates_and_revokes_signing_keys_over_the_air() {
     store.verify_offered(&rotated).unwrap();
     store.install(&rotated).unwrap();
     assert_eq!(store.key_list().unwrap().unwrap().version, 1);
-    assert!(root.join("keys.json").is_file());
+    assert!(root.join("key-list.json").is_file());
 
     // DEV is revoked: refused although the configuration still lists it.
     let by_dev = build(&src, &versioned("c", "1.2.0"), later, &[DEV_SECRET]);
