@@ -288,9 +288,14 @@ def check(pn: str, vlad_binary: Path, extra: dict[str, str] | None = None) -> li
             problems.append(f"installed tree differs: extra {sorted(set(got) - set(EXPECTED[pn]))}, "
                             f"missing {sorted(set(EXPECTED[pn]) - set(got))}")
         if pn == "vlad" and extra and "VLA_OTA_TRUSTED_KEYS" in extra:
-            keys = (image / "etc/vla/vlad.json").read_text()
-            if extra["VLA_OTA_TRUSTED_KEYS"] not in keys:
-                problems.append("VLA_OTA_TRUSTED_KEYS did not reach the installed vlad.json")
+            import json
+            ota = json.loads((image / "etc/vla/vlad.json").read_text())["ota"]
+            want = {"trusted_keys": extra["VLA_OTA_TRUSTED_KEYS"].split(),
+                    "signature_threshold": int(extra.get("VLA_OTA_SIGNATURE_THRESHOLD", "1")),
+                    "root_keys": extra.get("VLA_OTA_ROOT_KEYS", "").split()}
+            got = {k: ota.get(k, []) for k in want}
+            if got != want:
+                problems.append(f"the installed vlad.json's ota section is {got}, want {want}")
     return problems
 
 
@@ -300,7 +305,9 @@ def main() -> int:
     args = ap.parse_args()
     failed = False
     ordinary = "a74a3b7188acd4bb7b44c6f9e91907bb950546cb7aceb0657a6bf602dff1573d"
-    for pn, extra in (("vlad", {"VLA_OTA_TRUSTED_KEYS": ordinary, "VLA_ADSP_LIBRARY_PATH": "/usr/lib/dsp"}),
+    root = "5e1c0f1b4f3a1d8f0e2b6c7a9d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e"
+    for pn, extra in (("vlad", {"VLA_OTA_TRUSTED_KEYS": ordinary, "VLA_OTA_ROOT_KEYS": root,
+                                "VLA_ADSP_LIBRARY_PATH": "/usr/lib/dsp"}),
                       ("vla-rauc", None), ("rauc-hawkbit-updater", None)):
         try:
             problems = check(pn, args.vlad, extra)
