@@ -816,3 +816,45 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
     let _ = std::fs::remove_file(&obs_path);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A configuration that trusts a key whose secret is published (RFC 8032's first test
+/// vector) stops vlad at start, before anything is loaded, and so does `--trusted-key`
+/// with such a key on the OTA commands. No QNN needed: nothing gets that far.
+#[test]
+fn a_published_key_is_refused_at_start_and_on_the_command_line() {
+    const RFC8032_TEST_1: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+    let tmp = std::env::temp_dir().join(format!("vlad-published-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["ota"]["trusted_keys"] = serde_json::json!([RFC8032_TEST_1]);
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let run = vlad(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--duration",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("secret key is published") && err.contains("RFC 8032"),
+        "{err}"
+    );
+    let root = tmp.join("ota");
+    let cli = vlad(&[
+        "ota",
+        "status",
+        "--root",
+        root.to_str().unwrap(),
+        "--trusted-key",
+        RFC8032_TEST_1,
+    ]);
+    assert_eq!(cli.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&cli.stderr).contains("secret key is published"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
