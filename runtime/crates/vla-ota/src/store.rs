@@ -164,7 +164,8 @@ impl Store {
 
     /// Verification of a bundle offered for install (what RAUC's pre-install handler
     /// asks): with the key list beside its manifest when that list is root-signed and
-    /// newer than the stored one (install adopts it), else as [`Store::verify`].
+    /// newer than the stored one (install adopts it), else as [`Store::verify`]; and,
+    /// as install, refused below the version floor or past its signed expiry.
     pub fn verify_offered(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
         let offered = match self.settings.root_keys.is_empty() {
             true => None,
@@ -179,7 +180,10 @@ impl Store {
                 self.settings.signature_threshold,
             ),
         };
-        verify_threshold(dir, &keys, threshold, &self.settings.target)
+        let verified = verify_threshold(dir, &keys, threshold, &self.settings.target)?;
+        // What install would refuse next is refused here too, before anything is written.
+        self.check_floor_and_expiry(&verified)?;
+        Ok(verified)
     }
 
     /// The key list the store accepted last, if any (its root signature checked again).

@@ -81,6 +81,10 @@ fn committing_1_1_then_installing_a_signed_1_0_is_refused_and_changes_nothing() 
         assert!(matches!(e, OtaError::Rollback { .. }), "{e}");
         assert!(e.to_string().contains("version floor 1.1.0"), "{e}");
     }
+    assert!(matches!(
+        store.verify_offered(&older).unwrap_err(),
+        OtaError::Rollback { .. }
+    ));
     // The 1.0.0 installed before the floor cannot be activated either.
     let e = store.activate(&old_installed.hash, &mut pass).unwrap_err();
     assert!(matches!(e, OtaError::Rollback { .. }), "{e}");
@@ -131,6 +135,9 @@ fn an_expired_bundle_is_refused_at_install_and_activate() {
     let src = tmp.join("src");
     let store = store(&root);
     let expired = build(&src, &versioned("a", "1.0.0"), now() - 1, &[DEV_SECRET]);
+    // RAUC's pre-install check (`vlad bundle verify --config`) refuses it already.
+    let e = store.verify_offered(&expired).unwrap_err();
+    assert!(matches!(e, OtaError::Expired { .. }), "{e}");
     let before = snapshot(&root);
     let e = store.install(&expired).unwrap_err();
     assert!(matches!(e, OtaError::Expired { .. }), "{e}");

@@ -135,7 +135,7 @@ impl Store {
     }
 
     /// Refuses a bundle below the version floor, or whose signed expiry has passed.
-    pub(super) fn check_floor_and_expiry(&self, verified: &VerifiedBundle) -> Result<(), OtaError> {
+    pub(crate) fn check_floor_and_expiry(&self, verified: &VerifiedBundle) -> Result<(), OtaError> {
         let floor = self.floor()?;
         let version = Version::parse(&verified.manifest.version)
             .expect("OtaManifest::parse checked the version");
