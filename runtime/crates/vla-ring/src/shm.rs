@@ -103,9 +103,11 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
         let start = STARTS[i].load(Ordering::Acquire);
         let len = LENGTHS[i].load(Ordering::Acquire);
         if start != 0 && len != 0 && addr >= start && addr < start + len {
-            // SAFETY: `[start, start + len)` is a mapping this module made and still owns
-            // (entries are removed before unmapping); MAP_FIXED replaces exactly it with
-            // private zero pages, so every reference into it stays valid memory.
+            // SAFETY: `[start, start + len)` is a mapping this module made and still owns:
+            // entries are removed before unmapping, and the faulting access holds a borrow
+            // of the `SharedMapping` (its header or slot views), so it cannot be dropped
+            // meanwhile. MAP_FIXED replaces exactly it with private zero pages, so every
+            // reference into it stays valid memory.
             let remapped = unsafe {
                 libc::mmap(
                     start as *mut libc::c_void,
