@@ -69,11 +69,13 @@ def hex64(text: str) -> str:
 
 
 def signed_policy_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
-                         key: Path, tamper: bool = False, bundle_name: str | None = None) -> Path:
+                         key: Path, tamper: bool = False, bundle_name: str | None = None,
+                         expires: int | None = None) -> Path:
     """`fixture` copied to `out/name` as `version` (and `bundle_name` as its bundle.json
     name, if given), packed and signed with `key`. Bundles that a test switches between
     back and forth share a version and differ by name: a device refuses to go below the
-    highest version it committed (its version floor)."""
+    highest version it committed (its version floor). `expires`: the signed expiry (Unix
+    seconds) instead of `vlad bundle pack`'s default."""
     d = out / name
     shutil.copytree(fixture, d)
     manifest = json.loads((d / "bundle.json").read_text())
@@ -86,6 +88,6 @@ def signed_policy_bundle(vlad: Path, fixture: Path, out: Path, name: str, versio
         arrays = load_npz(p)
         arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
         save_npz(p, arrays)
-    vlad_cmd(vlad, "bundle", "pack", d)
+    vlad_cmd(vlad, "bundle", "pack", d, *(["--expires", str(expires)] if expires is not None else []))
     vlad_cmd(vlad, "bundle", "sign", d, "--key", key)
     return d

@@ -16,8 +16,9 @@ The scenario runs once (module fixture) in phases:
      The canary succeeds, wave-1 ends 1 succeeded / 1 failed (1 of 3 failed so far, 33 % >
      20 %): the rollout stops, wave-2 (dev-4) stays on 1.1.0;
   4. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3),
-     and a rollback: dev-4 (on 1.1.0, committed) sent the older signed 1.0.0, refused by
-     vlad's version floor, still on 1.1.0 and driving.
+     a rollback: dev-4 (on 1.1.0, committed) sent the older signed 1.0.0, refused by
+     vlad's version floor, still on 1.1.0 and driving; and an expired 1.5.0 sent to dev-4,
+     refused the same way.
 
 Run with the project venv (the agents and the server run in build/fleet-venv):
     scripts/setup_fleet.sh && .venv/bin/python -m pytest -q tools/vla_fleet/tests
@@ -161,8 +162,12 @@ def make_bundles(work: Path) -> dict:
     for name, version, tamper, signer in (("a", "1.0.0", False, fleet_key), ("good", "1.1.0", False, fleet_key),
                                        ("gate-fails", "1.2.0", True, fleet_key),
                                        ("new-key", "1.3.0", False, new_key),
-                                       ("corrupt", "1.4.0", False, new_key)):
-        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper)
+                                       ("corrupt", "1.4.0", False, new_key),
+                                       ("expired", "1.5.0", False, fleet_key)):
+        # `expired`: signed, intact and newer, but its signed expiry lies an hour back (a
+        # server replaying a release it was asked to withdraw, or one frozen in time).
+        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper,
+                                 expires=int(time.time()) - 3600 if name == "expired" else None)
         made[name] = {"dir": d, "version": version,
                       "hash": run("sha256sum", d / "ota-manifest.json").stdout.split()[0]}
         # A's RAUC bundle too: once 1.1.0 is committed, serving 1.0.0 is a rollback attack.
@@ -265,7 +270,7 @@ def fleet():
         # get_or_create when devices register first and at once: two rows, and from
         # then on every configData of that model answers 500.
         sw = {name: f.server.upload_software(b[name]["raucb"])
-              for name in ("good", "gate-fails", "new-key", "corrupt", "a")}
+              for name in ("good", "gate-fails", "new-key", "corrupt", "a", "expired")}
         f.sw = sw
         for d in f.devices.values():
             d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0")
@@ -361,6 +366,20 @@ def fleet():
                               "device": f.server.devices()["dev-4"], "log": f.server.device_log("dev-4"),
                               "agent": d4.log("agent"), "status": d4.status(),
                               "daemon_alive": d4.alive("daemon")}
+
+        # Phase 4e: an expired release (newer, signed, intact) sent to dev-4: refused by
+        # RAUC's pre-install check (vlad bundle verify), dev-4 stays on 1.1.0 and drives.
+        n_ok = d4.robot().get("ok_applied", 0)
+        agent_from = len(d4.log("agent"))
+        f.server.patch_devices(["dev-4"], software=str(sw["expired"]), force_update=True)
+        # dev-4 is in Error already (4d): the wait is for its agent to have tried again.
+        f.wait_for("dev-4's agent to try the expired release and fail",
+                   lambda: len(d4.log("agent")) > agent_from
+                   and f.server.devices()["dev-4"]["last_state"] == "Error")
+        f.wait_for("dev-4's robot to receive more ok actions after the refused expired release",
+                   lambda: d4.robot().get("ok_applied", 0) > n_ok + 5)
+        f.seen["expired"] = {"after": {"current": d4.current(), "bundles": d4.bundles()},
+                             "device": f.server.devices()["dev-4"], "daemon_alive": d4.alive("daemon")}
 
         # Phase 4b/c: dev-3's agent with a refused token, then with an unreachable server.
         d3 = f.devices["dev-3"]
@@ -518,6 +537,14 @@ def test_an_older_signed_policy_is_refused_as_a_rollback(fleet):
     assert s["device"]["last_state"] == "Error", s["device"]
     assert s["after"]["current"] == good, s["after"]
     assert "version floor" in s["status"] and "1.1.0" in s["status"], s["status"]
+    assert s["daemon_alive"]
+
+
+def test_an_expired_release_is_refused(fleet):
+    s = fleet.seen["expired"]
+    assert s["device"]["last_state"] == "Error", s["device"]
+    assert s["after"]["current"] == fleet.bundles["good"]["hash"], s["after"]
+    assert fleet.bundles["expired"]["hash"] not in s["after"]["bundles"], "the expired release was installed"
     assert s["daemon_alive"]
 
 
