@@ -187,7 +187,7 @@ echo "== 2. VLA_POLICY, VLA_BUNDLE_DIR (and QAIRT_SDK_DIR) set"
 cat > conf/vla.conf <<CONF
 VLA_POLICY = "molmoact2-libero-original-tiny"
 VLA_BUNDLE_DIR = "$scratch/bundles"
-VLA_OTA_TRUSTED_KEYS = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+VLA_OTA_TRUSTED_KEYS = "a74a3b7188acd4bb7b44c6f9e91907bb950546cb7aceb0657a6bf602dff1573d"
 CONF
 # Without meta-qcom the local SDK provides QAIRT; with it, meta-qcom's qairt-sdk does.
 if [[ -z "${META_QCOM:-}" ]]; then

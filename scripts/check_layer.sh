@@ -7,7 +7,10 @@
 #   4. scripts/gen_crates_inc.py --check (vlad-crates.inc matches Cargo.lock) and its tests;
 #   5. the fleet agent's files (dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater):
 #      its service drop-in verified on a stand-in of meta-rauc's unit next to vlad.service,
-#      its tmpfiles.d into a scratch root, its configuration script's tests.
+#      its tmpfiles.d into a scratch root, its configuration script's tests;
+#   6. scripts/check_recipe_install.py: the recipes' real do_install into a scratch ${D}
+#      (every SYSTEMD_SERVICE unit installed, the installed tree as expected, a published
+#      signing key refused at build time); needs target/release/vlad.
 # Prints one PASS/FAIL line per check and exits non-zero if any failed.
 # A real bitbake parse of the layer is scripts/bitbake_parse.sh (needs layer checkouts).
 set -uo pipefail
@@ -124,7 +127,7 @@ check_tmpfiles() {
     local root="$work/root" out
     mkdir -p "$root/etc" "$root/dev/shm"
     echo 'vla:x:990:990::/var/lib/vla:/sbin/nologin' > "$root/etc/passwd"
-    echo 'vla:x:990:' > "$root/etc/group"
+    printf 'vla:x:990:\nvla-robot:x:989:\n' > "$root/etc/group"
     out="$(systemd-tmpfiles --create --root="$root" "$repo_root/systemd/vla-tmpfiles.conf" 2>&1)"
     local status=$?
     echo "${out:-no findings}"
@@ -138,6 +141,17 @@ check_tmpfiles() {
     done
     stat -c '%A %u:%g %n' "$root/var/lib/vla" "$root/dev/shm/vla-obs" "$root/dev/shm/vla-act" |
         sed "s|$root||"
+    # The rings' split: the robot's group writes observations and only reads actions.
+    [[ "$(stat -c '%a %u:%g' "$root/dev/shm/vla-obs")" == "660 990:989" &&
+       "$(stat -c '%a %u:%g' "$root/dev/shm/vla-act")" == "640 990:989" ]] || {
+        echo "check_layer: the rings are not vla:vla-robot 0660 (obs) and 0640 (act)" >&2
+        return 1
+    }
+}
+
+check_recipe_install() {
+    say "each recipe's do_install into a scratch \${D} (scripts/check_recipe_install.py)"
+    python3 scripts/check_recipe_install.py
 }
 
 hawkbit_files="meta-vla/dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater/files"
@@ -174,6 +188,16 @@ check_hawkbit() {
     status=$?
     echo "${out:-no findings}"
     [[ $status -eq 0 && -z "$out" ]] || return 1
+    # The agent is the device's one network-facing process: its sandbox may not regress
+    # past 3.0 (vlad's own units score 1.8-3.0).
+    local exposure
+    exposure="$(cd "$units" && SYSTEMD_UNIT_PATH="$units:" systemd-analyze security --offline=true \
+        rauc-hawkbit-updater.service 2>&1 | sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')"
+    echo "systemd-analyze security --offline=true rauc-hawkbit-updater.service: ${exposure:-no score}"
+    awk -v e="${exposure:-99}" 'BEGIN { exit !(e <= 3.0) }' || {
+        echo "check_layer: the agent's exposure ${exposure:-?} is above 3.0" >&2
+        return 1
+    }
 
     local root="$work/hawkbit-root" conf="$work/vla-hawkbit-tmpfiles.conf"
     mkdir -p "$root/etc"
@@ -208,6 +232,7 @@ run_check "systemd-analyze verify (systemd/)" check_units
 run_check "systemd-tmpfiles (vla-tmpfiles.conf)" check_tmpfiles
 run_check "vlad-crates.inc matches Cargo.lock" check_crates
 run_check "rauc-hawkbit-updater drop-in, tmpfiles, configuration" check_hawkbit
+run_check "do_install of vlad, vla-rauc, rauc-hawkbit-updater (installed tree)" check_recipe_install
 
 printf '\n== summary\n'
 printf '%s\n' "${results[@]}"

@@ -69,18 +69,25 @@ def hex64(text: str) -> str:
 
 
 def signed_policy_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
-                         key: Path, tamper: bool = False) -> Path:
-    """`fixture` copied to `out/name` as `version`, packed and signed with `key`."""
+                         key: Path, tamper: bool = False, bundle_name: str | None = None,
+                         expires: int | None = None) -> Path:
+    """`fixture` copied to `out/name` as `version` (and `bundle_name` as its bundle.json
+    name, if given), packed and signed with `key`. Bundles that a test switches between
+    back and forth share a version and differ by name: a device refuses to go below the
+    highest version it committed (its version floor). `expires`: the signed expiry (Unix
+    seconds) instead of `vlad bundle pack`'s default."""
     d = out / name
     shutil.copytree(fixture, d)
     manifest = json.loads((d / "bundle.json").read_text())
     manifest["version"] = version
+    if bundle_name is not None:
+        manifest["name"] = bundle_name
     (d / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if tamper:
         p = d / manifest["end_to_end"]
         arrays = load_npz(p)
         arrays["actions"] = (-arrays["actions"] - 0.5).astype(arrays["actions"].dtype)
         save_npz(p, arrays)
-    vlad_cmd(vlad, "bundle", "pack", d)
+    vlad_cmd(vlad, "bundle", "pack", d, *(["--expires", str(expires)] if expires is not None else []))
     vlad_cmd(vlad, "bundle", "sign", d, "--key", key)
     return d

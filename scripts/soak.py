@@ -117,9 +117,11 @@ def make_config(base: dict, out: Path, root: Path, public: str, control: dict, t
 
 def signed_bundle(vlad: Path, fixture: Path, out: Path, name: str, version: str,
                   key: Path, config: Path, tamper: bool) -> str:
-    """Makes, signs and installs a bundle; returns its content hash."""
+    """Makes, signs and installs a bundle (`name` also its bundle.json name); returns its
+    content hash."""
     try:
-        d = ota_fixtures.signed_policy_bundle(vlad, fixture, out, name, version, key, tamper)
+        d = ota_fixtures.signed_policy_bundle(vlad, fixture, out, name, version, key, tamper,
+                                              bundle_name=name)
     except ota_fixtures.FixtureError as e:
         raise SoakError(str(e)) from None
     return hex64(vlad_cmd(vlad, "ota", "install", str(d), "--config", str(config)).stdout)
@@ -561,8 +563,10 @@ def soak(vlad: Path, fixture: Path, out: Path, duration: float, faults_lib: Path
     public = hex64(vlad_cmd(vlad, "bundle", "keygen", str(key)).stdout)
     config = make_config(base, out, root, public, control, "main")
     log(f"signing and installing bundles from {fixture.name} into {root}")
+    # A and B share a version: the soak switches back and forth between them, and a device
+    # never activates a version below the highest it committed.
     good_a = signed_bundle(vlad, fixture, out, "bundle-a", "1.0.0", key, config, tamper=False)
-    good_b = signed_bundle(vlad, fixture, out, "bundle-b", "1.1.0", key, config, tamper=False)
+    good_b = signed_bundle(vlad, fixture, out, "bundle-b", "1.0.0", key, config, tamper=False)
     bad_c = signed_bundle(vlad, fixture, out, "bundle-c", "1.2.0", key, config, tamper=True)
     vlad_cmd(vlad, "ota", "activate", good_a, "--config", str(config))
     cfg = json.loads(config.read_text())

@@ -2,7 +2,7 @@
 //! verification a device runs before installing (`vla_ota::verify`: detached Ed25519
 //! signature, manifest rules, file set, sizes, hashes, `bundle.json` cross-check). Any
 //! bytes end in a one-line error or in a manifest that round-trips through its
-//! canonical form; a signature file that is not the real signature never verifies.
+//! canonical form; a signature file without the real signature never verifies.
 //!
 //! The first input byte picks what the rest is: even, the manifest of a bundle that is
 //! then signed with the target's own key (so the fuzzer gets past the signature check);
@@ -111,12 +111,15 @@ fn manifest_input(fx: &Fixture, bytes: &[u8]) {
 fn signature_input(fx: &Fixture, text: &[u8]) {
     std::fs::write(fx.signed.join(SIGNATURE_FILE), text).unwrap();
     let result = verify(&fx.signed, &[fx.public], &fx.target);
+    // One signature per line (k of n): the text verifies exactly when every non-blank
+    // line is a well-formed signature, there are at most MAX_SIGNATURES, and one of them
+    // is the genuine one.
+    let real = std::str::from_utf8(&fx.signature).unwrap().trim();
     let genuine = std::str::from_utf8(text).is_ok_and(|t| {
-        t.trim().as_bytes()
-            == std::str::from_utf8(&fx.signature)
-                .unwrap()
-                .trim()
-                .as_bytes()
+        let lines: Vec<&str> = t.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        lines.len() <= vla_ota::MAX_SIGNATURES
+            && lines.iter().all(|l| vla_ota::hex::decode::<64>(l).is_ok())
+            && lines.contains(&real)
     });
     match result {
         Ok(_) => assert!(genuine, "a forged signature verified: {text:?}"),

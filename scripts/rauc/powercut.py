@@ -124,9 +124,11 @@ def prepare(vlad: Path, kernel_dir: Path, out: Path, work: Path) -> Setup:
 
     policies = work / "policies"
     policies.mkdir()
-    names = {"b1": "1.0.0", "b2": "1.1.0", "b3": "1.2.0"}
+    # One version, three names: the loop cycles through them for ever, and a device never
+    # installs a version below the highest it committed (its version floor).
+    names = {"b1": "1.0.0", "b2": "1.0.0", "b3": "1.0.0"}
     for name, version in names.items():
-        signed_policy_bundle(vlad, FIXTURE, policies, name, version, key)
+        signed_policy_bundle(vlad, FIXTURE, policies, name, version, key, bundle_name=f"powercut-{name}")
     hashes = {n: hex64(vlad_cmd(vlad, "bundle", "verify", policies / n, "--config", config).stdout
                        .split("content hash", 1)[1]) for n in names}
 

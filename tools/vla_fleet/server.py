@@ -33,12 +33,17 @@ def write_settings(directory: Path, poll_time: str) -> None:
     if not key_file.exists():
         key_file.write_text(secrets.token_urlsafe(32) + "\n")
         key_file.chmod(0o600)
-    (directory / "goosebit.yaml").write_text(
-        f"db_uri: sqlite:///{directory / 'db.sqlite3'}\n"
-        f"artifacts_dir: {directory / 'artifacts'}\n"
-        f"secret_key: {key_file.read_text().strip()}\n"
-        f'poll_time: "{poll_time}"\n'
-        "device_auth:\n  enable: true\n  mode: strict\n")
+    # It holds the secret key that signs the login tokens: only the server's user reads it.
+    settings = directory / "goosebit.yaml"
+    fd = os.open(settings, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as out:
+        out.write(
+            f"db_uri: sqlite:///{directory / 'db.sqlite3'}\n"
+            f"artifacts_dir: {directory / 'artifacts'}\n"
+            f"secret_key: {key_file.read_text().strip()}\n"
+            f'poll_time: "{poll_time}"\n'
+            "device_auth:\n  enable: true\n  mode: strict\n")
     import goosebit.db  # noqa: F401  (the migrations ship inside the package)
     migrations = Path(sys.modules["goosebit.db"].__file__).parent / "migrations"
     (directory / "pyproject.toml").write_text(

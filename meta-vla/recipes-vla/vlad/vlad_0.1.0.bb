@@ -58,15 +58,16 @@ export CARGO_PROFILE_RELEASE_STRIP = "false"
 USERADD_PACKAGES = "${PN}"
 # fastrpc is also created by meta-qcom's fastrpc recipe (the group its udev rules grant the
 # DSP device nodes to); useradd skips a group that already exists.
-GROUPADD_PARAM:${PN} = "--system vla; --system fastrpc"
+GROUPADD_PARAM:${PN} = "--system vla; --system fastrpc; --system vla-robot"
 USERADD_PARAM:${PN} = "--system --home-dir ${localstatedir}/lib/vla --no-create-home \
                        --shell ${base_sbindir}/nologin --gid vla --groups fastrpc vla"
 
 SYSTEMD_PACKAGES = "${PN}"
-# Started at boot: the daemon and the trial-period timer. The OTA oneshots run on demand.
-SYSTEMD_SERVICE:${PN} = "vlad.service vla-ota-commit.timer"
+# Started at boot: the daemon (it commits a trial itself). The OTA oneshots run on demand;
+# scripts/check_recipe_install.py checks that every unit named here is installed.
+SYSTEMD_SERVICE:${PN} = "vlad.service"
 VLAD_ONDEMAND_UNITS = "\
-    vla-ota-activate.service \
+    vla-ota-activate@.service \
     vla-ota-commit.service \
     vla-ota-install@.service \
     vla-ota-rollback.service \
@@ -76,16 +77,35 @@ VLAD_ONDEMAND_UNITS = "\
 # to sign bundles, written into ota.trusted_keys of the installed vlad.json. vlad verifies
 # the current bundle at every start and trusts nothing when the list is empty.
 VLA_OTA_TRUSTED_KEYS ?= ""
+# How many distinct trusted keys must have signed a bundle (ota.signature_threshold).
+VLA_OTA_SIGNATURE_THRESHOLD ?= "1"
+# The fleet's offline root keys (ota.root_keys): a key list they signed rotates and revokes
+# the signing keys over the air (docs/security.md). Empty: key lists are not read.
+VLA_OTA_ROOT_KEYS ?= ""
 
 python vlad_set_trusted_keys() {
     import json
     import re
 
     keys = (d.getVar('VLA_OTA_TRUSTED_KEYS') or '').split()
-    for key in keys:
-        if not re.fullmatch(r'[0-9a-f]{64}', key):
-            bb.fatal("VLA_OTA_TRUSTED_KEYS: `%s` is not an Ed25519 public key "
-                     "(64 lowercase hex characters)" % key)
+    roots = (d.getVar('VLA_OTA_ROOT_KEYS') or '').split()
+    # Keys whose secret is published (RFC 8032's test vectors): the list vlad itself
+    # refuses at start, from the same file.
+    published_path = d.expand('${S}/runtime/crates/vla-ota/published-keys.txt')
+    with open(published_path, encoding='utf-8') as published_file:
+        published = dict(line.split(' ', 1) for line in published_file.read().splitlines() if line)
+    for var, values in (('VLA_OTA_TRUSTED_KEYS', keys), ('VLA_OTA_ROOT_KEYS', roots)):
+        for key in values:
+            if not re.fullmatch(r'[0-9a-f]{64}', key):
+                bb.fatal("%s: `%s` is not an Ed25519 public key "
+                         "(64 lowercase hex characters)" % (var, key))
+            if key in published:
+                bb.fatal("%s: `%s` may not be trusted: its secret key is published "
+                         "(%s); generate a fleet key with `vlad bundle keygen`" % (var, key, published[key]))
+    threshold = d.getVar('VLA_OTA_SIGNATURE_THRESHOLD') or '1'
+    if not threshold.isdigit() or not 1 <= int(threshold) <= max(1, len(keys)):
+        bb.fatal("VLA_OTA_SIGNATURE_THRESHOLD: `%s` is not a whole number in 1..=%d (the number of "
+                 "VLA_OTA_TRUSTED_KEYS)" % (threshold, max(1, len(keys))))
     if not keys:
         bb.warn("VLA_OTA_TRUSTED_KEYS is empty: the image's vlad trusts no bundle signature "
                 "and will refuse every bundle, the shipped one included")
@@ -94,13 +114,16 @@ python vlad_set_trusted_keys() {
     with open(path, encoding='utf-8') as config_file:
         config = json.load(config_file)
     config['ota']['trusted_keys'] = keys
+    config['ota']['signature_threshold'] = int(threshold)
+    if roots:
+        config['ota']['root_keys'] = roots
     with open(path, 'w', encoding='utf-8') as config_file:
         json.dump(config, config_file, indent=2)
         config_file.write('\n')
 }
-vlad_set_trusted_keys[doc] = "Writes VLA_OTA_TRUSTED_KEYS into ota.trusted_keys of the installed vlad.json"
+vlad_set_trusted_keys[doc] = "Writes VLA_OTA_TRUSTED_KEYS, VLA_OTA_SIGNATURE_THRESHOLD and VLA_OTA_ROOT_KEYS into the ota section of the installed vlad.json"
 do_install[postfuncs] += "vlad_set_trusted_keys"
-do_install[vardeps] += "VLA_OTA_TRUSTED_KEYS VLA_ADSP_LIBRARY_PATH"
+do_install[vardeps] += "VLA_OTA_TRUSTED_KEYS VLA_OTA_SIGNATURE_THRESHOLD VLA_OTA_ROOT_KEYS VLA_ADSP_LIBRARY_PATH"
 
 do_install:append() {
     install -d ${D}${sysconfdir}/vla

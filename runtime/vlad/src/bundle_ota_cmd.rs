@@ -20,11 +20,16 @@ commands:
   calibrate <dir> --from GATES.json
                               write the per-output parity gates a bring-up report proposes
                               into <dir>/bundle.json (before pack and sign)
-  pack <dir>                  write <dir>/ota-manifest.json (removes a stale signature)
-  sign <dir> --key FILE       sign it with the secret key in FILE (mode 0600)
+  pack <dir> [--expires UNIX_SECONDS]
+                              write <dir>/ota-manifest.json (removes stale signatures); devices
+                              refuse to install it after its expiry (default: 90 days from now)
+  sign <dir> --key FILE       add a signature with the secret key in FILE (mode 0600); each
+                              signer of a k-of-n threshold (ota.signature_threshold) runs it
   verify <dir> [--trusted-key HEX]... [--config FILE]
                               verify as the device does: signature, SoC 77 / arch 73,
                               runtime version, every file's size and SHA-256
+  sign-keys <dir> --key FILE  add a root-key signature to <dir>/keys.json (the key list:
+                              signing keys, threshold, revoked keys; docs/security.md)
   keygen <file>               create a secret key file (0600, never overwritten), print the public key
 Keys are 64 hex characters; a signature is 128 hex characters.
 Exit status: 0 done, 1 error or refused, 2 usage.";
@@ -35,6 +40,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut operand: Option<PathBuf> = None;
     let mut key: Option<PathBuf> = None;
     let mut from: Option<PathBuf> = None;
+    let mut expires: Option<u64> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -44,6 +50,12 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             }
             Long("key") => key = Some(cli::value(&mut p)?.into()),
             Long("from") => from = Some(cli::value(&mut p)?.into()),
+            Long("expires") => {
+                let text = cli::string(&mut p)?;
+                expires = Some(text.parse().map_err(|_| {
+                    Failure::Usage(format!("--expires: `{text}` is not Unix seconds"))
+                })?);
+            }
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -61,8 +73,13 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         command.ok_or_else(|| Failure::Usage(format!("bundle needs a command\n{HELP}")))?;
     let operand =
         operand.ok_or_else(|| Failure::Usage(format!("bundle {command} needs a path\n{HELP}")))?;
-    if key.is_some() && command != "sign" {
-        return Err(Failure::Usage("--key is only for bundle sign".into()));
+    if key.is_some() && command != "sign" && command != "sign-keys" {
+        return Err(Failure::Usage(
+            "--key is only for bundle sign and sign-keys".into(),
+        ));
+    }
+    if expires.is_some() && command != "pack" {
+        return Err(Failure::Usage("--expires is only for bundle pack".into()));
     }
     if from.is_some() != (command == "calibrate") {
         return Err(Failure::Usage(
@@ -74,13 +91,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             crate::bundle_calibrate::calibrate(&operand, from.as_deref().expect("checked above"))
         }
         "pack" => {
-            let manifest = vla_ota::pack(&operand)?;
+            let manifest = match expires {
+                Some(t) => vla_ota::pack_until(&operand, t)?,
+                None => vla_ota::pack(&operand)?,
+            };
             println!(
-                "packed {} {} ({} files, {} bytes) into {}",
+                "packed {} {} ({} files, {} bytes, expires at Unix time {}) into {}",
                 manifest.name,
                 manifest.version,
                 manifest.files.len(),
                 manifest.payload_bytes(),
+                manifest.expires,
                 operand.join(vla_ota::MANIFEST_FILE).display()
             );
             println!(
@@ -100,13 +121,14 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Ok(())
         }
         "verify" => {
-            // Without a configuration, `--trusted-key` alone is enough off the device.
-            let keys = if options.config.is_none() && !options.trusted_keys.is_empty() {
-                options.trusted_keys.clone()
+            // Without a configuration, `--trusted-key` alone is enough off the device;
+            // with one, as the device's store would: its key list (stored, or a newer
+            // root-signed one beside the manifest) and its threshold.
+            let v = if options.config.is_none() && !options.trusted_keys.is_empty() {
+                vla_ota::verify(&operand, &options.trusted_keys, &device_target())?
             } else {
-                options.settings()?.trusted_keys
+                vla_ota::Store::new(options.settings()?).verify_offered(&operand)?
             };
-            let v = vla_ota::verify(&operand, &keys, &device_target())?;
             println!(
                 "verified {} {} ({}, soc {} arch {}, needs runtime {}): {} files, {} bytes",
                 v.manifest.name,
@@ -118,8 +140,22 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 v.manifest.files.len(),
                 v.manifest.payload_bytes()
             );
-            println!("signed by {}", v.signed_by.to_hex());
+            for signer in &v.signers {
+                println!("signed by {}", signer.to_hex());
+            }
+            println!("expires at Unix time {}", v.manifest.expires);
             println!("content hash {}", v.content_hash);
+            Ok(())
+        }
+        "sign-keys" => {
+            let key =
+                key.ok_or_else(|| Failure::Usage("bundle sign-keys needs --key FILE".into()))?;
+            let public = vla_ota::sign_key_list(&operand, &key)?;
+            println!(
+                "signed {} with root key {}",
+                operand.join(vla_ota::KEY_LIST_FILE).display(),
+                public.to_hex()
+            );
             Ok(())
         }
         "keygen" => {

@@ -313,20 +313,25 @@ struct Source {
 }
 
 impl Source {
-    fn new(config: &vla_config::Config, bundle_override: Option<PathBuf>) -> Self {
+    fn new(
+        config: &vla_config::Config,
+        bundle_override: Option<PathBuf>,
+    ) -> Result<Self, vla_ota::OtaError> {
         let overridden = bundle_override.is_some();
         let bundle_dir =
             bundle_override.unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str()));
         // Under OTA (`bundle.path` is the store's `current` link) the store recovers first:
         // leftovers of an interrupted update, and a crash loop on a bundle on trial.
         let ota_root = PathBuf::from(config.ota.root.as_str());
+        // The configured keys are checked at every start, with OTA in use or not.
+        let settings = crate::ota_cmd::ota_settings(&config.ota)?;
         let store = (!overridden && bundle_dir == ota_root.join("current"))
-            .then(|| Arc::new(Store::new(crate::ota_cmd::ota_settings(&config.ota))));
-        Self {
+            .then(|| Arc::new(Store::new(settings)));
+        Ok(Self {
             bundle_dir,
             ota_root,
             store,
-        }
+        })
     }
 }
 
@@ -649,6 +654,9 @@ impl Supervisor<'_> {
             line.push_str("; dsp ");
             line.push_str(&plan.summary());
         }
+        if let Some(stale) = crate::observe::staleness() {
+            line = format!("{stale}; {line}");
+        }
         self.systemd.notify(&format!("STATUS={line}"));
         log::debug!("{line}");
         self.last_status = Instant::now();
@@ -667,7 +675,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if config.realtime.mlockall {
         vla_control::lock_memory_on_fault();
     }
-    let source = Source::new(&config, args.bundle.take());
+    let source = Source::new(&config, args.bundle.take())?;
     systemd.notify("STATUS=loading contexts");
     let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));

@@ -24,6 +24,12 @@ pub enum LoadError {
     Placement { dir: PathBuf, why: String },
     /// The QNN backend could not be (re-)created to load it on.
     Backend(vla_qnn::QnnError),
+    /// Under OTA, it does not verify against the daemon's own keys and device (signatures,
+    /// every file's hash) at the moment it is loaded.
+    Unverified {
+        dir: PathBuf,
+        source: Box<vla_ota::OtaError>,
+    },
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -44,6 +50,11 @@ impl std::fmt::Display for LoadError {
             LoadError::Gate { dir, why } => {
                 write!(f, "bundle {} failed its parity gate: {why}", dir.display())
             }
+            LoadError::Unverified { dir, source } => write!(
+                f,
+                "bundle {} does not verify with this daemon's keys: {source}",
+                dir.display()
+            ),
             LoadError::Geometry { dir, needs, rings } => write!(
                 f,
                 "bundle {} needs ring geometry {needs:?}, the rings are {rings:?}",
@@ -59,6 +70,7 @@ impl std::error::Error for LoadError {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
             LoadError::Backend(e) => Some(e),
+            LoadError::Unverified { source, .. } => Some(&**source),
             LoadError::Gate { .. } | LoadError::Geometry { .. } | LoadError::Placement { .. } => {
                 None
             }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vla_control::{Health, LoopSettings};
@@ -51,6 +52,8 @@ pub struct BundleFacts {
     pub ota_state: &'static str,
     /// Its DSP memory plan.
     pub memory_plan: Option<vla_qnn::MemoryPlan>,
+    /// The signed expiry of its OTA manifest (Unix seconds); `None`: no OTA manifest.
+    pub expires: Option<u64>,
 }
 
 pub fn start(
@@ -119,6 +122,7 @@ pub fn start(
                 .map(crate::dsp_plan::metric_sessions)
                 .unwrap_or_default(),
             dsp_budget_bytes: bundle.memory_plan.as_ref().map_or(0, |p| p.budget),
+            bundle_expires: bundle.expires,
             ..Facts::default()
         },
         running,
@@ -197,7 +201,42 @@ impl Observability {
             .map(crate::dsp_plan::metric_sessions)
             .unwrap_or_default();
         f.dsp_budget_bytes = b.memory_plan.as_ref().map_or(0, |p| p.budget);
+        f.bundle_expires = b.expires;
     }
+}
+
+/// The signed expiry of the running bundle (Unix seconds, 0: none), for `STATUS=`: set
+/// whenever the engine names its bundle, read by the supervisor once a second.
+static RUNNING_EXPIRY: AtomicU64 = AtomicU64::new(0);
+
+/// The signed expiry (Unix seconds) in `dir`'s OTA manifest, if it has one; also
+/// remembered as the running bundle's for [`staleness`].
+pub fn manifest_expiry(dir: &std::path::Path) -> Option<u64> {
+    let path = dir.join(vla_ota::MANIFEST_FILE);
+    let expires = std::fs::metadata(&path)
+        .ok()
+        .filter(|m| m.len() <= vla_ota::MAX_MANIFEST_BYTES)
+        .and_then(|_| std::fs::read(&path).ok())
+        .and_then(|bytes| vla_ota::OtaManifest::parse(&path, &bytes).ok())
+        .map(|m| m.expires);
+    RUNNING_EXPIRY.store(expires.unwrap_or(0), Ordering::Relaxed);
+    expires
+}
+
+/// `STATUS=`'s note on a running bundle whose signed expiry has passed: it keeps driving
+/// (a committed, verified bundle does not stop for a calendar date; Uptane's advice for
+/// vehicles) and says so until the fleet delivers a freshly signed release.
+pub fn staleness() -> Option<String> {
+    let expires = RUNNING_EXPIRY.load(Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    (expires != 0 && now >= expires).then(|| {
+        format!(
+            "bundle STALE: its signed expiry passed {} h ago, still driving; the fleet has sent no fresh release",
+            (now - expires) / 3600
+        )
+    })
 }
 
 /// A short content hash of the bundle's manifest (when no OTA hash names it).

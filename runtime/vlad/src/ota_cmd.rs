@@ -59,15 +59,23 @@ pub fn device_target() -> DeviceTarget {
 }
 
 /// The store's settings from the validated `ota` section of the configuration: the
-/// daemon's job, so the store itself knows nothing of the config file.
-pub fn ota_settings(config: &vla_config::OtaConfig) -> OtaSettings {
-    OtaSettings {
+/// daemon's job, so the store itself knows nothing of the config file. A trusted key whose
+/// secret is published (RFC 8032's test vectors) is refused: the daemon does not start.
+pub fn ota_settings(config: &vla_config::OtaConfig) -> Result<OtaSettings, OtaError> {
+    let trusted_keys: Vec<PublicKey> = config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect();
+    let root_keys: Vec<PublicKey> = config.root_keys.iter().map(|k| PublicKey(k.0)).collect();
+    for key in trusted_keys.iter().chain(&root_keys) {
+        key.check_not_published()?;
+    }
+    Ok(OtaSettings {
         root: PathBuf::from(config.root.as_str()),
-        trusted_keys: config.trusted_keys.iter().map(|k| PublicKey(k.0)).collect(),
+        trusted_keys,
+        signature_threshold: config.signature_threshold as usize,
+        root_keys,
         trial_inferences: config.trial_inferences,
         max_trial_starts: config.max_trial_starts,
         target: device_target(),
-    }
+    })
 }
 
 /// `--config`, `--root` and `--trusted-key`, shared with `vlad bundle verify`.
@@ -90,6 +98,7 @@ impl StoreOptions {
             "trusted-key" => {
                 let text = cli::string(parser)?;
                 let key = PublicKey::from_hex(&text)
+                    .and_then(|k| k.check_not_published().map(|()| k))
                     .map_err(|e| Failure::Usage(format!("--trusted-key: {e}")))?;
                 self.trusted_keys.push(key);
             }
@@ -105,13 +114,16 @@ impl StoreOptions {
         let from_file = if self.config.is_some() || self.root.is_none() || Path::new(&path).exists()
         {
             let config = vla_config::Config::load(&path)?;
-            Some(ota_settings(&config.ota))
+            Some(ota_settings(&config.ota)?)
         } else {
             None
         };
+        let configured = from_file.is_some();
         let mut settings = from_file.unwrap_or_else(|| OtaSettings {
             root: PathBuf::new(),
             trusted_keys: Vec::new(),
+            signature_threshold: 1,
+            root_keys: Vec::new(),
             // The defaults of the shipped configuration (config/vlad.json).
             trial_inferences: 20,
             max_trial_starts: 3,
@@ -121,6 +133,21 @@ impl StoreOptions {
             settings.root = root.clone();
         }
         if !self.trusted_keys.is_empty() {
+            // With a configuration, `--trusted-key` may only narrow what it trusts: the
+            // daemon verifies with its own keys at every load anyway, and a CLI that
+            // accepted a bundle the daemon will refuse would only roll it back.
+            if configured {
+                if let Some(k) = self
+                    .trusted_keys
+                    .iter()
+                    .find(|k| !settings.trusted_keys.contains(k))
+                {
+                    return Err(Failure::Usage(format!(
+                        "--trusted-key {} is not in the configuration's ota.trusted_keys: it may only narrow them",
+                        k.to_hex()
+                    )));
+                }
+            }
             settings.trusted_keys = self.trusted_keys.clone();
         }
         Ok(settings)
@@ -511,6 +538,14 @@ fn status(store: &Store) -> Result<(), Failure> {
         );
     }
     println!("previous: {}", describe(&state.previous));
+    match store.floor() {
+        Ok(floor) => println!(
+            "version floor: {} (nothing older is installed or activated; latest time seen: Unix {})",
+            floor.version.as_deref().unwrap_or("none yet"),
+            floor.clock
+        ),
+        Err(e) => println!("version floor: {}", crate::error_line(&e)),
+    }
     for (name, link) in [("current", &s.current_link), ("previous", &s.previous_link)] {
         let expected = match name {
             "current" => &state.current,

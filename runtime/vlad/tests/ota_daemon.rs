@@ -539,3 +539,322 @@ fn the_verdict_wait_follows_the_daemon_named_in_the_pid_file() {
     );
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// Attacks on a running `vlad run` by the robot's group and by the daemon's own user:
+/// - the robot's user (group vla-robot) opens the action ring for writing: EACCES, and
+///   cannot shrink it either; it may shrink the observation ring, and vlad holds, stays up
+///   and counts no trial start; the action ring shrunk by its owner does not kill vlad;
+/// - a bundle signed by a key the daemon does not trust, installed and activated with
+///   `--trusted-key` (SIGHUP): the daemon's reload refuses it and keeps the committed one;
+/// - a byte of a context binary flipped after installation: the CLI's activation refuses
+///   it, and a `current` link pointed at it by hand is refused at the daemon's reload.
+///
+/// The ring files are made as tmpfiles.d makes them on the device; the robot's user is an
+/// unprivileged uid with the robot's group, so the test needs root to switch to it.
+#[test]
+fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bundle() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    use vla_ring::{Action, ActionStatus, Geometry, RingReader};
+    if !qnn() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var("VLA_REQUIRE_ALL_TESTS").as_deref() != Ok("1"),
+            "needs root to act as the robot's user (VLA_REQUIRE_ALL_TESTS=1)"
+        );
+        eprintln!("skipped: needs root to act as the robot's user");
+        return;
+    }
+    const ROBOT_UID: u32 = 64_321;
+    const ROBOT_GID: u32 = 64_322;
+    let pid = std::process::id();
+    let tmp = std::env::temp_dir().join(format!("vlad-attacks-{pid}"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let obs_path = format!("/dev/shm/vlad-attacks-{pid}-obs");
+    let act_path = format!("/dev/shm/vlad-attacks-{pid}-act");
+    // As vla-tmpfiles.conf makes them: obs 0660 and act 0640, group the robot's.
+    for (path, mode) in [(&obs_path, 0o660), (&act_path, 0o640)] {
+        std::fs::write(path, b"").unwrap();
+        std::os::unix::fs::chown(path, Some(0), Some(ROBOT_GID)).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    v["ota"]["trial_inferences"] = 1.into();
+    v["rings"]["observation_path"] = obs_path.clone().into();
+    v["rings"]["action_path"] = act_path.clone().into();
+    v["control"]["publish_hz"] = 10.into();
+    v["log"]["level"] = "info".into();
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+    let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
+    ok(&["ota", "activate", &a, "--config", cfg]);
+
+    let mut daemon =
+        Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args(["run", "--config", cfg]));
+    let robot = Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args([
+        "simulate",
+        "--config",
+        cfg,
+        "--duration",
+        &HANG_GUARD.as_secs().to_string(),
+    ]));
+    let committed = vlad(&["ota", "verdict", &a, "--config", cfg, "--wait", "30"]);
+    assert!(
+        committed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&committed.stderr)
+    );
+    let state = || std::fs::read_to_string(root.join("ota-state.json")).unwrap();
+    let state_before = state();
+    let g = Geometry {
+        cameras: 0,
+        height: 0,
+        width: 0,
+        channels: 3,
+        state_dims: 0,
+        action_dims: 7,
+        chunk_len: 32,
+    };
+    let ring = RingReader::<Action>::open(&act_path, g).unwrap();
+    let mut buf = Action::for_geometry(&g);
+    let latest_status = |buf: &mut Action| ring.read_latest(buf).ok().map(|_| buf.status);
+    wait_while_running("an ok action", &[daemon.id(), robot.id()], || {
+        latest_status(&mut buf) == Some(ActionStatus::Ok)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // What the robot's user may do, with the shell's own open and truncate.
+    let as_robot = |script: &str, path: &str| {
+        Command::new("sh")
+            .args(["-c", script, "sh", path])
+            .uid(ROBOT_UID)
+            .gid(ROBOT_GID)
+            .output()
+            .unwrap()
+    };
+    let denied = |o: &Output| {
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Permission denied")
+    };
+    let open_rw = r#"exec 3<>"$1""#;
+    let shrink = r#"truncate -s 0 "$1""#;
+    let act_rw = as_robot(open_rw, &act_path);
+    assert!(
+        denied(&act_rw),
+        "the robot opened the action ring for writing: {act_rw:?}"
+    );
+    let act_cut = as_robot(shrink, &act_path);
+    assert!(
+        denied(&act_cut),
+        "the robot shrank the action ring: {act_cut:?}"
+    );
+    let obs_rw = as_robot(open_rw, &obs_path);
+    assert!(
+        obs_rw.status.success(),
+        "the robot must write observations: {obs_rw:?}"
+    );
+
+    // The robot's group shrinks the observation ring: no new observation, vlad holds.
+    let obs_cut = as_robot(shrink, &obs_path);
+    assert!(obs_cut.status.success(), "{obs_cut:?}");
+    let held = wait_while_running(
+        "a hold after the observation ring shrank",
+        &[daemon.id()],
+        || latest_status(&mut buf) == Some(ActionStatus::Hold),
+    );
+    if let Err(e) = held {
+        drop(robot);
+        let (status, _, log) = daemon.finish();
+        panic!("{e}: vlad {status:?}:\n{log}");
+    }
+    // The action ring shrunk by its owner (vlad's user): vlad publishes into the void.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&act_path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    drop(ring);
+    // An observation window, not a bound: a daemon killed by SIGBUS shows here.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "vlad died after the rings were shrunk"
+    );
+    assert_eq!(
+        state(),
+        state_before,
+        "no trial start, nothing changed in the store"
+    );
+
+    // A bundle signed by a key the daemon does not trust, put on with --trusted-key.
+    let rogue = tmp.join("rogue.key");
+    let rogue_public = installed_hash(&ok(&["bundle", "keygen", rogue.to_str().unwrap()]));
+    // With the configuration, --trusted-key may only narrow what it trusts.
+    let widen = vlad(&[
+        "ota",
+        "status",
+        "--config",
+        cfg,
+        "--trusted-key",
+        &rogue_public,
+    ]);
+    assert_eq!(widen.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&widen.stderr).contains("may only narrow"));
+    let root_arg = root.to_str().unwrap();
+    let b_dir = tmp.join("bundle-b");
+    copy_dir(&tmp.join("bundle-a"), &b_dir);
+    let p = b_dir.join("bundle.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    m["version"] = "1.1.0".into();
+    std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
+    ok(&[
+        "bundle",
+        "sign",
+        b_dir.to_str().unwrap(),
+        "--key",
+        rogue.to_str().unwrap(),
+    ]);
+    let b = installed_hash(&ok(&[
+        "ota",
+        "install",
+        b_dir.to_str().unwrap(),
+        "--root",
+        root_arg,
+        "--trusted-key",
+        &rogue_public,
+    ]));
+    let refused = vlad(&[
+        "ota",
+        "activate",
+        &b,
+        "--root",
+        root_arg,
+        "--trusted-key",
+        &rogue_public,
+        "--wait",
+        "30",
+    ]);
+    let refusal = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert_eq!(refused.status.code(), Some(3), "{refusal}");
+    assert!(
+        refusal.contains(&format!("rolled {b} back to {a}")),
+        "{refusal}"
+    );
+    // The state says so first; the link follows it.
+    wait_while_running("the link back to A", &[daemon.id()], || {
+        current_target(&root).ends_with(&a)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // A byte of a context binary flipped after the install verified it.
+    let c = signed_install(&tmp, &key, cfg, "bundle-c", "1.2.0");
+    let bin = root
+        .join("bundles")
+        .join(&c)
+        .join("ctx/action_step_socid77_archv73.bin");
+    let mut bytes = std::fs::read(&bin).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&bin, &bytes).unwrap();
+    let flipped = vlad(&["ota", "activate", &c, "--config", cfg]);
+    assert_eq!(flipped.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&flipped.stderr).contains("SHA-256"));
+    assert!(current_target(&root).ends_with(&a));
+    // Past the CLI: `current` pointed at it by hand, then SIGHUP. The daemon verifies.
+    let link = root.join(".current-attack");
+    std::os::unix::fs::symlink(Path::new("bundles").join(&c), &link).unwrap();
+    std::fs::rename(&link, root.join("current")).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let alive = daemon.child.try_wait().unwrap().is_none();
+    drop(robot);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (_, _, log) = daemon.finish();
+    let log: String = log
+        .lines()
+        .filter(|l| !l.contains(" qnn]"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        alive,
+        "vlad keeps running after the refused reloads:\n{log}"
+    );
+    for (hash, what) in [(&b, "untrusted key"), (&c, "flipped byte")] {
+        assert!(
+            log.contains(&format!("bundle {hash} rejected"))
+                && log.contains("does not verify with this daemon's keys"),
+            "the {what} bundle was not refused at the daemon's own verification:\n{log}"
+        );
+        assert!(
+            !log.contains(&format!("reloaded: bundle {hash}")),
+            "the {what} bundle was loaded:\n{log}"
+        );
+    }
+    let _ = std::fs::remove_file(&act_path);
+    let _ = std::fs::remove_file(&obs_path);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A configuration that trusts a key whose secret is published (RFC 8032's first test
+/// vector) stops vlad at start, before anything is loaded, and so does `--trusted-key`
+/// with such a key on the OTA commands. No QNN needed: nothing gets that far.
+#[test]
+fn a_published_key_is_refused_at_start_and_on_the_command_line() {
+    const RFC8032_TEST_1: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
+    let tmp = std::env::temp_dir().join(format!("vlad-published-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["ota"]["trusted_keys"] = serde_json::json!([RFC8032_TEST_1]);
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let run = vlad(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--duration",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("secret key is published") && err.contains("RFC 8032"),
+        "{err}"
+    );
+    let root = tmp.join("ota");
+    let cli = vlad(&[
+        "ota",
+        "status",
+        "--root",
+        root.to_str().unwrap(),
+        "--trusted-key",
+        RFC8032_TEST_1,
+    ]);
+    assert_eq!(cli.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&cli.stderr).contains("secret key is published"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -15,7 +15,10 @@ The scenario runs once (module fixture) in phases:
      handler (`vlad bundle verify`), before anything is written - not at the parity gate.
      The canary succeeds, wave-1 ends 1 succeeded / 1 failed (1 of 3 failed so far, 33 % >
      20 %): the rollout stops, wave-2 (dev-4) stays on 1.1.0;
-  4. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3).
+  4. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3),
+     a rollback: dev-4 (on 1.1.0, committed) sent the older signed 1.0.0, refused by
+     vlad's version floor, still on 1.1.0 and driving; and an expired 1.5.0 sent to dev-4,
+     refused the same way.
 
 Run with the project venv (the agents and the server run in build/fleet-venv):
     scripts/setup_fleet.sh && .venv/bin/python -m pytest -q tools/vla_fleet/tests
@@ -159,12 +162,16 @@ def make_bundles(work: Path) -> dict:
     for name, version, tamper, signer in (("a", "1.0.0", False, fleet_key), ("good", "1.1.0", False, fleet_key),
                                        ("gate-fails", "1.2.0", True, fleet_key),
                                        ("new-key", "1.3.0", False, new_key),
-                                       ("corrupt", "1.4.0", False, new_key)):
-        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper)
+                                       ("corrupt", "1.4.0", False, new_key),
+                                       ("expired", "1.5.0", False, fleet_key)):
+        # `expired`: signed, intact and newer, but its signed expiry lies an hour back (a
+        # server replaying a release it was asked to withdraw, or one frozen in time).
+        d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper,
+                                 expires=int(time.time()) - 3600 if name == "expired" else None)
         made[name] = {"dir": d, "version": version,
                       "hash": run("sha256sum", d / "ota-manifest.json").stdout.split()[0]}
-        if name != "a":
-            made[name]["raucb"] = check.rauc_bundle(RAUC, work, name, d, version, cert, key)
+        # A's RAUC bundle too: once 1.1.0 is committed, serving 1.0.0 is a rollback attack.
+        made[name]["raucb"] = check.rauc_bundle(RAUC, work, name, d, version, cert, key)
     return made
 
 
@@ -262,7 +269,8 @@ def fleet():
         # entry for its `compatible`. goosebit 0.2.12 creates that entry with a racy
         # get_or_create when devices register first and at once: two rows, and from
         # then on every configData of that model answers 500.
-        sw = {name: f.server.upload_software(b[name]["raucb"]) for name in ("good", "gate-fails", "new-key", "corrupt")}
+        sw = {name: f.server.upload_software(b[name]["raucb"])
+              for name in ("good", "gate-fails", "new-key", "corrupt", "a", "expired")}
         f.sw = sw
         for d in f.devices.values():
             d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0")
@@ -343,6 +351,35 @@ def fleet():
                                                          "repo": sorted(os.listdir(d2.repo))},
                              "device": f.server.devices()["dev-2"], "log": f.server.device_log("dev-2"),
                              "agent": d2.log("agent")[agent_from:], "daemon_alive": d2.alive("daemon")}
+
+        # Phase 4d: a rollback: the server (compromised, or anyone on its path) sends dev-4,
+        # which committed 1.1.0, the older signed 1.0.0. vlad's version floor refuses it in
+        # RAUC's post-install handler; the device stays on 1.1.0 and keeps driving.
+        d4 = f.devices["dev-4"]
+        before4 = {"current": d4.current(), "bundles": d4.bundles()}
+        n_ok = d4.robot().get("ok_applied", 0)
+        f.server.patch_devices(["dev-4"], software=str(sw["a"]), force_update=True)
+        f.wait_for("dev-4 in state Error", lambda: f.server.devices()["dev-4"]["last_state"] == "Error")
+        f.wait_for("dev-4's robot to receive more ok actions after the refused rollback",
+                   lambda: d4.robot().get("ok_applied", 0) > n_ok + 5)
+        f.seen["rollback"] = {"before": before4, "after": {"current": d4.current(), "bundles": d4.bundles()},
+                              "device": f.server.devices()["dev-4"], "log": f.server.device_log("dev-4"),
+                              "agent": d4.log("agent"), "status": d4.status(),
+                              "daemon_alive": d4.alive("daemon")}
+
+        # Phase 4e: an expired release (newer, signed, intact) sent to dev-4: refused by
+        # RAUC's pre-install check (vlad bundle verify), dev-4 stays on 1.1.0 and drives.
+        n_ok = d4.robot().get("ok_applied", 0)
+        agent_from = len(d4.log("agent"))
+        f.server.patch_devices(["dev-4"], software=str(sw["expired"]), force_update=True)
+        # dev-4 is in Error already (4d): the wait is for its agent to have tried again.
+        f.wait_for("dev-4's agent to try the expired release and fail",
+                   lambda: len(d4.log("agent")) > agent_from
+                   and f.server.devices()["dev-4"]["last_state"] == "Error")
+        f.wait_for("dev-4's robot to receive more ok actions after the refused expired release",
+                   lambda: d4.robot().get("ok_applied", 0) > n_ok + 5)
+        f.seen["expired"] = {"after": {"current": d4.current(), "bundles": d4.bundles()},
+                             "device": f.server.devices()["dev-4"], "daemon_alive": d4.alive("daemon")}
 
         # Phase 4b/c: dev-3's agent with a refused token, then with an unreachable server.
         d3 = f.devices["dev-3"]
@@ -490,6 +527,24 @@ def test_corrupt_download_is_refused_before_anything_is_written(fleet):
     assert "checksum does not match" in s["log"], s["log"]
     assert s["after"] == s["before"], (s["before"], s["after"])
     assert "rauc-standin" not in s["agent"], "the install ran on a corrupt download"
+    assert s["daemon_alive"]
+
+
+def test_an_older_signed_policy_is_refused_as_a_rollback(fleet):
+    s = fleet.seen["rollback"]
+    good = fleet.bundles["good"]["hash"]
+    assert s["before"]["current"] == good, s["before"]
+    assert s["device"]["last_state"] == "Error", s["device"]
+    assert s["after"]["current"] == good, s["after"]
+    assert "version floor" in s["status"] and "1.1.0" in s["status"], s["status"]
+    assert s["daemon_alive"]
+
+
+def test_an_expired_release_is_refused(fleet):
+    s = fleet.seen["expired"]
+    assert s["device"]["last_state"] == "Error", s["device"]
+    assert s["after"]["current"] == fleet.bundles["good"]["hash"], s["after"]
+    assert fleet.bundles["expired"]["hash"] not in s["after"]["bundles"], "the expired release was installed"
     assert s["daemon_alive"]
 
 

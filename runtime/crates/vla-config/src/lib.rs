@@ -384,6 +384,11 @@ pub struct OtaConfig {
     pub root: PathText,
     /// Keys a bundle signature may verify against; empty: every update is refused.
     pub trusted_keys: heapless::Vec<TrustedKey, MAX_TRUSTED_KEYS>,
+    /// Distinct trusted keys that must have signed a bundle (k of n; default 1).
+    pub signature_threshold: u32,
+    /// The fleet's offline root keys, which sign key lists (rotation, revocation); empty
+    /// (the default): key lists are not read.
+    pub root_keys: heapless::Vec<TrustedKey, MAX_TRUSTED_KEYS>,
     /// Inferences a new bundle must complete before it is marked good.
     pub trial_inferences: u32,
     /// Starts a new bundle gets before it is rolled back.

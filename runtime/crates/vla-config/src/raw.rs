@@ -174,6 +174,8 @@ pub(crate) struct RawSystemd {
 pub(crate) struct RawOta {
     pub root: PathText,
     pub trusted_keys: List<KeyText, { crate::MAX_TRUSTED_KEYS }>,
+    pub signature_threshold: Option<f64>,
+    pub root_keys: Option<List<KeyText, { crate::MAX_TRUSTED_KEYS }>>,
     pub trial_inferences: f64,
     pub max_trial_starts: f64,
 }

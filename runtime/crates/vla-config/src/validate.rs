@@ -421,9 +421,34 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
         // Capacity equals the raw list's bound, so this cannot fail.
         let _ = trusted_keys.push(key);
     }
+    // At most the number of keys (at least 1): a threshold no set of keys can meet would
+    // refuse every update without saying why.
+    let signature_threshold = whole(
+        path(&["ota", "signature_threshold"]),
+        raw.signature_threshold.unwrap_or(1.0),
+        1,
+        (trusted_keys.len() as u32).max(1),
+    )?;
+    let roots_path = path(&["ota", "root_keys"]);
+    let mut root_keys = heapless::Vec::new();
+    for (i, text) in raw.root_keys.iter().flat_map(|l| l.0.iter()).enumerate() {
+        let key_path = roots_path.clone().index(i);
+        let key = trusted_key(key_path.clone(), &text.0)?;
+        if root_keys.contains(&key) {
+            return Err(ConfigError::invalid(
+                key_path,
+                format_args!("each key listed once"),
+                Found::text(&text.0),
+            ));
+        }
+        // Capacity equals the raw list's bound, so this cannot fail.
+        let _ = root_keys.push(key);
+    }
     Ok(OtaConfig {
         root,
         trusted_keys,
+        signature_threshold,
+        root_keys,
         trial_inferences: whole(
             path(&["ota", "trial_inferences"]),
             raw.trial_inferences,

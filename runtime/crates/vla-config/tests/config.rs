@@ -90,14 +90,23 @@ fn dev_config_parses_to_the_documented_values() {
     assert!(!config.realtime.mlockall);
     assert!(!config.systemd.notify && !config.systemd.watchdog);
     assert_eq!(config.log.level, LogLevel::Debug);
-    // RFC 8032 test 1 public key: the hex decodes byte for byte.
-    let mut expected = [0u8; 32];
-    expected[..4].copy_from_slice(&[0xd7, 0x5a, 0x98, 0x01]);
-    expected[28..].copy_from_slice(&[0xf7, 0x07, 0x51, 0x1a]);
-    let key = config.ota.trusted_keys[0].0;
-    assert_eq!(config.ota.trusted_keys.len(), 1);
-    assert_eq!((&key[..4], &key[28..]), (&expected[..4], &expected[28..]));
-    assert_eq!(key[16], 0x0e);
+    // No key: a development daemon refuses every update (a published test key would let
+    // anyone sign one; vlad refuses those at start).
+    assert!(config.ota.trusted_keys.is_empty());
+    assert_eq!(config.ota.signature_threshold, 1);
+}
+
+#[test]
+fn the_signature_threshold_is_at_most_the_number_of_keys() {
+    let a = "00".repeat(31) + "01";
+    let b = "ff".repeat(32);
+    let keys = format!("\"trusted_keys\": [\"{a}\", \"{b}\"], \"signature_threshold\": 2");
+    let config = parse(&edit(&device_json(), "\"trusted_keys\": []", &keys)).unwrap();
+    assert_eq!(config.ota.signature_threshold, 2);
+    let keys = format!("\"trusted_keys\": [\"{a}\", \"{b}\"], \"signature_threshold\": 3");
+    let (error, message) = error_of(&edit(&device_json(), "\"trusted_keys\": []", &keys));
+    assert_eq!(path_of(&error), "ota.signature_threshold", "{message}");
+    assert_mentions(&message, &["1..=2"]);
 }
 
 #[test]

@@ -233,6 +233,14 @@ impl Inference {
                     path.display()
                 );
                 self.source.reader = None;
+            } else if ring.is_truncated() {
+                // Shrunk under our mapping (its pages read as zeros now): hold until the
+                // robot's writer makes it whole again.
+                log::warn!(
+                    "observation ring {} was truncated; reopening",
+                    path.display()
+                );
+                self.source.reader = None;
             }
             std::thread::sleep(Duration::from_millis(2));
             return None;
@@ -274,8 +282,11 @@ impl Inference {
             // Synchronous: captured before the executed rows were done; wait for the next.
             return None;
         }
-        let age = monotonic_ns().saturating_sub(self.obs.capture_time_ns);
-        if age > self.settings.max_observation_age.as_nanos() as u64 {
+        if !fresh(
+            monotonic_ns(),
+            self.obs.capture_time_ns,
+            self.settings.max_observation_age.as_nanos() as u64,
+        ) {
             Health::bump(&health.stale_observations);
             return None;
         }
@@ -415,6 +426,14 @@ impl Inference {
         }
         slot.fresh = true;
     }
+}
+
+/// An observation captured at `capture_ns` may be used at `now_ns`: no older than
+/// `max_age_ns`, and not from the future. Both are CLOCK_MONOTONIC of this machine, so a
+/// capture time ahead of now is a writer's error or a forgery, and it would otherwise read
+/// as age 0 and pass for fresh however old the frame is.
+fn fresh(now_ns: u64, capture_ns: u64, max_age_ns: u64) -> bool {
+    capture_ns <= now_ns && now_ns - capture_ns <= max_age_ns
 }
 
 /// The robot's observation period from two observations of one writer taken `n`

@@ -256,9 +256,21 @@ struct Histograms {
     freshness: Histogram,
 }
 
-fn block_signals() {
-    // Signals go to the daemon's main thread; a loop thread must not be interrupted.
-    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), None);
+/// Blocks every asynchronous signal in the calling thread: signals go to the daemon's main
+/// thread, a loop thread must not be interrupted. The synchronous fault signals stay
+/// unblocked: a fault while they are blocked kills the process outright, and the ring's
+/// SIGBUS handler (a ring shrunk under its mapping) must run in the thread that faulted.
+pub fn block_signals() {
+    let mut set = SigSet::all();
+    for fault in [
+        nix::sys::signal::SIGBUS,
+        nix::sys::signal::SIGSEGV,
+        nix::sys::signal::SIGFPE,
+        nix::sys::signal::SIGILL,
+    ] {
+        set.remove(fault);
+    }
+    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
 }
 
 /// Sleeps until the absolute CLOCK_MONOTONIC time `deadline_ns` (restarting after

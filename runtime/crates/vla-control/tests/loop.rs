@@ -304,7 +304,7 @@ fn fresh_steps_then_hold(mode: MergeMode) {
 }
 
 #[test]
-fn failing_inference_holds_then_faults_and_stale_observations_are_skipped() {
+fn failing_inference_holds_then_faults_and_stale_or_future_observations_are_skipped() {
     for mode in MODES {
         failing_then_stale(mode);
     }
@@ -342,6 +342,13 @@ fn failing_then_stale(mode: MergeMode) {
     obs.capture_time_ns = monotonic_ns() - 1_000_000_000;
     ow.publish(&obs).unwrap();
     eventually("the stale observation is counted", || {
+        vla_control::Health::get(&lp.health().stale_observations) > stale_before
+    });
+    // Nor one whose capture time lies in the future (it would read as age 0).
+    let stale_before = vla_control::Health::get(&lp.health().stale_observations);
+    obs.capture_time_ns = monotonic_ns() + 3_600_000_000_000;
+    ow.publish(&obs).unwrap();
+    eventually("the observation from the future is counted stale", || {
         vla_control::Health::get(&lp.health().stale_observations) > stale_before
     });
     let report = lp.stop();

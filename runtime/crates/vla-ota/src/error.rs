@@ -219,6 +219,58 @@ pub enum OtaError {
         /// What is unreadable or inconsistent.
         reason: String,
     },
+    /// The bundle's version is below the version floor (the highest version this device
+    /// has committed): an older release, possibly with a known flaw, is not taken back
+    /// except by the operator's `rollback` to the kept previous bundle.
+    Rollback {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// The bundle's version.
+        version: String,
+        /// The floor it is below.
+        floor: String,
+    },
+    /// The bundle's signed expiry has passed: the signer no longer vouches that it is the
+    /// current release, so it is not installed or activated.
+    Expired {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// Its signed expiry (Unix seconds).
+        expires: u64,
+        /// This device's time (Unix seconds): the clock, or the latest time recorded.
+        now: u64,
+    },
+    /// The version floor file is unreadable: every install is refused until it is
+    /// repaired (a lost floor would reopen rollbacks).
+    Floor {
+        /// The floor file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Fewer distinct trusted keys signed the manifest than the threshold asks for.
+    TooFewSignatures {
+        /// The signature file.
+        path: PathBuf,
+        /// Distinct trusted keys whose signature verified.
+        valid: usize,
+        /// Signatures required (`ota.signature_threshold`).
+        threshold: usize,
+    },
+    /// A key list (`keys.json`) that is unsigned by the root keys, unreadable or invalid.
+    KeyList {
+        /// The key list file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A key offered as trusted whose secret is published (anyone can sign with it).
+    PublishedKey {
+        /// The key, 64 hex characters.
+        key: String,
+        /// Where its secret was published.
+        published: &'static str,
+    },
     /// A bundle that must not be replaced (current or previous) failed verification.
     InUseCorrupt {
         /// Content hash of the bundle in use.
@@ -315,6 +367,43 @@ impl OtaError {
                 f,
                 "signature {} does not verify against any of the {keys} trusted key(s)",
                 path.display()
+            ),
+            Rollback {
+                bundle,
+                version,
+                floor,
+            } => write!(
+                f,
+                "bundle {}: version {version} is below this device's version floor {floor} (no rollback except `vlad ota rollback` to the kept previous bundle)",
+                bundle.display()
+            ),
+            Expired {
+                bundle,
+                expires,
+                now,
+            } => write!(
+                f,
+                "bundle {}: its signed expiry (Unix time {expires}) has passed (device time {now}): ask the fleet for a freshly signed release",
+                bundle.display()
+            ),
+            Floor { path, reason } => write!(
+                f,
+                "version floor {}: {reason} (every install is refused until it is repaired)",
+                path.display()
+            ),
+            TooFewSignatures {
+                path,
+                valid,
+                threshold,
+            } => write!(
+                f,
+                "signature file {}: {valid} distinct trusted key(s) signed, {threshold} required (ota.signature_threshold)",
+                path.display()
+            ),
+            KeyList { path, reason } => write!(f, "key list {}: {reason}", path.display()),
+            PublishedKey { key, published } => write!(
+                f,
+                "key {key} may not be trusted: its secret key is published ({published}); generate a fleet key with `vlad bundle keygen`"
             ),
             SecretKey { path, reason } => write!(f, "secret key {}: {reason}", path.display()),
             PublicKey { text, reason } => write!(f, "public key `{text}`: {reason}"),

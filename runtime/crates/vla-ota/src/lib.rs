@@ -13,7 +13,9 @@
 //! bundles/.trash-<hash>-<pid>/     a bundle being deleted (removed at the next start)
 //! current  -> bundles/<hash>       what the daemon loads (`bundle.path`)
 //! previous -> bundles/<hash>       the rollback target
+//! key-list.json                    the newest root-signed key list accepted (rotation)
 //! ota-state.json                   current, previous, trial, trial_starts, healthy count
+//! version-floor.json               highest committed version, latest time seen (anti-rollback)
 //! ota.lock                         flock serializing OTA operations between processes
 //! vlad.pid                         the daemon's pid (the CLI signals it to reload) and, once
 //!                                  gated, its bundle and inference time (verdict waits)
@@ -29,6 +31,8 @@
 //!     trusted_keys: vec![PublicKey::from_hex(
 //!         "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
 //!     )?],
+//!     signature_threshold: 1,
+//!     root_keys: Vec::new(),
 //!     trial_inferences: 20,
 //!     max_trial_starts: 3,
 //!     target: DeviceTarget { soc_model: 77, htp_arch: 73, runtime_version: "0.1.0".into() },
@@ -48,6 +52,7 @@
 mod durable;
 mod error;
 pub mod hex;
+mod keylist;
 mod manifest;
 pub mod maps;
 mod signing;
@@ -60,18 +65,23 @@ pub mod version;
 use std::path::{Path, PathBuf};
 
 pub use error::{OtaError, SignalError};
+pub use keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE, STORED_KEY_LIST_FILE};
 pub use manifest::{
-    pack, FileEntry, OtaManifest, MANIFEST_FILE, MANIFEST_FORMAT, MAX_MANIFEST_BYTES,
-    SIGNATURE_FILE,
+    pack, pack_until, FileEntry, OtaManifest, DEFAULT_VALIDITY_S, MANIFEST_FILE, MANIFEST_FORMAT,
+    MAX_MANIFEST_BYTES, SIGNATURE_FILE,
 };
-pub use signing::{keygen, read_secret_key, sign, PublicKey};
+pub use signing::{
+    keygen, read_secret_key, sign, sign_key_list, PublicKey, MAX_SIGNATURES, MAX_SIGNATURE_BYTES,
+    PUBLISHED_KEYS,
+};
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
-    Activated, BundleInfo, Daemon, Gated, GcReport, Installed, Placement, RolledBack, SignalDaemon,
-    StartReport, Status, Store, TrialProgress, Verdict, PID_FILE, STATE_FILE,
+    Activated, BundleInfo, Daemon, Floor, Gated, GcReport, Installed, Placement, RolledBack,
+    SignalDaemon, StartReport, Status, Store, TrialProgress, Verdict, FLOOR_FILE, PID_FILE,
+    STATE_FILE,
 };
 pub use trial::{TrialRecorder, TrialView, FLUSH_INTERVAL};
-pub use verify::{verify, VerifiedBundle};
+pub use verify::{verify, verify_threshold, VerifiedBundle};
 
 /// What a bundle must be built for to run here.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +101,11 @@ pub struct OtaSettings {
     pub root: PathBuf,
     /// Keys a bundle signature may verify against; empty: every update is refused.
     pub trusted_keys: Vec<PublicKey>,
+    /// Distinct trusted keys that must have signed a bundle (k of n; 1: any one key).
+    pub signature_threshold: usize,
+    /// The fleet's offline root keys: a key list (`keys.json`) they signed replaces
+    /// `trusted_keys` and `signature_threshold` and revokes keys. Empty: no key list.
+    pub root_keys: Vec<PublicKey>,
     /// Healthy inferences a new bundle must complete before it is committed.
     pub trial_inferences: u32,
     /// Starts a new bundle gets (its activation is the first) before it is rolled back.

@@ -24,6 +24,9 @@ pub const MANIFEST_FORMAT: u32 = 1;
 /// Largest manifest accepted: a bundle lists tens of files, so 1 MiB is generous and
 /// bounds what an unverified file can make us allocate.
 pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+/// How long a bundle [`pack`] writes stays installable unless told otherwise: 90 days, so a
+/// fleet re-signs its current release at least quarterly.
+pub const DEFAULT_VALIDITY_S: u64 = 90 * 24 * 3600;
 
 /// One file of a bundle, relative to the bundle directory with `/` separators.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +58,11 @@ pub struct OtaManifest {
     pub htp_arch: u32,
     /// Oldest runtime version (`MAJOR.MINOR.PATCH`) that can run this bundle.
     pub min_runtime_version: String,
+    /// When the signer's promise that this is a current release ends (Unix seconds, UTC):
+    /// a device refuses to install or activate the bundle after it, so a server that
+    /// withholds newer releases is noticed (a committed bundle keeps running and reports
+    /// itself stale).
+    pub expires: u64,
     /// Every file of the bundle except the manifest and its signature, sorted by path.
     pub files: Vec<FileEntry>,
 }
@@ -75,7 +83,7 @@ impl BundleIdentity {
     /// business and are not interpreted here.
     pub(crate) fn read(dir: &Path) -> Result<Self, OtaError> {
         let path = dir.join("bundle.json");
-        let bytes = std::fs::read(&path).map_err(|e| OtaError::io("reading", &path, e))?;
+        let bytes = crate::verify::read_small(&path, MAX_MANIFEST_BYTES, dir, "bundle.json")?;
         Self::parse(&path, &bytes)
     }
 
@@ -228,8 +236,15 @@ pub(crate) fn check_relative(bundle: &Path, path: &str) -> Result<(), OtaError> 
     Ok(())
 }
 
-/// SHA-256 and length of everything `reader` yields.
-pub(crate) fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(u64, [u8; 32]), OtaError> {
+/// SHA-256 and length of what `reader` yields, reading at most `limit` bytes: a caller
+/// that knows the declared size passes one more than it, so a file that grows while it
+/// is read (or never ends) shows as too long instead of being read forever.
+pub(crate) fn hash_reader(
+    reader: impl Read,
+    path: &Path,
+    limit: u64,
+) -> Result<(u64, [u8; 32]), OtaError> {
+    let mut reader = reader.take(limit);
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;
@@ -251,6 +266,14 @@ pub(crate) fn hash_reader(mut reader: impl Read, path: &Path) -> Result<(u64, [u
 /// identity fields taken from `bundle.json`, and removes a signature left from an earlier
 /// manifest (it would no longer match). Symbolic links and special files are refused.
 pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    pack_until(bundle_dir, now.saturating_add(DEFAULT_VALIDITY_S))
+}
+
+/// [`pack`] with an explicit expiry (Unix seconds, UTC) instead of [`DEFAULT_VALIDITY_S`].
+pub fn pack_until(bundle_dir: &Path, expires: u64) -> Result<OtaManifest, OtaError> {
     let identity = BundleIdentity::read(bundle_dir)?;
     for (field, value) in [
         ("version", &identity.version),
@@ -271,7 +294,7 @@ pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
         }
         let path = bundle_dir.join(&rel);
         let file = durable::open_no_follow(&path)?;
-        let (size, digest) = hash_reader(file, &path)?;
+        let (size, digest) = hash_reader(file, &path, u64::MAX)?;
         files.push(FileEntry {
             path: rel,
             size,
@@ -287,6 +310,7 @@ pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
         soc_model: identity.soc_model,
         htp_arch: identity.htp_arch,
         min_runtime_version: identity.min_runtime_version,
+        expires,
         files,
     };
     let manifest_path = bundle_dir.join(MANIFEST_FILE);

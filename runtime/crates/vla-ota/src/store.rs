@@ -16,6 +16,7 @@
 //! Every operation that changes anything holds an exclusive `flock` on `ota.lock`.
 
 mod activation;
+mod floor;
 mod gc;
 mod install;
 mod recovery;
@@ -23,6 +24,7 @@ mod signal;
 mod trial;
 
 pub use activation::{Activated, RolledBack};
+pub use floor::{Floor, FLOOR_FILE};
 pub use gc::{BundleInfo, GcReport, Status};
 pub use install::{Installed, Placement};
 pub use recovery::StartReport;
@@ -32,8 +34,10 @@ pub use trial::{TrialProgress, Verdict};
 use crate::durable;
 use crate::error::OtaError;
 use crate::hex;
+use crate::keylist::{KeyList, STORED_KEY_LIST_FILE};
+use crate::signing::PublicKey;
 use crate::state::OtaState;
-use crate::verify::{verify, VerifiedBundle};
+use crate::verify::{verify_threshold, VerifiedBundle};
 use crate::OtaSettings;
 use nix::fcntl::{Flock, FlockArg};
 use std::fs::{File, OpenOptions};
@@ -50,12 +54,14 @@ const TRASH_PREFIX: &str = ".trash-";
 
 type StepHook = Box<dyn Fn(&str) + Send + Sync>;
 type SpaceProbe = Box<dyn Fn(&Path) -> std::io::Result<u64> + Send + Sync>;
+type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
 
 /// The OTA store rooted at [`OtaSettings::root`].
 pub struct Store {
     settings: OtaSettings,
     step_hook: Option<StepHook>,
     free_space: Option<SpaceProbe>,
+    clock: Option<Clock>,
     proc_root: PathBuf,
 }
 
@@ -71,6 +77,7 @@ impl Store {
             settings,
             step_hook: None,
             free_space: None,
+            clock: None,
             proc_root: PathBuf::from("/proc"),
         }
     }
@@ -136,9 +143,76 @@ impl Store {
         }
     }
 
-    /// Full verification of `dir` against this store's keys and device.
+    /// Full verification of `dir` against this store's keys (the stored key list's, or the
+    /// settings') and device.
     pub fn verify(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
-        verify(dir, &self.settings.trusted_keys, &self.settings.target)
+        let (keys, threshold) = self.trust()?;
+        verify_threshold(dir, &keys, threshold, &self.settings.target)
+    }
+
+    /// The keys bundles verify against and how many must have signed: the stored key
+    /// list's (its revoked keys removed) when there is one, else the settings'.
+    pub fn trust(&self) -> Result<(Vec<PublicKey>, usize), OtaError> {
+        Ok(match self.key_list()? {
+            Some(list) => list.trust(),
+            None => (
+                self.settings.trusted_keys.clone(),
+                self.settings.signature_threshold,
+            ),
+        })
+    }
+
+    /// Verification of a bundle offered for install (what RAUC's pre-install handler
+    /// asks): with the key list beside its manifest when that list is root-signed and
+    /// newer than the stored one (install adopts it), else as [`Store::verify`]; and,
+    /// as install, refused below the version floor or past its signed expiry.
+    pub fn verify_offered(&self, dir: &Path) -> Result<VerifiedBundle, OtaError> {
+        let offered = match self.settings.root_keys.is_empty() {
+            true => None,
+            false => KeyList::read(dir, &self.settings.root_keys)?,
+        };
+        let stored = self.key_list()?;
+        let (keys, threshold) = match (offered, stored) {
+            (Some(o), s) if s.as_ref().is_none_or(|s| o.version > s.version) => o.trust(),
+            (_, Some(s)) => s.trust(),
+            (_, None) => (
+                self.settings.trusted_keys.clone(),
+                self.settings.signature_threshold,
+            ),
+        };
+        let verified = verify_threshold(dir, &keys, threshold, &self.settings.target)?;
+        // What install would refuse next is refused here too, before anything is written.
+        self.check_floor_and_expiry(&verified)?;
+        Ok(verified)
+    }
+
+    /// The key list the store accepted last, if any (its root signature checked again).
+    pub fn key_list(&self) -> Result<Option<KeyList>, OtaError> {
+        if self.settings.root_keys.is_empty() {
+            return Ok(None);
+        }
+        KeyList::read_stored(
+            &self.root().join(STORED_KEY_LIST_FILE),
+            &self.settings.root_keys,
+        )
+    }
+
+    /// Keeps `list` if it is newer than the stored one (key lists never go back); called
+    /// with the lock held. Returns whether it was kept.
+    fn adopt_key_list(&self, list: &KeyList) -> Result<bool, OtaError> {
+        if self
+            .key_list()?
+            .is_some_and(|stored| stored.version >= list.version)
+        {
+            return Ok(false);
+        }
+        durable::write_atomic(
+            &self.root().join(STORED_KEY_LIST_FILE),
+            &list.stored_bytes(),
+            &mut |s| self.step(s),
+        )?;
+        log::info!("key list version {} adopted", list.version);
+        Ok(true)
     }
 
     fn lock(&self) -> Result<LockGuard, OtaError> {
@@ -314,6 +388,18 @@ impl Store {
         self.step("discard: moved to trash");
         std::fs::remove_dir_all(&trash).map_err(|e| OtaError::io("removing", &trash, e))?;
         Ok(bytes)
+    }
+
+    /// The version the installed bundle `hash`'s manifest names (`None`: unreadable).
+    fn bundle_version(&self, hash: &str) -> Option<String> {
+        let dir = self.bundle_dir(hash);
+        let path = dir.join(crate::MANIFEST_FILE);
+        let bytes =
+            crate::verify::read_small(&path, crate::MAX_MANIFEST_BYTES, &dir, crate::MANIFEST_FILE)
+                .ok()?;
+        crate::OtaManifest::parse(&path, &bytes)
+            .ok()
+            .map(|m| m.version)
     }
 
     /// The current bundle's content hash and directory, read from the `current` link.

@@ -11,7 +11,7 @@ use crate::hex;
 use crate::manifest::{
     hash_reader, BundleIdentity, OtaManifest, MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE,
 };
-use crate::signing::{parse_signature, verify_with_any, PublicKey};
+use crate::signing::{parse_signatures, signers, PublicKey, MAX_SIGNATURE_BYTES};
 use crate::version::Version;
 use crate::DeviceTarget;
 use sha2::{Digest, Sha256};
@@ -30,8 +30,10 @@ pub struct VerifiedBundle {
     pub manifest_bytes: Vec<u8>,
     /// Lowercase hex SHA-256 of `manifest_bytes`: the bundle's name on the device.
     pub content_hash: String,
-    /// The trusted key the signature verified against.
+    /// The first trusted key a signature verified against.
     pub signed_by: PublicKey,
+    /// Every distinct trusted key whose signature verified (at least the threshold).
+    pub signers: Vec<PublicKey>,
 }
 
 /// Regular files and directories under a bundle, relative with `/` separators.
@@ -93,7 +95,12 @@ pub(crate) fn walk(dir: &Path) -> Result<Listing, OtaError> {
 }
 
 /// Reads at most `limit` bytes of regular file `path` (a link or a longer file is refused).
-fn read_small(path: &Path, limit: u64, bundle: &Path, rel: &str) -> Result<Vec<u8>, OtaError> {
+pub(crate) fn read_small(
+    path: &Path,
+    limit: u64,
+    bundle: &Path,
+    rel: &str,
+) -> Result<Vec<u8>, OtaError> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(OtaError::MissingFile {
@@ -135,17 +142,30 @@ fn read_small(path: &Path, limit: u64, bundle: &Path, rel: &str) -> Result<Vec<u
 /// Verifies `bundle_dir` for this device: the manifest signature against `trusted_keys`,
 /// the manifest rules, SoC / HTP arch / runtime version against `target`, the exact file
 /// set (no extra, no missing, no links), every size and every SHA-256, and that
-/// `bundle.json` agrees with the manifest.
+/// `bundle.json` agrees with the manifest. One valid signature is enough; see
+/// [`verify_threshold`] for k of n.
 pub fn verify(
     bundle_dir: &Path,
     trusted_keys: &[PublicKey],
+    target: &DeviceTarget,
+) -> Result<VerifiedBundle, OtaError> {
+    verify_threshold(bundle_dir, trusted_keys, 1, target)
+}
+
+/// [`verify`] needing signatures from `threshold` distinct keys of `trusted_keys`.
+pub fn verify_threshold(
+    bundle_dir: &Path,
+    trusted_keys: &[PublicKey],
+    threshold: usize,
     target: &DeviceTarget,
 ) -> Result<VerifiedBundle, OtaError> {
     if trusted_keys.is_empty() {
         return Err(OtaError::NoTrustedKeys);
     }
     let bundle = bundle_dir;
-    let (manifest, manifest_bytes, signed_by) = signed_manifest(bundle, trusted_keys)?;
+    let (manifest, manifest_bytes, signers) =
+        signed_manifest(bundle, trusted_keys, threshold.max(1))?;
+    let signed_by = signers[0];
     check_target(bundle, &manifest, target)?;
     check_file_set(bundle, &manifest)?;
     check_sizes(bundle, &manifest)?;
@@ -158,15 +178,17 @@ pub fn verify(
         manifest_bytes,
         content_hash,
         signed_by,
+        signers,
     })
 }
 
-/// The manifest, its bytes and the key that signed them: the signature is checked
-/// before the manifest is parsed.
+/// The manifest, its bytes and the (at least `threshold`, never none) keys that signed
+/// them: the signatures are checked before the manifest is parsed.
 fn signed_manifest(
     bundle: &Path,
     trusted_keys: &[PublicKey],
-) -> Result<(OtaManifest, Vec<u8>, PublicKey), OtaError> {
+    threshold: usize,
+) -> Result<(OtaManifest, Vec<u8>, Vec<PublicKey>), OtaError> {
     let manifest_path = bundle.join(MANIFEST_FILE);
     let signature_path = bundle.join(SIGNATURE_FILE);
     let unsigned = |missing| {
@@ -177,17 +199,25 @@ fn signed_manifest(
     };
     let manifest_bytes = read_small(&manifest_path, MAX_MANIFEST_BYTES, bundle, MANIFEST_FILE)
         .map_err(unsigned(MANIFEST_FILE))?;
-    let signature_text = read_small(&signature_path, 1024, bundle, SIGNATURE_FILE)
+    let signature_text = read_small(&signature_path, MAX_SIGNATURE_BYTES, bundle, SIGNATURE_FILE)
         .map_err(unsigned(SIGNATURE_FILE))?;
-    let signature = parse_signature(&signature_path, &signature_text)?;
-    let signed_by = *verify_with_any(trusted_keys, &manifest_bytes, &signature).ok_or(
-        OtaError::BadSignature {
-            path: signature_path.clone(),
+    let signatures = parse_signatures(&signature_path, &signature_text)?;
+    let signed = signers(trusted_keys, &manifest_bytes, &signatures);
+    if signed.is_empty() {
+        return Err(OtaError::BadSignature {
+            path: signature_path,
             keys: trusted_keys.len(),
-        },
-    )?;
+        });
+    }
+    if signed.len() < threshold {
+        return Err(OtaError::TooFewSignatures {
+            path: signature_path,
+            valid: signed.len(),
+            threshold,
+        });
+    }
     let manifest = OtaManifest::parse(&manifest_path, &manifest_bytes)?;
-    Ok((manifest, manifest_bytes, signed_by))
+    Ok((manifest, manifest_bytes, signed))
 }
 
 /// The bundle is built for this SoC and HTP arch, and for this runtime or an older one.
@@ -231,7 +261,13 @@ fn check_file_set(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError>
     let listing = walk(bundle)?;
     let listed: BTreeSet<&str> = manifest.files.iter().map(|f| f.path.as_str()).collect();
     for file in &listing.files {
-        if file != MANIFEST_FILE && file != SIGNATURE_FILE && !listed.contains(file.as_str()) {
+        let beside = [
+            MANIFEST_FILE,
+            SIGNATURE_FILE,
+            crate::KEY_LIST_FILE,
+            crate::KEY_LIST_SIGNATURE_FILE,
+        ];
+        if !beside.contains(&file.as_str()) && !listed.contains(file.as_str()) {
             return Err(OtaError::ExtraFile {
                 bundle: bundle.to_owned(),
                 path: file.clone(),
@@ -282,7 +318,11 @@ fn check_sizes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
 fn check_hashes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     for entry in &manifest.files {
         let path = bundle.join(&entry.path);
-        let (size, digest) = hash_reader(durable::open_no_follow(&path)?, &path)?;
+        let (size, digest) = hash_reader(
+            durable::open_no_follow(&path)?,
+            &path,
+            entry.size.saturating_add(1),
+        )?;
         let found = hex::encode(&digest);
         if size != entry.size {
             return Err(OtaError::SizeMismatch {

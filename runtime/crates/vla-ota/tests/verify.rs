@@ -56,8 +56,9 @@ fn pack_sign_verify_round_trip() {
     let sig = std::fs::read_to_string(dir.join(SIGNATURE_FILE)).unwrap();
     assert_eq!(sig.len(), 129);
     assert!(sig.ends_with('\n'));
-    // Packing again is deterministic (same bytes, same content hash) and drops the signature.
-    vla_ota::pack(&dir).unwrap();
+    // Packing again with the same expiry is deterministic (same bytes, same content hash)
+    // and drops the signature.
+    vla_ota::pack_until(&dir, 4_102_444_800).unwrap();
     assert_eq!(
         std::fs::read(dir.join(MANIFEST_FILE)).unwrap(),
         manifest_bytes

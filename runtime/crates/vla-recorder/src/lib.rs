@@ -339,12 +339,8 @@ impl Watch {
 }
 
 fn recorder_thread(shared: Arc<Shared>) {
-    // Signals belong to the daemon's main thread.
-    let _ = nix::sys::signal::pthread_sigmask(
-        nix::sys::signal::SigmaskHow::SIG_BLOCK,
-        Some(&nix::sys::signal::SigSet::all()),
-        None,
-    );
+    // Signals belong to the daemon's main thread (the fault signals excepted).
+    vla_control::block_signals();
     // Low priority by construction: this thread stays SCHED_OTHER (it never asks for more)
     // while the publisher is SCHED_FIFO on a device, so it cannot delay a tick.
     let geometry = shared.settings.geometry;

@@ -83,6 +83,8 @@ pub struct Facts {
     pub parity_cosine: f64,
     /// `none` (no OTA store), `trial` or `committed`.
     pub ota_state: String,
+    /// The running bundle's signed expiry (Unix seconds); `None`: no OTA manifest.
+    pub bundle_expires: Option<u64>,
     /// 0/1; `None`: no tick yet.
     pub robot_alive: Option<bool>,
     /// Flight recordings written (`vlad_recordings_total`).
@@ -232,6 +234,20 @@ pub fn render(health: &Health, latency: &LatencyMetrics, f: &Facts) -> String {
             f.dsp_budget_bytes
         );
     }
+    if let Some(expires) = f.bundle_expires {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let _ = writeln!(
+            o,
+            "# HELP vlad_bundle_expiry_timestamp_seconds Signed expiry of the running bundle's OTA manifest.\n# TYPE vlad_bundle_expiry_timestamp_seconds gauge\nvlad_bundle_expiry_timestamp_seconds {expires}"
+        );
+        let _ = writeln!(
+            o,
+            "# HELP vlad_bundle_stale Whether the running bundle's signed expiry has passed (it keeps driving).\n# TYPE vlad_bundle_stale gauge\nvlad_bundle_stale {}",
+            u8::from(now >= expires)
+        );
+    }
     let _ = writeln!(
         o,
         "# HELP vlad_parity_passed Whether the running bundle passed its parity gate.\n# TYPE vlad_parity_passed gauge\nvlad_parity_passed {}",
@@ -344,5 +360,27 @@ mod tests {
             text.contains("vlad_dsp_session_budget_bytes 3758096384\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_bundle_past_its_signed_expiry_is_reported_stale() {
+        let l = LatencyMetrics::new(&[]);
+        let at = |expires| {
+            render(
+                &Health::default(),
+                &l,
+                &Facts {
+                    bundle_expires: Some(expires),
+                    ..Facts::default()
+                },
+            )
+        };
+        let past = at(1_000_000_000);
+        assert!(past.contains("vlad_bundle_stale 1\n"), "{past}");
+        assert!(past.contains("vlad_bundle_expiry_timestamp_seconds 1000000000\n"));
+        assert!(at(u64::MAX).contains("vlad_bundle_stale 0\n"));
+        // No OTA manifest: nothing said about expiry.
+        let none = render(&Health::default(), &l, &Facts::default());
+        assert!(!none.contains("vlad_bundle_stale"));
     }
 }

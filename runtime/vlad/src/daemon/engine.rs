@@ -85,6 +85,7 @@ impl PolicyEngine {
             parity_cosine: cosine,
             ota_state,
             memory_plan: crate::dsp_plan::running(),
+            expires: crate::observe::manifest_expiry(&self.good),
         }
     }
 
@@ -271,7 +272,23 @@ impl PolicyEngine {
             .map_err(ReloadError::Store)?
             .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
-        match self.try_load_through_restart(&dir) {
+        // Verified here, with the daemon's own keys, whatever the CLI that installed and
+        // activated it trusted (`--trusted-key`): a reload never widens what drives.
+        let loaded = match store.verify(&dir) {
+            Ok(v) if v.content_hash == hash => self.try_load_through_restart(&dir),
+            Ok(v) => Err(LoadError::Unverified {
+                dir: dir.clone(),
+                source: Box::new(vla_ota::OtaError::InUseCorrupt {
+                    hash: hash.clone(),
+                    reason: format!("its manifest hashes to {}", v.content_hash),
+                }),
+            }),
+            Err(source) => Err(LoadError::Unverified {
+                dir: dir.clone(),
+                source: Box::new(source),
+            }),
+        };
+        match loaded {
             Ok(()) => {
                 if let Some(o) = &self.ota {
                     o.trial.running(hash.clone(), true);

@@ -21,7 +21,12 @@ inherit bundle
 
 # Must equal [system] compatible= of the devices' system.conf (usually set distro-wide).
 RAUC_BUNDLE_COMPATIBLE ??= "${MACHINE}"
-RAUC_BUNDLE_VERSION ??= "${VLA_POLICY}"
+# The policy's own version (bundle.json `version`, what its signed OTA manifest says):
+# what RAUC shows and what a product's [system] min-bundle-version (RAUC 1.14 and later)
+# compares. The device's own floor is vlad's: `vlad ota install` in the post-install
+# handler refuses a policy below the highest version the device has committed, so RAUC
+# fails the install (docs/security.md).
+RAUC_BUNDLE_VERSION ??= "${@vla_policy_version(d)}"
 RAUC_BUNDLE_DESCRIPTION ??= "VLA policy ${VLA_POLICY}"
 # Artifacts exist only in verity bundles.
 RAUC_BUNDLE_FORMAT = "verity"
@@ -37,6 +42,16 @@ RAUC_SLOT_vla-policies/policy[depends] = "vla-bundle:do_deploy"
 
 # RAUC_KEY_FILE and RAUC_CERT_FILE: the fleet's RAUC signing key and certificate (set them
 # in local.conf or a distro config; never in this layer).
+
+def vla_policy_version(d):
+    import json
+    import os
+    path = os.path.join(d.getVar('VLA_BUNDLE_DIR') or '', d.getVar('VLA_POLICY') or '', 'bundle.json')
+    try:
+        with open(path, encoding='utf-8') as manifest_file:
+            return json.load(manifest_file).get('version') or '0.0.0'
+    except (OSError, ValueError, AttributeError):
+        return '0.0.0'
 
 # Skipping with a reason needs parse-time code.
 # nooelint: oelint.task.noanonpython

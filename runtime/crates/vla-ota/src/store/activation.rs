@@ -79,6 +79,7 @@ impl Store {
                 reason: "its manifest hash does not match its directory name".into(),
             });
         }
+        self.check_floor_and_expiry(&verified)?;
         // The rollback target is the last committed bundle: replacing a bundle still on
         // trial keeps the one before it.
         let previous = if state.trial.is_some() {

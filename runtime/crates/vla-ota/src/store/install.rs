@@ -52,8 +52,20 @@ impl Store {
 
     /// [`Store::install`] with the files placed as `placement` says.
     pub fn install_with(&self, source: &Path, placement: Placement) -> Result<Installed, OtaError> {
+        // A newer root-signed key list beside the manifest is adopted first: the bundle
+        // it travels with may be signed by the keys it introduces.
+        // (Without root keys configured, a key list is not read at all.)
+        let list = match self.settings.root_keys.is_empty() {
+            true => None,
+            false => crate::KeyList::read(source, &self.settings.root_keys)?,
+        };
+        if let Some(list) = list {
+            let _lock = self.lock()?;
+            self.adopt_key_list(&list)?;
+        }
         let verified = self.verify(source)?;
         let _lock = self.lock()?;
+        self.check_floor_and_expiry(&verified)?;
         let bundles = self.bundles_dir();
         if !bundles.is_dir() {
             std::fs::create_dir_all(&bundles).map_err(|e| OtaError::io("creating", &bundles, e))?;
@@ -137,6 +149,8 @@ impl Store {
             .map_err(|e| OtaError::io("renaming staging to", &dir, e))?;
         self.step("install: before fsync of bundles");
         durable::fsync_dir(&bundles)?;
+        // The time seen now is remembered: a clock reset later cannot undo it.
+        self.raise_floor(None, true)?;
         self.step("install: done");
         Ok(Installed {
             hash,
@@ -176,16 +190,18 @@ impl Store {
                 }
             }
             let source = verified.dir.join(&entry.path);
+            // One byte past the declared size: enough to see a file that grew, never more.
+            let limit = entry.size.saturating_add(1);
             let (size, digest) = match placement {
                 Placement::Copy => {
-                    let copied = copy_file(&source, &target)?;
+                    let copied = copy_file(&source, &target, limit)?;
                     durable::give(&target, owner)?;
                     copied
                 }
                 Placement::HardLink => match std::fs::hard_link(&source, &target) {
                     Ok(()) => {
                         linked += 1;
-                        hash_file(&target)?
+                        hash_file(&target, limit)?
                     }
                     // Another filesystem, or a file the kernel will not let this user
                     // link (fs.protected_hardlinks): copy it.
@@ -195,7 +211,7 @@ impl Store {
                             Some(nix::libc::EXDEV) | Some(nix::libc::EPERM)
                         ) =>
                     {
-                        let copied = copy_file(&source, &target)?;
+                        let copied = copy_file(&source, &target, limit)?;
                         durable::give(&target, owner)?;
                         copied
                     }
@@ -220,8 +236,12 @@ impl Store {
         write_new(&manifest, &verified.manifest_bytes)?;
         durable::give(&manifest, owner)?;
         let signature_source = verified.dir.join(SIGNATURE_FILE);
-        let signature = std::fs::read(&signature_source)
-            .map_err(|e| OtaError::io("reading", &signature_source, e))?;
+        let signature = crate::verify::read_small(
+            &signature_source,
+            crate::signing::MAX_SIGNATURE_BYTES,
+            &verified.dir,
+            SIGNATURE_FILE,
+        )?;
         let signature_copy = staging.join(SIGNATURE_FILE);
         write_new(&signature_copy, &signature)?;
         durable::give(&signature_copy, owner)?;
@@ -248,32 +268,35 @@ impl Store {
     }
 }
 
-/// Copies `source` to the new file `target` (mode 0444), hashing what is written.
-fn copy_file(source: &Path, target: &Path) -> Result<(u64, [u8; 32]), OtaError> {
+/// Copies at most `limit` bytes of `source` to the new file `target` (mode 0444), hashing
+/// what is written.
+fn copy_file(source: &Path, target: &Path, limit: u64) -> Result<(u64, [u8; 32]), OtaError> {
     let mut output = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o444)
         .open(target)
         .map_err(|e| OtaError::io("creating", target, e))?;
-    hash_through(source, |chunk| {
+    hash_through(source, limit, |chunk| {
         output
             .write_all(chunk)
             .map_err(|e| OtaError::io("writing", target, e))
     })
 }
 
-/// Size and SHA-256 of the regular file `path` (not followed if it is a symbolic link).
-fn hash_file(path: &Path) -> Result<(u64, [u8; 32]), OtaError> {
-    hash_through(path, |_| Ok(()))
+/// Size and SHA-256 of at most `limit` bytes of the regular file `path` (not followed if
+/// it is a symbolic link).
+fn hash_file(path: &Path, limit: u64) -> Result<(u64, [u8; 32]), OtaError> {
+    hash_through(path, limit, |_| Ok(()))
 }
 
-/// Reads `path` once, hashing every chunk and handing it to `sink`.
+/// Reads at most `limit` bytes of `path` once, hashing every chunk and handing it to `sink`.
 fn hash_through(
     path: &Path,
+    limit: u64,
     mut sink: impl FnMut(&[u8]) -> Result<(), OtaError>,
 ) -> Result<(u64, [u8; 32]), OtaError> {
-    let mut input = durable::open_no_follow(path)?;
+    let mut input = std::io::Read::take(durable::open_no_follow(path)?, limit);
     let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;

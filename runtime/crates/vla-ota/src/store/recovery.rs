@@ -85,6 +85,11 @@ impl Store {
             }
         } else {
             report.repairs.extend(self.apply_links(&state)?);
+            // A committed current bundle: the floor reaches its version (repairs a crash
+            // between a commit's state write and its floor write).
+            if let Some(current) = &state.current {
+                self.raise_floor(self.bundle_version(current).as_deref(), false)?;
+            }
         }
         report.current = self.current()?;
         Ok(report)

@@ -73,6 +73,10 @@ impl Store {
         };
         self.step("commit: before state write");
         self.write_state(&next)?;
+        // After the state: a trial that has not committed never raises the floor. A crash
+        // in between is repaired by `on_start`, which raises it to the committed bundle's.
+        self.raise_floor(self.bundle_version(&hash).as_deref(), true)?;
+        self.step("commit: floor raised");
         log::info!("bundle {hash} committed");
         Ok(Some(hash))
     }

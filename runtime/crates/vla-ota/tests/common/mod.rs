@@ -131,7 +131,8 @@ impl Spec {
     pub fn build_signed(&self, parent: &Path, secret_hex: &str) -> PathBuf {
         let dir = parent.join(&self.name);
         self.write(&dir);
-        vla_ota::pack(&dir).unwrap();
+        // A fixed expiry (2100-01-01): the same spec always packs to the same content hash.
+        vla_ota::pack_until(&dir, 4_102_444_800).unwrap();
         let key = key_file(parent, &format!("{}.key", self.name), secret_hex);
         vla_ota::sign(&dir, &key).unwrap();
         dir
@@ -155,6 +156,8 @@ pub fn settings(root: &Path) -> OtaSettings {
     OtaSettings {
         root: root.to_owned(),
         trusted_keys: trusted(),
+        signature_threshold: 1,
+        root_keys: Vec::new(),
         trial_inferences: 3,
         max_trial_starts: 2,
         target: target(),

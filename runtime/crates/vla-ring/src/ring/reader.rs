@@ -271,6 +271,17 @@ impl<T: SlotItem> RingReader<T> {
         }
     }
 
+    /// True once the segment was shrunk under this reader's mapping (by anyone who can
+    /// write the file): its pages past the end read as zeros now (a whole page lost was
+    /// remapped when touched; a cut inside the last page reads as zeros too), nothing
+    /// new will be read: reopen.
+    pub fn is_truncated(&self) -> bool {
+        self.mapping.truncated()
+            || std::fs::metadata(&self.path).is_ok_and(|m| {
+                (m.dev(), m.ino()) == self.identity && m.len() < self.mapping.len() as u64
+            })
+    }
+
     /// The layout this reader validated the segment against.
     pub fn layout(&self) -> &RingLayout {
         &self.layout

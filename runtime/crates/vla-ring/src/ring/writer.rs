@@ -366,4 +366,14 @@ impl<T: SlotItem> RingWriter<T> {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// True once the segment was shrunk under this writer's mapping: what it publishes
+    /// now lands in zero pages (or past the file's end) no reader sees.
+    pub fn is_truncated(&self) -> bool {
+        self.mapping.truncated()
+            || self
+                ._lock
+                .metadata()
+                .is_ok_and(|m| m.len() < self.mapping.len() as u64)
+    }
 }
