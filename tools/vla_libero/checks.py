@@ -63,14 +63,15 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
                      "eef_pos, eef_quat (x,y,z,w), gripper_qpos: MuJoCo's f64 as f32" if fastwam else
                      "LeRobot's observation.state: eef_pos, axis-angle, gripper_qpos in f32"))
 
-    # 2. Orientation: the frames vlad's policy sees are upstream's, turned 180 degrees.
+    # 2. Orientation: the ring carries the frames as robosuite rendered them (Fast-WAM's
+    #    bundle turns them itself, `rotate_180`).
     rendered = log["point_rendered"]
     if fastwam:
-        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c]) and
-                     np.array_equal(inf.frames[c][::-1, ::-1], log["point_upstream_images"][published[inf.obs_seq]][c])
+        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c])
                      for inf in taken for c in (0, 1))
-        out.append(Check("orientation: rotate_180 of the ring frames = upstream get_libero_image",
-                         orient and bool(taken), f"ring frames as rendered, rotate_180 {chain['rotate_180']}"))
+        out.append(Check("orientation: ring frames as rendered (the bundle's rotate_180 turns them, as upstream "
+                         "get_libero_image)", orient and bool(taken) and list(chain["rotate_180"]) == [True, True],
+                         f"rotate_180 {chain['rotate_180']}"))
     else:
         # LeRobot's torch.flip(img, dims=[2, 3]) on [B, C, H, W] of the rendered frames.
         orient = all(np.array_equal(inf.frames[c], np.flip(rendered[published[inf.obs_seq]][c], axis=(0, 1)))
@@ -88,7 +89,7 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
     if fastwam:
         out += _fastwam_inputs(ref, chain, taken, published, log)
 
-    out += _lockstep(log, taken, published, conv, check_gripper=fastwam)
+    out += _lockstep(log, taken, published, conv, check_gripper=fastwam, ticks=rec.ticks)
     return out
 
 
@@ -120,7 +121,7 @@ def _fastwam_inputs(ref, chain, taken, published, log) -> list[Check]:
     return out
 
 
-def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
+def _lockstep(log, taken, published, conv, check_gripper: bool, ticks=()) -> list[Check]:
     out = []
 
     # 5. Lockstep: inference k ran on the state after k chunks of execute_steps rows, each
@@ -144,8 +145,16 @@ def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
     full = sum(len(r) == n for r in by_chunk.values())
     out.append(Check("lockstep: inference k saw the state after k x execute_steps rows", seq_ok and bool(taken),
                      f"execute_steps {n}, {len(taken)} inferences"))
-    out.append(Check("lockstep: each chunk applied from row 0, in order, at most execute_steps rows",
-                     rows_ok and bool(by_chunk), f"{len(by_chunk)} chunks, {full} with all {n} rows"))
+    # What vlad published (its recording's ticks), not what the robot applied: the robot stops
+    # an episode at a row out of order, so its own log could never show one.
+    published_rows: dict[int, list] = {}
+    for decision, status, chunk_id, step in ticks:
+        if status == "ok" and chunk_id in by_chunk:
+            published_rows.setdefault(chunk_id, []).append(step)
+    vlad_ok = all(rows == list(range(len(rows))) and len(rows) <= n for rows in published_rows.values())
+    out.append(Check("lockstep: each chunk published and applied from row 0, in order, at most execute_steps rows",
+                     rows_ok and vlad_ok and bool(by_chunk) and bool(published_rows),
+                     f"{len(by_chunk)} chunks, {full} with all {n} rows; vlad's ticks: {len(published_rows)} chunks"))
     out.append(Check("applied actions = the recorded chunk rows (gripper already mapped by vlad)",
                      values_ok and bool(by_chunk), f"{len(applied)} env steps"))
     if check_gripper:
@@ -154,9 +163,12 @@ def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
                          bool(np.isin(grip, (-1.0, 0.0, 1.0)).all()),
                          f"values seen {sorted(set(np.round(grip, 6).tolist()))}"))
 
-    # 6. Warm-up and instruction.
-    noop = log["noop_actions"]
-    out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]",
-                     len(noop) == conv.num_steps_wait and bool((noop == np.array(cv.NOOP_ACTION)).all()),
-                     f"{len(noop)} steps"))
+    # 6. Warm-up, counted from what env.step received: everything before the first policy row.
+    env_actions = log["env_actions"]
+    want = cv.setting(conv.policy, "num_steps_wait")
+    k = len(env_actions) - len(applied)
+    noop_ok = k == want and bool((env_actions[:max(k, 0)] == np.array(cv.NOOP_ACTION)).all()) and \
+        np.array_equal(env_actions[max(k, 0):].astype(np.float32), np.asarray(values, np.float32).reshape(-1, 7))
+    out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions",
+                     noop_ok, f"{k} no-op steps received by the env, upstream {want}"))
     return out
