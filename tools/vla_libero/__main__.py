@@ -24,6 +24,19 @@ from . import ring as rg
 from . import sim as sm
 
 
+# Faults the tests inject on the live path to watch the checks fail: the robot writes camera 0
+# upside down, skips one no-op step, or vlad runs a bundle without the gripper inversion.
+FAULTS = ("flip-frame", "short-warmup", "no-gripper-inversion")
+
+
+def _faults(text: str) -> tuple:
+    faults = tuple(f.strip() for f in text.split(",") if f.strip())
+    bad = [f for f in faults if f not in FAULTS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown fault {bad[0]!r}; faults: {', '.join(FAULTS)}")
+    return faults
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vla-libero", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -35,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="fastwam: golden/bundles/fastwam-closed-loop (raw state); molmoact2: "
                         "golden/bundles/molmoact2-upstream-sd")
     d.add_argument("--vlad", help="vlad binary (default: the newer of target/release and target/debug)")
-    d.add_argument("--fault", choices=("short-warmup", "flip-frame"), help="break the live path on purpose")
+    d.add_argument("--fault", type=_faults, help=f"break the live path on purpose: {', '.join(FAULTS)}")
     for name in ("episode", "eval"):
         e = sub.add_parser(name, help="one episode with its report" if name == "episode" else
                            "several episodes per task and suite: the success-rate table")
@@ -62,10 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         e.add_argument("--board-qnn-lib-dir", help="VLA_QNN_LIB_DIR for vlad on the board (default: its config's)")
         e.add_argument("--record-every-s", type=float, default=dm.RECORD_EVERY_S,
                        help="take a flight recording between chunks this often (at most 300)")
+        e.add_argument("--workers", type=int, default=1, help="eval: episodes run in parallel, each worker with "
+                       "its own vlad and rings (OUT/worker-K)")
+        e.add_argument("--shard", help=argparse.SUPPRESS)  # K/N: the episodes of worker K of N
         e.add_argument("--resume", action="store_true", help="keep the episodes OUT already holds a report of")
         e.add_argument("--no-video", action="store_true", help="no per-episode MP4")
-        e.add_argument("--fault", choices=("short-warmup", "flip-frame"),
-                       help="break the live path on purpose (the tests that watch the checks fail)")
+        e.add_argument("--fault", type=_faults, help="break the live path on purpose, comma list of "
+                       f"{', '.join(FAULTS)} (the tests that watch the checks fail)")
     return p
 
 
@@ -87,6 +103,7 @@ def _episodes(args, conv):
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
         if args.cmd == "tasks":
@@ -97,19 +114,63 @@ def main(argv=None) -> int:
             out = args.out.resolve()
             out.mkdir(parents=True, exist_ok=True)
             bundle = cv.fixture_bundle(out / "bundle") if args.policy == "fastwam" else cv.MOLMOACT2_FIXTURE
+            if args.fault and "no-gripper-inversion" in args.fault:
+                vlad = dm.vlad_binary(args.vlad)
+                bundle = cv.without_gripper_inversion(bundle, lambda b, obs: ck.run_once_chunk(vlad, b, obs))
             args = _parser().parse_args(
                 ["episode", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0", "--max-steps", "20",
                  "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]
-                + (["--vlad", args.vlad] if args.vlad else []) + (["--fault", args.fault] if args.fault else []))
+                + (["--vlad", args.vlad] if args.vlad else []) + (["--fault", ",".join(args.fault)] if args.fault else []))
+        if args.cmd == "eval" and args.workers > 1:
+            return _parallel(args, argv)
         return _run(args)
     except (sm.TaskError, cv.BundleError, rg.RingError, dm.DaemonError, ep.LockstepError) as e:
         print(f"vla-libero: {e}", file=sys.stderr)
         return 1
 
 
+def _parallel(args, argv: list) -> int:
+    """`eval --workers N`: N workers (this tool again, each with its own vlad, rings and
+    OUT/worker-K), episode i to worker i mod N; then one table over all of them."""
+    import subprocess
+    conv = cv.from_bundle(args.bundle)
+    plan = list(_episodes(args, conv))  # bad input refused before anything starts
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--workers", "--out"):
+            skip = True
+        elif not a.startswith(("--workers=", "--out=")):
+            rest.append(a)
+    n = min(args.workers, len(plan))
+    procs = [subprocess.Popen([sys.executable, "-m", "vla_libero", *rest, "--shard", f"{k}/{n}",
+                               "--out", str(out / f"worker-{k}")]) for k in range(n)]
+    codes = [p.wait() for p in procs]
+    summaries = [json.loads(p.read_text()) for p in sorted(out.glob("worker-*/*/report.json"))]
+    run = json.loads((out / "worker-0" / "run.json").read_text())
+    run["vlad_warnings"] = sorted({w for k in range(n) for w in json.loads(
+        (out / f"worker-{k}" / "run.json").read_text()).get("vlad_warnings", [])})
+    run["workers"] = n
+    (out / "run.json").write_text(json.dumps(run, indent=1))
+    table = rp.header_text(run) + "\n\n" + rp.suite_table(summaries, conv.policy) + "\n\n" + rp.task_table(summaries)
+    (out / "success-rates.md").write_text(table + "\n")
+    (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
+    print(table)
+    if any(c not in (0, 3) for c in codes):
+        print(f"vla-libero: a worker failed (exit codes {codes}; logs in {out}/worker-*/vlad.log)", file=sys.stderr)
+        return 1
+    return 0 if all(c == 0 for c in codes) else 3
+
+
 def _run(args) -> int:
     conv = cv.from_bundle(args.bundle)
     plan = list(_episodes(args, conv))  # every task checked before anything starts
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        plan = plan[k::n]
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{os.getpid()}"
@@ -125,6 +186,7 @@ def _run(args) -> int:
     else:
         daemon = dm.Daemon(dm.vlad_binary(args.vlad), config, out)
     writer = reader = None
+    stopped = None
     summaries: list = []
     sims: dict = {}
     try:
@@ -187,12 +249,16 @@ def _run(args) -> int:
                 log = ep.run(simulator, inits[init_index % len(inits)], conv, writer, reader, instruction, max_steps,
                              alive=daemon.check_alive, between_chunks=between_chunks, reset_seed=reset_seed,
                              on_frame=video.add if video else (lambda o: None), fault=args.fault)
-            except ep.LockstepError as e:
-                # Recorded, and the run goes on with the next episode.
+            except (ep.LockstepError, dm.DaemonError) as e:
+                # Recorded; the run goes on with the next episode, or, vlad gone, stops
+                # with the table of what was done.
                 summary = dict(meta, recordings=[], error=str(e), success=False, checks=[], checks_passed=False)
                 rp.write_failed(summary, ep_dir)
                 summaries.append(summary)
                 print(f"vla-libero: episode {ep_dir.name} failed: {e}", file=sys.stderr)
+                if isinstance(e, dm.DaemonError):
+                    stopped = e
+                    break
                 continue
             finally:
                 if video:
@@ -202,6 +268,13 @@ def _run(args) -> int:
             saved = dict(np.load(ep_dir / "robot.npz"))
             rec = rc.read_all(recordings)
             results = ck.run(saved, rec, conv, instruction)
+            if not args.board:
+                # vlad's own preprocessing and gripper mapping, rerun on the recorded observation.
+                try:
+                    results += ck.vlad_glue(rec, saved, conv, args.bundle, daemon.vlad, ep_dir / "glue",
+                                            dm.vlad_env())
+                except RuntimeError as e:
+                    results.append(ck.Check("vlad's own preprocessing of the first observation", False, str(e)))
             summary = rp.summarize(saved, rec, results, meta)
             summary["error"] = log.error
             summary["contact_sheet"] = str(rp.contact_sheet(saved, ep_dir / "contact-sheet.png", args.sheet_rows))
@@ -226,6 +299,8 @@ def _run(args) -> int:
             reader.close()
         code = daemon.stop()
     warnings = rp.vlad_warnings(daemon.log_path)
+    for w in warnings:
+        print(f"vlad warned: {w}", flush=True)
     if args.cmd == "eval" or summaries:
         run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
         run["vlad_warnings"] = warnings
@@ -236,7 +311,7 @@ def _run(args) -> int:
         (out / "success-rates.md").write_text(table + "\n")
         (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
         print(table)
-    if code not in (0, None):
+    if code not in (0, None) or stopped:
         print(f"vla-libero: vlad exited with {code} (log {daemon.log_path})", file=sys.stderr)
         return 1
     return 0 if all(s["checks_passed"] and not s.get("error") for s in summaries) else 3

@@ -172,3 +172,82 @@ def _lockstep(log, taken, published, conv, check_gripper: bool, ticks=()) -> lis
     out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions",
                      noop_ok, f"{k} no-op steps received by the env, upstream {want}"))
     return out
+
+
+def run_once_chunk(vlad: Path, bundle: Path, obs: Path) -> np.ndarray:
+    """vlad's chunk for an observation npz (`vlad run-once`)."""
+    import subprocess
+    import tempfile
+    from . import daemon as dm
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "chunk.npz"
+        r = subprocess.run([str(vlad), "run-once", "--bundle", str(bundle), "--obs", str(obs), "--out", str(out)],
+                           env=dm.vlad_env(), capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"vlad run-once on {bundle} failed: {(r.stdout + r.stderr).strip()[-300:]}")
+        return np.load(out)["actions"]
+
+
+def _run_once(vlad: Path, bundle: Path, inf, work: Path, tag: str, env: dict) -> dict:
+    """`vlad run-once` on one recorded observation (its frames, state, instruction and
+    seed, as vlad took them): the chunk and the host glue's stages, from vlad's own code."""
+    import subprocess
+    obs = work / f"obs-{tag}.npz"
+    np.savez(obs, frames=np.stack([inf.frames[0], inf.frames[1]]), state=inf.state.astype(np.float32),
+             instruction_id=np.array([inf.instruction_id], np.int64), seed=np.array([inf.seed], np.uint64))
+    out, stages = work / f"chunk-{tag}.npz", work / f"stages-{tag}.npz"
+    r = subprocess.run([str(vlad), "run-once", "--bundle", str(bundle), "--obs", str(obs), "--out", str(out),
+                        "--stages", str(stages)], env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"vlad run-once on {bundle} failed: {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
+    return {"actions": np.load(out)["actions"], **dict(np.load(stages))}
+
+
+def vlad_glue(rec: Recording, log: dict, conv: cv.Conventions, bundle: Path, vlad: Path, work: Path,
+              env: dict) -> list[Check]:
+    """What vlad's Rust pipeline computed from the first observation it took, rerun by
+    `vlad run-once` on that recorded observation, against upstream's preprocessing of the
+    same env observation:
+    - Fast-WAM: the image input the first context was fed (`--stages` `image`) = upstream's
+      `get_libero_image` + `_center_crop_resize` + side by side + `x*2/255-1` (exact);
+    - Fast-WAM: the gripper mapping, from the chunk of the same bundle with `gripper_map:
+      none` and no binarizing (the de-normalized g, values anywhere in between): vlad's
+      rows = upstream's `sign(-(g*2 - 1))` of them, the other dims unchanged;
+    - both: run-once reproduces the recorded chunk (the rerun is the live computation)."""
+    import json
+    import shutil
+    published = {int(s): int(p) for s, p, _ in log["published"]}
+    taken = [inf for inf in rec.inferences if inf.obs_seq in published and inf.ok]
+    if not taken:
+        return [Check("vlad's own preprocessing of the first observation", False, "no inference recorded")]
+    inf = taken[0]
+    point = published[inf.obs_seq]
+    work.mkdir(parents=True, exist_ok=True)
+    live = _run_once(vlad, bundle, inf, work, "live", env)
+    out = [Check("vlad run-once on the recorded observation = the recorded chunk", inf.actions is not None and
+                 np.array_equal(live["actions"], inf.actions), f"observation {inf.obs_seq}, seed {inf.seed}")]
+    if conv.policy != "fastwam":
+        return out
+    chain = conv.chain
+    up = cv.upstream_model_image(log["point_upstream_images"][point], chain["camera_width"], chain["camera_height"])
+    got = live.get("image")
+    diff = float(np.abs(got - up.reshape(-1)).max()) if got is not None and got.size == up.size else float("inf")
+    out.append(Check("vlad's image input to the first context (its own Rust pipeline) = upstream's preprocessing "
+                     "of the env observation", diff == 0.0, f"max abs {diff:g} over {up.size} values"))
+    # The same bundle without the gripper mapping: the de-normalized g vlad maps.
+    raw_bundle = work / "bundle-raw-gripper"
+    if raw_bundle.exists():
+        shutil.rmtree(raw_bundle)
+    shutil.copytree(bundle, raw_bundle, symlinks=True)
+    m = json.loads((raw_bundle / "bundle.json").read_text())
+    m["fastwam"]["gripper_map"], m["fastwam"]["gripper_binarize"] = "none", False
+    (raw_bundle / "bundle.json").write_text(json.dumps(m, indent=1))
+    raw = _run_once(vlad, raw_bundle, inf, work, "raw", env)["actions"]
+    g = raw[:, -1].astype(np.float32)
+    want = np.sign(-(g * np.float32(2) - np.float32(1)))  # upstream: g*2-1, invert_gripper_action, np.sign
+    mapped_ok = np.array_equal(live["actions"][:, -1], want) and np.array_equal(live["actions"][:, :-1], raw[:, :-1])
+    between = int(np.sum((np.abs(g) != 1) & (g != 0)))
+    out.append(Check("gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g",
+                     mapped_ok and between > 0,
+                     f"{len(g)} rows, {between} with g outside {{-1, 0, 1}} (g from {g.min():.3f} to {g.max():.3f})"))
+    return out

@@ -207,6 +207,23 @@ def fixture_bundle(dst: Path) -> Path:
     return dst
 
 
+def without_gripper_inversion(bundle: Path, run_once) -> Path:
+    """Turns the Fast-WAM bundle at `bundle` (a copy) into one that leaves the gripper as the
+    model gives it, its end-to-end golden made by the same code (as a mis-built bundle's
+    would be, so vlad's gate takes it): the live path without upstream's inversion, for the
+    test that watches the gripper check fail. `run_once(bundle, obs_npz)` is vlad's chunk."""
+    import numpy as np
+    bundle = Path(bundle)
+    m = json.loads((bundle / "bundle.json").read_text())
+    m["fastwam"]["gripper_map"] = "none"
+    (bundle / "bundle.json").write_text(json.dumps(m, indent=1))
+    golden = bundle / m["end_to_end"]
+    g = dict(np.load(golden))
+    g["actions"] = run_once(bundle, golden)
+    np.savez(golden, **g)
+    return bundle
+
+
 def instruction_id(conv: Conventions, language: str, override: int | None) -> int:
     """The bundle's instruction for the task's language (or the override, for a fixture
     whose tiny prompt table has no LIBERO task)."""

@@ -59,23 +59,24 @@ class Log:
 def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer: rg.ObservationWriter,
         reader: rg.ActionReader, instruction: int, max_steps: int, alive=lambda: None,
         between_chunks=lambda: None, wait_s: float = 900.0, reset_seed: int | None = None,
-        on_frame=lambda obs: None, fault: str | None = None) -> Log:
+        on_frame=lambda obs: None, fault: tuple = ()) -> Log:
     """`alive` raises when vlad is gone; `between_chunks` runs after each chunk's executed
     rows, while the simulation waits anyway (the flight recording is taken there);
     `on_frame` gets the observation after the no-op steps and after every env step (the
     episode's video). `fault` breaks the live path on purpose, for the tests that watch the
     checks fail: `short-warmup` (one no-op step fewer), `flip-frame` (camera 0 written
     upside down on the ring)."""
+    fault = fault or ()
     log = Log()
     obs = simulator.reset(init_state, seed=reset_seed)
-    for _ in range(conv.num_steps_wait - (fault == "short-warmup")):
+    for _ in range(conv.num_steps_wait - ("short-warmup" in fault)):
         obs, _ = simulator.step(cv.NOOP_ACTION)
         writer.heartbeat()
     on_frame(obs)
 
     def new_point(o):
         frames = conv.ring_frames(o)
-        if fault == "flip-frame":
+        if "flip-frame" in fault:
             frames = frames.copy()
             frames[0] = frames[0][::-1]
         log.point_frames.append(frames)

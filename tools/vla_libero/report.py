@@ -197,7 +197,7 @@ def run_header(conv, bundle: Path, out: Path, publish_hz: float, fault) -> dict:
                            "content (bddl files, init states, task order checked against 8f1084e); env code differs "
                            "only in the asset path lookup, gym -> gymnasium, torch.load(weights_only=False)")
     if fault:
-        differences.append(f"fault injected on purpose: {fault}")
+        differences.append(f"fault injected on purpose: {', '.join(fault)}")
     return {"policy": conv.policy, "as_upstream": not differences, "differences": differences,
             "upstream_stack": want, "installed": stack,
             "settings": cv.UPSTREAM[conv.policy], "bundle": str(bundle),

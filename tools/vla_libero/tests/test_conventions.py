@@ -62,3 +62,22 @@ def test_the_init_state_reader_lets_only_numpy_through(tmp_path):
         z.writestr("archive/data.pkl", pickle.dumps(io.BytesIO(b"")))
     with pytest.raises(pickle.UnpicklingError, match="is not a numpy array part"):
         sim._load_init_states(bad)
+
+
+def test_the_upstream_preprocessing_the_checks_use_is_upstreams_own_on_its_golden():
+    """The Fast-WAM checks hold vlad's image and state inputs to `upstream_images` +
+    `upstream_model_image` and `upstream_state`: on upstream's own `_predict_action_chunk`
+    golden (golden/upstream-fastwam/libero_eval.npz, made by FastWAM's eval code on a
+    256x256 LIBERO observation) they give upstream's image input exactly and its state."""
+    import numpy as np
+    g = np.load(REPO / "golden" / "upstream-fastwam" / "libero_eval.npz")
+    obs = {"agentview_image": g["agentview_image"], "robot0_eye_in_hand_image": g["wrist_image"],
+           "robot0_eef_pos": g["eef_pos"].astype(np.float64), "robot0_eef_quat": g["eef_quat"].astype(np.float64),
+           "robot0_gripper_qpos": g["gripper_qpos"].astype(np.float64)}
+    want = g["image_levels"][g["image_index"]]
+    got = conventions.upstream_model_image(conventions.upstream_images(obs), 224, 224)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    assert np.abs(conventions.upstream_state(obs) - g["state"]).max() <= 1e-6
+    # Upstream's gripper mapping, as the gripper check applies it: g*2-1, inverted, sign.
+    a = g["actions"][:, -1]
+    assert np.array_equal(np.sign(a), g["actions_binarized"][:, -1])

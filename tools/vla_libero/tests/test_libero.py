@@ -73,6 +73,11 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
         assert v.count_frames() == 21 and v.get_meta_data()["fps"] == 20
     assert 0 < report["hold_share"] < 1
     assert "boundary checks:" in stdout and "FAIL" not in stdout
+    # vlad's own Rust preprocessing and gripper mapping, rerun on the recorded observation.
+    names = " ".join(report["checks"])
+    assert "PASS vlad's image input to the first context (its own Rust pipeline)" in names
+    assert "PASS gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g" in names
+    assert "PASS vlad run-once on the recorded observation = the recorded chunk" in names
     from PIL import Image
     with Image.open(ep / "contact-sheet.png") as sheet:
         assert sheet.width > 2 * 48 and sheet.height >= 3 * 40
@@ -116,16 +121,20 @@ def test_the_checks_fail_on_a_wrong_state_a_skipped_row_and_a_short_warmup_in_th
 NOOP = "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions"
 
 
-def test_a_frame_written_upside_down_on_the_live_path_fails_the_orientation_check(tmp_path):
-    """The robot writes camera 0 flipped (`--fault flip-frame`): the episode runs through
-    vlad as any other and the orientation and image-input checks, and only they, fail."""
-    r = tool("demo", "--out", str(tmp_path), "--fault", "flip-frame")
+def test_a_flipped_frame_and_a_missing_gripper_inversion_on_the_live_path_fail_their_checks(tmp_path):
+    """The robot writes camera 0 upside down and vlad runs the bundle without the gripper
+    inversion (`--fault flip-frame,no-gripper-inversion`): the episode runs through vlad as
+    any other; the orientation and both image-input checks and the gripper-mapping check,
+    and only they, fail."""
+    r = tool("demo", "--out", str(tmp_path), "--fault", "flip-frame,no-gripper-inversion")
     assert r.returncode == 3, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     report = json.loads((tmp_path / "episode" / "report.json").read_text())
-    failed = [c for c in report["checks"] if c.startswith("FAIL")]
-    assert [c.split(":")[0] for c in failed] == ["FAIL orientation", "FAIL policy image input = upstream's (crop-resize, "
-                                                 "side by side, x*2/255-1)"], failed
-    assert "fault injected on purpose: flip-frame" in r.stdout
+    failed = [c.split(":")[0] for c in report["checks"] if c.startswith("FAIL")]
+    assert failed == ["FAIL orientation", "FAIL policy image input = upstream's (crop-resize, side by side, x*2/255-1)",
+                      "FAIL vlad's image input to the first context (its own Rust pipeline) = upstream's "
+                      "preprocessing of the env observation",
+                      "FAIL gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g"], failed
+    assert "fault injected on purpose: flip-frame, no-gripper-inversion" in r.stdout
 
 
 def test_recordings_taken_between_chunks_together_hold_every_inference(episode):
@@ -248,3 +257,49 @@ def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_re
     rtt = report["bridge_rtt_ms"]
     assert rtt["publish"]["n"] >= 2 and rtt["read"]["n"] >= 20 and rtt["publish"]["p50"] > 0
     assert "bridge publish   round trip" in r.stdout
+
+
+def test_eval_writes_the_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
+    """`eval` over two tasks: per-episode reports and videos, the per-suite table with Wilson
+    intervals and the published column, the per-task table; `--resume` keeps every finished
+    episode (no new recording, the same reports) and writes the same table."""
+    out = tmp_path / "eval"
+    args = ["eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
+            "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]
+    r = tool(*args)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    table = (out / "success-rates.md").read_text()
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in table, table
+    assert "| libero_spatial | 0: pick up the black bowl between the plate and the ramekin" in table
+    assert "NOT as upstream" in table and "published: Fast-WAM" in table
+    assert "2/2 episodes" in r.stderr and "ETA" in r.stderr
+    done = {p: p.stat().st_mtime_ns for p in out.glob("libero_spatial-*/recording-*.mcap")}
+    assert len(done) == 2 and all((out / f"libero_spatial-{t}-0" / "video.mp4").exists() for t in (0, 1))
+    r = tool(*args, "--resume")
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.stderr.count("done before, kept (--resume)") == 2
+    assert {p: p.stat().st_mtime_ns for p in out.glob("libero_spatial-*/recording-*.mcap")} == done
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
+
+
+def test_the_wilson_interval_and_the_published_column():
+    from vla_libero import report
+    lo, hi = report.wilson(45, 50)
+    assert abs(lo - 78.6) < 0.1 and abs(hi - 95.7) < 0.1
+    rows = [{"suite": "libero_goal", "success": i < 49, "task_index": 0, "task": "t", "steps": 100, "checks": [],
+             "checks_passed": True} for i in range(50)]
+    table = report.suite_table(rows, "molmoact2")
+    assert "| libero_goal | 50 | 98.0 % | 89.5-99.6 % | 97.8 % |" in table, table
+    assert "molmoact2.mdx:437-440" in table
+
+
+def test_eval_with_two_workers_runs_each_its_own_vlad_and_one_table(bundle, tmp_path):
+    out = tmp_path / "eval"
+    r = tool("eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
+             "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out))
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    configs = [json.loads((out / f"worker-{k}" / "vlad-config.json").read_text()) for k in (0, 1)]
+    assert configs[0]["rings"]["observation_path"] != configs[1]["rings"]["observation_path"]
+    assert (out / "worker-0" / "libero_spatial-0-0" / "report.json").exists()
+    assert (out / "worker-1" / "libero_spatial-1-0" / "report.json").exists()
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
