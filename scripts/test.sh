@@ -39,10 +39,10 @@ step "LIBERO as the robot, each policy on its upstream stack: short episodes thr
 # One venv per stack, pinned with hashes, pip's wheel cache shared (Fast-WAM: official LIBERO
 # content on MuJoCo 3.3.2; MolmoAct2: LeRobot's hf-libero on MuJoCo 3.8.1), the ring shim
 # compiled from vla_ring.h; headless EGL rendering. 20-step episodes on the closed-loop
-# Fast-WAM fixture (2 cameras 40x48, one with a frame flipped on the live path), on the tiny
-# MolmoAct2 bundle (one with a warm-up step short), through the ring bridge over a loopback
-# sshd, on the emulator: about 3 min 40 s here, plus about 2.5 min for both venvs on a fresh
-# machine.
+# Fast-WAM fixture (2 cameras 40x48; one with faults injected on the live path), an eval on
+# two workers and its resume, through the ring bridge over a loopback sshd, and on the tiny
+# MolmoAct2 bundle, on the emulator: 4 min + 1.5-2 min here at load average 15 on 2 cores,
+# plus 2.5 min for both venvs on a fresh machine (1.5 min for the one venv before).
 scripts/setup_libero.sh fastwam
 MUJOCO_GL=egl PYTHONPATH=tools build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
     tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_libero.py

@@ -121,20 +121,22 @@ def test_the_checks_fail_on_a_wrong_state_a_skipped_row_and_a_short_warmup_in_th
 NOOP = "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions"
 
 
-def test_a_flipped_frame_and_a_missing_gripper_inversion_on_the_live_path_fail_their_checks(tmp_path):
-    """The robot writes camera 0 upside down and vlad runs the bundle without the gripper
-    inversion (`--fault flip-frame,no-gripper-inversion`): the episode runs through vlad as
-    any other; the orientation and both image-input checks and the gripper-mapping check,
-    and only they, fail."""
-    r = tool("demo", "--out", str(tmp_path), "--fault", "flip-frame,no-gripper-inversion")
+def test_a_flipped_frame_a_missing_gripper_inversion_and_a_short_warmup_on_the_live_path_fail_their_checks(tmp_path):
+    """The robot writes camera 0 upside down and steps one no-op fewer, and vlad runs the
+    bundle without the gripper inversion (`--fault flip-frame,no-gripper-inversion,
+    short-warmup`): the episode runs through vlad as any other; the orientation, both
+    image-input, the gripper-mapping and the no-op checks, and only they, fail."""
+    r = tool("demo", "--out", str(tmp_path), "--fault", "flip-frame,no-gripper-inversion,short-warmup")
     assert r.returncode == 3, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     report = json.loads((tmp_path / "episode" / "report.json").read_text())
     failed = [c.split(":")[0] for c in report["checks"] if c.startswith("FAIL")]
     assert failed == ["FAIL orientation", "FAIL policy image input = upstream's (crop-resize, side by side, x*2/255-1)",
+                      "FAIL no-op warm-up",
                       "FAIL vlad's image input to the first context (its own Rust pipeline) = upstream's "
                       "preprocessing of the env observation",
                       "FAIL gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g"], failed
-    assert "fault injected on purpose: flip-frame, no-gripper-inversion" in r.stdout
+    assert "29 no-op steps received by the env, upstream 30" in " ".join(report["checks"])
+    assert "fault injected on purpose: flip-frame, no-gripper-inversion, short-warmup" in r.stdout
 
 
 def test_recordings_taken_between_chunks_together_hold_every_inference(episode):
@@ -259,26 +261,31 @@ def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_re
     assert "bridge publish   round trip" in r.stdout
 
 
-def test_eval_writes_the_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
-    """`eval` over two tasks: per-episode reports and videos, the per-suite table with Wilson
-    intervals and the published column, the per-task table; `--resume` keeps every finished
-    episode (no new recording, the same reports) and writes the same table."""
+def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
+    """`eval --workers 2` over two tasks: each worker its own vlad and rings, per-episode
+    reports and videos, one per-suite table with Wilson intervals and the published column
+    and the per-task table; `--resume` keeps every finished episode (no new recording) and
+    writes the same table."""
     out = tmp_path / "eval"
     args = ["eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
-            "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--out", str(out)]
+            "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out)]
     r = tool(*args)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    configs = [json.loads((out / f"worker-{k}" / "vlad-config.json").read_text()) for k in (0, 1)]
+    assert configs[0]["rings"]["observation_path"] != configs[1]["rings"]["observation_path"]
     table = (out / "success-rates.md").read_text()
     assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in table, table
     assert "| libero_spatial | 0: pick up the black bowl between the plate and the ramekin" in table
     assert "NOT as upstream" in table and "published: Fast-WAM" in table
-    assert "2/2 episodes" in r.stderr and "ETA" in r.stderr
-    done = {p: p.stat().st_mtime_ns for p in out.glob("libero_spatial-*/recording-*.mcap")}
-    assert len(done) == 2 and all((out / f"libero_spatial-{t}-0" / "video.mp4").exists() for t in (0, 1))
+    assert r.stderr.count("1/1 episodes") == 2 and "ETA" in r.stderr
+    eps = [out / "worker-0" / "libero_spatial-0-0", out / "worker-1" / "libero_spatial-1-0"]
+    assert all((e / "video.mp4").exists() and (e / "report.json").exists() for e in eps)
+    done = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")}
+    assert len(done) == 2
     r = tool(*args, "--resume")
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     assert r.stderr.count("done before, kept (--resume)") == 2
-    assert {p: p.stat().st_mtime_ns for p in out.glob("libero_spatial-*/recording-*.mcap")} == done
+    assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")} == done
     assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
 
 
@@ -292,14 +299,3 @@ def test_the_wilson_interval_and_the_published_column():
     assert "| libero_goal | 50 | 98.0 % | 89.5-99.6 % | 97.8 % |" in table, table
     assert "molmoact2.mdx:437-440" in table
 
-
-def test_eval_with_two_workers_runs_each_its_own_vlad_and_one_table(bundle, tmp_path):
-    out = tmp_path / "eval"
-    r = tool("eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
-             "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out))
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    configs = [json.loads((out / f"worker-{k}" / "vlad-config.json").read_text()) for k in (0, 1)]
-    assert configs[0]["rings"]["observation_path"] != configs[1]["rings"]["observation_path"]
-    assert (out / "worker-0" / "libero_spatial-0-0" / "report.json").exists()
-    assert (out / "worker-1" / "libero_spatial-1-0" / "report.json").exists()
-    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
