@@ -227,6 +227,16 @@ def vlad_glue(rec: Recording, log: dict, conv: cv.Conventions, bundle: Path, vla
     out = [Check("vlad run-once on the recorded observation = the recorded chunk", inf.actions is not None and
                  np.array_equal(live["actions"], inf.actions), f"observation {inf.obs_seq}, seed {inf.seed}")]
     if conv.policy != "fastwam":
+        # MolmoAct2's vision input as vlad's Rust glue built it from the frames it took,
+        # against the project's numpy pipeline (scripts/reference.py): LeRobot's processor
+        # itself needs torch, so this compares with the reference, not with upstream.
+        c = conv.chain
+        ref = _reference().pixel_values_from_frames(np.stack([inf.frames[0], inf.frames[1]]), c["crop_size"],
+                                                    c["patch_size"])
+        got = live.get("pixel_values")
+        diff = float(np.abs(got - ref.reshape(-1)).max()) if got is not None and got.size == ref.size else float("inf")
+        out.append(Check("vlad's vision input (its own Rust pipeline) = the numpy reference's pixel_values",
+                         diff <= 1e-6, f"max abs {diff:g} over {ref.size} values"))
         return out
     chain = conv.chain
     up = cv.upstream_model_image(log["point_upstream_images"][point], chain["camera_width"], chain["camera_height"])

@@ -36,6 +36,8 @@ def test_a_molmoact2_episode_gets_lerobots_processed_frames_and_state(tmp_path):
     assert report["checks_passed"], "\n".join(report["checks"])
     names = " ".join(report["checks"])
     assert "ring frames = LeRobot's flipped image, image2" in names and "quat2axisangle" in names
+    assert "PASS vlad run-once on the recorded observation = the recorded chunk" in names
+    assert "PASS vlad's vision input (its own Rust pipeline) = the numpy reference's pixel_values" in names
     assert report["steps"] == 20 and report["chunks"] == 2 and report["noop_steps"] == 50
     assert report["env_seed"] == {"at_creation": None, "at_reset": 1000}
     # Frames written as rendered (unflipped) would fail the orientation check.
