@@ -35,14 +35,20 @@ env --ignore-signal=HUP cargo test --workspace --locked
 step "Python fixture tests"
 .venv/bin/python -m pytest -q scripts/tests
 
-step "LIBERO as the robot: one short episode through vlad, the boundary checks (tools/vla_libero)"
-# Its own venv (LIBERO, robosuite 1.4.0, MuJoCo 2.3.7; pinned with hashes) and the ring shim
+step "LIBERO as the robot, each policy on its upstream stack: short episodes through vlad, the live-path checks (tools/vla_libero)"
+# One venv per stack, pinned with hashes, pip's wheel cache shared (Fast-WAM: official LIBERO
+# content on MuJoCo 3.3.2; MolmoAct2: LeRobot's hf-libero on MuJoCo 3.8.1), the ring shim
 # compiled from vla_ring.h; headless EGL rendering. 20-step episodes on the closed-loop
-# Fast-WAM fixture (2 cameras 40x48), on the tiny MolmoAct2 bundle and through the ring bridge
-# over a loopback sshd, on the emulator: about two minutes (plus 1.5 min for the venv on a
-# fresh machine).
-scripts/setup_libero.sh
-MUJOCO_GL=egl PYTHONPATH=tools build/libero-venv/bin/python -m pytest -q -p no:cacheprovider tools/vla_libero/tests
+# Fast-WAM fixture (2 cameras 40x48; one with faults injected on the live path), an eval on
+# two workers and its resume, through the ring bridge over a loopback sshd, and on the tiny
+# MolmoAct2 bundle, on the emulator: 4 min + 1.5-2 min here at load average 15 on 2 cores,
+# plus 2.5 min for both venvs on a fresh machine (1.5 min for the one venv before).
+scripts/setup_libero.sh fastwam
+MUJOCO_GL=egl PYTHONPATH=tools build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
+    tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_libero.py
+scripts/setup_libero.sh molmoact2
+MUJOCO_GL=egl PYTHONPATH=tools build/libero-molmoact2-venv/bin/python -m pytest -q -p no:cacheprovider \
+    tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_molmoact2.py
 
 step "aarch64 build and QNN-free tests under qemu-aarch64"
 # The QNN wheel is x86_64-only, so the aarch64 run covers the library crates' tests that

@@ -63,14 +63,15 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
                      "eef_pos, eef_quat (x,y,z,w), gripper_qpos: MuJoCo's f64 as f32" if fastwam else
                      "LeRobot's observation.state: eef_pos, axis-angle, gripper_qpos in f32"))
 
-    # 2. Orientation: the frames vlad's policy sees are upstream's, turned 180 degrees.
+    # 2. Orientation: the ring carries the frames as robosuite rendered them (Fast-WAM's
+    #    bundle turns them itself, `rotate_180`).
     rendered = log["point_rendered"]
     if fastwam:
-        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c]) and
-                     np.array_equal(inf.frames[c][::-1, ::-1], log["point_upstream_images"][published[inf.obs_seq]][c])
+        orient = all(np.array_equal(inf.frames[c], rendered[published[inf.obs_seq]][c])
                      for inf in taken for c in (0, 1))
-        out.append(Check("orientation: rotate_180 of the ring frames = upstream get_libero_image",
-                         orient and bool(taken), f"ring frames as rendered, rotate_180 {chain['rotate_180']}"))
+        out.append(Check("orientation: ring frames as rendered (the bundle's rotate_180 turns them, as upstream "
+                         "get_libero_image)", orient and bool(taken) and list(chain["rotate_180"]) == [True, True],
+                         f"rotate_180 {chain['rotate_180']}"))
     else:
         # LeRobot's torch.flip(img, dims=[2, 3]) on [B, C, H, W] of the rendered frames.
         orient = all(np.array_equal(inf.frames[c], np.flip(rendered[published[inf.obs_seq]][c], axis=(0, 1)))
@@ -88,7 +89,7 @@ def run(log: dict, rec: Recording, conv: cv.Conventions, instruction: int) -> li
     if fastwam:
         out += _fastwam_inputs(ref, chain, taken, published, log)
 
-    out += _lockstep(log, taken, published, conv, check_gripper=fastwam)
+    out += _lockstep(log, taken, published, conv, check_gripper=fastwam, ticks=rec.ticks)
     return out
 
 
@@ -120,7 +121,7 @@ def _fastwam_inputs(ref, chain, taken, published, log) -> list[Check]:
     return out
 
 
-def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
+def _lockstep(log, taken, published, conv, check_gripper: bool, ticks=()) -> list[Check]:
     out = []
 
     # 5. Lockstep: inference k ran on the state after k chunks of execute_steps rows, each
@@ -144,8 +145,16 @@ def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
     full = sum(len(r) == n for r in by_chunk.values())
     out.append(Check("lockstep: inference k saw the state after k x execute_steps rows", seq_ok and bool(taken),
                      f"execute_steps {n}, {len(taken)} inferences"))
-    out.append(Check("lockstep: each chunk applied from row 0, in order, at most execute_steps rows",
-                     rows_ok and bool(by_chunk), f"{len(by_chunk)} chunks, {full} with all {n} rows"))
+    # What vlad published (its recording's ticks), not what the robot applied: the robot stops
+    # an episode at a row out of order, so its own log could never show one.
+    published_rows: dict[int, list] = {}
+    for decision, status, chunk_id, step in ticks:
+        if status == "ok" and chunk_id in by_chunk:
+            published_rows.setdefault(chunk_id, []).append(step)
+    vlad_ok = all(rows == list(range(len(rows))) and len(rows) <= n for rows in published_rows.values())
+    out.append(Check("lockstep: each chunk published and applied from row 0, in order, at most execute_steps rows",
+                     rows_ok and vlad_ok and bool(by_chunk) and bool(published_rows),
+                     f"{len(by_chunk)} chunks, {full} with all {n} rows; vlad's ticks: {len(published_rows)} chunks"))
     out.append(Check("applied actions = the recorded chunk rows (gripper already mapped by vlad)",
                      values_ok and bool(by_chunk), f"{len(applied)} env steps"))
     if check_gripper:
@@ -154,9 +163,101 @@ def _lockstep(log, taken, published, conv, check_gripper: bool) -> list[Check]:
                          bool(np.isin(grip, (-1.0, 0.0, 1.0)).all()),
                          f"values seen {sorted(set(np.round(grip, 6).tolist()))}"))
 
-    # 6. Warm-up and instruction.
-    noop = log["noop_actions"]
-    out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]",
-                     len(noop) == conv.num_steps_wait and bool((noop == np.array(cv.NOOP_ACTION)).all()),
-                     f"{len(noop)} steps"))
+    # 6. Warm-up, counted from what env.step received: everything before the first policy row.
+    env_actions = log["env_actions"]
+    want = cv.setting(conv.policy, "num_steps_wait")
+    k = len(env_actions) - len(applied)
+    noop_ok = k == want and bool((env_actions[:max(k, 0)] == np.array(cv.NOOP_ACTION)).all()) and \
+        np.array_equal(env_actions[max(k, 0):].astype(np.float32), np.asarray(values, np.float32).reshape(-1, 7))
+    out.append(Check("no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions",
+                     noop_ok, f"{k} no-op steps received by the env, upstream {want}"))
+    return out
+
+
+def run_once_chunk(vlad: Path, bundle: Path, obs: Path) -> np.ndarray:
+    """vlad's chunk for an observation npz (`vlad run-once`)."""
+    import subprocess
+    import tempfile
+    from . import daemon as dm
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "chunk.npz"
+        r = subprocess.run([str(vlad), "run-once", "--bundle", str(bundle), "--obs", str(obs), "--out", str(out)],
+                           env=dm.vlad_env(), capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"vlad run-once on {bundle} failed: {(r.stdout + r.stderr).strip()[-300:]}")
+        return np.load(out)["actions"]
+
+
+def _run_once(vlad: Path, bundle: Path, inf, work: Path, tag: str, env: dict) -> dict:
+    """`vlad run-once` on one recorded observation (its frames, state, instruction and
+    seed, as vlad took them): the chunk and the host glue's stages, from vlad's own code."""
+    import subprocess
+    obs = work / f"obs-{tag}.npz"
+    np.savez(obs, frames=np.stack([inf.frames[0], inf.frames[1]]), state=inf.state.astype(np.float32),
+             instruction_id=np.array([inf.instruction_id], np.int64), seed=np.array([inf.seed], np.uint64))
+    out, stages = work / f"chunk-{tag}.npz", work / f"stages-{tag}.npz"
+    r = subprocess.run([str(vlad), "run-once", "--bundle", str(bundle), "--obs", str(obs), "--out", str(out),
+                        "--stages", str(stages)], env=env, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise RuntimeError(f"vlad run-once on {bundle} failed: {(r.stdout + r.stderr).strip().splitlines()[-1:]}")
+    return {"actions": np.load(out)["actions"], **dict(np.load(stages))}
+
+
+def vlad_glue(rec: Recording, log: dict, conv: cv.Conventions, bundle: Path, vlad: Path, work: Path,
+              env: dict) -> list[Check]:
+    """What vlad's Rust pipeline computed from the first observation it took, rerun by
+    `vlad run-once` on that recorded observation, against upstream's preprocessing of the
+    same env observation:
+    - Fast-WAM: the image input the first context was fed (`--stages` `image`) = upstream's
+      `get_libero_image` + `_center_crop_resize` + side by side + `x*2/255-1` (exact);
+    - Fast-WAM: the gripper mapping, from the chunk of the same bundle with `gripper_map:
+      none` and no binarizing (the de-normalized g, values anywhere in between): vlad's
+      rows = upstream's `sign(-(g*2 - 1))` of them, the other dims unchanged;
+    - both: run-once reproduces the recorded chunk (the rerun is the live computation)."""
+    import json
+    import shutil
+    published = {int(s): int(p) for s, p, _ in log["published"]}
+    taken = [inf for inf in rec.inferences if inf.obs_seq in published and inf.ok]
+    if not taken:
+        return [Check("vlad's own preprocessing of the first observation", False, "no inference recorded")]
+    inf = taken[0]
+    point = published[inf.obs_seq]
+    work.mkdir(parents=True, exist_ok=True)
+    live = _run_once(vlad, bundle, inf, work, "live", env)
+    out = [Check("vlad run-once on the recorded observation = the recorded chunk", inf.actions is not None and
+                 np.array_equal(live["actions"], inf.actions), f"observation {inf.obs_seq}, seed {inf.seed}")]
+    if conv.policy != "fastwam":
+        # MolmoAct2's vision input as vlad's Rust glue built it from the frames it took,
+        # against the project's numpy pipeline (scripts/reference.py): LeRobot's processor
+        # itself needs torch, so this compares with the reference, not with upstream.
+        c = conv.chain
+        ref = _reference().pixel_values_from_frames(np.stack([inf.frames[0], inf.frames[1]]), c["crop_size"],
+                                                    c["patch_size"])
+        got = live.get("pixel_values")
+        diff = float(np.abs(got - ref.reshape(-1)).max()) if got is not None and got.size == ref.size else float("inf")
+        out.append(Check("vlad's vision input (its own Rust pipeline) = the numpy reference's pixel_values",
+                         diff <= 1e-6, f"max abs {diff:g} over {ref.size} values"))
+        return out
+    chain = conv.chain
+    up = cv.upstream_model_image(log["point_upstream_images"][point], chain["camera_width"], chain["camera_height"])
+    got = live.get("image")
+    diff = float(np.abs(got - up.reshape(-1)).max()) if got is not None and got.size == up.size else float("inf")
+    out.append(Check("vlad's image input to the first context (its own Rust pipeline) = upstream's preprocessing "
+                     "of the env observation", diff == 0.0, f"max abs {diff:g} over {up.size} values"))
+    # The same bundle without the gripper mapping: the de-normalized g vlad maps.
+    raw_bundle = work / "bundle-raw-gripper"
+    if raw_bundle.exists():
+        shutil.rmtree(raw_bundle)
+    shutil.copytree(bundle, raw_bundle, symlinks=True)
+    m = json.loads((raw_bundle / "bundle.json").read_text())
+    m["fastwam"]["gripper_map"], m["fastwam"]["gripper_binarize"] = "none", False
+    (raw_bundle / "bundle.json").write_text(json.dumps(m, indent=1))
+    raw = _run_once(vlad, raw_bundle, inf, work, "raw", env)["actions"]
+    g = raw[:, -1].astype(np.float32)
+    want = np.sign(-(g * np.float32(2) - np.float32(1)))  # upstream: g*2-1, invert_gripper_action, np.sign
+    mapped_ok = np.array_equal(live["actions"][:, -1], want) and np.array_equal(live["actions"][:, :-1], raw[:, :-1])
+    between = int(np.sum((np.abs(g) != 1) & (g != 0)))
+    out.append(Check("gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g",
+                     mapped_ok and between > 0,
+                     f"{len(g)} rows, {between} with g outside {{-1, 0, 1}} (g from {g.min():.3f} to {g.max():.3f})"))
     return out

@@ -1,23 +1,14 @@
-"""Each policy's LIBERO conventions at the ring, as its upstream eval has them, and the
-bundle facts the robot needs (ring geometry, instructions).
+"""Each policy's LIBERO conventions at the ring, as its upstream eval has them (`UPSTREAM`,
+one table with the upstream file and line of each setting), and the bundle facts the robot
+needs (ring geometry, instructions).
 
-Upstream Fast-WAM
-(experiments/libero/eval_libero_single.py, libero_utils.py, configs/sim_libero.yaml):
-cameras agent view then wrist, each turned 180 degrees (`img[::-1, ::-1]`), rendered at 256;
-state `eef_pos + quat2axisangle(eef_quat) + gripper_qpos` (robosuite's function, f64 in, f32
-out); 30 no-op steps `[0, 0, 0, 0, 0, 0, -1]` after the init state; 10 of the 32 actions per
-inference; at most 400 policy steps (spatial, object, goal) or 700 (libero_10, libero_90);
-the gripper mapped `-(2g - 1)` and binarized before `env.step` (vlad does that: the bundle's
-`gripper_map: libero`, `gripper_binarize`), so the robot applies ring values as they are.
-
-MolmoAct2 is evaluated through LeRobot (src/lerobot/envs/libero.py, processor/env_processor.py
-`LiberoProcessorStep`, huggingface/lerobot 7427f31): `agentview_image` as
-`observation.images.image`, `robot0_eye_in_hand_image` as `image2`, both flipped in H and W
-by the processor; `observation.state` = eef_pos + its own f32 quat2axisangle (zeros unless
-`sqrt(1 - w^2) > 1e-10`) + gripper_qpos; 10 no-op steps; at most 280 (spatial, object), 300
-(goal), 520 (libero_10), 400 (libero_90) steps; actions to `env.step` as the policy outputs
-them. A MolmoAct2 bundle takes the processed frames and the 8-value state (no turn, no
-conversion in vlad), so the robot does LeRobot's processing before the ring."""
+Fast-WAM's eval feeds `img[::-1, ::-1]` of both cameras and converts the raw state itself;
+its bundle turns the frames (`rotate_180`) and converts the state (`state_input:
+eef_pos_quat_gripper`) in vlad, and maps the gripper (`gripper_map: libero`, binarized), so
+the robot writes raw frames and state and applies ring values as they are. MolmoAct2 is
+evaluated through LeRobot's LIBERO env (`LiberoProcessorStep`: both cameras flipped in H and
+W, state eef_pos + its own f32 quat2axisangle + gripper_qpos); its bundle takes them as that
+processing hands them on, so the robot does that processing before the ring."""
 
 from __future__ import annotations
 
@@ -29,12 +20,67 @@ import numpy as np
 
 from .ring import Geometry
 
-# Upstream's per-suite episode length (policy steps, after the no-op steps).
-MAX_STEPS = {"libero_spatial": 400, "libero_object": 400, "libero_goal": 400, "libero_10": 700, "libero_90": 700}
-LEROBOT_MAX_STEPS = {"libero_spatial": 280, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
-                     "libero_90": 400}
+# Each policy's upstream LIBERO evaluation, as its eval code has it: one entry per setting,
+# each with the upstream file and line it follows (FastWAM at 45d8e14; huggingface/lerobot at
+# 7427f31). Written into every report; tests/test_conventions.py holds it to the copy in
+# golden/libero/upstream-settings.json, taken from those files separately.
+UPSTREAM = {
+    "fastwam": {
+        "stack": {"value": {"libero": "official LIBERO (Lifelong-Robot-Learning/LIBERO)", "mujoco": "3.3.2",
+                            "robosuite": "1.4.0"},
+                  "source": "yuantianyuan01/FastWAM README.md:176-184 (official LIBERO, then pip install mujoco==3.3.2)"},
+        "render": {"value": [256, 256],
+                   "source": "experiments/libero/libero_utils.py:16 LIBERO_ENV_RESOLUTION = 256, "
+                             "eval_libero_single.py:598 get_libero_env(task, LIBERO_ENV_RESOLUTION, cfg.get('seed'))"},
+        "num_steps_wait": {"value": 30, "source": "configs/sim_libero.yaml:24 num_steps_wait: 30; "
+                                                  "eval_libero_single.py:485-488"},
+        "seed": {"value": 42, "source": "configs/train.yaml:29 seed: 42 (sim_libero.yaml's defaults)"},
+        "seed_rule": {"value": "once_per_task",
+                      "source": "libero_utils.py:36-38 env.seed(seed) in get_libero_env, called once per task "
+                                "(eval_libero_single.py:598); episodes reset the same env (:466)"},
+        "init_state": {"value": "episode", "source": "eval_libero_single.py:613 initial_states[trial_idx]"},
+        "max_steps": {"value": {"libero_spatial": 400, "libero_object": 400, "libero_goal": 400, "libero_10": 700,
+                                "libero_90": 700},
+                      "source": "eval_libero_single.py:432-442 _get_max_steps, :483 t < max_steps + num_steps_wait"},
+        "replan_steps": {"value": 10, "source": "configs/sim_libero.yaml:25 replan_steps: 10; "
+                                                "eval_libero_single.py:516 action_chunk[:replan_steps]"},
+    },
+    "molmoact2": {
+        "stack": {"value": {"libero": "hf-libero 0.1.4", "mujoco": "3.8.1", "robosuite": "1.4.0"},
+                  "source": "lerobot pyproject.toml:271 libero = [hf-libero>=0.1.4,<0.2.0]; uv.lock:1945-1946 "
+                            "hf-libero 0.1.4, :3961-3962 mujoco 3.8.1, :5948-5949 robosuite 1.4.0"},
+        "render": {"value": [360, 360], "source": "src/lerobot/envs/configs.py:333-334 observation_height/width: 360"},
+        "num_steps_wait": {"value": 50,
+                           "source": "docs/source/molmoact2.mdx:319-321 'All LIBERO evaluation results reported "
+                                     "here use num_steps_wait=50' (LiberoEnv's default is 10, envs/libero.py:127)"},
+        "seed": {"value": 1000, "source": "src/lerobot/configs/eval.py:39 seed: 1000; molmoact2.mdx:347 --seed=1000"},
+        "seed_rule": {"value": "seed_plus_episode_at_each_reset",
+                      "source": "scripts/lerobot_eval.py:531-532 seeds = start_seed + batch_ix * num_envs, :223 "
+                                "env.reset(seed=seeds); envs/libero.py:339-342 reset(seed) calls env.seed(seed)"},
+        "init_state": {"value": "episode", "source": "envs/libero.py:175 init_state_id = episode_index, :345-346 "
+                                                     "+ reset stride at each reset"},
+        "max_steps": {"value": {"libero_spatial": 280, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                                "libero_90": 400},
+                      "source": "src/lerobot/envs/libero.py:98-104 TASK_SUITE_MAX_STEPS"},
+        "replan_steps": {"value": 10, "source": "docs/source/molmoact2.mdx:200-204 chunk_size 10 for LIBERO, "
+                                                "n_action_steps = chunk_size"},
+    },
+}
+
+# The success rates each policy's authors publish per suite, with where.
+PUBLISHED = {
+    "fastwam": {"source": "Fast-WAM paper (arXiv 2603.16666), LIBERO table: not readable here, fill from the "
+                          "paper before comparing", "rates": {}},
+    "molmoact2": {"source": "lerobot docs/source/molmoact2.mdx:437-440, 'MolmoAct2 Original' column",
+                  "rates": {"libero_spatial": 97.8, "libero_object": 100.0, "libero_goal": 97.8,
+                            "libero_10": 93.2}},
+}
+
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
-UPSTREAM_RESOLUTION = 256
+
+
+def setting(policy: str, name: str):
+    return UPSTREAM[policy][name]["value"]
 
 
 class BundleError(Exception):
@@ -51,10 +97,30 @@ class Conventions:
     instructions: tuple[str, ...]
     state_input: str
     chain: dict
-    max_steps_table: dict = None
+
+    def setting(self, name: str):
+        """Upstream's value of a setting for this policy (`UPSTREAM`)."""
+        return setting(self.policy, name)
 
     def max_steps(self, suite: str) -> int:
-        return (self.max_steps_table or MAX_STEPS)[suite]
+        return self.setting("max_steps")[suite]
+
+    def env_seed(self, episode: int) -> tuple[int | None, int | None]:
+        """(seed at env creation, seed at this episode's reset), upstream's rule."""
+        seed, rule = self.setting("seed"), self.setting("seed_rule")
+        return (seed, None) if rule == "once_per_task" else (None, seed + episode)
+
+    def differences(self) -> list[str]:
+        """What this run does otherwise than upstream (the bundle's doing, e.g. a tiny
+        fixture's frame size): empty for a run as upstream."""
+        out = []
+        up = self.setting("render")
+        if [self.geometry.height, self.geometry.width] != up:
+            out.append(f"render size {self.geometry.height}x{self.geometry.width} (the bundle's frame_height x "
+                       f"frame_width), upstream renders {up[0]}x{up[1]}")
+        if self.chunk_len < self.execute_steps:
+            out.append(f"chunk of {self.chunk_len} rows, shorter than upstream's replan_steps {self.execute_steps}")
+        return out
 
     def ring_frames(self, obs: dict) -> np.ndarray:
         """What the robot writes: Fast-WAM's bundle turns the frames itself (`rotate_180`),
@@ -91,7 +157,8 @@ def from_bundle(bundle: Path) -> Conventions:
                           f"found cameras {c['cameras']} rotate_180 {c['rotate_180']}")
     geometry = Geometry(cameras=2, height=c["frame_height"], width=c["frame_width"], state_dims=9,
                         action_dims=f["action_dims"], chunk_len=f["action_horizon"])
-    return Conventions(policy="fastwam", num_steps_wait=30, execute_steps=10, chunk_len=f["action_horizon"],
+    return Conventions(policy="fastwam", num_steps_wait=setting("fastwam", "num_steps_wait"),
+                       execute_steps=setting("fastwam", "replan_steps"), chunk_len=f["action_horizon"],
                        geometry=geometry, instructions=tuple(c["instructions"]), state_input=state_input, chain=c)
 
 
@@ -101,11 +168,11 @@ def _molmoact2(path: Path, c: dict) -> Conventions:
                           f"LIBERO observation.state), found cameras {c['cameras']} state_dims {c['state_dims']}")
     geometry = Geometry(cameras=2, height=c["frame_height"], width=c["frame_width"], state_dims=8,
                         action_dims=c["action_dims"], chunk_len=c["action_horizon"])
-    # Every row of a chunk: LeRobot's eval plays the policy's n_action_steps, which the
-    # bundle does not carry (MolmoAct2's value is not verified here).
-    return Conventions(policy="molmoact2", num_steps_wait=10, execute_steps=c["action_horizon"],
+    # LeRobot plays n_action_steps rows of each chunk, chunk_size (10) for LIBERO.
+    return Conventions(policy="molmoact2", num_steps_wait=setting("molmoact2", "num_steps_wait"),
+                       execute_steps=min(setting("molmoact2", "replan_steps"), c["action_horizon"]),
                        chunk_len=c["action_horizon"], geometry=geometry, instructions=tuple(c["instructions"]),
-                       state_input="state", chain=c, max_steps_table=LEROBOT_MAX_STEPS)
+                       state_input="state", chain=c)
 
 
 def lerobot_state(obs: dict) -> np.ndarray:
@@ -138,6 +205,23 @@ def fixture_bundle(dst: Path) -> Path:
     m["end_to_end"] = "golden/end_to_end_quat.npz"
     (dst / "bundle.json").write_text(json.dumps(m, indent=1))
     return dst
+
+
+def without_gripper_inversion(bundle: Path, run_once) -> Path:
+    """Turns the Fast-WAM bundle at `bundle` (a copy) into one that leaves the gripper as the
+    model gives it, its end-to-end golden made by the same code (as a mis-built bundle's
+    would be, so vlad's gate takes it): the live path without upstream's inversion, for the
+    test that watches the gripper check fail. `run_once(bundle, obs_npz)` is vlad's chunk."""
+    import numpy as np
+    bundle = Path(bundle)
+    m = json.loads((bundle / "bundle.json").read_text())
+    m["fastwam"]["gripper_map"] = "none"
+    (bundle / "bundle.json").write_text(json.dumps(m, indent=1))
+    golden = bundle / m["end_to_end"]
+    g = dict(np.load(golden))
+    g["actions"] = run_once(bundle, golden)
+    np.savez(golden, **g)
+    return bundle
 
 
 def instruction_id(conv: Conventions, language: str, override: int | None) -> int:

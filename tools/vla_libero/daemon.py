@@ -62,21 +62,28 @@ def vlad_binary(explicit: str | None) -> Path:
     raise DaemonError("no vlad binary: build it (cargo build --release -p vlad) or pass --vlad")
 
 
+def vlad_env() -> dict:
+    """The environment vlad runs in here: VLA_QNN_LIB_DIR from build/qnn-lib-dir when unset."""
+    env = dict(os.environ)
+    if not env.get("VLA_QNN_LIB_DIR"):
+        qnn = REPO / "build" / "qnn-lib-dir"
+        if qnn.exists():
+            env["VLA_QNN_LIB_DIR"] = qnn.read_text().strip()
+    return env
+
+
 class Daemon:
     """One `vlad run` for the episodes; its log is out/vlad.log."""
 
     def __init__(self, vlad: Path, config: dict, out: Path):
+        self.vlad = vlad
         self.config = config
         self.out = out
         self.config_path = out / "vlad-config.json"
         self.config_path.write_text(json.dumps(config, indent=1))
         self.log_path = out / "vlad.log"
         self._log = self.log_path.open("wb")
-        env = dict(os.environ)
-        if not env.get("VLA_QNN_LIB_DIR"):
-            qnn = REPO / "build" / "qnn-lib-dir"
-            if qnn.exists():
-                env["VLA_QNN_LIB_DIR"] = qnn.read_text().strip()
+        env = vlad_env()
         # Default dispositions for the signals vlad relies on, whatever was inherited (nohup).
         reset = lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGHUP, signal.SIGUSR1)]  # noqa: E731
         self.proc = subprocess.Popen([str(vlad), "run", "--config", str(self.config_path)], env=env,

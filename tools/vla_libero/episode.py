@@ -34,7 +34,7 @@ class LockstepError(Exception):
 @dataclass
 class Log:
     """What the robot did, for the report and the boundary checks."""
-    noop_actions: list = field(default_factory=list)
+    env_actions: list = field(default_factory=list)       # every action env.step received
     # Observation points: the simulator state after the no-op steps and after each chunk.
     point_frames: list = field(default_factory=list)       # ring frames [cams, H, W, 3]
     point_rendered: list = field(default_factory=list)     # as robosuite rendered them
@@ -53,22 +53,33 @@ class Log:
     cut_chunks: int = 0                                     # chunks vlad stopped before execute_steps rows
     success: bool = False
     steps: int = 0
+    error: str = ""
 
 
 def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer: rg.ObservationWriter,
         reader: rg.ActionReader, instruction: int, max_steps: int, alive=lambda: None,
-        between_chunks=lambda: None, wait_s: float = 900.0) -> Log:
+        between_chunks=lambda: None, wait_s: float = 900.0, reset_seed: int | None = None,
+        on_frame=lambda obs: None, fault: tuple = ()) -> Log:
     """`alive` raises when vlad is gone; `between_chunks` runs after each chunk's executed
-    rows, while the simulation waits anyway (the flight recording is taken there)."""
+    rows, while the simulation waits anyway (the flight recording is taken there);
+    `on_frame` gets the observation after the no-op steps and after every env step (the
+    episode's video). `fault` breaks the live path on purpose, for the tests that watch the
+    checks fail: `short-warmup` (one no-op step fewer), `flip-frame` (camera 0 written
+    upside down on the ring)."""
+    fault = fault or ()
     log = Log()
-    obs = simulator.reset(init_state)
-    for _ in range(conv.num_steps_wait):
+    obs = simulator.reset(init_state, seed=reset_seed)
+    for _ in range(conv.num_steps_wait - ("short-warmup" in fault)):
         obs, _ = simulator.step(cv.NOOP_ACTION)
-        log.noop_actions.append(cv.NOOP_ACTION)
         writer.heartbeat()
+    on_frame(obs)
 
     def new_point(o):
-        log.point_frames.append(conv.ring_frames(o))
+        frames = conv.ring_frames(o)
+        if "flip-frame" in fault:
+            frames = frames.copy()
+            frames[0] = frames[0][::-1]
+        log.point_frames.append(frames)
         log.point_rendered.append(sm.raw_frames(o))
         log.point_upstream_images.append(cv.upstream_images(o))
         log.point_raw_state.append(conv.ring_state(o).astype(np.float64))
@@ -137,11 +148,15 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
         if a.chunk_id != chunk:
             chunk, rows, idle = a.chunk_id, 0, False
         if a.step_index != rows:
-            raise LockstepError(f"chunk {a.chunk_id}: row {a.step_index} arrived where row {rows} was due "
-                                "(synchronous execution starts at row 0 and plays rows in order)")
+            # Not applied; the episode ends here and the checks (reading vlad's published
+            # rows) say what went wrong.
+            log.error = (f"chunk {a.chunk_id}: row {a.step_index} arrived where row {rows} was due "
+                         "(synchronous execution starts at row 0 and plays rows in order)")
+            break
         t0 = time.monotonic()
         obs, done = simulator.step(a.values)
         log.step_s.append(time.monotonic() - t0)
+        on_frame(obs)
         writer.heartbeat()
         log.applied.append((a.seq, a.chunk_id, a.step_index, a.source_obs_seq, a.made_time_ns, read_ns,
                             a.valid_until_ns))
@@ -155,6 +170,8 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
             idle, point = True, new_point(obs)
             # vlad takes the first copy captured after the last row's period (its hold
             # tick); earlier copies show the same state and are skipped by it.
+    # What the env received: the no-op steps counted from its own action log.
+    log.env_actions = [a.copy() for a in simulator.actions]
     return log
 
 
@@ -162,7 +179,7 @@ def save(log: Log, path) -> None:
     """The robot's log as npz (read by checks.py and report.py)."""
     np.savez_compressed(
         path,
-        noop_actions=np.array(log.noop_actions, np.float64).reshape(-1, 7),
+        env_actions=np.array(log.env_actions, np.float64).reshape(-1, 7),
         point_frames=np.array(log.point_frames, np.uint8),
         point_rendered=np.array(log.point_rendered, np.uint8),
         point_upstream_images=np.array(log.point_upstream_images, np.uint8),

@@ -22,6 +22,7 @@ class Inference:
     ok: bool = False
     latency_ms: float = 0.0
     actions: np.ndarray | None = None
+    seed: int = 0
 
 
 @dataclass
@@ -79,7 +80,8 @@ def read(path: Path) -> Recording:
         inf = Inference(obs_seq=o["seq"], state=np.array(o["state"], np.float32), frames=p.get("frames", {}), instruction_id=int(o["instruction_id"]),
                         chunk_id=o["chunk_id"], ok=bool(c.get("ok")), latency_ms=float(c.get("latency_ms", {})
                                                                                        .get("total", 0.0)),
-                        actions=np.array(c["actions"], np.float32) if c.get("actions") else None)
+                        actions=np.array(c["actions"], np.float32) if c.get("actions") else None,
+                        seed=int(o.get("seed", 0)))
         by_seq[seq] = inf
         inferences.append(inf)
     return Recording(Path(path), inferences, ticks, metadata)

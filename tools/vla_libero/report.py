@@ -30,7 +30,7 @@ def summarize(log: dict, rec, checks: list, meta: dict) -> dict:
         **meta,
         "success": bool(success),
         "steps": steps,
-        "noop_steps": int(len(log["noop_actions"])),
+        "noop_steps": int(len(log["env_actions"]) - len(applied)),
         "chunks": len(first_rows),
         "env_step_s": {"p50": _q(log["step_s"], 50), "p95": _q(log["step_s"], 95), "max": _q(log["step_s"], 100)},
         "inference_ms": {"p50": _q(inference_ms, 50), "p95": _q(inference_ms, 95), "n": len(inference_ms)},
@@ -111,22 +111,158 @@ def contact_sheet(log: dict, path: Path, rows: int = 8, scale: int = 0) -> Path:
     return path
 
 
-def suite_table(summaries: list[dict]) -> str:
-    """Success rate per suite in the papers' LIBERO table form (one column per suite, then the
-    average over the suites run)."""
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95 % interval of a success rate, in percent."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return 100 * max(0.0, centre - half), 100 * min(1.0, centre + half)
+
+
+def suite_table(summaries: list[dict], policy: str) -> str:
+    """Success rate per suite in the papers' LIBERO table form, with the Wilson 95 % interval
+    and the published number (its source under the table). An episode that failed with an
+    error counts as a failure."""
+    from . import conventions as cv
+    published = cv.PUBLISHED[policy]
     per: dict[str, list] = {}
     for s in summaries:
         per.setdefault(s["suite"], []).append(bool(s["success"]))
     cols = [x for x in SUITE_ORDER if x in per]
-    rates = [100.0 * sum(per[c]) / len(per[c]) for c in cols]
-    head = "| policy | " + " | ".join(f"{c} (n={len(per[c])})" for c in cols) + " | average |"
-    sep = "|---" * (len(cols) + 2) + "|"
-    bundle = summaries[0]["bundle"] if summaries else ""
-    row = f"| {Path(bundle).name} | " + " | ".join(f"{r:.1f}" for r in rates) + \
-        f" | {np.mean(rates) if rates else float('nan'):.1f} |"
-    return "\n".join([head, sep, row])
+    lines = ["| suite | episodes | success | Wilson 95 % | published |", "|---|---|---|---|---|"]
+    rates = []
+    for c in cols:
+        k, n = sum(per[c]), len(per[c])
+        lo, hi = wilson(k, n)
+        rates.append(100.0 * k / n)
+        pub = published["rates"].get(c)
+        lines.append(f"| {c} | {n} | {rates[-1]:.1f} % | {lo:.1f}-{hi:.1f} % | "
+                     f"{'-' if pub is None else f'{pub:.1f} %'} |")
+    pubs = [published["rates"][c] for c in cols if c in published["rates"]]
+    lines.append(f"| average | {sum(len(per[c]) for c in cols)} | {np.mean(rates) if rates else float('nan'):.1f} % | "
+                 f"| {f'{np.mean(pubs):.1f} %' if len(pubs) == len(cols) and pubs else '-'} |")
+    lines.append(f"\npublished: {published['source']}")
+    return "\n".join(lines)
+
+
+def task_table(summaries: list[dict]) -> str:
+    """Per task: episodes, success with its interval, policy steps to success (median), and
+    what the failures were (step limit, an error, a failed boundary check)."""
+    per: dict[tuple, list] = {}
+    for s in summaries:
+        per.setdefault((s["suite"], s["task_index"], s["task"]), []).append(s)
+    lines = ["| suite | task | episodes | success | Wilson 95 % | steps to success (median) | failures |",
+             "|---|---|---|---|---|---|---|"]
+    for (suite, index, name), eps in sorted(per.items()):
+        k, n = sum(bool(e["success"]) for e in eps), len(eps)
+        lo, hi = wilson(k, n)
+        steps = [e["steps"] for e in eps if e["success"]]
+        fails = {"step limit": 0, "error": 0, "check failed": 0}
+        for e in eps:
+            if e.get("error"):
+                fails["error"] += 1
+            elif not e["success"]:
+                fails["step limit"] += 1
+            if e.get("checks") and not e["checks_passed"]:
+                fails["check failed"] += 1
+        lines.append(f"| {suite} | {index}: {name} | {n} | {100 * k / n:.1f} % | {lo:.1f}-{hi:.1f} % | "
+                     f"{np.median(steps) if steps else '-'} | "
+                     + (", ".join(f"{v} {k_}" for k_, v in fails.items() if v) or "-") + " |")
+    return "\n".join(lines)
+
+
+def bundle_hash(bundle: Path) -> str:
+    """SHA-256 over the bundle's files (relative path and bytes, in path order)."""
+    import hashlib
+    h = hashlib.sha256()
+    for p in sorted(x for x in Path(bundle).rglob("*") if x.is_file()):
+        h.update(str(p.relative_to(bundle)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def run_header(conv, bundle: Path, out: Path, publish_hz: float, fault) -> dict:
+    """What a run is: the stack installed, upstream's settings with their sources, what
+    differs from upstream, the bundle's hash, the package versions."""
+    from importlib.metadata import version
+    from . import conventions as cv
+    stack = {p: version(p) for p in ("hf-libero", "mujoco", "robosuite", "numpy", "pillow")}
+    want = cv.setting(conv.policy, "stack")
+    differences = list(conv.differences())
+    if stack["mujoco"] != want["mujoco"]:
+        differences.append(f"MuJoCo {stack['mujoco']}, upstream {want['mujoco']}")
+    if conv.policy == "fastwam":
+        differences.append("LIBERO code from hf-libero 0.1.4, not a checkout of official LIBERO: the same task "
+                           "content (bddl files, init states, task order checked against 8f1084e); env code differs "
+                           "only in the asset path lookup, gym -> gymnasium, torch.load(weights_only=False)")
+    if fault:
+        differences.append(f"fault injected on purpose: {', '.join(fault)}")
+    return {"policy": conv.policy, "as_upstream": not differences, "differences": differences,
+            "upstream_stack": want, "installed": stack,
+            "settings": cv.UPSTREAM[conv.policy], "bundle": str(bundle),
+            "bundle_sha256": bundle_hash(Path(bundle)) if Path(bundle).is_dir() else None,
+            "publish_hz": publish_hz}
+
+
+def header_text(run: dict) -> str:
+    lines = [f"LIBERO evaluation of a {run['policy']} bundle: "
+             + ("as upstream evaluates it" if run["as_upstream"] else "NOT as upstream, differences:")]
+    lines += [f"  - {d}" for d in run["differences"]]
+    lines.append("  installed: " + ", ".join(f"{k} {v}" for k, v in run["installed"].items()))
+    lines.append(f"  bundle {run['bundle']} sha256 {run['bundle_sha256']}")
+    for name, e in run["settings"].items():
+        lines.append(f"  {name}: {json.dumps(e['value'])}  ({e['source']})")
+    for w in run.get("vlad_warnings", []):
+        lines.append(f"  vlad warned: {w}")
+    return "\n".join(lines)
+
+
+def vlad_warnings(log_path: Path) -> list[str]:
+    """vlad's warnings about settings that are not upstream's (its log's `deviates` lines)."""
+    try:
+        text_ = Path(log_path).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text_.splitlines() if "deviates from upstream" in line]
+
+
+def progress_bar(done: int, total: int, width: int = 30) -> str:
+    filled = int(width * done / total) if total else width
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class Video:
+    """The episode's MP4 at the control rate (LIBERO's 20 Hz): every env step's agent view |
+    wrist, turned as upstream's eval turns them (`img[::-1, ::-1]`), as FastWAM saves one per
+    trial."""
+
+    FPS = 20
+
+    def __init__(self, path: Path):
+        import imageio.v2 as imageio
+        self.path = path
+        self.writer = imageio.get_writer(str(path), fps=self.FPS, codec="libx264", macro_block_size=1,
+                                         ffmpeg_log_level="error")
+        self.frames = 0
+
+    def add(self, obs: dict) -> None:
+        self.writer.append_data(np.concatenate([obs["agentview_image"][::-1, ::-1],
+                                                obs["robot0_eye_in_hand_image"][::-1, ::-1]], axis=1))
+        self.frames += 1
+
+    def close(self) -> Path:
+        self.writer.close()
+        return self.path
+
+
+def write_failed(summary: dict, out: Path) -> None:
+    """An episode that ended in an error: the error is its report."""
+    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "report.txt").write_text(f"LIBERO episode {summary['suite']} task {summary['task_index']} "
+                                    f"init state {summary['init_index']}: failed: {summary['error']}\n")
 
 
 def write(summary: dict, out: Path) -> None:
-    (out / "report.json").write_text(json.dumps(summary, indent=1))
+    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     (out / "report.txt").write_text(text(summary) + "\n")

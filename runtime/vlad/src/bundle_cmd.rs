@@ -174,11 +174,15 @@ pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String 
 }
 
 const RUN_ONCE_HELP: &str =
-    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N | --instruction-text TEXT] [--out FILE.npz] [--lib-dir DIR]
+    "usage: vlad run-once --bundle DIR --obs FILE.npz [--seed N] [--instruction N | --instruction-text TEXT]
+                      [--out FILE.npz] [--stages FILE.npz] [--lib-dir DIR]
 The observation npz holds frames (uint8 [cameras,H,W,3]), state (f32), instruction_id and seed,
 like a bundle's golden/end_to_end.npz. --instruction-text renders an instruction the bundle
-does not list (MolmoAct2 bundles with a molmoact2.text block; refused in one line otherwise). --out writes the chunk (f32 `actions` [H, A]) and, for
-KeyStone, `keystone_choice` (i32 [1]), for comparing against a reference.";
+does not list (MolmoAct2 bundles with a molmoact2.text block; refused in one line otherwise).
+--out writes the chunk (f32 `actions` [H, A]) and, for KeyStone, `keystone_choice` (i32 [1]),
+for comparing against a reference. --stages writes the host glue's intermediates of the
+inference (f32, flat, by the end-to-end golden's names: the image input the first context was
+fed, ...), for comparing vlad's own preprocessing with upstream's.";
 
 /// The chunk of `run-once --out` as an npz (`actions`, and `keystone_choice` when chosen).
 fn write_chunk(
@@ -201,11 +205,23 @@ fn write_chunk(
     vla_npz::write_npz(path, &refs).map_err(failed)
 }
 
+/// The host glue's intermediates of `run-once --stages` as an npz of flat f32 arrays.
+fn write_stages(path: &Path, stages: &[(String, Vec<f32>)]) -> Result<(), Failure> {
+    let failed =
+        |e: vla_npz::NpzError| Failure::Error(format!("cannot write {}: {e}", path.display()));
+    let arrays = stages
+        .iter()
+        .map(|(name, v)| vla_npz::Array::from_f32(name, &[v.len()], v).map_err(failed))
+        .collect::<Result<Vec<_>, _>>()?;
+    let refs: Vec<&vla_npz::Array> = arrays.iter().collect();
+    vla_npz::write_npz(path, &refs).map_err(failed)
+}
+
 pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
     let mut common = Common::default();
     let (mut dir, mut obs_path): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut seed, mut instruction): (Option<u64>, Option<u32>) = (None, None);
-    let mut out: Option<PathBuf> = None;
+    let (mut out, mut stages): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut text: Option<OsString> = None;
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
@@ -220,6 +236,7 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
             Long("instruction") => instruction = Some(cli::number(&mut p, "--instruction")?),
             Long("instruction-text") => text = Some(cli::value(&mut p)?),
             Long("out") => out = Some(cli::value(&mut p)?.into()),
+            Long("stages") => stages = Some(cli::value(&mut p)?.into()),
             Short('h') | Long("help") => {
                 println!("{RUN_ONCE_HELP}");
                 return Ok(());
@@ -273,6 +290,9 @@ pub fn run_once(args: Vec<OsString>) -> Result<(), Failure> {
             g.action_dims,
             policy.keystone_choice(),
         )?;
+    }
+    if let Some(path) = &stages {
+        write_stages(path, &policy.stages(&obs.observation()))?;
     }
     let t = policy.timings();
     println!("latency (second inference):");

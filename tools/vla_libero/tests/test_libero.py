@@ -61,8 +61,23 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
     # upstream's 30 no-op steps; the arm held while each inference ran.
     assert report["steps"] == 20 and report["chunks"] == 2 and report["cut_chunks"] == 0
     assert report["noop_steps"] == 30 and report["ticks"]["ok"] == 20 and report["ticks"]["hold"] >= 1
+    # The run's header: the upstream stack, its settings with their sources, what differs.
+    run = json.loads((ep.parent / "run.json").read_text())
+    assert run["installed"]["mujoco"] == "3.3.2" and run["settings"]["seed"]["value"] == 42
+    assert not run["as_upstream"] and any("render size 40x48" in d for d in run["differences"])
+    assert report["env_seed"] == {"at_creation": 42, "at_reset": None}
+    assert "NOT as upstream" in stdout and "configs/sim_libero.yaml:24" in stdout
+    # The video: every env step's frame after the no-op steps (the first observation and 20 steps).
+    import imageio.v2 as imageio
+    with imageio.get_reader(ep / "video.mp4") as v:
+        assert v.count_frames() == 21 and v.get_meta_data()["fps"] == 20
     assert 0 < report["hold_share"] < 1
     assert "boundary checks:" in stdout and "FAIL" not in stdout
+    # vlad's own Rust preprocessing and gripper mapping, rerun on the recorded observation.
+    names = " ".join(report["checks"])
+    assert "PASS vlad's image input to the first context (its own Rust pipeline)" in names
+    assert "PASS gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g" in names
+    assert "PASS vlad run-once on the recorded observation = the recorded chunk" in names
     from PIL import Image
     with Image.open(ep / "contact-sheet.png") as sheet:
         assert sheet.width > 2 * 48 and sheet.height >= 3 * 40
@@ -77,7 +92,7 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(episode):
+def test_the_checks_fail_on_a_wrong_state_a_skipped_row_and_a_short_warmup_in_the_saved_log(episode):
     ep, bundle, _ = episode
     conv = conventions.from_bundle(bundle)
     rec = recording.read_all(sorted(ep.glob("recording-*.mcap")))
@@ -88,40 +103,40 @@ def test_the_checks_fail_on_an_unturned_camera_a_wrong_state_and_a_skipped_row(e
         c = conv if chain is None else conventions.Conventions(**{**conv.__dict__, "chain": chain})
         return {x.name for x in checks.run(log, rec, c, 0) if not x.ok}
 
-    unturned = dict(good, point_upstream_images=good["point_rendered"])
-    assert {"orientation: rotate_180 of the ring frames = upstream get_libero_image",
-            "policy image input = upstream's (crop-resize, side by side, x*2/255-1)"} <= failing(unturned)
     assert "policy image input = upstream's (crop-resize, side by side, x*2/255-1)" in \
         failing(good, {**conv.chain, "rotate_180": [False, False]})
-    # A state built without the quaternion conversion's sign care (the -q vector).
     bent = good["point_upstream_state"].copy()
     bent[:, 3:6] += 1e-3
     assert "policy state input = upstream _extract_sim_state" in failing(dict(good, point_upstream_state=bent))
-    skipped = dict(good, applied=good["applied"][1:], applied_values=good["applied_values"][1:])
-    assert "lockstep: each chunk applied from row 0, in order, at most execute_steps rows" in failing(skipped)
-    short_warmup = dict(good, noop_actions=good["noop_actions"][:10])
-    assert "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1]" in failing(short_warmup)
+    rows = "lockstep: each chunk published and applied from row 0, in order, at most execute_steps rows"
+    assert rows in failing(dict(good, applied=good["applied"][1:], applied_values=good["applied_values"][1:]))
+    # vlad publishing a chunk's rows out of order fails it from its own ticks.
+    swapped = [list(t) for t in rec.ticks]
+    oks = [i for i, t in enumerate(swapped) if t[1] == "ok"]
+    swapped[oks[0]][3], swapped[oks[1]][3] = swapped[oks[1]][3], swapped[oks[0]][3]
+    assert rows in {x.name for x in checks.run(good, recording.Recording(rec.path, rec.inferences, swapped,
+                                                                         rec.metadata), conv, 0) if not x.ok}
 
 
-def test_a_molmoact2_episode_gets_lerobots_processed_frames_and_state(tmp_path):
-    """MolmoAct2 is evaluated through LeRobot's LIBERO env: its bundle takes the frames
-    flipped and the 8-value state as LeRobot's processor builds them, so the robot does
-    that processing; 10 no-op steps; every row of a chunk (H = 10)."""
-    r = tool("demo", "--policy", "molmoact2", "--out", str(tmp_path))
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+NOOP = "no-op warm-up: upstream's num_steps_wait steps of [0,0,0,0,0,0,-1], counted from the env's actions"
+
+
+def test_a_flipped_frame_a_missing_gripper_inversion_and_a_short_warmup_on_the_live_path_fail_their_checks(tmp_path):
+    """The robot writes camera 0 upside down and steps one no-op fewer, and vlad runs the
+    bundle without the gripper inversion (`--fault flip-frame,no-gripper-inversion,
+    short-warmup`): the episode runs through vlad as any other; the orientation, both
+    image-input, the gripper-mapping and the no-op checks, and only they, fail."""
+    r = tool("demo", "--out", str(tmp_path), "--fault", "flip-frame,no-gripper-inversion,short-warmup")
+    assert r.returncode == 3, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     report = json.loads((tmp_path / "episode" / "report.json").read_text())
-    assert report["checks_passed"], "\n".join(report["checks"])
-    names = " ".join(report["checks"])
-    assert "ring frames = LeRobot's flipped image, image2" in names and "quat2axisangle" in names
-    assert report["steps"] == 20 and report["chunks"] == 2 and report["noop_steps"] == 10
-    # Frames written as rendered (unflipped) would fail the orientation check.
-    conv = conventions.from_bundle(conventions.MOLMOACT2_FIXTURE)
-    rec = recording.read_all(sorted((tmp_path / "episode").glob("recording-*.mcap")))
-    log = dict(np.load(tmp_path / "episode" / "robot.npz"))
-    assert all(c.ok for c in checks.run(log, rec, conv, 0))
-    unflipped = dict(log, point_rendered=log["point_frames"])
-    assert [c.name for c in checks.run(unflipped, rec, conv, 0) if not c.ok] == \
-        ["orientation: ring frames = LeRobot's flipped image, image2 (vlad does not turn them)"]
+    failed = [c.split(":")[0] for c in report["checks"] if c.startswith("FAIL")]
+    assert failed == ["FAIL orientation", "FAIL policy image input = upstream's (crop-resize, side by side, x*2/255-1)",
+                      "FAIL no-op warm-up",
+                      "FAIL vlad's image input to the first context (its own Rust pipeline) = upstream's "
+                      "preprocessing of the env observation",
+                      "FAIL gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g"], failed
+    assert "29 no-op steps received by the env, upstream 30" in " ".join(report["checks"])
+    assert "fault injected on purpose: flip-frame, no-gripper-inversion, short-warmup" in r.stdout
 
 
 def test_recordings_taken_between_chunks_together_hold_every_inference(episode):
@@ -244,3 +259,43 @@ def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_re
     rtt = report["bridge_rtt_ms"]
     assert rtt["publish"]["n"] >= 2 and rtt["read"]["n"] >= 20 and rtt["publish"]["p50"] > 0
     assert "bridge publish   round trip" in r.stdout
+
+
+def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
+    """`eval --workers 2` over two tasks: each worker its own vlad and rings, per-episode
+    reports and videos, one per-suite table with Wilson intervals and the published column
+    and the per-task table; `--resume` keeps every finished episode (no new recording) and
+    writes the same table."""
+    out = tmp_path / "eval"
+    args = ["eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
+            "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out)]
+    r = tool(*args)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    configs = [json.loads((out / f"worker-{k}" / "vlad-config.json").read_text()) for k in (0, 1)]
+    assert configs[0]["rings"]["observation_path"] != configs[1]["rings"]["observation_path"]
+    table = (out / "success-rates.md").read_text()
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in table, table
+    assert "| libero_spatial | 0: pick up the black bowl between the plate and the ramekin" in table
+    assert "NOT as upstream" in table and "published: Fast-WAM" in table
+    assert r.stderr.count("1/1 episodes") == 2 and "ETA" in r.stderr
+    eps = [out / "worker-0" / "libero_spatial-0-0", out / "worker-1" / "libero_spatial-1-0"]
+    assert all((e / "video.mp4").exists() and (e / "report.json").exists() for e in eps)
+    done = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")}
+    assert len(done) == 2
+    r = tool(*args, "--resume")
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.stderr.count("done before, kept (--resume)") == 2
+    assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")} == done
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
+
+
+def test_the_wilson_interval_and_the_published_column():
+    from vla_libero import report
+    lo, hi = report.wilson(45, 50)
+    assert abs(lo - 78.6) < 0.1 and abs(hi - 95.7) < 0.1
+    rows = [{"suite": "libero_goal", "success": i < 49, "task_index": 0, "task": "t", "steps": 100, "checks": [],
+             "checks_passed": True} for i in range(50)]
+    table = report.suite_table(rows, "molmoact2")
+    assert "| libero_goal | 50 | 98.0 % | 89.5-99.6 % | 97.8 % |" in table, table
+    assert "molmoact2.mdx:437-440" in table
+
