@@ -767,6 +767,22 @@ mod tests {
         }
         let low = json!({"wm_embed": {"video_tokens": {"cosine": 0.98, "reason": "r"}}});
         gated(low, true).unwrap();
+        // The defaults obey the floor too: lowering them would gate every output loosely.
+        for field in ["context_cosine", "end_to_end_cosine"] {
+            let m = closed_loop(|v| v["parity"][field] = 0.5.into());
+            let e = m.validate().unwrap_err();
+            assert_eq!(e.field, format!("parity.{field}"));
+            assert!(
+                e.reason.contains("needs parity.allow_low_gate"),
+                "{}",
+                e.reason
+            );
+            let m = closed_loop(|v| {
+                v["parity"][field] = 0.5.into();
+                v["parity"]["allow_low_gate"] = true.into();
+            });
+            m.validate().unwrap();
+        }
         let zero = json!({"wm_embed": {"video_tokens": {"cosine": 0.0, "reason": "r"}}});
         assert!(gated(zero, true)
             .unwrap_err()
