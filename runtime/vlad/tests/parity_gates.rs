@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::qnn as qnn_available;
+use common::{qnn as qnn_available, text, vlad};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// The LP-VTP-SD card's vision gate (docs/bundle-format.md, "Published releases").
 const CARD_GATE: f64 = 0.9979;
@@ -51,20 +51,6 @@ fn card_gate(dir: &Path) {
             "reason": "card: vision cosine 0.99843835 on QNN CPU (GridSample)"
         }}})
     });
-}
-
-fn vlad(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(args)
-        .output()
-        .expect("run vlad")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 fn parity(dir: &Path) -> (Option<i32>, String, String) {
