@@ -25,8 +25,27 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// A stand-in bundle in its own scratch directory, removed when the test passes (kept for a
+/// look when it fails).
+struct Standin(PathBuf);
+
+impl std::ops::Deref for Standin {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(self.0.parent().expect("scratch/bundle"));
+        }
+    }
+}
+
 /// The stand-in bundle in a scratch directory, its vision binary `vision_<which>`.
-fn standin(name: &str, which: &str) -> PathBuf {
+fn standin(name: &str, which: &str) -> Standin {
     let dir = scratch(name).join("bundle");
     vla_test_support::copy_dir(&golden("molmoact2-lp-vtp-sd"), &dir);
     std::fs::copy(
@@ -34,7 +53,7 @@ fn standin(name: &str, which: &str) -> PathBuf {
         dir.join("ctx/vision_socid77_archv73.bin"),
     )
     .unwrap();
-    dir
+    Standin(dir)
 }
 
 fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
