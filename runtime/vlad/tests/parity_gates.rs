@@ -174,7 +174,28 @@ fn an_entry_for_an_output_the_context_lacks_is_refused_in_one_line() {
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         err.contains("parity.stages.hidden_state")
-            && err.contains("names no stage of this policy's end-to-end run"),
+            && err.contains("names no stage of the end-to-end run that its golden stores"),
+        "{err}"
+    );
+    // A stage the policy produces but the golden does not store is compared to nothing, so an
+    // entry for it would gate nothing.
+    let e2e = dir.join("golden/end_to_end.npz");
+    let npz = vla_npz::Npz::open(&e2e).unwrap();
+    let kept: Vec<_> = npz
+        .names()
+        .filter(|&n| n != "noise")
+        .map(|n| npz.array(n).unwrap())
+        .collect();
+    drop(npz);
+    vla_npz::write_npz(&e2e, &kept.iter().collect::<Vec<_>>()).unwrap();
+    edit_manifest(&dir, |v| {
+        v["parity"]["stages"] = serde_json::json!({"noise": {"cosine": 0.999, "reason": "r"}});
+    });
+    let (code, out, err) = parity(&dir);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("parity.stages.noise")
+            && err.contains("(those: pixel_values, hidden_states, attention_bias, k_ctx, v_ctx)"),
         "{err}"
     );
 }

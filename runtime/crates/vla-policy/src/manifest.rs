@@ -142,13 +142,14 @@ impl ParityGate {
         }
     }
 
-    /// Refuses a stage entry that names none of the policy's `stages`.
+    /// Refuses a stage entry that names none of `stages`: the stages of the policy's
+    /// end-to-end run that its golden stores (only those are compared).
     pub fn check_stages(&self, stages: &[&str]) -> Result<(), Invalid> {
         match self.stages.keys().find(|k| !stages.contains(&k.as_str())) {
             Some(unknown) => Err(invalid(
                 format!("parity.stages.{unknown}"),
                 format!(
-                    "names no stage of this policy's end-to-end run (its stages: {})",
+                    "names no stage of the end-to-end run that its golden stores (those: {})",
                     stages.join(", ")
                 ),
             )),
