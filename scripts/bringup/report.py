@@ -516,6 +516,14 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
                          f" gets its minimum cosine over {n} observation(s) less {gates['margin']}; `vlad bundle calibrate DIR --from"
                          f" gates.json` writes those below the default {gates['default_gate']} into"
                          " bundle.json (the end-to-end gate is never changed).")
+            ran = str(results.target.get("observations", ""))
+            if ran.isdigit() and int(ran) != len(results.more_parity):
+                # A run that crashed wrote no parity-<name>.json: the minimum is then over fewer
+                # observations than the board was asked to measure, which the reader must know.
+                lines.append("")
+                lines.append(f"**Only {len(results.more_parity)} of the {ran} more observation runs wrote"
+                             " a `parity-<name>.json`** (see their `parity-<name>.log`): these gates are"
+                             f" from {n} observation(s), not {int(ran) + 1}.")
             lines.append("")
             lines.append("| component | output | observations | min cosine | proposed gate |")
             lines.append("|---|---|---:|---:|---:|")

@@ -233,6 +233,16 @@ def test_gates_are_proposed_from_the_minimum_over_every_observation(tmp_path):
     assert "broken" not in by, "a non-finite observation is nothing to calibrate from"
     assert "| action_step | pred_noise | 2 | 0.99830000 | 0.997800 |" in text
     assert gates["stages"] == [], "these runs store no stages"
+    assert "more observation runs wrote" not in text
+
+
+def test_observation_runs_that_wrote_nothing_are_named_in_the_report(tmp_path):
+    raw, out = write_results(tmp_path, parity=_with_outputs(parity_doc(), {"pred_noise": 0.9985}),
+                             bench=bench_doc(), env={"observations": "2"})
+    (raw / "parity-a.json").write_text(json.dumps(_with_outputs(parity_doc(), {"pred_noise": 0.9983})))
+    text = build(raw, out)
+    assert "Only 1 of the 2 more observation runs wrote" in text
+    assert "from 2 observation(s), not 3" in text
 
 
 def test_stages_of_the_end_to_end_run_get_proposals_too(tmp_path):

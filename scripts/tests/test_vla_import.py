@@ -1028,6 +1028,9 @@ def test_a_low_gate_is_taken_with_allow_low_gate_and_recorded(copies, capsys):
     parity, record = _gates(out)
     assert parity["allow_low_gate"] is True and parity["contexts"]["vision"]["*"]["cosine"] == 0.97
     assert record["allow_low_gate"] is True
+    out = out.parent / "unneeded"
+    refused(capsys, args(release, checkpoint, out, "--gate", "vision=0.995", "--gate-reason", "r", "--allow-low-gate"),
+            out, "--allow-low-gate: no gate is at or below 0.99, so none needs it")
 
 
 def test_the_lp_vtp_sd_card_gives_its_vision_gate_by_the_cards_base_model(copies, capsys):

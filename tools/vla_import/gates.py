@@ -194,6 +194,9 @@ def resolve(a, rel_dir: Path, comps: dict, default: float) -> tuple:
         check(c, o, v, comps, allow_low, f"--gate {c}.{o}={v}" if source == "--gate" else source)
         entries.setdefault(c, {})[o] = {"cosine": v, "reason": reason}
         record.append({"context": c, "output": o, "cosine": v, "reason": reason, "from": source})
+    # The flag also lowers the floor of every later hand edit of the bundle: only where needed.
+    expect(not allow_low or any(e["cosine"] <= GATE_FLOOR for e in record), "--allow-low-gate",
+           f"no gate is at or below {GATE_FLOOR}, so none needs it")
     provenance = {"default": default, "entries": record, "allow_low_gate": allow_low,
                   "release_names": names, "card": card["card"] if card else None}
     if stated:

@@ -108,8 +108,10 @@ fn proposals(report: &Path, doc: &serde_json::Value) -> Result<(f64, Vec<Proposa
     Ok((margin, found))
 }
 
-/// Every output a context's golden names, for refusing a proposal for an output the bundle
-/// does not have (the graphs themselves are checked again when the bundle is gated).
+/// Every array a context's golden holds, its inputs and outputs alike: a proposal naming
+/// none of them is refused here. Which are outputs only the graph knows, and reading it needs
+/// the QNN libraries this host step may lack: an entry naming an input is refused when the
+/// bundle is gated (before anything runs), not here.
 fn golden_arrays(dir: &Path, manifest: &Manifest, context: &str) -> Result<Vec<String>, Failure> {
     let c = &manifest.components[context];
     let npz = vla_npz::Npz::open(dir.join(&c.golden))?;

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::qnn as qnn_available;
+use common::{qnn as qnn_available, text, vlad};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use vla_npz::{write_npz, Array, Npz};
 
 fn bundle() -> PathBuf {
@@ -18,20 +18,6 @@ fn ctx(c: &str) -> PathBuf {
 
 fn io(c: &str) -> PathBuf {
     bundle().join(format!("golden/{c}_io.npz"))
-}
-
-fn vlad(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(args)
-        .output()
-        .expect("run vlad")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 fn scratch(name: &str) -> PathBuf {

@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::qnn as qnn_available;
+use common::{qnn as qnn_available, text, vlad};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// The LP-VTP-SD card's vision gate (docs/bundle-format.md, "Published releases").
 const CARD_GATE: f64 = 0.9979;
@@ -25,8 +25,27 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
+/// A stand-in bundle in its own scratch directory, removed when the test passes (kept for a
+/// look when it fails).
+struct Standin(PathBuf);
+
+impl std::ops::Deref for Standin {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(self.0.parent().expect("scratch/bundle"));
+        }
+    }
+}
+
 /// The stand-in bundle in a scratch directory, its vision binary `vision_<which>`.
-fn standin(name: &str, which: &str) -> PathBuf {
+fn standin(name: &str, which: &str) -> Standin {
     let dir = scratch(name).join("bundle");
     vla_test_support::copy_dir(&golden("molmoact2-lp-vtp-sd"), &dir);
     std::fs::copy(
@@ -34,7 +53,7 @@ fn standin(name: &str, which: &str) -> PathBuf {
         dir.join("ctx/vision_socid77_archv73.bin"),
     )
     .unwrap();
-    dir
+    Standin(dir)
 }
 
 fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
@@ -51,20 +70,6 @@ fn card_gate(dir: &Path) {
             "reason": "card: vision cosine 0.99843835 on QNN CPU (GridSample)"
         }}})
     });
-}
-
-fn vlad(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(args)
-        .output()
-        .expect("run vlad")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
 }
 
 fn parity(dir: &Path) -> (Option<i32>, String, String) {
@@ -169,7 +174,28 @@ fn an_entry_for_an_output_the_context_lacks_is_refused_in_one_line() {
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         err.contains("parity.stages.hidden_state")
-            && err.contains("names no stage of this policy's end-to-end run"),
+            && err.contains("names no stage of the end-to-end run that its golden stores"),
+        "{err}"
+    );
+    // A stage the policy produces but the golden does not store is compared to nothing, so an
+    // entry for it would gate nothing.
+    let e2e = dir.join("golden/end_to_end.npz");
+    let npz = vla_npz::Npz::open(&e2e).unwrap();
+    let kept: Vec<_> = npz
+        .names()
+        .filter(|&n| n != "noise")
+        .map(|n| npz.array(n).unwrap())
+        .collect();
+    drop(npz);
+    vla_npz::write_npz(&e2e, &kept.iter().collect::<Vec<_>>()).unwrap();
+    edit_manifest(&dir, |v| {
+        v["parity"]["stages"] = serde_json::json!({"noise": {"cosine": 0.999, "reason": "r"}});
+    });
+    let (code, out, err) = parity(&dir);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains("parity.stages.noise")
+            && err.contains("(those: pixel_values, hidden_states, attention_bias, k_ctx, v_ctx)"),
         "{err}"
     );
 }

@@ -142,13 +142,14 @@ impl ParityGate {
         }
     }
 
-    /// Refuses a stage entry that names none of the policy's `stages`.
+    /// Refuses a stage entry that names none of `stages`: the stages of the policy's
+    /// end-to-end run that its golden stores (only those are compared).
     pub fn check_stages(&self, stages: &[&str]) -> Result<(), Invalid> {
         match self.stages.keys().find(|k| !stages.contains(&k.as_str())) {
             Some(unknown) => Err(invalid(
                 format!("parity.stages.{unknown}"),
                 format!(
-                    "names no stage of this policy's end-to-end run (its stages: {})",
+                    "names no stage of the end-to-end run that its golden stores (those: {})",
                     stages.join(", ")
                 ),
             )),
@@ -810,6 +811,22 @@ mod tests {
         }
         let low = json!({"wm_embed": {"video_tokens": {"cosine": 0.98, "reason": "r"}}});
         gated(low, true).unwrap();
+        // The defaults obey the floor too: lowering them would gate every output loosely.
+        for field in ["context_cosine", "end_to_end_cosine"] {
+            let m = closed_loop(|v| v["parity"][field] = 0.5.into());
+            let e = m.validate().unwrap_err();
+            assert_eq!(e.field, format!("parity.{field}"));
+            assert!(
+                e.reason.contains("needs parity.allow_low_gate"),
+                "{}",
+                e.reason
+            );
+            let m = closed_loop(|v| {
+                v["parity"][field] = 0.5.into();
+                v["parity"]["allow_low_gate"] = true.into();
+            });
+            m.validate().unwrap();
+        }
         let zero = json!({"wm_embed": {"video_tokens": {"cosine": 0.0, "reason": "r"}}});
         assert!(gated(zero, true)
             .unwrap_err()

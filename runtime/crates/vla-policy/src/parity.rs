@@ -288,7 +288,12 @@ impl Bundle {
         let comparison = compare(&actions, &expected, 1e-3, 1e-2);
         let mut stages = Vec::new();
         let produced = policy.stages(&obs.observation());
-        let names: Vec<&str> = produced.iter().map(|(n, _)| n.as_str()).collect();
+        // An entry for a stage the golden does not store would gate nothing without a word.
+        let names: Vec<&str> = produced
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| npz.contains(n))
+            .collect();
         gates
             .check_stages(&names)
             .map_err(|invalid| PolicyError::ManifestInvalid {

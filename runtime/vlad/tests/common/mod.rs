@@ -7,7 +7,7 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -147,4 +147,20 @@ impl Drop for Drained {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Runs the vlad under test to completion with `args`.
+pub fn vlad(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vlad"))
+        .args(args)
+        .output()
+        .expect("run vlad")
+}
+
+/// A finished process's stdout and stderr as text.
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }

@@ -122,13 +122,13 @@ impl Manifest {
                 ),
             ));
         }
+        // The defaults obey the floor too: else a bundle could pass a wrong binary with no
+        // entry at all, by lowering the default the entries are held against.
         for (field, v) in [
             ("parity.context_cosine", self.parity.context_cosine),
             ("parity.end_to_end_cosine", self.parity.end_to_end_cosine),
         ] {
-            if !(v > 0.0 && v <= 1.0) {
-                return Err(invalid(field, format!("{v} is not in (0, 1]")));
-            }
+            self.gate_in_range(field, v)?;
         }
         self.output_gates()?;
         match self.policy {
@@ -161,11 +161,6 @@ impl Manifest {
     /// floor: [`GATE_FLOOR`], or 0 with `allow_low_gate`) and gives a reason. Output names
     /// are checked against the graphs when the bundle is gated (they live in the binaries).
     fn output_gates(&self) -> Result<(), Invalid> {
-        let floor = if self.parity.allow_low_gate {
-            0.0
-        } else {
-            GATE_FLOOR
-        };
         for (context, outputs) in &self.parity.contexts {
             if !self.components.contains_key(context) {
                 return Err(invalid(
@@ -187,33 +182,45 @@ impl Manifest {
                 ));
             }
             for (output, gate) in outputs {
-                self.output_gate(&format!("parity.contexts.{context}.{output}"), gate, floor)?;
+                self.output_gate(&format!("parity.contexts.{context}.{output}"), gate)?;
             }
         }
         for (stage, gate) in &self.parity.stages {
-            self.output_gate(&format!("parity.stages.{stage}"), gate, floor)?;
+            self.output_gate(&format!("parity.stages.{stage}"), gate)?;
         }
         Ok(())
     }
 
+    /// A gate `v` of `field` lies in (floor, 1]: the floor is [`GATE_FLOOR`], or 0 with
+    /// `allow_low_gate`.
+    fn gate_in_range(&self, field: &str, v: f64) -> Result<(), Invalid> {
+        let floor = if self.parity.allow_low_gate {
+            0.0
+        } else {
+            GATE_FLOOR
+        };
+        if v > floor && v <= 1.0 {
+            return Ok(());
+        }
+        let why = if self.parity.allow_low_gate {
+            format!("{v} is not in (0, 1]")
+        } else {
+            format!(
+                "{v} is not in ({GATE_FLOOR}, 1] (a lower gate needs parity.allow_low_gate, the importer's --allow-low-gate)"
+            )
+        };
+        Err(invalid(field, why))
+    }
+
     /// One entry: a number in (floor, 1] with a reason.
-    fn output_gate(&self, field: &str, gate: &OutputGate, floor: f64) -> Result<(), Invalid> {
+    fn output_gate(&self, field: &str, gate: &OutputGate) -> Result<(), Invalid> {
         let Some(v) = gate.cosine.as_f64() else {
             return Err(invalid(
                 format!("{field}.cosine"),
                 format!("{} is not a number", gate.cosine),
             ));
         };
-        if !(v > floor && v <= 1.0) {
-            let why = if self.parity.allow_low_gate {
-                format!("{v} is not in (0, 1]")
-            } else {
-                format!(
-                    "{v} is not in ({GATE_FLOOR}, 1] (a lower gate needs parity.allow_low_gate, the importer's --allow-low-gate)"
-                )
-            };
-            return Err(invalid(format!("{field}.cosine"), why));
-        }
+        self.gate_in_range(&format!("{field}.cosine"), v)?;
         if gate.reason.trim().is_empty() {
             return Err(invalid(
                 format!("{field}.reason"),
