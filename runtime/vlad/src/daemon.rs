@@ -444,8 +444,11 @@ fn start_engine(
         }
     };
     crate::dsp_plan::configure(config.npu.clone(), nsps);
+    // Votes for every NSP a plan under this configuration can place contexts on, so
+    // that a bundle loaded later (an update) is covered without voting again.
     let votes = crate::qnn_setup::start_votes(
         &backend,
+        &crate::dsp_plan::placeable_nsps(&config.npu, nsps),
         crate::qnn_setup::configured_mode(config.qnn.performance),
         config.qnn.performance_idle_release(),
     );

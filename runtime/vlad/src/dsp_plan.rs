@@ -40,6 +40,26 @@ pub fn placement(npu: &vla_config::NpuConfig) -> Placement {
     }
 }
 
+/// The NSPs a plan under the `npu` section can put sessions on, of a platform with
+/// `nsps` of them: with `auto` every one, with groups the ones they name (a group on an
+/// NSP the platform lacks is refused by the plan, not voted for).
+pub fn placeable_nsps(npu: &vla_config::NpuConfig, nsps: u32) -> Vec<u32> {
+    match npu.placement {
+        vla_config::NpuPlacement::Auto => (0..nsps.max(1)).collect(),
+        vla_config::NpuPlacement::Groups => {
+            let mut used: Vec<u32> = npu
+                .groups
+                .iter()
+                .map(|g| u32::from(g.nsp))
+                .filter(|&n| n < nsps.max(1))
+                .collect();
+            used.sort_unstable();
+            used.dedup();
+            used
+        }
+    }
+}
+
 /// The per-session budget of the `npu` section, in bytes.
 pub fn budget(npu: &vla_config::NpuConfig) -> u64 {
     u64::from(npu.budget_mb()) * MIB
@@ -248,4 +268,31 @@ pub fn place(
         }
     }
     Ok(backend.with_placement(placement))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::placeable_nsps;
+    use vla_config::{NpuConfig, NpuGroup, NpuPlacement};
+
+    #[test]
+    fn the_votes_cover_every_nsp_a_plan_can_use() {
+        let auto = NpuConfig::default();
+        assert_eq!(placeable_nsps(&auto, 2), vec![0, 1]);
+        assert_eq!(placeable_nsps(&auto, 1), vec![0]);
+        assert_eq!(placeable_nsps(&auto, 0), vec![0]);
+        let mut groups = NpuConfig {
+            placement: NpuPlacement::Groups,
+            ..NpuConfig::default()
+        };
+        for nsp in [1, 1, 3] {
+            let group = NpuGroup {
+                nsp,
+                contexts: Default::default(),
+            };
+            assert!(groups.groups.push(group).is_ok());
+        }
+        // NSP 3 is beyond the platform: the plan refuses it, nothing votes for it.
+        assert_eq!(placeable_nsps(&groups, 2), vec![1]);
+    }
 }

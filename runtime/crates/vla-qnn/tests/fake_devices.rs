@@ -2,13 +2,14 @@
 //! system `cc`): the calls vla-qnn makes, in order; each context created on the device of
 //! its NSP; and the teardown order (contexts, then their devices, then the default
 //! device, the backend and the log), whatever order the owner drops things in. The
-//! stand-in reports two NSPs, which the emulator cannot (it reports one).
+//! stand-in reports two NSPs, which the emulator cannot (it reports one). The HTP
+//! performance votes go to a voter per NSP, each with its own id.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use vla_qnn::{
-    create_contexts, Backend, Context, ContextBinary, ContextPlacement, LoadOptions, QnnError,
-    QnnLibrary,
+    create_contexts, Backend, Context, ContextBinary, ContextPlacement, LoadOptions, PerfGovernor,
+    PerformanceMode, QnnError, QnnLibrary,
 };
 
 struct Scratch(PathBuf);
@@ -210,6 +211,77 @@ contextFree 0x1003
 deviceFree 0x201
 contextFree 0x1002
 deviceFree 0x200
+deviceFree 0x100
+backendFree 0x20
+logFree 0x10
+";
+    assert_eq!(log, expected, "calls:\n{log}");
+
+    // Performance votes on both NSPs: a voter per device, each voting with its own id,
+    // and the idle release relaxing both; the ids go before the backend. A device the
+    // platform lacks fails the start, and the voter already made is destroyed.
+    // SAFETY: as above.
+    unsafe { reset() };
+    {
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&scratch.0)
+        };
+        let lib = std::sync::Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib).unwrap();
+        let governor = PerfGovernor::start_on(
+            &backend,
+            &[1, 0, 1],
+            PerformanceMode::Burst,
+            std::time::Duration::from_millis(1),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(governor.power_config_ids(), vec![(0, 0x50), (1, 0x51)]);
+        // The releaser relaxes once no inference has run for 1 ms; wait for that event
+        // (the bound only guards against a hang).
+        let t = std::time::Instant::now();
+        while governor.stats().releases == 0 {
+            assert!(t.elapsed().as_secs() < 120, "no idle release");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!((governor.stats().votes, governor.stats().refused), (1, 0));
+        drop(governor);
+        match PerfGovernor::start_on(
+            &backend,
+            &[0, 2],
+            PerformanceMode::Burst,
+            std::time::Duration::from_secs(60),
+        ) {
+            Err(QnnError::Call {
+                operation: "createPowerConfigId",
+                code: 13001,
+                subject,
+                ..
+            }) => assert_eq!(subject, "device 2, core 0"),
+            Err(e) => panic!("device 2 refused with {e}"),
+            Ok(_) => panic!("a vote on device 2 accepted"),
+        }
+        drop(backend);
+    }
+    let log = calls();
+    let expected = "\
+logCreate
+backendCreate
+deviceCreate default
+createPowerConfigId device 0 core 0 -> 0x50
+setPowerConfig 0x50 dcvs for 0x50 core target 0xa0, 3 configs
+createPowerConfigId device 1 core 0 -> 0x51
+setPowerConfig 0x51 dcvs for 0x51 core target 0xa0, 3 configs
+setPowerConfig 0x50 dcvs for 0x50 core target 0x40, 2 configs
+setPowerConfig 0x51 dcvs for 0x51 core target 0x40, 2 configs
+destroyPowerConfigId 0x50
+destroyPowerConfigId 0x51
+createPowerConfigId device 0 core 0 -> 0x50
+setPowerConfig 0x50 dcvs for 0x50 core target 0xa0, 3 configs
+createPowerConfigId refused: device 2 core 0
+destroyPowerConfigId 0x50
 deviceFree 0x100
 backendFree 0x20
 logFree 0x10

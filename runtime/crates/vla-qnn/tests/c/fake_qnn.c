@@ -5,7 +5,8 @@
  * and 1, one core each) from deviceGetPlatformInfo, accepts a device config of option
  * PLATFORM_INFO naming one of them (14001 for any other id), and hands out handles that
  * name what they are: 0x100 the default device, 0x200+id a device on NSP id, 0x1000+n
- * the n-th context. Every call is appended to a log that `fake_qnn_calls` returns.
+ * the n-th context. Its performance infrastructure gives a power-config id per device
+ * (0x50 + id) and records each vote. Every call is appended to a log that `fake_qnn_calls` returns.
  * The structs below are written from QnnDevice.h / QnnHtpDevice.h, so the C compiler's
  * layout of them checks vla-qnn's hand-written offsets.
  */
@@ -130,6 +131,48 @@ static err_t context_free(handle_t c, handle_t profile) {
 }
 static err_t not_supported(void) { return 1000; }
 
+/* QnnHtpPerfInfrastructure.h: a voter per (device, core), id 0x50 + device; a vote is
+ * recorded with its id, the id its DCVS_V3 payload names and its core target corner. */
+typedef struct { uint32_t option; uint32_t payload[16]; } PowerConfig;
+_Static_assert(sizeof(PowerConfig) == 68, "power config");
+typedef struct {
+  uint32_t infraType;
+  err_t (*createPowerConfigId)(uint32_t, uint32_t, uint32_t *);
+  err_t (*destroyPowerConfigId)(uint32_t);
+  err_t (*setPowerConfig)(uint32_t, const PowerConfig **);
+  fn_t setMemoryConfig;
+} PerfInfrastructure;
+_Static_assert(offsetof(PerfInfrastructure, createPowerConfigId) == 8, "create");
+_Static_assert(offsetof(PerfInfrastructure, destroyPowerConfigId) == 16, "destroy");
+_Static_assert(offsetof(PerfInfrastructure, setPowerConfig) == 24, "set");
+
+static err_t create_power_config_id(uint32_t device, uint32_t core, uint32_t *id) {
+  if (device > 1 || core != 0) {
+    record("createPowerConfigId refused: device %u core %u", device, core); return 13001;
+  }
+  *id = 0x50 + device;
+  record("createPowerConfigId device %u core %u -> 0x%x", device, core, *id);
+  return 0;
+}
+static err_t destroy_power_config_id(uint32_t id) {
+  record("destroyPowerConfigId 0x%x", id); return 0;
+}
+static err_t set_power_config(uint32_t id, const PowerConfig **list) {
+  if (list == NULL || list[0] == NULL || list[0]->option != 1) {
+    record("setPowerConfig refused: 0x%x", id); return 13001;
+  }
+  int n = 0;
+  while (list[n] != NULL) n++;
+  record("setPowerConfig 0x%x dcvs for 0x%x core target 0x%x, %d configs", id,
+         list[0]->payload[0], list[0]->payload[14], n);
+  return 0;
+}
+static PerfInfrastructure perf = {0, create_power_config_id, destroy_power_config_id,
+                                  set_power_config, NULL};
+static err_t get_infrastructure(const PerfInfrastructure **out) {
+  *out = &perf; return 0;
+}
+
 typedef struct {
   uint32_t backendId; const char *name; uint32_t core[3]; uint32_t backend[3]; fn_t fns[71];
 } Interface;
@@ -149,7 +192,7 @@ err_t QnnInterface_getProviders(const Interface ***list, uint32_t *n) {
   iface.fns[27] = (fn_t)log_free;
   iface.fns[37] = (fn_t)get_platform_info;
   iface.fns[38] = (fn_t)free_platform_info;
-  iface.fns[39] = NULL; /* no performance infrastructure */
+  iface.fns[39] = (fn_t)get_infrastructure;
   iface.fns[40] = (fn_t)device_create;
   iface.fns[43] = (fn_t)device_free;
   iface.fns[48] = (fn_t)error_message;
