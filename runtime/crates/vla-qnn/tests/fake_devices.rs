@@ -217,6 +217,73 @@ logFree 0x10
 ";
     assert_eq!(log, expected, "calls:\n{log}");
 
+    // Spill-fill groups follow the sessions: binaries that report spill-fill sizes
+    // (1, 2, 4 and 1 MiB) placed as d + f in session 0 on NSP 0 and e + g in session 1
+    // on NSP 1 make two groups, each sized by its own largest member and joined through
+    // its own first context.
+    // SAFETY: as above.
+    unsafe { reset() };
+    {
+        let spill = |name: &str, bytes: u64| {
+            let path = scratch.0.join(name);
+            std::fs::write(&path, format!("spill-fill {bytes}")).unwrap();
+            path
+        };
+        let (d, e, f, g) = (
+            spill("d.bin", 1 << 20),
+            spill("e.bin", 2 << 20),
+            spill("f.bin", 4 << 20),
+            spill("g.bin", 1 << 20),
+        );
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&scratch.0)
+        };
+        let lib = std::sync::Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let info = backend.platform_info().unwrap().unwrap();
+        let nsp0 = backend.on_device(info.device(0).unwrap()).unwrap();
+        let nsp1 = backend.on_device(info.device(1).unwrap()).unwrap();
+        let mut placement = ContextPlacement::default();
+        placement.place(&d, 0, &nsp0);
+        placement.place(&e, 1, &nsp1);
+        placement.place(&f, 0, &nsp0);
+        placement.place(&g, 1, &nsp1);
+        let placed = backend.with_placement(placement);
+        let binaries: Vec<ContextBinary> = [&d, &e, &f, &g]
+            .iter()
+            .map(|p| ContextBinary::open(&lib, p).unwrap())
+            .collect();
+        let sizes: Vec<u64> = binaries
+            .iter()
+            .map(|b| b.info().spill_fill_bytes())
+            .collect();
+        assert_eq!(sizes, vec![1 << 20, 2 << 20, 4 << 20, 1 << 20]);
+        let group = create_contexts(&placed, binaries).map_err(|e| e.1).unwrap();
+        assert!(
+            matches!(group.sharing, vla_qnn::SpillFillSharing::Shared { .. }),
+            "{}",
+            group.sharing
+        );
+        drop((group, placed, nsp0, nsp1, backend));
+    }
+    let log = calls();
+    let created: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("contextCreateFromBinary"))
+        .collect();
+    assert_eq!(
+        created,
+        vec![
+            "contextCreateFromBinary on 0x200 group first 0x0 max 4194304 -> 0x1001",
+            "contextCreateFromBinary on 0x200 group first 0x1001 max 4194304 -> 0x1002",
+            "contextCreateFromBinary on 0x201 group first 0x0 max 2097152 -> 0x1003",
+            "contextCreateFromBinary on 0x201 group first 0x1003 max 2097152 -> 0x1004",
+        ],
+        "calls:\n{log}"
+    );
+
     // Performance votes on both NSPs: a voter per device, each voting with its own id,
     // and the idle release relaxing both; the ids go before the backend. A device the
     // platform lacks fails the start, and the voter already made is destroyed.

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef uint64_t err_t;
@@ -118,12 +119,27 @@ static err_t device_create(handle_t log, const DeviceConfig **cfg, handle_t *out
   return 0;
 }
 static err_t device_free(handle_t d) { record("deviceFree %p", d); return 0; }
-static err_t context_create(handle_t b, handle_t device, const void **cfg, const void *buf,
-                            uint64_t size, handle_t *out, handle_t profile) {
-  (void)b; (void)cfg; (void)buf; (void)size; (void)profile;
+/* QnnContext.h's config (CUSTOM = 0) and QnnHtpContext.h's spill-fill group (option 2). */
+typedef struct { uint32_t option; union { const void *customConfig; uint64_t rest[4]; }; } ContextConfig;
+typedef struct { uint32_t option; handle_t firstGroupHandle; uint64_t maxSpillFillBuffer; } GroupConfig;
+_Static_assert(offsetof(ContextConfig, customConfig) == 8, "custom config");
+_Static_assert(offsetof(GroupConfig, firstGroupHandle) == 8, "first group handle");
+_Static_assert(offsetof(GroupConfig, maxSpillFillBuffer) == 16, "max spill-fill");
+
+static err_t context_create(handle_t b, handle_t device, const ContextConfig **cfg,
+                            const void *buf, uint64_t size, handle_t *out, handle_t profile) {
+  (void)b; (void)buf; (void)size; (void)profile;
+  char group[96] = "";
+  for (int i = 0; cfg != NULL && cfg[i] != NULL; i++) {
+    const GroupConfig *g = cfg[i]->customConfig;
+    if (cfg[i]->option == 0 && g != NULL && g->option == 2)
+      snprintf(group, sizeof group, " group first 0x%llx max %llu",
+               (unsigned long long)(uintptr_t)g->firstGroupHandle,
+               (unsigned long long)g->maxSpillFillBuffer);
+  }
   contexts++;
   *out = (handle_t)(uintptr_t)(0x1000 + contexts);
-  record("contextCreateFromBinary on %p -> %p", device, *out);
+  record("contextCreateFromBinary on %p%s -> %p", device, group, *out);
   return 0;
 }
 static err_t context_free(handle_t c, handle_t profile) {
@@ -201,19 +217,34 @@ err_t QnnInterface_getProviders(const Interface ***list, uint32_t *n) {
   return 0;
 }
 
-/* libQnnSystem: one graph named "g", no tensors, for any buffer. */
+/* libQnnSystem: one graph named "g", no tensors, for any buffer. A buffer that begins
+ * with "spill-fill N" gets a v3 graph info whose HTP blob info reports N bytes. */
 static unsigned char graph_info[88];
 static unsigned char binary_info[256];
+typedef struct { uint32_t version; uint64_t spillFillBufferSize; } GraphBlobInfo;
+_Static_assert(offsetof(GraphBlobInfo, spillFillBufferSize) == 8, "spill-fill");
+static GraphBlobInfo blob_info;
 
 static err_t sys_create(handle_t *h) { *h = (handle_t)0x30; return 0; }
 static err_t sys_info(handle_t h, void *buf, uint64_t size, const void **info, uint64_t *n) {
-  (void)h; (void)buf; (void)size;
+  (void)h;
   uint32_t v3 = 3, v1 = 1, one = 1, soc = 77, api[3] = {2, 40, 0};
   const char *name = "g";
   memset(binary_info, 0, sizeof binary_info);
   memset(graph_info, 0, sizeof graph_info);
   memcpy(graph_info, &v1, 4);
   memcpy(graph_info + 8, &name, sizeof name);
+  char text[32] = "";
+  memcpy(text, buf, size < sizeof text - 1 ? size : sizeof text - 1);
+  if (strncmp(text, "spill-fill ", 11) == 0) {
+    uint32_t blob_size = sizeof blob_info;
+    const void *blob = &blob_info;
+    blob_info.version = 1;
+    blob_info.spillFillBufferSize = strtoull(text + 11, NULL, 10);
+    memcpy(graph_info, &v3, 4);
+    memcpy(graph_info + 64, &blob_size, 4);
+    memcpy(graph_info + 72, &blob, sizeof blob);
+  }
   memcpy(binary_info, &v3, 4);
   memcpy(binary_info + 24, api, sizeof api);
   memcpy(binary_info + 96, &one, 4);
