@@ -2,13 +2,17 @@
  *
  * It exports both providers' entry points with the function-table layout of the QNN
  * 2.x interface (slot order as in shared/qnn-abi.md), reports two HTP devices (NSPs 0
- * and 1, one core each) from deviceGetPlatformInfo, accepts a device config of option
- * PLATFORM_INFO naming one of them (14001 for any other id), and hands out handles that
- * name what they are: 0x100 the default device, 0x200+id a device on NSP id, 0x1000+n
- * the n-th context. Its performance infrastructure gives a power-config id per device
- * (0x50 + id) and records each vote. Every call is appended to a log that `fake_qnn_calls` returns.
+ * and 1, one core each; a third entry has a struct version vla-qnn does not know) from
+ * deviceGetPlatformInfo, accepts a device config of option PLATFORM_INFO naming one of
+ * them (14001 for any other id), and hands out handles that name what they are: 0x100
+ * the default device, 0x200+id a device on NSP id, 0x1000+n the n-th context. Its
+ * performance infrastructure gives a power-config id per device (0x50 + id) and records
+ * each vote; a context's spill-fill group config is recorded with its creation. Every
+ * call is appended to a log that `fake_qnn_calls` returns.
  * The structs below are written from QnnDevice.h / QnnHtpDevice.h, so the C compiler's
- * layout of them checks vla-qnn's hand-written offsets.
+ * layout of them checks the offsets this file uses; vla-qnn's own offsets are checked
+ * by what vla-qnn reads back from this file's data (and against the real library in
+ * tests/nsp_devices.rs).
  */
 #include <stdarg.h>
 #include <stdbool.h>
@@ -86,11 +90,13 @@ static HtpDeviceExt exts[2] = {
   {0, {.onChipDevice = {8, 77, true, true, 73}}},
 };
 static CoreInfo cores[2] = {{1, {.v1 = {0, 0, NULL}}}, {1, {.v1 = {0, 0, NULL}}}};
-static HwDeviceInfo devices[2] = {
+/* A third entry of a struct version vla-qnn does not know: it must be skipped, not read. */
+static HwDeviceInfo devices[3] = {
   {1, {.v1 = {0, 0, 1, &cores[0], &exts[0]}}},
   {1, {.v1 = {1, 0, 1, &cores[1], &exts[1]}}},
+  {2, {.v1 = {2, 0, 1, &cores[1], &exts[1]}}},
 };
-static PlatformInfo platform = {1, {.v1 = {2, devices}}};
+static PlatformInfo platform = {1, {.v1 = {3, devices}}};
 
 static err_t get_platform_info(handle_t log, const PlatformInfo **out) {
   (void)log; (void)unused_ext; *out = &platform; record("deviceGetPlatformInfo"); return 0;
