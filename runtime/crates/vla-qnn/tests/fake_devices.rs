@@ -6,7 +6,6 @@
 //! performance votes go to a voter per NSP, each with its own id.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use vla_qnn::{
     create_contexts, Backend, Context, ContextBinary, ContextPlacement, LoadOptions, PerfGovernor,
     PerformanceMode, QnnError, QnnLibrary,
@@ -22,48 +21,12 @@ impl Drop for Scratch {
 
 /// Builds the stand-in library into `dir`, or says why this run cannot.
 fn build_fake(dir: &Path) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    match Command::new(&cc).arg("-dumpmachine").output() {
-        Ok(out) if out.status.success() => {
-            let machine = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            if !machine.starts_with(std::env::consts::ARCH) {
-                eprintln!(
-                    "skipping: `{cc}` builds for {machine}, these tests run as {} (cross build)",
-                    std::env::consts::ARCH
-                );
-                return None;
-            }
-        }
-        other => {
-            vla_test_support::cannot_run(&format!("no usable C compiler `{cc}`: {other:?}"));
-            return None;
-        }
-    }
-    let lib = dir.join("libfakeqnn.so");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fake_qnn.c");
-    let out = Command::new(&cc)
-        .args([
-            "-std=c11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-shared",
-            "-fPIC",
-        ])
-        .arg(&source)
-        .arg("-o")
-        .arg(&lib)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc failed on {}:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(lib)
+    vla_test_support::compile_c(
+        &source,
+        &dir.join("libfakeqnn.so"),
+        &["-shared".as_ref(), "-fPIC".as_ref()],
+    )
 }
 
 #[test]
@@ -310,7 +273,10 @@ logFree 0x10
         // (the bound only guards against a hang).
         let t = std::time::Instant::now();
         while governor.stats().releases == 0 {
-            assert!(t.elapsed().as_secs() < 120, "no idle release");
+            assert!(
+                t.elapsed() < vla_test_support::HANG_GUARD,
+                "no idle release"
+            );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!((governor.stats().votes, governor.stats().refused), (1, 0));
