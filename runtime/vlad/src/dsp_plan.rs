@@ -202,6 +202,12 @@ pub fn set_running(plan: MemoryPlan) {
     *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
 }
 
+/// No bundle's contexts are resident (a reload freed them, or refused the new bundle
+/// after its gate): STATUS, the metrics and the recordings state no plan until one is.
+pub fn clear_running() {
+    *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
 /// The running bundle's plan, if one passed its gate.
 pub fn running() -> Option<MemoryPlan> {
     RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone()

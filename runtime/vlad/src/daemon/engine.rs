@@ -86,9 +86,13 @@ impl PolicyEngine {
     }
 
     fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
+        // Every caller has freed the running contexts: until a bundle is taken, no plan
+        // is the running one (a bundle refused after its gate recorded its own).
+        crate::dsp_plan::clear_running();
         let (bundle, policy, cosine) = load_gated(&self.backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
+            crate::dsp_plan::clear_running();
             return Err(LoadError::Geometry {
                 dir: dir.to_owned(),
                 needs,
