@@ -278,8 +278,68 @@ pub fn place(
 
 #[cfg(test)]
 mod tests {
-    use super::placeable_nsps;
+    use super::{bundle_footprints, place, placeable_nsps};
+    use std::sync::Arc;
     use vla_config::{NpuConfig, NpuGroup, NpuPlacement};
+    use vla_qnn::{Backend, Group, LoadOptions, MemoryPlan, Placement, QnnLibrary};
+
+    /// Against vla-qnn's stand-in QNN library (it reports NSPs 0 and 1; the emulator
+    /// reports one): each session's binaries go to the device of the session's NSP, and
+    /// an NSP the platform does not report is refused by name.
+    #[test]
+    fn each_session_is_placed_on_its_nsps_device() {
+        let root = vla_test_support::repo_root();
+        let dir = std::env::temp_dir().join(format!("vlad-dsp-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = root.join("runtime/crates/vla-qnn/tests/c/fake_qnn.c");
+        let lib_path = dir.join("libfakeqnn.so");
+        let flags = ["-shared".as_ref(), "-fPIC".as_ref()];
+        let Some(_) = vla_test_support::compile_c(&source, &lib_path, &flags) else {
+            return;
+        };
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&dir)
+        };
+        let lib = Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let bundle =
+            vla_policy::Bundle::open(root.join("golden/bundles/molmoact2-original")).unwrap();
+        let names: Vec<String> = bundle_footprints(&bundle, Some(&lib))
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert!(names.len() > 2, "{names:?}");
+        let plan_on = |first: u32, rest: u32, nsps: u32| {
+            let groups = Placement::Groups(vec![
+                Group {
+                    nsp: first,
+                    contexts: names[..2].to_vec(),
+                },
+                Group {
+                    nsp: rest,
+                    contexts: names[2..].to_vec(),
+                },
+            ]);
+            let footprints = bundle_footprints(&bundle, Some(&lib)).unwrap();
+            MemoryPlan::compute(footprints, &groups, nsps, u64::MAX).unwrap()
+        };
+        let placed = place(&backend, &bundle, &plan_on(1, 0, 2)).unwrap();
+        for (i, name) in names.iter().enumerate() {
+            let binary = &bundle.manifest.components.get(name).unwrap().binary;
+            let want = if i < 2 { (0, Some(1)) } else { (1, Some(0)) };
+            assert_eq!(placed.placed(&bundle.path(binary)), Some(want), "{name}");
+        }
+        drop(placed);
+        let e = place(&backend, &bundle, &plan_on(0, 2, 3))
+            .err()
+            .expect("NSP 2 placed");
+        assert!(e.starts_with("NSP 2 is not among the platform's: "), "{e}");
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_votes_cover_every_nsp_a_plan_can_use() {
