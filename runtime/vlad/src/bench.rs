@@ -83,7 +83,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let t0 = Instant::now();
     let (lib, backend) = qnn_setup::load_backend(&common)?;
     let t_lib = t0.elapsed();
-    let votes = qnn_setup::start_votes(&backend, performance, IDLE_RELEASE);
+    let votes = qnn_setup::start_votes(&backend, &[0], performance, IDLE_RELEASE);
     let t1 = Instant::now();
     let binary = ContextBinary::open(&lib, &ctx)?;
     let size = binary.size();

@@ -230,7 +230,7 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
 
 fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
-    let votes = qnn_setup::start_votes(&backend, o.performance, crate::bench::IDLE_RELEASE);
+    let votes = qnn_setup::start_votes(&backend, &[0], o.performance, crate::bench::IDLE_RELEASE);
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -456,11 +456,14 @@ fn start_engine(
         }
     };
     crate::dsp_plan::configure(config.npu.clone(), nsps);
-    let vote = (
-        crate::qnn_setup::configured_mode(config.qnn.performance),
-        config.qnn.performance_idle_release(),
-    );
-    let votes = crate::qnn_setup::start_votes(&backend, vote.0, vote.1);
+    // Votes for every NSP a plan under this configuration can place contexts on, so
+    // that a bundle loaded later (an update) is covered without voting again.
+    let vote = npu::VoteSettings {
+        devices: crate::dsp_plan::placeable_nsps(&config.npu, nsps),
+        mode: crate::qnn_setup::configured_mode(config.qnn.performance),
+        idle: config.qnn.performance_idle_release(),
+    };
+    let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
     let load_options = load_options(&config.realtime);
     let t = Instant::now();
     let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;

@@ -40,6 +40,26 @@ pub fn placement(npu: &vla_config::NpuConfig) -> Placement {
     }
 }
 
+/// The NSPs a plan under the `npu` section can put sessions on, of a platform with
+/// `nsps` of them: with `auto` every one, with groups the ones they name (a group on an
+/// NSP the platform lacks is refused by the plan, not voted for).
+pub fn placeable_nsps(npu: &vla_config::NpuConfig, nsps: u32) -> Vec<u32> {
+    match npu.placement {
+        vla_config::NpuPlacement::Auto => (0..nsps.max(1)).collect(),
+        vla_config::NpuPlacement::Groups => {
+            let mut used: Vec<u32> = npu
+                .groups
+                .iter()
+                .map(|g| u32::from(g.nsp))
+                .filter(|&n| n < nsps.max(1))
+                .collect();
+            used.sort_unstable();
+            used.dedup();
+            used
+        }
+    }
+}
+
 /// The per-session budget of the `npu` section, in bytes.
 pub fn budget(npu: &vla_config::NpuConfig) -> u64 {
     u64::from(npu.budget_mb()) * MIB
@@ -182,6 +202,12 @@ pub fn set_running(plan: MemoryPlan) {
     *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) = Some(plan);
 }
 
+/// No bundle's contexts are resident (a reload freed them, or refused the new bundle
+/// after its gate): STATUS, the metrics and the recordings state no plan until one is.
+pub fn clear_running() {
+    *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
 /// The running bundle's plan, if one passed its gate.
 pub fn running() -> Option<MemoryPlan> {
     RUNNING.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -248,4 +274,91 @@ pub fn place(
         }
     }
     Ok(backend.with_placement(placement))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bundle_footprints, place, placeable_nsps};
+    use std::sync::Arc;
+    use vla_config::{NpuConfig, NpuGroup, NpuPlacement};
+    use vla_qnn::{Backend, Group, LoadOptions, MemoryPlan, Placement, QnnLibrary};
+
+    /// Against vla-qnn's stand-in QNN library (it reports NSPs 0 and 1; the emulator
+    /// reports one): each session's binaries go to the device of the session's NSP, and
+    /// an NSP the platform does not report is refused by name.
+    #[test]
+    fn each_session_is_placed_on_its_nsps_device() {
+        let root = vla_test_support::repo_root();
+        let dir = std::env::temp_dir().join(format!("vlad-dsp-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let source = root.join("runtime/crates/vla-qnn/tests/c/fake_qnn.c");
+        let lib_path = dir.join("libfakeqnn.so");
+        let flags = ["-shared".as_ref(), "-fPIC".as_ref()];
+        let Some(_) = vla_test_support::compile_c(&source, &lib_path, &flags) else {
+            return;
+        };
+        let opts = LoadOptions {
+            backend_lib: "libfakeqnn.so".into(),
+            system_lib: "libfakeqnn.so".into(),
+            ..LoadOptions::htp(&dir)
+        };
+        let lib = Arc::new(QnnLibrary::load(&opts).unwrap());
+        let backend = Backend::new(lib.clone()).unwrap();
+        let bundle =
+            vla_policy::Bundle::open(root.join("golden/bundles/molmoact2-original")).unwrap();
+        let names: Vec<String> = bundle_footprints(&bundle, Some(&lib))
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
+        assert!(names.len() > 2, "{names:?}");
+        let plan_on = |first: u32, rest: u32, nsps: u32| {
+            let groups = Placement::Groups(vec![
+                Group {
+                    nsp: first,
+                    contexts: names[..2].to_vec(),
+                },
+                Group {
+                    nsp: rest,
+                    contexts: names[2..].to_vec(),
+                },
+            ]);
+            let footprints = bundle_footprints(&bundle, Some(&lib)).unwrap();
+            MemoryPlan::compute(footprints, &groups, nsps, u64::MAX).unwrap()
+        };
+        let placed = place(&backend, &bundle, &plan_on(1, 0, 2)).unwrap();
+        for (i, name) in names.iter().enumerate() {
+            let binary = &bundle.manifest.components.get(name).unwrap().binary;
+            let want = if i < 2 { (0, Some(1)) } else { (1, Some(0)) };
+            assert_eq!(placed.placed(&bundle.path(binary)), Some(want), "{name}");
+        }
+        drop(placed);
+        let e = place(&backend, &bundle, &plan_on(0, 2, 3))
+            .err()
+            .expect("NSP 2 placed");
+        assert!(e.starts_with("NSP 2 is not among the platform's: "), "{e}");
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_votes_cover_every_nsp_a_plan_can_use() {
+        let auto = NpuConfig::default();
+        assert_eq!(placeable_nsps(&auto, 2), vec![0, 1]);
+        assert_eq!(placeable_nsps(&auto, 1), vec![0]);
+        assert_eq!(placeable_nsps(&auto, 0), vec![0]);
+        let mut groups = NpuConfig {
+            placement: NpuPlacement::Groups,
+            ..NpuConfig::default()
+        };
+        for nsp in [1, 1, 3] {
+            let group = NpuGroup {
+                nsp,
+                contexts: Default::default(),
+            };
+            assert!(groups.groups.push(group).is_ok());
+        }
+        // NSP 3 is beyond the platform: the plan refuses it, nothing votes for it.
+        assert_eq!(placeable_nsps(&groups, 2), vec![1]);
+    }
 }

@@ -70,18 +70,25 @@ pub fn performance_mode(value: &str) -> Result<PerformanceMode, crate::Failure> 
     })
 }
 
-/// Starts the HTP performance votes for `mode`, logging the outcome in one line. A
-/// backend that refuses is not fatal: vlad runs without votes (`None`).
+/// Starts the HTP performance votes for `mode` on each HTP device in `devices` (the
+/// NSPs contexts may be placed on), logging the outcome in one line. A backend that
+/// refuses is not fatal: vlad runs without votes (`None`).
 pub fn start_votes(
     backend: &Backend,
+    devices: &[u32],
     mode: PerformanceMode,
     idle: Duration,
 ) -> Option<PerfGovernor> {
-    match PerfGovernor::start(backend, mode, idle) {
+    match PerfGovernor::start_on(backend, devices, mode, idle) {
         Ok(Some(g)) => {
+            let ids: Vec<String> = g
+                .power_config_ids()
+                .iter()
+                .map(|(device, id)| format!("NSP {device}: power config id {id}"))
+                .collect();
             log::info!(
-                "HTP performance vote: {mode} accepted (power config id {}), released to relaxed after {} ms idle",
-                g.power_config_id(),
+                "HTP performance vote: {mode} accepted ({}), released to relaxed after {} ms idle",
+                ids.join(", "),
                 idle.as_millis()
             );
             Some(g)

@@ -166,7 +166,7 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
     );
     // dev.json leaves qnn.performance out: the default burst vote is made and logged.
     assert!(
-        err.contains("HTP performance vote: burst accepted (power config id"),
+        err.contains("HTP performance vote: burst accepted (NSP 0: power config id"),
         "{err}"
     );
     for needle in [

@@ -461,6 +461,14 @@ impl Backend {
         self.selected.as_ref().map(|d| d.id)
     }
 
+    /// Where [`crate::create_contexts`] through this backend puts the binary at `path`:
+    /// its session and HTP device id (`None`: the default device). `None` when this
+    /// backend has no placement or the placement does not name the binary.
+    pub fn placed(&self, path: &Path) -> Option<(usize, Option<u32>)> {
+        let (session, on) = self.placement.as_ref()?.of(path)?;
+        Some((session, on.device_id()))
+    }
+
     /// The device handle contexts are created on, and what keeps it alive.
     pub(crate) fn context_device(&self) -> (DeviceHandle, Option<Arc<SelectedDevice>>) {
         match &self.selected {

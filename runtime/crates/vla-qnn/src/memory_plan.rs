@@ -517,6 +517,22 @@ mod tests {
     }
 
     #[test]
+    fn a_session_exactly_at_the_budget_fits_and_one_byte_more_does_not() {
+        let f = || vec![fp("a", 60), fp("b", 40)];
+        let plan = MemoryPlan::compute(f(), &Placement::Auto, 1, 100 * MIB).unwrap();
+        assert_eq!(names(&plan), vec![vec!["a", "b"]]);
+        let plan = MemoryPlan::compute(f(), &Placement::Auto, 1, 100 * MIB - 1).unwrap();
+        assert_eq!(names(&plan), vec![vec!["a"], vec!["b"]]);
+        let both = Placement::Groups(vec![Group {
+            nsp: 0,
+            contexts: vec!["a".into(), "b".into()],
+        }]);
+        assert!(MemoryPlan::compute(f(), &both, 1, 100 * MIB).is_ok());
+        let e = MemoryPlan::compute(f(), &both, 1, 100 * MIB - 1).unwrap_err();
+        assert!(matches!(e, PlanError::OverBudget { session: 0, .. }), "{e}");
+    }
+
+    #[test]
     fn a_context_alone_over_the_budget_is_refused_naming_it() {
         let f = vec![fp("action_step", 4000)];
         let e = MemoryPlan::compute(f, &Placement::Auto, 1, DEFAULT_SESSION_BUDGET).unwrap_err();

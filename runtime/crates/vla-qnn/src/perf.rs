@@ -1,6 +1,10 @@
 //! HTP performance votes: a power-config id per voter, the modes Qualcomm's own tools use,
 //! and an idle release that drops the vote when no inference has run for a while.
 //!
+//! A power-config id belongs to one HTP device (NSP) and core (`createPowerConfigId`'s
+//! arguments), so a governor holds one voter per device it is started on: contexts placed
+//! on NSP 1 run at the voted clock only if NSP 1 has a voter of its own.
+//!
 //! The id is created from the backend's performance infrastructure and destroyed in
 //! `Drop`; [`PerformanceVote`] holds the backend alive (an `Arc`), so the id always goes
 //! before the device, the backend and the library. [`PerfGovernor`] is what a runtime
@@ -212,12 +216,19 @@ pub struct PerformanceVote {
     destroy: ffi::DestroyPowerConfigIdFn,
     set: ffi::SetPowerConfigFn,
     id: u32,
+    device_id: u32,
 }
 
 impl PerformanceVote {
-    /// Creates a voter (device 0, core 0). The id is never 0: QNN treats id 0 as a client
-    /// that overrides every other vote.
+    /// Creates a voter on device 0, core 0 (see [`PerformanceVote::create_on`]).
     pub fn create(backend: &Backend) -> Result<Self, QnnError> {
+        Self::create_on(backend, 0, 0)
+    }
+
+    /// Creates a voter for HTP device `device_id` (an NSP, as `deviceGetPlatformInfo`
+    /// reports it), core `core_id`. The id is never 0: QNN treats id 0 as a client that
+    /// overrides every other vote.
+    pub fn create_on(backend: &Backend, device_id: u32, core_id: u32) -> Result<Self, QnnError> {
         let b = &backend.inner;
         let unavailable = |reason: String| QnnError::NotAvailable {
             what: "HTP performance infrastructure",
@@ -260,11 +271,12 @@ impl PerformanceVote {
         };
         let mut id = 0u32;
         // SAFETY: `create` was read from the PERF infrastructure struct and checked
-        // non-NULL above; device 0 / core 0 exist on every HTP, and `id` is a local it
-        // writes.
-        let rc = qnn!(unsafe create(0, 0, &mut id));
-        b.lib
-            .check(rc, "createPowerConfigId", || "device 0, core 0".into())?;
+        // non-NULL above; it takes the ids by value (an id the backend lacks is its
+        // error, checked below), and `id` is a local it writes.
+        let rc = qnn!(unsafe create(device_id, core_id, &mut id));
+        b.lib.check(rc, "createPowerConfigId", || {
+            format!("device {device_id}, core {core_id}")
+        })?;
         if id == 0 {
             return Err(unavailable("createPowerConfigId returned id 0".into()));
         }
@@ -273,7 +285,13 @@ impl PerformanceVote {
             destroy,
             set,
             id,
+            device_id,
         })
+    }
+
+    /// The HTP device (NSP) the voter votes for.
+    pub fn device_id(&self) -> u32 {
+        self.device_id
     }
 
     /// The power-config id (never 0).
@@ -334,10 +352,23 @@ pub struct VoteStats {
     pub last_refused_code: u64,
 }
 
-struct Shared {
+/// One device's voter with its two preallocated lists (each names the voter's id).
+struct DeviceVote {
     vote: PerformanceVote,
     high: PowerConfigList,
     relaxed: PowerConfigList,
+}
+
+/// Which of a [`DeviceVote`]'s lists to apply.
+#[derive(Clone, Copy)]
+enum Level {
+    High,
+    Relaxed,
+}
+
+struct Shared {
+    /// One voter per device, in the order the governor was started with.
+    votes_by_device: Box<[DeviceVote]>,
     idle: Duration,
     base: Instant,
     /// Whether the mode's vote is in force; the lock serializes setPowerConfig calls.
@@ -356,20 +387,26 @@ impl Shared {
         self.base.elapsed().as_nanos() as u64
     }
 
-    /// Applies a list and counts the outcome; true when accepted.
-    fn apply(&self, list: &PowerConfigList, counter: &AtomicU64) -> bool {
-        match self.vote.apply_raw(list) {
-            Ok(()) => {
-                counter.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(handle) => {
+    /// Applies `level` on every device and counts the outcome once; true when every
+    /// device accepted (a device that refused is voted again on the next try).
+    fn apply(&self, level: Level, counter: &AtomicU64) -> bool {
+        let mut all = true;
+        for d in self.votes_by_device.iter() {
+            let list = match level {
+                Level::High => &d.high,
+                Level::Relaxed => &d.relaxed,
+            };
+            if let Err(handle) = d.vote.apply_raw(list) {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 self.last_refused_code
                     .store(ffi::error_code(handle), Ordering::Relaxed);
-                false
+                all = false;
             }
         }
+        if all {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        all
     }
 }
 
@@ -397,25 +434,50 @@ impl Drop for InferenceVote<'_> {
 }
 
 impl PerfGovernor {
-    /// Creates a voter and votes for `mode` once, checking the backend's answer; starts
-    /// the releaser thread. `Ok(None)` for [`PerformanceMode::Off`].
+    /// [`PerfGovernor::start_on`] device 0 alone.
     pub fn start(
         backend: &Backend,
+        mode: PerformanceMode,
+        idle: Duration,
+    ) -> Result<Option<Self>, QnnError> {
+        Self::start_on(backend, &[0], mode, idle)
+    }
+
+    /// Creates a voter on core 0 of each HTP device in `device_ids` (the NSPs contexts
+    /// may be placed on; duplicates count once) and votes for `mode` on each, checking
+    /// the backend's answers; starts the releaser thread, which relaxes every device's
+    /// vote together. `Ok(None)` for [`PerformanceMode::Off`]; an empty list means
+    /// device 0.
+    pub fn start_on(
+        backend: &Backend,
+        device_ids: &[u32],
         mode: PerformanceMode,
         idle: Duration,
     ) -> Result<Option<Self>, QnnError> {
         if mode == PerformanceMode::Off {
             return Ok(None);
         }
-        let vote = PerformanceVote::create(backend)?;
-        let high = PowerConfigList::for_mode(mode, vote.id()).expect("not Off");
-        let relaxed = PowerConfigList::relaxed(vote.id());
-        vote.apply(&high)?;
+        let mut ids: Vec<u32> = device_ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() {
+            ids.push(0);
+        }
+        let mut votes_by_device = Vec::with_capacity(ids.len());
+        for device_id in ids {
+            let vote = PerformanceVote::create_on(backend, device_id, 0)?;
+            let high = PowerConfigList::for_mode(mode, vote.id()).expect("not Off");
+            let relaxed = PowerConfigList::relaxed(vote.id());
+            vote.apply(&high)?;
+            votes_by_device.push(DeviceVote {
+                vote,
+                high,
+                relaxed,
+            });
+        }
         let base = Instant::now();
         let shared = Arc::new(Shared {
-            vote,
-            high,
-            relaxed,
+            votes_by_device: votes_by_device.into_boxed_slice(),
             idle,
             base,
             voted: Mutex::new(true),
@@ -450,9 +512,18 @@ impl PerfGovernor {
     pub fn idle_release(&self) -> Duration {
         self.shared.idle
     }
-    /// The voter's power-config id.
+    /// The first device's power-config id.
     pub fn power_config_id(&self) -> u32 {
-        self.shared.vote.id()
+        self.shared.votes_by_device[0].vote.id()
+    }
+
+    /// Each voted device with its power-config id: `(device, id)`.
+    pub fn power_config_ids(&self) -> Vec<(u32, u32)> {
+        self.shared
+            .votes_by_device
+            .iter()
+            .map(|d| (d.vote.device_id(), d.vote.id()))
+            .collect()
     }
 
     /// Call on the inference thread right before an inference's first graph execution;
@@ -464,7 +535,7 @@ impl PerfGovernor {
         match s.voted.try_lock() {
             Ok(mut voted) => {
                 if !*voted {
-                    *voted = s.apply(&s.high, &s.votes);
+                    *voted = s.apply(Level::High, &s.votes);
                 }
             }
             // Held by the releaser mid-call (it re-checks `busy` before it lets go) or by
@@ -523,7 +594,7 @@ fn release_when_idle(s: &Shared) {
                         .saturating_sub(s.last_end_ns.load(Ordering::SeqCst)),
                 );
                 if idle_for >= s.idle {
-                    if s.apply(&s.relaxed, &s.releases) {
+                    if s.apply(Level::Relaxed, &s.releases) {
                         *voted = false;
                         log::debug!(
                             "HTP performance vote released (relaxed) after {} ms idle",
@@ -536,7 +607,7 @@ fn release_when_idle(s: &Shared) {
             }
             // An inference that began while this thread held the lock could not vote.
             if s.busy.load(Ordering::SeqCst) && !*voted {
-                *voted = s.apply(&s.high, &s.votes);
+                *voted = s.apply(Level::High, &s.votes);
             }
             wait
         };

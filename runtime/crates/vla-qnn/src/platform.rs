@@ -138,8 +138,16 @@ impl PlatformInfo {
 /// `p` points at a live `QnnDevice_PlatformInfo_t` whose v1 arrays hold the counts they
 /// state (at most [`MAX_DEVICES`] devices and [`MAX_CORES`] cores each are read).
 unsafe fn copy(p: *const u8) -> PlatformInfo {
-    // SAFETY: the struct's version and v1 fields (the caller's guarantee).
+    // SAFETY: the struct's version (the caller's guarantee).
     let version: u32 = unsafe { read_at(p, ffi::platform_info::VERSION) };
+    // The union's layout is known for version 1 only: read no field of another.
+    if version != 1 {
+        log::warn!("QNN platform info version {version} (known: 1): no device read");
+        return PlatformInfo {
+            version,
+            devices: Vec::new(),
+        };
+    }
     // SAFETY: as above.
     let n: u32 = unsafe { read_at(p, ffi::platform_info::NUM_DEVICES) };
     // SAFETY: as above.
@@ -148,6 +156,15 @@ unsafe fn copy(p: *const u8) -> PlatformInfo {
     if !devices.is_null() {
         for i in 0..n.min(MAX_DEVICES) as usize {
             let at = i * ffi::hw_device_info::STRIDE;
+            // SAFETY: device `i`'s version, of the array the report states.
+            let device_version: u32 =
+                unsafe { read_at(devices, at + ffi::hw_device_info::VERSION) };
+            if device_version != 1 {
+                log::warn!(
+                    "QNN hardware device info {i}: version {device_version} (known: 1), skipped"
+                );
+                continue;
+            }
             // SAFETY: device `i` of the array the report states (caller's guarantee).
             let id: u32 = unsafe { read_at(devices, at + ffi::hw_device_info::DEVICE_ID) };
             // SAFETY: as above.
@@ -163,6 +180,12 @@ unsafe fn copy(p: *const u8) -> PlatformInfo {
             if !cores_p.is_null() {
                 for c in 0..num_cores.min(MAX_CORES) as usize {
                     let ca = c * ffi::core_info::STRIDE;
+                    // SAFETY: core `c`'s version, of the device's array.
+                    let core_version: u32 =
+                        unsafe { read_at(cores_p, ca + ffi::core_info::VERSION) };
+                    if core_version != 1 {
+                        continue;
+                    }
                     // SAFETY: core `c` of the device's array (caller's guarantee).
                     let cid: u32 = unsafe { read_at(cores_p, ca + ffi::core_info::CORE_ID) };
                     // SAFETY: as above.

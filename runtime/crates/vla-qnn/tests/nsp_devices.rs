@@ -28,6 +28,31 @@ fn a_device_per_reported_nsp_holds_contexts_and_an_unreported_id_is_refused() {
     println!("{}", info.describe());
     assert_eq!(info.version, 1);
     assert!(!info.devices.is_empty(), "{}", info.describe());
+    // The offsets read against the library's own report: every field lands on a value
+    // an HTP can have (a shifted offset reads padding, a neighbour or a pointer's bytes).
+    for d in &info.devices {
+        assert_eq!(d.device_type, 0, "on-chip: {}", info.describe());
+        assert!(
+            d.cores.iter().all(|c| c.core_type <= 1 && c.id < 16),
+            "{}",
+            info.describe()
+        );
+        assert!(
+            matches!(d.arch, Some(68 | 69 | 73 | 75 | 79 | 81)),
+            "HTP arch: {}",
+            info.describe()
+        );
+        assert!(
+            matches!(d.vtcm_mb, Some(1..=64)),
+            "VTCM MB: {}",
+            info.describe()
+        );
+        assert!(
+            matches!(d.soc_model, Some(1..=1000)),
+            "SoC: {}",
+            info.describe()
+        );
+    }
     for d in &info.devices {
         assert!(!d.cores.is_empty(), "{}", info.describe());
         let on = backend.on_device(d).unwrap();

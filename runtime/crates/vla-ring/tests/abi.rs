@@ -143,55 +143,13 @@ fn header_dir() -> PathBuf {
 
 /// Builds `tests/c/ring_peer.c`, or explains why this run cannot (cross target).
 fn build_c_peer(scratch: &Scratch) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let machine = match Command::new(&cc).arg("-dumpmachine").output() {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        Ok(out) => {
-            vla_test_support::cannot_run(&format!(
-                "C peer test: `{cc} -dumpmachine` failed: {}",
-                out.status
-            ));
-            return None;
-        }
-        Err(e) => {
-            // A native build without a C compiler cannot check the C side: under
-            // VLA_REQUIRE_ALL_TESTS=1 (scripts/test.sh) that is a failure, not a skip.
-            vla_test_support::cannot_run(&format!("C peer test: no C compiler `{cc}`: {e}"));
-            return None;
-        }
-    };
-    if !machine.starts_with(std::env::consts::ARCH) {
-        eprintln!(
-            "skipping C peer test: `{cc}` builds for {machine}, these tests run as {} (cross build)",
-            std::env::consts::ARCH
-        );
-        return None;
-    }
-    let exe = scratch.path("ring_peer");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/ring_peer.c");
-    let out = Command::new(&cc)
-        .args([
-            "-std=c11",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-I",
-        ])
-        .arg(header_dir())
-        .arg(&source)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc");
-    assert!(
-        out.status.success(),
-        "cc failed on {}:\n{}",
-        source.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
+    let include = header_dir();
+    vla_test_support::compile_c(
+        &source,
+        &scratch.path("ring_peer"),
+        &["-I".as_ref(), include.as_os_str()],
+    )
 }
 
 fn geometry_args(g: &Geometry) -> Vec<String> {

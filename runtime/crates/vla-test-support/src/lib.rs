@@ -4,7 +4,8 @@
 //! `VLA_REQUIRE_QNN=1` (a missing QNN library) or `VLA_REQUIRE_ALL_TESTS=1` (anything
 //! else: no C compiler, no `unshare`, not root), which `scripts/test.sh` sets as CI does,
 //! it fails instead, so CI never passes a test that did not run. And the one bound on a
-//! test's wait for an event ([`HANG_GUARD`]).
+//! test's wait for an event ([`HANG_GUARD`]). And the one way a test builds a C file
+//! ([`compile_c`]).
 
 #![forbid(unsafe_code)]
 
@@ -52,6 +53,59 @@ pub fn cannot_run(reason: &str) {
         "VLA_REQUIRE_ALL_TESTS=1 but {reason}"
     );
     eprintln!("SKIPPED: {reason}");
+}
+
+/// Compiles the C file `source` to `out` with the system compiler (`$CC`, else `cc`) under
+/// the strict flags every C check here uses (C11, `-O2 -Wall -Wextra -Werror -pedantic`)
+/// and `extra` (`-shared -fPIC`, `-I DIR`), asserting it compiles. `None` when this run
+/// cannot: no usable compiler ([`cannot_run`]), or one that builds for another
+/// architecture than the tests run as (a cross build: said, and skipped).
+pub fn compile_c(source: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let machine = match std::process::Command::new(&cc).arg("-dumpmachine").output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        Ok(o) => {
+            cannot_run(&format!("`{cc} -dumpmachine` failed: {}", o.status));
+            return None;
+        }
+        Err(e) => {
+            cannot_run(&format!(
+                "no C compiler `{cc}` for {}: {e}",
+                source.display()
+            ));
+            return None;
+        }
+    };
+    if !machine.starts_with(std::env::consts::ARCH) {
+        eprintln!(
+            "skipping {}: `{cc}` builds for {machine}, these tests run as {} (cross build)",
+            source.display(),
+            std::env::consts::ARCH
+        );
+        return None;
+    }
+    let result = std::process::Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+        ])
+        .args(extra)
+        .arg(source)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("run {cc}: {e}"));
+    assert!(
+        result.status.success(),
+        "cc failed on {}:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    Some(out.to_owned())
 }
 
 /// Copies the directory tree `src` to `dst` (created), e.g. a fixture bundle a test edits.

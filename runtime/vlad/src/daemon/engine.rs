@@ -90,6 +90,9 @@ impl PolicyEngine {
     }
 
     pub(super) fn try_load(&mut self, dir: &Path) -> Result<(), LoadError> {
+        // Every caller has freed the running contexts: until a bundle is taken, no plan
+        // is the running one (a bundle refused after its gate recorded its own).
+        crate::dsp_plan::clear_running();
         let backend = self.backend.as_ref().ok_or_else(|| {
             LoadError::Backend(vla_qnn::QnnError::NotAvailable {
                 what: "QNN backend",
@@ -99,6 +102,7 @@ impl PolicyEngine {
         let (bundle, policy, gated) = load_gated(backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
+            crate::dsp_plan::clear_running();
             return Err(LoadError::Geometry {
                 dir: dir.to_owned(),
                 needs,

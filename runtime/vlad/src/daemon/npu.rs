@@ -145,13 +145,23 @@ impl std::fmt::Display for Why {
     }
 }
 
+/// The performance votes the daemon started with, to start again on a re-created backend.
+pub(super) struct VoteSettings {
+    /// The NSPs voted on (every one a plan may place contexts on).
+    pub(super) devices: Vec<u32>,
+    /// The configured performance mode.
+    pub(super) mode: PerformanceMode,
+    /// How long after the last inference the vote is relaxed.
+    pub(super) idle: Duration,
+}
+
 /// The engine's NPU bookkeeping.
 pub(super) struct Npu {
     pub(super) status: NpuStatus,
     /// The library the backend is re-created from (kept loaded for the process).
     pub(super) lib: Arc<QnnLibrary>,
     /// The performance vote to start again on a new backend.
-    pub(super) votes: Option<(PerformanceMode, Duration)>,
+    pub(super) votes: Option<VoteSettings>,
     /// The running bundle's gated golden chunk.
     pub(super) reference: Vec<f32>,
     consecutive: u32,
@@ -177,7 +187,7 @@ pub(super) fn failed_call(e: &(dyn std::error::Error + 'static)) -> Option<(&'st
 impl Npu {
     pub(super) fn new(
         lib: Arc<QnnLibrary>,
-        votes: Option<(PerformanceMode, Duration)>,
+        votes: Option<VoteSettings>,
         reference: Vec<f32>,
     ) -> Self {
         Self {
@@ -308,8 +318,8 @@ impl PolicyEngine {
         self.votes = None;
         self.backend = None;
         let backend = Backend::new(self.npu.lib.clone()).map_err(LoadError::Backend)?;
-        if let Some((mode, idle)) = self.npu.votes {
-            self.votes = crate::qnn_setup::start_votes(&backend, mode, idle);
+        if let Some(v) = &self.npu.votes {
+            self.votes = crate::qnn_setup::start_votes(&backend, &v.devices, v.mode, v.idle);
         }
         self.backend = Some(backend);
         Ok(())
