@@ -9,9 +9,11 @@ The scenario runs once (module fixture) in phases:
      wave-2 (dev-4);
   2. policy 1.2.0 (signed, intact, fails the parity gate) rolled out the same way, error
      threshold 20 %: the canary fails, the rollout stops, wave-1 never gets it;
-  3. policy 1.3.0 (a good policy, signed with the fleet's NEW key) rolled out the same way:
-     dev-3 lags the key rotation (its `ota.trusted_keys` holds only the old key), so on
-     dev-3 alone vlad refuses the release at SIGNATURE VERIFICATION in RAUC's pre-install
+  3. policy 1.3.0 (a good policy, signed with the fleet's NEW key, carrying the key list
+     that rotates to it, signed by the fleet's root key) rolled out the same way: the
+     devices that trust the root key adopt the list and take the release; dev-3 lags the
+     key rotation (its image has no root key, it trusts only the old key), so on dev-3
+     alone vlad refuses the release at SIGNATURE VERIFICATION in RAUC's pre-install
      handler (`vlad bundle verify`), before anything is written - not at the parity gate.
      The canary succeeds, wave-1 ends 1 succeeded / 1 failed (1 of 3 failed so far, 33 % >
      20 %): the rollout stops, wave-2 (dev-4) stays on 1.1.0;
@@ -59,7 +61,8 @@ GROUPS = [("canary", ["dev-1"]), ("wave-1", ["dev-2", "dev-3"]), ("wave-2", ["de
 # The share of the devices reached so far that may fail before the rollout stops
 # (vla_fleet.rollout.run checks it after each group).
 THRESHOLD = 20.0
-# The device that has not yet received the fleet's new signing key.
+# The device whose image predates the fleet's root key: it cannot take the key list that
+# rotates to the new signing key.
 LAGGING = "dev-3"
 # The one guard against a hang; every wait below is keyed on the devices' processes
 # living and on the server's counters, not on how fast this machine is.
@@ -152,13 +155,16 @@ def make_bundles(work: Path) -> dict:
     # The key the fleet rotates to: releases from 1.3.0 on are signed with it.
     new_key = work / "fleet-new.key"
     new_public = hex64(run(VLAD, "bundle", "keygen", new_key).stdout)
+    # The fleet's root key (offline in real life): it signs the key list that rotates.
+    root_key = work / "fleet-root.key"
+    root_public = hex64(run(VLAD, "bundle", "keygen", root_key).stdout)
     cert, key = work / "rauc-cert.pem", work / "rauc-key.pem"
     run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
         "-nodes", "-keyout", key, "-out", cert, "-days", "30", "-subj", "/CN=vla-fleet-test RAUC signer",
         "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "keyUsage=digitalSignature")
     policies = work / "policies"
     policies.mkdir()
-    made = {"public": public, "new_public": new_public, "cert": cert}
+    made = {"public": public, "new_public": new_public, "root_public": root_public, "cert": cert}
     for name, version, tamper, signer in (("a", "1.0.0", False, fleet_key), ("good", "1.1.0", False, fleet_key),
                                        ("gate-fails", "1.2.0", True, fleet_key),
                                        ("new-key", "1.3.0", False, new_key),
@@ -168,6 +174,14 @@ def make_bundles(work: Path) -> dict:
         # server replaying a release it was asked to withdraw, or one frozen in time).
         d = signed_policy_bundle(VLAD, FIXTURE, policies, name, version, signer, tamper=tamper,
                                  expires=int(time.time()) - 3600 if name == "expired" else None)
+        if name == "new-key":
+            # The rotation travels with the first release signed by the new key: a key list
+            # (version 1: the old and the new key, either enough) signed by the root key,
+            # beside the manifest. Devices that trust the root key adopt it at install.
+            (d / "keys.json").write_text(json.dumps(
+                {"format": 1, "version": 1, "keys": [public, new_public], "threshold": 1, "revoked": []},
+                indent=2) + "\n")
+            run(VLAD, "bundle", "sign-keys", d, "--key", root_key)
         made[name] = {"dir": d, "version": version,
                       "hash": run("sha256sum", d / "ota-manifest.json").stdout.split()[0]}
         # A's RAUC bundle too: once 1.1.0 is committed, serving 1.0.0 is a rollback attack.
@@ -242,9 +256,10 @@ def fleet():
                                 f"vla-fleet-{os.getpid()}-{i}", control, trial_inferences=1,
                                 max_trial_starts=3)
             cfg["metrics"] = {"textfile": str(root / "vlad.prom"), "interval_ms": 1000}
-            # Key rotation: every device but the lagging one trusts the old and the new key.
+            # Key rotation by the signed key list: every device but the lagging one has the
+            # fleet's root key in its image; all trust only the old signing key.
             if name != LAGGING:
-                cfg["ota"]["trusted_keys"] = [b["public"], b["new_public"]]
+                cfg["ota"]["root_keys"] = [b["root_public"]]
             d = Device(name, root, VLAD, cfg, COMPATIBLE, b["cert"], RAUC, py, verdict_wait=120)
             d.env["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={bus}"
             d.flash(b["a"]["dir"])
@@ -330,6 +345,8 @@ def fleet():
                              "bundles_after": d3.bundles(), "repo_before": repo_before,
                              "repo_after": sorted(os.listdir(d3.repo)) if d3.repo.is_dir() else [],
                              "logs": {n: f.server.device_log(n) for n in DEVICES},
+                             "key_lists": {n: (d.ota_root / "key-list.json").exists()
+                                           for n, d in f.devices.items()},
                              "robot_before": robot_before}
         n_ok = d3.robot().get("ok_applied", 0)
         f.wait_for(f"{LAGGING}'s robot to receive more ok actions after the refusal",
@@ -379,6 +396,7 @@ def fleet():
         f.wait_for("dev-4's robot to receive more ok actions after the refused expired release",
                    lambda: d4.robot().get("ok_applied", 0) > n_ok + 5)
         f.seen["expired"] = {"after": {"current": d4.current(), "bundles": d4.bundles()},
+                             "agent": d4.log("agent")[agent_from:],
                              "device": f.server.devices()["dev-4"], "daemon_alive": d4.alive("daemon")}
 
         # Phase 4b/c: dev-3's agent with a refused token, then with an unreachable server.
@@ -481,7 +499,8 @@ def test_gate_failure_in_the_canary_stops_the_rollout(fleet):
 
 def test_one_device_failing_in_a_wave_stops_the_rollout_at_the_threshold(fleet):
     """dev-3 fails 1.3.0 at vlad's signature verification (it lags the key rotation), not
-    at the parity gate: the same artifact that dev-1 and dev-2 install and gate."""
+    at the parity gate: the same artifact that dev-1 and dev-2 install and gate, the key
+    list in it rotating them to the new key."""
     s = fleet.seen["new-key"]
     res = s["result"]
     # The procedure's view, and the server's own counters for each group it started.
@@ -506,6 +525,8 @@ def test_one_device_failing_in_a_wave_stops_the_rollout_at_the_threshold(fleet):
         assert s["current"][name] == bundle["hash"], f"{name} runs {s['current'][name]}, expected {version}"
     for name in ("dev-1", "dev-2"):
         assert f"{new['hash']} passed" in s["logs"][name], s["logs"][name]
+    # The rotation came with the release: the devices that took it keep its key list.
+    assert s["key_lists"] == {"dev-1": True, "dev-2": True, "dev-3": False, "dev-4": False}, s["key_lists"]
     # dev-3: refused by vlad bundle verify in the pre-install handler, nothing written.
     log3 = s["logs"][LAGGING]
     assert "does not verify against any of the 1 trusted key(s)" in log3, log3
@@ -535,6 +556,8 @@ def test_an_older_signed_policy_is_refused_as_a_rollback(fleet):
     good = fleet.bundles["good"]["hash"]
     assert s["before"]["current"] == good, s["before"]
     assert s["device"]["last_state"] == "Error", s["device"]
+    # Refused for being a rollback (RAUC's pre-install check), not for anything else.
+    assert "version floor 1.1.0" in s["agent"], s["agent"][-2000:]
     assert s["after"]["current"] == good, s["after"]
     assert "version floor" in s["status"] and "1.1.0" in s["status"], s["status"]
     assert s["daemon_alive"]
@@ -543,6 +566,7 @@ def test_an_older_signed_policy_is_refused_as_a_rollback(fleet):
 def test_an_expired_release_is_refused(fleet):
     s = fleet.seen["expired"]
     assert s["device"]["last_state"] == "Error", s["device"]
+    assert "signed expiry" in s["agent"] and "has passed" in s["agent"], s["agent"][-2000:]
     assert s["after"]["current"] == fleet.bundles["good"]["hash"], s["after"]
     assert fleet.bundles["expired"]["hash"] not in s["after"]["bundles"], "the expired release was installed"
     assert s["daemon_alive"]
