@@ -172,6 +172,15 @@ pub enum QnnError {
         /// How many were passed.
         found: usize,
     },
+    /// A graph's tensor cannot be given the shared-buffer region asked for.
+    SharedRegion {
+        /// The graph's label.
+        graph: String,
+        /// The tensor's name (empty when the whole graph is meant).
+        tensor: String,
+        /// What is wrong with the region.
+        reason: String,
+    },
     /// The backend lacks something this call needs (e.g. performance infrastructure).
     NotAvailable {
         /// The missing capability.
@@ -249,6 +258,12 @@ impl core::fmt::Display for QnnError {
                 f,
                 "graph {graph}: {found} {direction} buffers given, the graph has {expected}"
             ),
+            QnnError::SharedRegion { graph, tensor, reason } if tensor.is_empty() => {
+                write!(f, "graph {graph}: shared buffer: {reason}")
+            }
+            QnnError::SharedRegion { graph, tensor, reason } => {
+                write!(f, "graph {graph}: tensor `{tensor}`: shared buffer: {reason}")
+            }
             QnnError::NotAvailable { what, reason } => write!(f, "{what} is not available: {reason}"),
             QnnError::HtpUnavailable(r) => {
                 let HtpRefusal {

@@ -6,7 +6,9 @@
 //! reads its graphs and tensors through libQnnSystem; [`Context`] makes it resident and
 //! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
 //! before QNN sees it; [`create_contexts`] makes a bundle's contexts share one spill-fill
-//! buffer when their binaries need one; [`PerfGovernor`] votes for HTP performance around inferences.
+//! buffer when their binaries need one; [`PerfGovernor`] votes for HTP performance around inferences;
+//! [`RpcMem`] and [`SharedBuffer`] give graphs rpcmem memory registered with their context
+//! ([`Graph::bind_shared`]), which the HTP uses in place.
 //! Nothing here knows about policies.
 //!
 //! ```no_run
@@ -32,12 +34,14 @@ pub mod ffi;
 mod group;
 mod library;
 mod load_output;
+mod mem;
 mod perf;
 mod release;
+pub mod rpcmem;
 
 pub use backend::Backend;
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
-pub use context::{Context, Graph, IoBuffers};
+pub use context::{Context, Graph, IoBuffers, SharedLayout};
 pub use error::{error_meaning, HtpRefusal, QnnError};
 pub use group::{
     create_contexts, create_contexts_sharing, shared_spill_fill, ContextGroup, GroupError,
@@ -46,7 +50,9 @@ pub use group::{
 pub use library::{
     ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
+pub use mem::{align_region, SharedBuffer, REGION_ALIGN};
 pub use perf::{
     InferenceVote, PerfGovernor, PerformanceMode, PerformanceVote, PowerConfigList, VoteStats,
 };
 pub use release::{Coupling, QairtRelease};
+pub use rpcmem::RpcMem;

@@ -69,3 +69,33 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// Builds the memfd-backed stand-in for libcdsprpc.so's rpcmem functions
+/// (`rpcmem_standin.c`: `rpcmem_alloc`, `rpcmem_free`, `rpcmem_to_fd`, each allocation a
+/// shared memfd mapping with a real file descriptor) into `dir` with the C compiler
+/// (`$CC`, else `cc`) and returns the library's path; `None` after [`cannot_run`] when no
+/// compiler works here. It exists for tests only and is never built into vlad.
+pub fn rpcmem_standin(dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("rpcmem_standin.c");
+    let out = dir.join("libcdsprpc.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-lpthread")
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        Ok(s) => {
+            cannot_run(&format!("{cc} could not build the rpcmem stand-in ({s})"));
+            None
+        }
+        Err(e) => {
+            cannot_run(&format!(
+                "no C compiler ({cc}: {e}) for the rpcmem stand-in"
+            ));
+            None
+        }
+    }
+}
