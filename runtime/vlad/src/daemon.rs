@@ -476,6 +476,7 @@ fn start_observability(
     config: &vla_config::Config,
     settings: &LoopSettings,
     engine: &PolicyEngine,
+    npu_io: &crate::npu_io::NpuIo,
 ) -> Result<Option<crate::observe::Observability>, Failure> {
     let facts = engine.facts(engine.gate_cosine);
     crate::observe::start(
@@ -485,6 +486,7 @@ fn start_observability(
         &facts,
         engine.running.clone(),
         engine.ota.as_ref().map(|o| o.trial.view()),
+        npu_io,
     )
     .map_err(Failure::Error)
 }
@@ -495,6 +497,7 @@ fn announce_running(
     settings: &LoopSettings,
     gate_latency: Duration,
     systemd: &Systemd,
+    npu_io: &str,
 ) {
     let c = &config.control;
     log::info!(
@@ -523,7 +526,7 @@ fn announce_running(
         &Measured::from_latency(gate_latency.as_nanos() as u64),
     )
     .map_or_else(String::new, |p| p.describe());
-    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}"));
+    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}; {npu_io}"));
 }
 
 /// The main thread while the loop runs: signals, the recorder's trigger, the metrics
@@ -540,6 +543,8 @@ struct Supervisor<'a> {
     last_watchdog: Instant,
     last_status: Instant,
     rate_base: (Instant, u64),
+    /// How the NPU's I/O is handed over, one line (STATUS carries it).
+    npu_io: &'a str,
 }
 
 impl Supervisor<'_> {
@@ -601,7 +606,8 @@ impl Supervisor<'_> {
             return;
         }
         let line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
-        self.systemd.notify(&format!("STATUS={line}"));
+        self.systemd
+            .notify(&format!("STATUS={line}; {}", self.npu_io));
         log::debug!("{line}");
         self.last_status = Instant::now();
     }
@@ -620,14 +626,19 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         vla_control::lock_memory_on_fault();
     }
     let source = Source::new(&config, args.bundle.take());
+    // Before any context is loaded: `on` without shared buffers is refused at once.
+    let npu_io = crate::npu_io::resolve(config.npu.shared_buffers, vla_qnn::RpcMem::load_default)
+        .map_err(Failure::Error)?;
+    log::info!("{}", npu_io.describe());
     systemd.notify("STATUS=loading contexts");
     let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
-    let mut observability = start_observability(&config, &settings, &engine)?;
+    let mut observability = start_observability(&config, &settings, &engine, &npu_io)?;
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
-    announce_running(&config, &settings, gate_latency, &systemd);
+    let npu_line = npu_io.describe();
+    announce_running(&config, &settings, gate_latency, &systemd, &npu_line);
 
     let now = Instant::now();
     Supervisor {
@@ -641,6 +652,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         last_watchdog: now,
         last_status: now,
         rate_base: (now, 0),
+        npu_io: &npu_line,
     }
     .run(&signals, &usr1, args.duration);
 

@@ -56,6 +56,7 @@ pub fn start(
     bundle: &BundleFacts,
     running: RunningBundle,
     trial: Option<vla_ota::TrialView>,
+    npu_io: &crate::npu_io::NpuIo,
 ) -> Result<Option<Observability>, String> {
     if config.recorder.is_none() && config.metrics.is_none() {
         return Ok(None);
@@ -84,6 +85,8 @@ pub fn start(
         (1.0 / settings.period.as_secs_f64()).to_string(),
     );
     metadata.insert("merge".into(), settings.merge.as_str().into());
+    metadata.insert("npu_io".into(), npu_io.label().into());
+    metadata.insert("npu_io_detail".into(), npu_io.describe());
     let where_ = recorder
         .as_ref()
         .map(|r| format!("recorder.directory {}", r.directory.display()))
@@ -105,6 +108,7 @@ pub fn start(
             parity_passed: true,
             parity_cosine: bundle.parity_cosine,
             ota_state: bundle.ota_state.into(),
+            npu_io: npu_io.label().into(),
             ..Facts::default()
         },
         running,

@@ -150,6 +150,25 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
         .unwrap()
         .iter()
         .any(|m| m.starts_with("STATUS=")));
+    // No libcdsprpc.so here: `auto` (dev.json leaves npu out) falls back, said once in the
+    // log and in every STATUS.
+    assert!(
+        err.contains("NPU I/O in client buffers (npu.shared_buffers is auto; no rpcmem: "),
+        "{err}"
+    );
+    let said = |m: &&String| m.contains("NPU I/O in client buffers");
+    let all = messages.lock().unwrap().clone();
+    assert!(
+        all.iter()
+            .filter(|m| m.contains("READY=1"))
+            .all(|m| said(&m)),
+        "{all:?}"
+    );
+    assert!(
+        all.iter()
+            .any(|m| !m.contains("READY=1") && m.contains("STATUS=") && said(&m)),
+        "{all:?}"
+    );
     assert!(
         err.contains("SIGHUP: reloading") && err.contains("reloaded: bundle"),
         "{err}"
@@ -189,6 +208,32 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
     );
     let _ = std::fs::remove_file(&act);
     let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shared_buffers_on_where_they_cannot_be_used_is_refused_at_start_in_one_line() {
+    let dir = scratch("shm-on");
+    let config = write_config(&dir, "shm-on", "fastwam", 10.0);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    v["npu"] = serde_json::json!({ "shared_buffers": "on" });
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let (status, _, err) = spawn(&["run", "--config", config.to_str().unwrap()], None).finish();
+    assert!(!status.success(), "{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("npu.shared_buffers is on"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0].contains("shared buffers cannot be used here: "),
+        "{err}"
+    );
+    assert!(
+        !err.contains("contexts resident"),
+        "refused before loading: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -410,6 +410,56 @@ pub struct Config {
     pub recorder: Option<RecorderConfig>,
     /// `None`: no metrics textfile (the default).
     pub metrics: Option<MetricsConfig>,
+    /// How the NPU's inputs and outputs are handed over (`npu`; defaults when absent).
+    pub npu: NpuConfig,
+}
+
+/// The NPU's I/O (`npu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NpuConfig {
+    /// Whether inputs and outputs live in HTP shared buffers (`npu.shared_buffers`).
+    pub shared_buffers: SharedBuffers,
+}
+
+impl Default for NpuConfig {
+    fn default() -> Self {
+        Self {
+            shared_buffers: SharedBuffers::DEFAULT,
+        }
+    }
+}
+
+/// `npu.shared_buffers`: rpcmem memory registered with QNN (read and written in place by
+/// the HTP) or client buffers (copied by QNN before and after every execute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedBuffers {
+    /// Shared buffers where libcdsprpc.so and registration work, else client buffers.
+    Auto,
+    /// Shared buffers, or refuse to start.
+    On,
+    /// Client buffers.
+    Off,
+}
+
+impl SharedBuffers {
+    /// The value when `npu.shared_buffers` is absent or `null`: auto.
+    pub const DEFAULT: SharedBuffers = SharedBuffers::Auto;
+    /// The accepted spellings, in declaration order.
+    pub const NAMES: [&'static str; 3] = ["auto", "on", "off"];
+    const ALL: [SharedBuffers; 3] = [SharedBuffers::Auto, SharedBuffers::On, SharedBuffers::Off];
+
+    /// The value spelled as in the config; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| Self::ALL[i])
+    }
+
+    /// The spelling in the config, one of [`Self::NAMES`].
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 /// What the flight recorder keeps of the camera frames.

@@ -100,6 +100,14 @@ pub(crate) struct RawConfig {
     pub recorder: Option<RawRecorder>,
     /// Absent or `null`: no metrics textfile.
     pub metrics: Option<RawMetrics>,
+    /// Absent or `null`: the NPU defaults.
+    pub npu: Option<RawNpu>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawNpu {
+    pub shared_buffers: Option<WordText>,
 }
 
 #[derive(Debug, Deserialize)]

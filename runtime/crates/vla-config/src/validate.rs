@@ -8,13 +8,15 @@ use serde_json_core::de::Error as JsonError;
 
 use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
 use crate::raw::{
-    RawConfig, RawControl, RawMetrics, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings, Text,
+    RawConfig, RawControl, RawMetrics, RawNpu, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings,
+    Text,
 };
 use crate::track::TrackError;
 use crate::{
     BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, MetricsConfig, NameText,
-    OtaConfig, PathText, QnnConfig, QnnPerformance, RealtimeConfig, RecorderConfig, RecorderFrames,
-    RingsConfig, SystemdConfig, TriggerMode, TrustedKey, MAX_CPU_INDEX,
+    NpuConfig, OtaConfig, PathText, QnnConfig, QnnPerformance, RealtimeConfig, RecorderConfig,
+    RecorderFrames, RingsConfig, SharedBuffers, SystemdConfig, TriggerMode, TrustedKey,
+    MAX_CPU_INDEX,
 };
 
 /// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
@@ -63,6 +65,7 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     };
     let recorder = raw.recorder.as_ref().map(recorder).transpose()?;
     let metrics = raw.metrics.as_ref().map(metrics).transpose()?;
+    let npu = raw.npu.as_ref().map(npu).transpose()?.unwrap_or_default();
     Ok(Config {
         qnn,
         bundle,
@@ -74,6 +77,22 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
         log,
         recorder,
         metrics,
+        npu,
+    })
+}
+
+fn npu(raw: &RawNpu) -> Checked<NpuConfig> {
+    Ok(NpuConfig {
+        shared_buffers: match &raw.shared_buffers {
+            None => SharedBuffers::DEFAULT,
+            Some(word) => SharedBuffers::parse(&word.0).ok_or_else(|| {
+                ConfigError::invalid(
+                    path(&["npu", "shared_buffers"]),
+                    format_args!("one of {}", SharedBuffers::NAMES.join(", ")),
+                    Found::text(&word.0),
+                )
+            })?,
+        },
     })
 }
 
