@@ -283,6 +283,8 @@ pub struct Graph {
     outputs: BoundTensors,
     /// The registrations of [`Graph::bind_shared`]: one per input, then one per output.
     shared: Option<SharedIo>,
+    /// Bytes handed to successful executes in client buffers ([`Graph::client_buffer_bytes`]).
+    client_bytes: u64,
 }
 
 /// A graph's inputs and outputs registered in one shared buffer.
@@ -340,6 +342,7 @@ impl Graph {
             inputs,
             outputs,
             shared: None,
+            client_bytes: 0,
         })
     }
 
@@ -456,6 +459,16 @@ impl Graph {
             SignalHandle::NULL,
         ));
         let result = lib.check(rc, "graphExecute", || format!("graph {}", self.label));
+        if result.is_ok() {
+            self.client_bytes += self
+                .inputs
+                .structs
+                .iter()
+                .chain(&self.outputs.structs)
+                .filter(|t| t.v1.mem_type == ffi::MEM_TYPE_RAW)
+                .map(|t| u64::from(t.v1.client_buf.data_size))
+                .sum::<u64>();
+        }
         // Do not keep pointers to buffers we do not own past this call; a graph bound to
         // a shared buffer goes back to its registered memory.
         for t in self
@@ -616,6 +629,13 @@ impl Graph {
         {
             t.v1.clear_data();
         }
+    }
+
+    /// Bytes of inputs and outputs this graph has handed to successful executes in client
+    /// buffers, in all: what the HTP backend copies into and out of its own DSP-visible
+    /// buffers (Qualcomm's "Qmem Graph" page). Registered memory adds nothing.
+    pub fn client_buffer_bytes(&self) -> u64 {
+        self.client_bytes
     }
 
     /// Whether the graph's tensors are registered in a shared buffer.

@@ -98,17 +98,22 @@ impl RpcMem {
         }))
     }
 
-    /// Opens libcdsprpc by its standard names ([`LIBRARY_NAMES`]); the error is the last
-    /// name's.
+    /// Opens libcdsprpc by its standard names ([`LIBRARY_NAMES`], in order); the error
+    /// names every one tried and keeps the last one's loader error.
     pub fn load_default() -> Result<Arc<Self>, QnnError> {
         let mut last = None;
         for name in LIBRARY_NAMES {
             match Self::load(name) {
                 Ok(r) => return Ok(r),
-                Err(e) => last = Some(e),
+                Err(QnnError::LibraryLoad { source, .. }) => last = source,
+                Err(other) => return Err(other),
             }
         }
-        Err(last.expect("LIBRARY_NAMES is not empty"))
+        Err(QnnError::LibraryLoad {
+            path: PathBuf::from(LIBRARY_NAMES[LIBRARY_NAMES.len() - 1]),
+            reason: format!("dlopen failed (tried {})", LIBRARY_NAMES.join(", then ")),
+            source: last,
+        })
     }
 
     /// The in-crate tests' stand-in: functions without a library.

@@ -94,7 +94,14 @@ fn the_emulator_refuses_memory_registration_and_the_graph_keeps_client_buffers()
 
     // The client-buffer path is untouched by the failed bindings.
     let mut io = graph.allocate_io();
+    let before = graph.client_buffer_bytes();
     graph.execute_io(&mut io).unwrap();
+    // Counted: what QNN copies for client buffers, inputs and outputs.
+    let out_len = graph.outputs()[0].byte_len().unwrap();
+    assert_eq!(
+        graph.client_buffer_bytes() - before,
+        (in_len + out_len) as u64
+    );
     drop(graph);
     drop(buffer);
     assert_eq!(live_allocations(&standin), 0, "the allocation was freed");
