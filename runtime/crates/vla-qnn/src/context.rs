@@ -306,9 +306,11 @@ pub struct SharedLayout {
 }
 
 // SAFETY: the graph handle and the tensor structs (whose pointers refer to storage owned
-// by this struct) may move between threads; `execute` takes `&mut self`, and no other
-// `Graph` of the same QNN graph exists while this one lives (`ContextInner::retrieved`).
-// Not `Sync`: nothing is shared by reference.
+// by this struct, or are memory handles of its registrations) may move between threads; a
+// registration's handle may be deregistered from any thread (QNN handles are not tied to
+// the thread that made them); `execute` takes `&mut self`, and no other `Graph` of the
+// same QNN graph exists while this one lives (`ContextInner::retrieved`). Not `Sync`:
+// nothing is shared by reference.
 unsafe impl Send for Graph {}
 
 impl Drop for Graph {
