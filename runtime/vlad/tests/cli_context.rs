@@ -315,6 +315,32 @@ fn bench_context_prints_its_figures() {
         line.contains("memRegister failed for tensor `pixel_values` of graph vision_socid77_archv73: QNN error 1000 (not supported)"),
         "{err}"
     );
+    // Through the memory shim (a test-only memRegister in front of the emulator) the
+    // graph runs on the registered buffer and reproduces the client-buffer outputs.
+    let qnn = std::env::var_os("VLA_QNN_LIB_DIR").expect("checked by qnn_available");
+    let Some(shim) = vla_test_support::qnn_mem_shim(&dir.join("qnn"), Path::new(&qnn)) else {
+        return;
+    };
+    let o = vlad(&[
+        "bench-context",
+        ctx("vision").to_str().unwrap(),
+        "--inputs",
+        io("vision").to_str().unwrap(),
+        "--iterations",
+        "2",
+        "--shared-buffers",
+        "--rpcmem",
+        standin.to_str().unwrap(),
+        "--lib-dir",
+        shim.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("HTP shared buffer, ")
+            && out.contains("outputs bit-identical to client buffers: yes"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
