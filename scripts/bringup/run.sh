@@ -21,6 +21,9 @@
 #   --remote-dir DIR        cache and workspaces on the target (default ~/.cache/vla-bringup)
 #   --remote-min-free MIB   free space to leave on the target after uploading (default 64)
 #   --iterations N          benchmark iterations (default 50)
+#   --shared-ab on|off      also run every context with client buffers and with HTP shared
+#                           buffers (`vlad bench-context [--shared-buffers]`, N iterations
+#                           each) for the report's A/B (default on)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -42,7 +45,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
 qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
-remote_dir="" min_free_mib=64 iterations=50
+remote_dir="" min_free_mib=64 iterations=50 shared_ab=on
 while (($#)); do
     opt=$1
     case "$opt" in
@@ -73,6 +76,7 @@ while (($#)); do
         --remote-dir) remote_dir=$2 ;;
         --remote-min-free) min_free_mib=$2 ;;
         --iterations) iterations=$2 ;;
+        --shared-ab) shared_ab=$2 ;;
         *) usage_error "unknown option $opt" ;;
     esac
     shift 2
@@ -84,6 +88,7 @@ done
 [[ -n $out ]] || usage_error "--out DIR is required"
 [[ $port =~ ^[0-9]+$ ]] || usage_error "--port: '$port' is not a port number"
 [[ $iterations =~ ^[1-9][0-9]*$ ]] || usage_error "--iterations: '$iterations' is not a positive number"
+[[ $shared_ab == on || $shared_ab == off ]] || usage_error "--shared-ab: '$shared_ab' is not on or off"
 [[ $min_free_mib =~ ^[0-9]+$ ]] || usage_error "--remote-min-free: '$min_free_mib' is not a number of MiB"
 [[ -z $identity || -z $password_file ]] || usage_error "give --identity or --password-file, not both"
 [[ -z $qnn_lib_dir || -z $qnn_local_dir ]] || usage_error "give --qnn-lib-dir or --qnn-local-dir, not both"
@@ -347,7 +352,7 @@ else
     adsp_path=$probe_dsp_dirs
 fi
 note "running parity and the benchmark ($iterations iterations) on $target"
-status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations")"
+status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations" "$shared_ab")"
 
 mkdir -p "$out"
 raw="$out/raw"
