@@ -2,18 +2,19 @@
 //! over, said once in the log and carried by STATUS, the metrics and the recordings.
 //!
 //! Shared buffers need rpcmem (libcdsprpc.so, opened at run time: absent on the emulator
-//! and in CI) and a policy pipeline that executes on them. The binding has them
-//! (`vla_qnn::SharedBuffer`, `Graph::bind_shared`); the pipelines do not yet, so today
-//! every mode resolves to client buffers and `on` is refused at start, naming what is
-//! missing, rather than run on something it did not ask for.
+//! and in CI) and a policy that runs on them. The binding has them (`vla_qnn::SharedBuffer`,
+//! `Graph::bind_shared`) and so does Fast-WAM's open-loop form
+//! (`Policy::use_shared_buffers`), but the daemon does not move its policies onto them yet
+//! (MolmoAct2 cannot, and a reload would have to do it again), so today every mode
+//! resolves to client buffers and `on` is refused at start, naming what is missing, rather
+//! than run on something it did not ask for.
 
 use std::sync::Arc;
 use vla_config::SharedBuffers;
 use vla_qnn::{QnnError, RpcMem};
 
-/// Whether the policy pipelines can execute on shared buffers. They cannot yet: their
-/// buffers are host allocations chained by the host (see docs/shared-buffers.md).
-const PIPELINES_EXECUTE_ON_SHARED_BUFFERS: bool = false;
+/// Whether the daemon runs its policies on shared buffers. Not yet (docs/shared-buffers.md).
+const DAEMON_USES_SHARED_BUFFERS: bool = false;
 
 /// What `npu.shared_buffers` resolved to.
 #[derive(Debug)]
@@ -66,9 +67,9 @@ pub fn resolve(
     }
     let missing = match load_rpcmem() {
         Err(e) => format!("no rpcmem: {e}"),
-        Ok(rpcmem) if PIPELINES_EXECUTE_ON_SHARED_BUFFERS => return Ok(NpuIo::Shared { rpcmem }),
+        Ok(rpcmem) if DAEMON_USES_SHARED_BUFFERS => return Ok(NpuIo::Shared { rpcmem }),
         Ok(rpcmem) => format!(
-            "rpcmem found in {}, but the policy pipelines do not execute on shared buffers yet",
+            "rpcmem found in {}, but vlad does not run its policies on shared buffers yet",
             rpcmem.origin().display()
         ),
     };
@@ -119,7 +120,7 @@ mod tests {
     }
 
     #[test]
-    fn with_rpcmem_the_missing_pipeline_support_is_said() {
+    fn with_rpcmem_the_missing_daemon_support_is_said() {
         let Some(dir) = tmp() else { return };
         let Some(lib) = vla_test_support::rpcmem_standin(&dir) else {
             return;
@@ -127,12 +128,15 @@ mod tests {
         let io = resolve(SharedBuffers::Auto, || RpcMem::load(&lib)).unwrap();
         assert!(
             io.describe()
-                .ends_with("but the policy pipelines do not execute on shared buffers yet)"),
+                .ends_with("but vlad does not run its policies on shared buffers yet)"),
             "{}",
             io.describe()
         );
         let e = resolve(SharedBuffers::On, || RpcMem::load(&lib)).unwrap_err();
-        assert!(e.contains("do not execute on shared buffers yet"), "{e}");
+        assert!(
+            e.contains("does not run its policies on shared buffers yet"),
+            "{e}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
