@@ -332,7 +332,10 @@ impl Source {
 type Started = (PathBuf, (Bundle, Policy, f64), Option<OtaLink>);
 
 /// The policy's helper threads set up as the inference thread is.
-fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
+fn load_options(
+    rt: &vla_config::RealtimeConfig,
+    npu: crate::npu_io::NpuPlan,
+) -> crate::gate::LoadSettings {
     // The inference thread waits on the policy's helper (the non-finite scans): it runs
     // pinned and prioritised as the inference thread, or it could be starved by anything
     // of normal priority while a SCHED_FIFO thread waits on it (priority inversion).
@@ -340,12 +343,15 @@ fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
         rt.inference_cpus.iter().map(|&c| c as usize).collect(),
         rt.inference_priority,
     );
-    vla_policy::LoadOptions {
-        helper_setup: Some(Arc::new(move |name: &str| {
-            vla_control::pin_current_thread(name, &cpus);
-            vla_control::set_fifo_priority(name, priority);
-            vla_control::prefault_stack();
-        })),
+    crate::gate::LoadSettings {
+        policy: vla_policy::LoadOptions {
+            helper_setup: Some(Arc::new(move |name: &str| {
+                vla_control::pin_current_thread(name, &cpus);
+                vla_control::set_fifo_priority(name, priority);
+                vla_control::prefault_stack();
+            })),
+        },
+        npu,
     }
 }
 
@@ -354,7 +360,7 @@ fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
 fn load_initial(
     source: &Source,
     backend: &Backend,
-    options: &vla_policy::LoadOptions,
+    options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
     let Some(store) = &source.store else {
         let dir = &source.bundle_dir;
@@ -396,7 +402,7 @@ fn roll_back_at_start(
     store: &Arc<Store>,
     why: LoadError,
     backend: &Backend,
-    options: &vla_policy::LoadOptions,
+    options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
     let mut loaded: Option<(PathBuf, (Bundle, Policy, f64))> = None;
     store
@@ -423,6 +429,7 @@ fn start_engine(
     config: &vla_config::Config,
     common: &Common,
     source: &Source,
+    npu: crate::npu_io::NpuPlan,
 ) -> Result<(PolicyEngine, Duration), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
@@ -436,7 +443,7 @@ fn start_engine(
         crate::qnn_setup::configured_mode(config.qnn.performance),
         config.qnn.performance_idle_release(),
     );
-    let load_options = load_options(&config.realtime);
+    let load_options = load_options(&config.realtime, npu);
     let t = Instant::now();
     let (good, (bundle, policy, gate_cosine), ota) = load_initial(source, &backend, &load_options)?;
     log::info!(
@@ -476,7 +483,7 @@ fn start_observability(
     config: &vla_config::Config,
     settings: &LoopSettings,
     engine: &PolicyEngine,
-    npu_io: &crate::npu_io::NpuIo,
+    npu_io: &crate::npu_io::NpuStatus,
 ) -> Result<Option<crate::observe::Observability>, Failure> {
     let facts = engine.facts(engine.gate_cosine);
     crate::observe::start(
@@ -543,8 +550,8 @@ struct Supervisor<'a> {
     last_watchdog: Instant,
     last_status: Instant,
     rate_base: (Instant, u64),
-    /// How the NPU's I/O is handed over, one line (STATUS carries it).
-    npu_io: &'a str,
+    /// How the NPU's I/O is handed over (STATUS carries its line).
+    npu_io: crate::npu_io::NpuStatus,
 }
 
 impl Supervisor<'_> {
@@ -607,7 +614,7 @@ impl Supervisor<'_> {
         }
         let line = status_line(self.lp.health(), self.settings, &mut self.rate_base);
         self.systemd
-            .notify(&format!("STATUS={line}; {}", self.npu_io));
+            .notify(&format!("STATUS={line}; {}", self.npu_io.get().1));
         log::debug!("{line}");
         self.last_status = Instant::now();
     }
@@ -626,19 +633,19 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         vla_control::lock_memory_on_fault();
     }
     let source = Source::new(&config, args.bundle.take());
-    // Before any context is loaded: `on` without shared buffers is refused at once.
-    let npu_io = crate::npu_io::resolve(config.npu.shared_buffers, vla_qnn::RpcMem::load_default)
+    // Before any context is loaded: `on` without rpcmem is refused at once.
+    let npu = crate::npu_io::resolve(config.npu.shared_buffers, vla_qnn::RpcMem::load_default)
         .map_err(Failure::Error)?;
-    log::info!("{}", npu_io.describe());
+    log::info!("{}", npu.describe());
     systemd.notify("STATUS=loading contexts");
-    let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
+    let (engine, gate_latency) = start_engine(&config, &args.common, &source, npu)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
+    let npu_io = engine.load_options.npu.status();
     let mut observability = start_observability(&config, &settings, &engine, &npu_io)?;
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
-    let npu_line = npu_io.describe();
-    announce_running(&config, &settings, gate_latency, &systemd, &npu_line);
+    announce_running(&config, &settings, gate_latency, &systemd, &npu_io.get().1);
 
     let now = Instant::now();
     Supervisor {
@@ -652,7 +659,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         last_watchdog: now,
         last_status: now,
         rate_base: (now, 0),
-        npu_io: &npu_line,
+        npu_io,
     }
     .run(&signals, &usr1, args.duration);
 

@@ -20,6 +20,8 @@ pub enum LoadError {
     Policy(PolicyError),
     /// It ran its goldens and missed the parity gate.
     Gate { dir: PathBuf, why: String },
+    /// `npu.shared_buffers` is on and the policy cannot run on shared buffers.
+    Npu { dir: PathBuf, why: String },
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -38,6 +40,7 @@ impl std::fmt::Display for LoadError {
             LoadError::Gate { dir, why } => {
                 write!(f, "bundle {} failed its parity gate: {why}", dir.display())
             }
+            LoadError::Npu { dir, why } => write!(f, "bundle {}: {why}", dir.display()),
             LoadError::Geometry { dir, needs, rings } => write!(
                 f,
                 "bundle {} needs ring geometry {needs:?}, the rings are {rings:?}",
@@ -52,7 +55,7 @@ impl std::error::Error for LoadError {
         match self {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
-            LoadError::Gate { .. } | LoadError::Geometry { .. } => None,
+            LoadError::Gate { .. } | LoadError::Npu { .. } | LoadError::Geometry { .. } => None,
         }
     }
 }
@@ -173,15 +176,32 @@ pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
     }
 }
 
+/// How [`load_gated`] loads: the policy's own options and where its NPU I/O goes.
+pub struct LoadSettings {
+    /// The helper threads' set-up.
+    pub policy: vla_policy::LoadOptions,
+    /// `npu.shared_buffers`, resolved at start.
+    pub npu: crate::npu_io::NpuPlan,
+}
+
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
 /// golden (which also warms up every context). Also returns the end-to-end cosine.
 pub fn load_gated(
     backend: &Backend,
     dir: &Path,
-    options: &vla_policy::LoadOptions,
+    options: &LoadSettings,
 ) -> Result<(Bundle, Policy, f64), LoadError> {
     let bundle = Bundle::open(dir)?;
-    let mut policy = Policy::load_with(&bundle, backend, options)?;
+    let mut policy = Policy::load_with(&bundle, backend, &options.policy)?;
+    // Before the gate, so the gate checks the I/O the policy will run on.
+    let io = options
+        .npu
+        .apply(&mut policy)
+        .map_err(|why| LoadError::Npu {
+            dir: dir.to_owned(),
+            why,
+        })?;
+    log::info!("bundle {}: {}", dir.display(), io.describe());
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {

@@ -2,19 +2,16 @@
 //! over, said once in the log and carried by STATUS, the metrics and the recordings.
 //!
 //! Shared buffers need rpcmem (libcdsprpc.so, opened at run time: absent on the emulator
-//! and in CI) and a policy that runs on them. The binding has them (`vla_qnn::SharedBuffer`,
-//! `Graph::bind_shared`) and so does Fast-WAM's open-loop form
-//! (`Policy::use_shared_buffers`), but the daemon does not move its policies onto them yet
-//! (MolmoAct2 cannot, and a reload would have to do it again), so today every mode
-//! resolves to client buffers and `on` is refused at start, naming what is missing, rather
-//! than run on something it did not ask for.
+//! and in CI) and a policy that runs on them (`Policy::use_shared_buffers`: Fast-WAM's
+//! open-loop form so far). [`resolve`] runs before anything loads: `off`, or no rpcmem
+//! under `auto`, is client buffers; `on` without rpcmem is refused there. [`NpuPlan::apply`]
+//! runs on every loaded policy before its parity gate (so the gate checks what will run):
+//! a policy or backend that refuses is client buffers under `auto`, a failed load under
+//! `on`.
 
 use std::sync::Arc;
 use vla_config::SharedBuffers;
 use vla_qnn::{QnnError, RpcMem};
-
-/// Whether the daemon runs its policies on shared buffers. Not yet (docs/shared-buffers.md).
-const DAEMON_USES_SHARED_BUFFERS: bool = false;
 
 /// What `npu.shared_buffers` resolved to.
 #[derive(Debug)]
@@ -53,33 +50,116 @@ impl NpuIo {
     }
 }
 
-/// Resolves `mode` with `load_rpcmem` (libcdsprpc by its standard names in the daemon):
-/// `off` never loads it; `auto` falls back to client buffers with the reason; `on` without
-/// everything shared buffers need is an error, one line.
+/// What the last loaded policy got: its label (`shared`/`client`) and line, shared with
+/// whoever reports it (STATUS, the metrics) while the engine runs elsewhere.
+#[derive(Clone, Debug)]
+pub struct NpuStatus(Arc<std::sync::Mutex<(&'static str, String)>>);
+
+impl NpuStatus {
+    /// The label and the line.
+    pub fn get(&self) -> (&'static str, String) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, io: &NpuIo) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = (io.label(), io.describe());
+    }
+}
+
+/// What every loaded policy is asked to run on (see the module doc), and what the last one
+/// got.
+#[derive(Debug)]
+pub struct NpuPlan {
+    try_rpcmem: Option<Arc<RpcMem>>,
+    required: bool,
+    /// Client buffers' reason when no policy is even asked.
+    reason: String,
+    last: NpuStatus,
+}
+
+impl NpuPlan {
+    fn new(try_rpcmem: Option<Arc<RpcMem>>, required: bool, reason: String) -> Self {
+        let io = NpuIo::Client {
+            reason: reason.clone(),
+        };
+        Self {
+            try_rpcmem,
+            required,
+            reason,
+            last: NpuStatus(Arc::new(std::sync::Mutex::new((io.label(), io.describe())))),
+        }
+    }
+
+    /// Puts `policy`'s NPU I/O where the plan says; the error (one line) is a failed load.
+    pub fn apply(&self, policy: &mut vla_policy::Policy) -> Result<NpuIo, String> {
+        let io = match &self.try_rpcmem {
+            None => NpuIo::Client {
+                reason: self.reason.clone(),
+            },
+            Some(rpcmem) => match policy.use_shared_buffers(rpcmem) {
+                Ok(()) => NpuIo::Shared {
+                    rpcmem: rpcmem.clone(),
+                },
+                Err(e) if self.required => {
+                    return Err(format!(
+                        "npu.shared_buffers is on, but this policy cannot use shared buffers: {e}"
+                    ))
+                }
+                Err(e) => NpuIo::Client {
+                    reason: format!("npu.shared_buffers is auto; {e}"),
+                },
+            },
+        };
+        self.last.set(&io);
+        Ok(io)
+    }
+
+    /// The plan in one line, for the log at start.
+    pub fn describe(&self) -> String {
+        match &self.try_rpcmem {
+            None => self.status().get().1,
+            Some(rpcmem) => format!(
+                "NPU I/O: HTP shared buffers (rpcmem from {}) for every policy that can run on them{}",
+                rpcmem.origin().display(),
+                if self.required { "; npu.shared_buffers is on: the others are refused" } else { ", client buffers for the others" }
+            ),
+        }
+    }
+
+    /// What the last [`NpuPlan::apply`] gave (before any: client buffers), kept current.
+    pub fn status(&self) -> NpuStatus {
+        self.last.clone()
+    }
+}
+
+/// Resolves `mode` with `load_rpcmem` (libcdsprpc by its standard names in the daemon)
+/// before anything loads: `off` never loads it; `auto` without it is client buffers with
+/// the reason; `on` without it is an error, one line.
 pub fn resolve(
     mode: SharedBuffers,
     load_rpcmem: impl FnOnce() -> Result<Arc<RpcMem>, QnnError>,
-) -> Result<NpuIo, String> {
+) -> Result<NpuPlan, String> {
     if mode == SharedBuffers::Off {
-        return Ok(NpuIo::Client {
-            reason: "npu.shared_buffers is off".into(),
-        });
+        return Ok(NpuPlan::new(
+            None,
+            false,
+            "npu.shared_buffers is off".into(),
+        ));
     }
-    let missing = match load_rpcmem() {
-        Err(e) => format!("no rpcmem: {e}"),
-        Ok(rpcmem) if DAEMON_USES_SHARED_BUFFERS => return Ok(NpuIo::Shared { rpcmem }),
-        Ok(rpcmem) => format!(
-            "rpcmem found in {}, but vlad does not run its policies on shared buffers yet",
-            rpcmem.origin().display()
-        ),
-    };
-    match mode {
-        SharedBuffers::On => Err(format!(
-            "npu.shared_buffers is on, but shared buffers cannot be used here: {missing}"
+    match (load_rpcmem(), mode) {
+        (Ok(rpcmem), _) => Ok(NpuPlan::new(
+            Some(rpcmem),
+            mode == SharedBuffers::On,
+            String::new(),
         )),
-        _ => Ok(NpuIo::Client {
-            reason: format!("npu.shared_buffers is auto; {missing}"),
-        }),
+        (Err(e), SharedBuffers::On) => Err(format!(
+            "npu.shared_buffers is on, but shared buffers cannot be used here: no rpcmem: {e}"
+        )),
+        (Err(e), _) => Ok(NpuPlan::new(
+            None,
+            false,
+            format!("npu.shared_buffers is auto; no rpcmem: {e}"),
+        )),
     }
 }
 
@@ -94,19 +174,21 @@ mod tests {
 
     #[test]
     fn off_never_looks_for_rpcmem() {
-        let io = resolve(SharedBuffers::Off, || panic!("loaded")).unwrap();
-        assert_eq!(io.label(), "client");
+        let plan = resolve(SharedBuffers::Off, || panic!("loaded")).unwrap();
         assert_eq!(
-            io.describe(),
-            "NPU I/O in client buffers (npu.shared_buffers is off)"
+            plan.status().get(),
+            (
+                "client",
+                "NPU I/O in client buffers (npu.shared_buffers is off)".to_string()
+            )
         );
     }
 
     #[test]
     fn auto_falls_back_naming_why_and_on_is_refused_in_one_line() {
-        let io = resolve(SharedBuffers::Auto, absent).unwrap();
-        assert_eq!(io.label(), "client");
-        let line = io.describe();
+        let plan = resolve(SharedBuffers::Auto, absent).unwrap();
+        let (label, line) = plan.status().get();
+        assert_eq!(label, "client");
         assert!(
             line.starts_with("NPU I/O in client buffers (npu.shared_buffers is auto; no rpcmem: cannot load QNN library /nonexistent/libcdsprpc.so: dlopen failed"),
             "{line}"
@@ -120,23 +202,15 @@ mod tests {
     }
 
     #[test]
-    fn with_rpcmem_the_missing_daemon_support_is_said() {
+    fn with_rpcmem_the_policy_is_asked_and_on_is_required() {
         let Some(dir) = tmp() else { return };
         let Some(lib) = vla_test_support::rpcmem_standin(&dir) else {
             return;
         };
-        let io = resolve(SharedBuffers::Auto, || RpcMem::load(&lib)).unwrap();
-        assert!(
-            io.describe()
-                .ends_with("but vlad does not run its policies on shared buffers yet)"),
-            "{}",
-            io.describe()
-        );
-        let e = resolve(SharedBuffers::On, || RpcMem::load(&lib)).unwrap_err();
-        assert!(
-            e.contains("does not run its policies on shared buffers yet"),
-            "{e}"
-        );
+        let plan = resolve(SharedBuffers::Auto, || RpcMem::load(&lib)).unwrap();
+        assert!(plan.try_rpcmem.is_some() && !plan.required);
+        let plan = resolve(SharedBuffers::On, || RpcMem::load(&lib)).unwrap();
+        assert!(plan.try_rpcmem.is_some() && plan.required);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

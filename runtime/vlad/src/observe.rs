@@ -47,6 +47,8 @@ pub struct BundleFacts {
     pub path: PathBuf,
     pub parity_cosine: f64,
     pub ota_state: &'static str,
+    /// `shared` or `client`: the NPU I/O this bundle got.
+    pub npu_io: &'static str,
 }
 
 pub fn start(
@@ -56,8 +58,9 @@ pub fn start(
     bundle: &BundleFacts,
     running: RunningBundle,
     trial: Option<vla_ota::TrialView>,
-    npu_io: &crate::npu_io::NpuIo,
+    npu_io: &crate::npu_io::NpuStatus,
 ) -> Result<Option<Observability>, String> {
+    let (npu_label, npu_line) = npu_io.get();
     if config.recorder.is_none() && config.metrics.is_none() {
         return Ok(None);
     }
@@ -85,8 +88,8 @@ pub fn start(
         (1.0 / settings.period.as_secs_f64()).to_string(),
     );
     metadata.insert("merge".into(), settings.merge.as_str().into());
-    metadata.insert("npu_io".into(), npu_io.label().into());
-    metadata.insert("npu_io_detail".into(), npu_io.describe());
+    metadata.insert("npu_io".into(), npu_label.into());
+    metadata.insert("npu_io_detail".into(), npu_line);
     let where_ = recorder
         .as_ref()
         .map(|r| format!("recorder.directory {}", r.directory.display()))
@@ -108,7 +111,7 @@ pub fn start(
             parity_passed: true,
             parity_cosine: bundle.parity_cosine,
             ota_state: bundle.ota_state.into(),
-            npu_io: npu_io.label().into(),
+            npu_io: npu_label.into(),
             ..Facts::default()
         },
         running,
@@ -173,6 +176,7 @@ impl Observability {
         f.bundle_hash = b.hash;
         f.parity_cosine = b.parity_cosine;
         f.ota_state = b.ota_state.into();
+        f.npu_io = b.npu_io.into();
     }
 }
 

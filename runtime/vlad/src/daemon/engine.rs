@@ -54,7 +54,7 @@ pub(super) struct PolicyEngine {
     /// How a prefix conditions the flow loop (`control.merge` prefix or inpaint).
     pub(super) prefix_method: vla_policy::PrefixMethod,
     /// Reloads start the policy's helper threads as the first load did.
-    pub(super) load_options: vla_policy::LoadOptions,
+    pub(super) load_options: crate::gate::LoadSettings,
     /// Where a reload's gated bundle is posted for the metrics textfile.
     pub(super) running: crate::observe::RunningBundle,
     /// The end-to-end cosine of the running bundle's gate.
@@ -81,6 +81,7 @@ impl PolicyEngine {
             path: self.good.clone(),
             parity_cosine: cosine,
             ota_state,
+            npu_io: self.load_options.npu.status().get().0,
         }
     }
 
