@@ -647,6 +647,39 @@ fn performance_vote_fields_default_parse_and_name_bad_values() {
 }
 
 #[test]
+fn npu_shared_buffers_default_to_auto_parse_and_name_bad_values() {
+    use vla_config::SharedBuffers;
+    assert_eq!(
+        parse(&device_json()).unwrap().npu.shared_buffers,
+        SharedBuffers::Auto
+    );
+    let with = |value: &str| {
+        edit(
+            &device_json(),
+            "\"log\": {",
+            &format!("\"npu\": {{ \"shared_buffers\": {value} }},\n  \"log\": {{"),
+        )
+    };
+    for name in SharedBuffers::NAMES {
+        let config = parse(&with(&format!("\"{name}\""))).unwrap();
+        assert_eq!(config.npu.shared_buffers.as_str(), name);
+    }
+    assert_eq!(
+        parse(&with("null")).unwrap().npu.shared_buffers,
+        SharedBuffers::DEFAULT
+    );
+    let (error, message) = error_of(&with("\"yes\""));
+    assert_eq!(path_of(&error), "npu.shared_buffers");
+    assert_mentions(&message, &["auto", "on", "off", "yes"]);
+    let (error, _) = error_of(&edit(
+        &device_json(),
+        "\"log\": {",
+        "\"npu\": { \"zero_copy\": true },\n  \"log\": {",
+    ));
+    assert_eq!(path_of(&error), "npu.zero_copy");
+}
+
+#[test]
 fn log_levels_map_to_qnn_levels() {
     let levels: Vec<u32> = LogLevel::NAMES
         .iter()
