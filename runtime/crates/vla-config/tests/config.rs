@@ -953,6 +953,38 @@ fn npu_placement_defaults_to_auto_and_reads_explicit_groups() {
 }
 
 #[test]
+fn one_npu_section_holds_the_placement_and_the_shared_buffers() {
+    let config = parse(&with_sections(
+        r#""npu": {"placement": "groups", "session_mb": 3800, "reserve_mb": 300,
+            "shared_buffers": "on", "groups": [{"nsp": 1, "contexts": ["vision"]}]}"#,
+    ))
+    .unwrap();
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Groups);
+    assert_eq!(config.npu.budget_mb(), 3500);
+    assert_eq!(config.npu.groups[0].nsp, 1);
+    assert_eq!(config.npu.shared_buffers, vla_config::SharedBuffers::On);
+    // Either half set leaves the other at its default.
+    let config = parse(&with_sections(r#""npu": {"shared_buffers": "off"}"#)).unwrap();
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Auto);
+    assert_eq!(
+        config.npu.session_mb,
+        vla_config::NpuConfig::DEFAULT_SESSION_MB
+    );
+    assert_eq!(config.npu.shared_buffers, vla_config::SharedBuffers::Off);
+    let config = parse(&with_sections(r#""npu": {"session_mb": 2048}"#)).unwrap();
+    assert_eq!(
+        config.npu.shared_buffers,
+        vla_config::SharedBuffers::DEFAULT
+    );
+    // A bad value in one half is named even when the other half is valid.
+    let (error, message) = error_of(&with_sections(
+        r#""npu": {"placement": "auto", "shared_buffers": "yes"}"#,
+    ));
+    assert_eq!(path_of(&error), "npu.shared_buffers");
+    assert_mentions(&message, &["auto", "on", "off", "yes"]);
+}
+
+#[test]
 fn bad_npu_fields_are_named() {
     for (sections, field, mention) in [
         (
