@@ -7,7 +7,9 @@
 #   2. the HTP backend's refusal off the board: one line on stderr saying what is missing
 #      and what to check, exit status 1, nothing on stdout (nothing loaded);
 #   3. `vlad bundle` keygen/pack/sign/verify and the OTA store (install, activate,
-#      rollback, gc) run by the aarch64 binary.
+#      rollback, gc) run by the aarch64 binary;
+#   4. `npu.shared_buffers` without libcdsprpc.so (none under qemu): `auto` says it falls
+#      back to client buffers and goes on to load QNN; `on` is refused in one line first.
 # Prints one PASS/FAIL line per check; exits 1 if any failed or could not run.
 #
 # Binaries: VLAD_AARCH64 (default: the release build check_release.sh makes) and VLAD_X86
@@ -198,9 +200,47 @@ PY
     sed -n '1,4p' "$work/gc"
 }
 
+check_npu_io() {
+    say "npu.shared_buffers without libcdsprpc.so, aarch64 under qemu"
+    local mode rc cfg
+    for mode in auto on; do
+        cfg="$work/npu-$mode.json"
+        python3 - config/dev.json "$cfg" "$mode" "$repo_root/golden/bundles/fastwam" <<'PY'
+import json, os, sys
+src, dst, mode, bundle = sys.argv[1:]
+c = json.load(open(src))
+c["bundle"]["path"] = bundle
+tag = f"{os.getpid()}-{mode}"
+c["rings"]["observation_path"] = f"/dev/shm/vla-qemu-npu-{tag}-obs"
+c["rings"]["action_path"] = f"/dev/shm/vla-qemu-npu-{tag}-act"
+c["log"]["level"] = "info"
+c["npu"] = {"shared_buffers": mode}
+json.dump(c, open(dst, "w"))
+PY
+        rc=0
+        a64 run --config "$cfg" --lib-dir "$a64_lib_dir" >"$work/npu.out" 2>"$work/npu.err" || rc=$?
+        echo "\$ vlad run (npu.shared_buffers $mode)   -> exit $rc, $(wc -l <"$work/npu.err") stderr line(s)"
+        if [[ $mode == auto ]]; then
+            # Falls back, says so once, then fails only where every run fails off the board.
+            [[ $rc -eq 1 ]] &&
+                [[ $(grep -c "NPU I/O in client buffers (npu.shared_buffers is auto; no rpcmem: cannot load QNN library libcdsprpc.so" "$work/npu.err") -eq 1 ]] &&
+                grep -q "HTP backend unavailable, nothing loaded" "$work/npu.err" ||
+                { cat "$work/npu.err" >&2; echo "auto did not fall back to client buffers and go on" >&2; return 1; }
+            grep "NPU I/O" "$work/npu.err"
+        else
+            [[ $rc -eq 1 && $(wc -l <"$work/npu.err") -eq 1 ]] &&
+                grep -q "npu.shared_buffers is on, but shared buffers cannot be used here: no rpcmem" "$work/npu.err" &&
+                ! grep -q "HTP backend" "$work/npu.err" ||
+                { cat "$work/npu.err" >&2; echo "on was not refused in one line before QNN" >&2; return 1; }
+            cat "$work/npu.err"
+        fi
+    done
+}
+
 run_check "aarch64 inspect == x86_64 inspect, every fixture context" check_inspect
 run_check "HTP refusal off the board: one line, exit 1, nothing loaded" check_refusal
 run_check "aarch64 bundle verify and OTA store paths" check_ota
+run_check "npu.shared_buffers: auto falls back, on is refused, without libcdsprpc.so" check_npu_io
 
 printf '\n== summary\n'
 printf '%s\n' "${results[@]}"

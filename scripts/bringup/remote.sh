@@ -136,6 +136,7 @@ run() {
     adsp_path=$3
     iterations=$4
     probe_runs=${5:-20}
+    shared_ab_mode=${6:-off}
     cd "$ws" || { say error "workspace $ws is gone"; return 0; }
     # An uploaded v73 stub from a QAIRT release that names the unversioned libcdsprpc.so
     # (the wheel's does) finds the board's FastRPC library, which ships as
@@ -207,11 +208,32 @@ run() {
     else
         probe_exit=skipped
     fi
+    shared_ab
     { say parity_exit "$parity_exit"; say observations "$observations"; \
       say bench_exit "${bench_exit:-unavailable}"; \
       say dsp_probe_exit "$probe_exit"; \
       say iterations "$iterations"; say finished_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } \
         >> results/target.env
+}
+
+# Each context with client buffers and with HTP shared buffers (`vlad bench-context
+# --shared-buffers`: rpcmem from libcdsprpc.so, outputs checked bit for bit against client
+# buffers), into results/shared-ab/<context>.{client,shared}.log; report.py compares them.
+shared_ab() {
+    [ "$shared_ab_mode" = on ] || return 0
+    ./vlad bench-context --help 2>&1 | grep -q -- --shared-buffers || return 0
+    mkdir -p results/shared-ab
+    for bin in bundle/ctx/*.bin; do
+        [ -f "$bin" ] || continue
+        c=$(basename "$bin" .bin)
+        c=${c%%_socid*}
+        io="bundle/golden/${c}_io.npz"
+        if [ -f "$io" ]; then set -- "$bin" --iterations "$iterations" --inputs "$io"
+        else set -- "$bin" --iterations "$iterations"; fi
+        ./vlad bench-context "$@" > "results/shared-ab/$c.client.log" 2>&1
+        ./vlad bench-context "$@" --shared-buffers > "results/shared-ab/$c.shared.log" 2>&1
+    done
+    return 0
 }
 
 cleanup() {

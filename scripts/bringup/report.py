@@ -13,6 +13,9 @@ Inputs (the results directory, `REPORT_DIR/raw/` when run.sh calls this):
                 the memory plan places them, with executes per context (optional);
                 dsp-probe.log holds QNN's verbose log ("PD N chosen for context M")
   *.log         the commands' own output, linked from the report
+  shared-ab/    `vlad bench-context` per context with client buffers (<context>.client.log)
+                and with HTP shared buffers (<context>.shared.log), when vlad has
+                `--shared-buffers`
 
 Besides report.md it writes REPORT_DIR/gates.json, the parity gate it proposes for every
 context output: the minimum cosine measured over the N observations less a stated margin
@@ -93,6 +96,16 @@ GATES_FORMAT = "vla-bringup-gates/1"
 
 
 @dataclass
+class SharedAB:
+    """One context's `vlad bench-context` with client buffers and with shared buffers."""
+    context: str
+    client_p50_ms: float | None
+    shared_p50_ms: float | None
+    identical: bool | None
+    problem: str | None
+
+
+@dataclass
 class Results:
     directory: Path
     target: dict[str, str]
@@ -102,6 +115,7 @@ class Results:
     bench_problem: str | None
     more_parity: list = field(default_factory=list)  # parity-*.json: more observations
     gates: dict | None = None  # the proposed gates (gates.json)
+    shared_ab: list[SharedAB] = field(default_factory=list)
 
 
 def propose_gates(runs: list[dict], margin: float) -> dict:
@@ -140,6 +154,61 @@ def propose_gates(runs: list[dict], margin: float) -> dict:
     return {"format": GATES_FORMAT, "bundle": first.get("bundle"), "version": first.get("version"),
             "margin": margin, "default_gate": first.get("context_gate"),
             "end_to_end_gate": first.get("end_to_end_gate"), "outputs": outputs, "stages": stages}
+
+
+
+def _steady_p50_ms(text: str) -> float | None:
+    for line in text.splitlines():
+        words = line.split()
+        if "steady" in words and "p50" in words[:-1]:
+            try:
+                return float(words[words.index("p50") + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def _error_line(text: str) -> str | None:
+    errors = [l.strip() for l in text.splitlines() if l.startswith("vlad: error:")]
+    return errors[-1] if errors else None
+
+
+def read_shared_ab(directory: Path) -> list[SharedAB]:
+    rows = []
+    for client in sorted(directory.glob("*.client.log")):
+        context = client.name[: -len(".client.log")]
+        shared = directory / f"{context}.shared.log"
+        c = client.read_text(errors="replace")
+        s = shared.read_text(errors="replace") if shared.is_file() else ""
+        identical = None
+        if "outputs bit-identical to client buffers: yes" in s:
+            identical = True
+        elif "outputs bit-identical to client buffers: NO" in s:
+            identical = False
+        problem = _error_line(s) or (None if s else f"no {shared.name}")
+        if _steady_p50_ms(c) is None:
+            problem = _error_line(c) or f"{client.name} has no steady-state figure"
+        rows.append(SharedAB(context, _steady_p50_ms(c), _steady_p50_ms(s), identical, problem))
+    return rows
+
+
+def shared_verdict(rows: list[SharedAB]) -> str:
+    """Which I/O the daemon should use, by what the contexts did."""
+    failed = [r for r in rows if r.problem or r.identical is not True or r.shared_p50_ms is None]
+    if failed:
+        r = failed[0]
+        why = r.problem or ("outputs differ from client buffers" if r.identical is False
+                            else "no shared-buffer figure")
+        return (f"**Use client buffers** (`npu.shared_buffers: off` or `auto`): shared buffers"
+                f" failed for {len(failed)} of {len(rows)} contexts; first, {r.context}: {why}")
+    client = sum(r.client_p50_ms or 0.0 for r in rows)
+    shared = sum(r.shared_p50_ms or 0.0 for r in rows)
+    if shared <= client:
+        return (f"**Use shared buffers** (`npu.shared_buffers: auto`): every context ran on them"
+                f" with bit-identical outputs, p50 execute sum {shared:.3f} ms against"
+                f" {client:.3f} ms with client buffers")
+    return (f"**Use client buffers**: shared buffers ran with bit-identical outputs but the p50"
+            f" execute sum is {shared:.3f} ms against {client:.3f} ms with client buffers")
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -292,7 +361,9 @@ def load_results(directory: Path) -> Results:
         bench_problem = (f"vlad bench-bundle wrote no bench.json (exit"
                          f" {target.get('bench_exit', '?')}); see bench.log")
     more = [read_json(p) for p in sorted(directory.glob("parity-*.json"))]
-    return Results(directory, target, parity, parity_problem, bench, bench_problem, more)
+    shared_ab = read_shared_ab(directory / "shared-ab")
+    return Results(directory, target, parity, parity_problem, bench, bench_problem, more,
+                   shared_ab=shared_ab)
 
 
 def action_geometry(bundle_dir: Path | None, n_values: int) -> tuple[int, int]:
@@ -636,6 +707,26 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
         lines.append("")
 
     lines.extend(dsp_section(results.directory))
+
+    lines.append("## Shared buffers (per context)")
+    lines.append("")
+    if results.shared_ab:
+        lines.append("`vlad bench-context` per context, client buffers against HTP shared buffers"
+                     " (rpcmem registered with QNN; outputs checked bit for bit).")
+        lines.append("")
+        lines.append("| context | client p50 ms | shared p50 ms | bit-identical | problem |")
+        lines.append("|---|---:|---:|---|---|")
+        for r in results.shared_ab:
+            same = {True: "yes", False: "NO", None: "n/a"}[r.identical]
+            problem = (r.problem or "").replace("|", "\\|")
+            lines.append(f"| {r.context} | {_fmt(r.client_p50_ms)} | {_fmt(r.shared_p50_ms)} |"
+                         f" {same} | {problem} |")
+        lines.append("")
+        lines.append(shared_verdict(results.shared_ab))
+    else:
+        lines.append("No shared-buffer A/B (run.sh `--shared-ab off`, or the deployed vlad's"
+                     " `bench-context` has no `--shared-buffers`).")
+    lines.append("")
 
     lines.append("## Raw results")
     lines.append("")

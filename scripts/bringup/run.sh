@@ -29,6 +29,9 @@
 #   --dsp-probe-runs N      executes per context in the DSP memory probe (`vlad dsp-probe`:
 #                           contexts one by one into one process, then as the memory plan
 #                           places them; default 20, 0 skips it)
+#   --shared-ab on|off      also run every context with client buffers and with HTP shared
+#                           buffers (`vlad bench-context [--shared-buffers]`, N iterations
+#                           each) for the report's A/B (default on)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -50,7 +53,7 @@ note() { printf '%s: %s\n' "$prog" "$*" >&2; }
 target="" port=22 identity="" password_file="" known_hosts=""
 vlad="" bundle="" out=""
 qnn_lib_dir="" dsp_lib_dir="" qnn_local_dir="" dsp_local_dir="" qairt_wheel=0
-remote_dir="" min_free_mib=64 iterations=50 observations="" probe_runs=20
+remote_dir="" min_free_mib=64 iterations=50 observations="" probe_runs=20 shared_ab=on
 while (($#)); do
     opt=$1
     case "$opt" in
@@ -83,6 +86,7 @@ while (($#)); do
         --iterations) iterations=$2 ;;
         --observations) observations=$2 ;;
         --dsp-probe-runs) probe_runs=$2 ;;
+        --shared-ab) shared_ab=$2 ;;
         *) usage_error "unknown option $opt" ;;
     esac
     shift 2
@@ -95,6 +99,7 @@ done
 [[ $port =~ ^[0-9]+$ ]] || usage_error "--port: '$port' is not a port number"
 [[ $iterations =~ ^[1-9][0-9]*$ ]] || usage_error "--iterations: '$iterations' is not a positive number"
 [[ $probe_runs =~ ^[0-9]+$ ]] || usage_error "--dsp-probe-runs: '$probe_runs' is not a number"
+[[ $shared_ab == on || $shared_ab == off ]] || usage_error "--shared-ab: '$shared_ab' is not on or off"
 [[ $min_free_mib =~ ^[0-9]+$ ]] || usage_error "--remote-min-free: '$min_free_mib' is not a number of MiB"
 [[ -z $identity || -z $password_file ]] || usage_error "give --identity or --password-file, not both"
 [[ -z $qnn_lib_dir || -z $qnn_local_dir ]] || usage_error "give --qnn-lib-dir or --qnn-local-dir, not both"
@@ -384,7 +389,7 @@ else
     adsp_path=$probe_dsp_dirs
 fi
 note "running parity and the benchmark ($iterations iterations) on $target"
-status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations" "$probe_runs")"
+status="$(remote_checked remote run "$workspace" "$run_qnn_dir" "$adsp_path" "$iterations" "$probe_runs" "$shared_ab")"
 
 mkdir -p "$out"
 raw="$out/raw"

@@ -331,3 +331,50 @@ def test_the_dsp_probe_flags_jumps_and_a_plan_that_does_not_load(tmp_path):
     assert "the plan failed at `llm_split2`; the contexts need worker processes" in md
     raw3, out3 = write_results(tmp_path / "c")
     assert "No DSP memory probe in the results" in build(raw3, out3)
+
+
+def write_shared_ab(raw, contexts):
+    d = raw / "shared-ab"
+    d.mkdir()
+    for name, client, shared in contexts:
+        (d / f"{name}.client.log").write_text(client)
+        if shared is not None:
+            (d / f"{name}.shared.log").write_text(shared)
+
+
+def bench_context_log(p50, shared=None):
+    io = ("  I/O                            client buffers\n" if shared is None else
+          "  I/O                            HTP shared buffer, 8192 bytes (rpcmem from"
+          f" libcdsprpc.so.1); outputs bit-identical to client buffers: {shared}\n")
+    return (f"context ctx.bin (4096 bytes)\n{io}"
+            f"  steady over 5: p50 {p50:.3f} ms  p99 {p50 + 1:.3f} ms  max {p50 + 2:.3f} ms\n")
+
+
+def test_shared_buffer_ab_is_tabled_with_a_verdict(tmp_path):
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
+    write_shared_ab(raw, [("vision", bench_context_log(2.0), bench_context_log(1.5, "yes")),
+                          ("action_step", bench_context_log(1.0), bench_context_log(0.9, "yes"))])
+    md = build(raw, out)
+    assert "## Shared buffers (per context)" in md
+    assert "| vision | 2.000 | 1.500 | yes |  |" in md
+    assert "**Use shared buffers** (`npu.shared_buffers: auto`)" in md
+    assert "p50 execute sum 2.400 ms against 3.000 ms with client buffers" in md
+
+
+def test_a_refused_registration_means_client_buffers_and_is_named(tmp_path):
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
+    refused = ("vlad: error: memRegister failed for tensor `pixel_values` of graph vision:"
+               " QNN error 1000 (not supported)\n")
+    write_shared_ab(raw, [("vision", bench_context_log(2.0), refused),
+                          ("action_step", bench_context_log(1.0), bench_context_log(0.9, "NO"))])
+    md = build(raw, out)
+    assert "| vision | 2.000 | n/a | n/a | vlad: error: memRegister failed" in md
+    assert "| action_step | 1.000 | 0.900 | NO |  |" in md
+    assert ("**Use client buffers** (`npu.shared_buffers: off` or `auto`): shared buffers"
+            " failed for 2 of 2 contexts; first, action_step: outputs differ") in md
+
+
+def test_without_shared_buffer_runs_the_report_says_so(tmp_path):
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
+    md = build(raw, out)
+    assert "No shared-buffer A/B" in md

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 use vla_control::quantile_sorted;
 use vla_qnn::{Context, ContextBinary};
 
-const HELP: &str = "usage: vlad bench-context <ctx.bin> [--inputs io.npz] [--graph NAME] [--warmup 3] [--iterations 50] [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]";
+const HELP: &str = "usage: vlad bench-context <ctx.bin> [--inputs io.npz] [--graph NAME] [--warmup 3] [--iterations 50] [--performance burst|high_performance|balanced|power_saver|off] [--shared-buffers [--rpcmem LIB]] [--lib-dir DIR]
+
+--shared-buffers runs the graph on an HTP shared buffer (rpcmem from libcdsprpc.so, or
+LIB, registered with the context) instead of client buffers, after one client-buffer
+execute whose outputs it must reproduce bit for bit; run it with and without to compare.";
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -50,6 +54,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut graph_name: Option<String> = None;
     let (mut warmup, mut iterations) = (3usize, 50usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
+    let (mut shared, mut rpcmem_lib) = (false, None::<PathBuf>);
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -64,6 +69,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             Long("performance") => {
                 performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
             }
+            Long("shared-buffers") => shared = true,
+            Long("rpcmem") => rpcmem_lib = Some(cli::value(&mut p)?.into()),
             Short('h') | Long("help") => {
                 println!("{HELP}");
                 return Ok(());
@@ -97,22 +104,44 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if let Some(npz) = &npz {
         vla_parity::fill_inputs(&graph, npz, &mut io)?;
     }
+    let mut on_shared = if shared {
+        Some(SharedRun::start(
+            &mut graph,
+            &mut io,
+            rpcmem_lib.as_deref(),
+        )?)
+    } else {
+        None
+    };
+    let mut execute = |graph: &mut vla_qnn::Graph| match on_shared.as_mut() {
+        Some(s) => graph.execute_shared(&mut s.buffer),
+        None => graph.execute_io(&mut io),
+    };
     let mut first = Vec::new();
     for _ in 0..warmup {
         let t = Instant::now();
         let _vote = votes.as_ref().map(|v| v.inference());
-        graph.execute_io(&mut io)?;
+        execute(&mut graph)?;
         first.push(t.elapsed());
     }
     let mut steady = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
         let _vote = votes.as_ref().map(|v| v.inference());
-        graph.execute_io(&mut io)?;
+        execute(&mut graph)?;
         steady.push(t.elapsed());
     }
     steady.sort();
     println!("context {} ({} bytes)", ctx.display(), size);
+    match &on_shared {
+        Some(s) => println!(
+            "  I/O                            HTP shared buffer, {} bytes (rpcmem from {}); outputs bit-identical to client buffers: {}",
+            s.buffer.len(),
+            s.origin,
+            if s.identical(&graph) { "yes" } else { "NO" }
+        ),
+        None => println!("  I/O                            client buffers"),
+    }
     println!(
         "  performance vote               {}",
         vote_summary(performance, votes.as_ref())
@@ -133,4 +162,53 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         ms(*steady.last().expect("iterations >= 1"))
     );
     Ok(())
+}
+
+/// A graph moved onto an HTP shared buffer, with the client-buffer outputs it must match.
+struct SharedRun {
+    buffer: vla_qnn::SharedBuffer,
+    origin: String,
+    reference: Vec<Vec<u8>>,
+}
+
+impl SharedRun {
+    /// One client-buffer execute for the reference outputs, then the inputs copied into a
+    /// shared buffer registered with the graph's context.
+    fn start(
+        graph: &mut vla_qnn::Graph,
+        io: &mut vla_qnn::IoBuffers,
+        lib: Option<&std::path::Path>,
+    ) -> Result<Self, Failure> {
+        graph.execute_io(io)?;
+        let reference = io.outputs.iter().map(|b| b.as_bytes().to_vec()).collect();
+        let rpc = match lib {
+            Some(path) => vla_qnn::RpcMem::load(path)?,
+            None => vla_qnn::RpcMem::load_default()?,
+        };
+        let layout = graph.shared_layout(0);
+        let mut buffer = vla_qnn::SharedBuffer::allocate(&rpc, layout.end)?;
+        for (input, &offset) in io.inputs.iter().zip(&layout.inputs) {
+            let bytes = input.as_bytes();
+            buffer
+                .bytes_mut(offset..offset + bytes.len())
+                .expect("the layout fits the buffer")
+                .copy_from_slice(bytes);
+        }
+        graph.bind_shared(&buffer, &layout)?;
+        Ok(Self {
+            buffer,
+            origin: rpc.origin().display().to_string(),
+            reference,
+        })
+    }
+
+    /// Whether the last shared execute wrote the reference outputs, bit for bit.
+    fn identical(&self, graph: &vla_qnn::Graph) -> bool {
+        self.reference.iter().enumerate().all(|(i, want)| {
+            graph
+                .shared_output(i)
+                .and_then(|r| self.buffer.bytes(r))
+                .is_some_and(|got| got == want.as_slice())
+        })
+    }
 }

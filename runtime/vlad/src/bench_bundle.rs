@@ -248,6 +248,13 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         .iter()
         .map(|c| c.0.clone())
         .collect();
+    let client_bytes = |p: &mut Policy| -> u64 {
+        p.graphs_mut()
+            .iter()
+            .map(|g| g.graph.client_buffer_bytes())
+            .sum()
+    };
+    let client_bytes_before = client_bytes(&mut policy);
     let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
     let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.iterations {
@@ -263,6 +270,8 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         executes.push(us(execute));
         hosts.push(us(t.host()));
     }
+    let client_bytes_per_inference =
+        (client_bytes(&mut policy) - client_bytes_before) / o.iterations as u64;
     let mut host_share: Vec<f64> = hosts
         .iter()
         .zip(&executes)
@@ -301,6 +310,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         "host_overhead_samples_us": hosts,
         "components": components,
         "policy_load_ms": load_ms,
+        "npu_client_buffer_bytes_per_inference": client_bytes_per_inference,
         "rss_after_policy_load": memory.rss,
         "pss_after_policy_load": memory.pss,
         "binaries_bytes": binaries_bytes(bundle)?,
@@ -346,6 +356,11 @@ fn render(r: &Value) -> String {
         );
     }
     let mib = |v: &Value| v.as_f64().unwrap_or(f64::NAN) / 1048576.0;
+    s += &format!(
+        "  NPU I/O in client buffers per inference {} bytes ({:.1} MiB; QNN copies them to and from DSP-visible memory)\n",
+        r["npu_client_buffer_bytes_per_inference"],
+        mib(&r["npu_client_buffer_bytes_per_inference"])
+    );
     s += &format!(
         "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB\n",
         mib(&r["binaries_bytes"]),

@@ -344,7 +344,10 @@ type Started = (
 );
 
 /// The policy's helper threads set up as the inference thread is.
-fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
+fn load_options(
+    rt: &vla_config::RealtimeConfig,
+    npu: crate::npu_io::NpuPlan,
+) -> crate::gate::LoadSettings {
     // The inference thread waits on the policy's helper (the non-finite scans): it runs
     // pinned and prioritised as the inference thread, or it could be starved by anything
     // of normal priority while a SCHED_FIFO thread waits on it (priority inversion).
@@ -352,12 +355,15 @@ fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
         rt.inference_cpus.iter().map(|&c| c as usize).collect(),
         rt.inference_priority,
     );
-    vla_policy::LoadOptions {
-        helper_setup: Some(Arc::new(move |name: &str| {
-            vla_control::pin_current_thread(name, &cpus);
-            vla_control::set_fifo_priority(name, priority);
-            vla_control::prefault_stack();
-        })),
+    crate::gate::LoadSettings {
+        policy: vla_policy::LoadOptions {
+            helper_setup: Some(Arc::new(move |name: &str| {
+                vla_control::pin_current_thread(name, &cpus);
+                vla_control::set_fifo_priority(name, priority);
+                vla_control::prefault_stack();
+            })),
+        },
+        npu,
     }
 }
 
@@ -366,7 +372,7 @@ fn load_options(rt: &vla_config::RealtimeConfig) -> vla_policy::LoadOptions {
 fn load_initial(
     source: &Source,
     backend: &Backend,
-    options: &vla_policy::LoadOptions,
+    options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
     let Some(store) = &source.store else {
         let dir = &source.bundle_dir;
@@ -408,7 +414,7 @@ fn roll_back_at_start(
     store: &Arc<Store>,
     why: LoadError,
     backend: &Backend,
-    options: &vla_policy::LoadOptions,
+    options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
     let mut loaded: Option<(PathBuf, (Bundle, Policy, crate::gate::Gated))> = None;
     store
@@ -435,6 +441,7 @@ fn start_engine(
     config: &vla_config::Config,
     common: &Common,
     source: &Source,
+    npu: crate::npu_io::NpuPlan,
 ) -> Result<(PolicyEngine, Duration), Failure> {
     let opts = vla_qnn::LoadOptions {
         backend_lib: config.qnn.backend_lib.as_str().to_owned(),
@@ -464,7 +471,7 @@ fn start_engine(
         idle: config.qnn.performance_idle_release(),
     };
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
-    let load_options = load_options(&config.realtime);
+    let load_options = load_options(&config.realtime, npu);
     let t = Instant::now();
     let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;
     log::info!(
@@ -525,6 +532,7 @@ fn announce_running(
     settings: &LoopSettings,
     gate_latency: Duration,
     systemd: &Systemd,
+    npu_io: &str,
 ) {
     let c = &config.control;
     log::info!(
@@ -555,7 +563,9 @@ fn announce_running(
     .map_or_else(String::new, |p| p.describe());
     let dsp =
         crate::dsp_plan::running().map_or_else(String::new, |p| format!("; dsp {}", p.summary()));
-    systemd.notify(&format!("READY=1\nSTATUS=running; {ready_point}{dsp}"));
+    systemd.notify(&format!(
+        "READY=1\nSTATUS=running; {ready_point}; {npu_io}{dsp}"
+    ));
 }
 
 /// The main thread while the loop runs: signals, the recorder's trigger, the metrics
@@ -577,6 +587,8 @@ struct Supervisor<'a> {
     npu: NpuStatus,
     last_status: Instant,
     rate_base: (Instant, u64),
+    /// How the NPU's I/O is handed over (STATUS carries its line).
+    npu_io: crate::npu_io::NpuStatus,
 }
 
 impl Supervisor<'_> {
@@ -649,9 +661,10 @@ impl Supervisor<'_> {
             return;
         }
         let mut line = format!(
-            "{}; {}",
+            "{}; {}; {}",
             status_line(self.lp.health(), self.settings, &mut self.rate_base),
-            self.npu.status()
+            self.npu.status(),
+            self.npu_io.get().1
         );
         if let Some(plan) = crate::dsp_plan::running() {
             line.push_str("; dsp ");
@@ -679,15 +692,20 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         vla_control::lock_memory_on_fault();
     }
     let source = Source::new(&config, args.bundle.take())?;
+    // Before any context is loaded: `on` without rpcmem is refused at once.
+    let npu = crate::npu_io::resolve(config.npu.shared_buffers, vla_qnn::RpcMem::load_default)
+        .map_err(Failure::Error)?;
+    log::info!("{}", npu.describe());
     systemd.notify("STATUS=loading contexts");
-    let (engine, gate_latency) = start_engine(&config, &args.common, &source)?;
+    let (engine, gate_latency) = start_engine(&config, &args.common, &source, npu)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
+    let npu_io = engine.load_options.npu.status();
     let mut observability = start_observability(&config, &settings, &engine)?;
     let npu = engine.npu.status.clone();
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
-    announce_running(&config, &settings, gate_latency, &systemd);
+    announce_running(&config, &settings, gate_latency, &systemd, &npu_io.get().1);
 
     let now = Instant::now();
     Supervisor {
@@ -704,6 +722,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         npu,
         last_status: now,
         rate_base: (now, 0),
+        npu_io,
     }
     .run(&signals, &usr1, args.duration);
 

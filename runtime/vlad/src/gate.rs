@@ -30,6 +30,8 @@ pub enum LoadError {
         dir: PathBuf,
         source: Box<vla_ota::OtaError>,
     },
+    /// `npu.shared_buffers` is on and the policy cannot run on shared buffers.
+    Npu { dir: PathBuf, why: String },
     /// It needs other rings than the ones the loop runs on.
     Geometry {
         dir: PathBuf,
@@ -55,6 +57,7 @@ impl std::fmt::Display for LoadError {
                 "bundle {} does not verify with this daemon's keys: {source}",
                 dir.display()
             ),
+            LoadError::Npu { dir, why } => write!(f, "bundle {}: {why}", dir.display()),
             LoadError::Geometry { dir, needs, rings } => write!(
                 f,
                 "bundle {} needs ring geometry {needs:?}, the rings are {rings:?}",
@@ -71,9 +74,10 @@ impl std::error::Error for LoadError {
             LoadError::Policy(e) => Some(e),
             LoadError::Backend(e) => Some(e),
             LoadError::Unverified { source, .. } => Some(&**source),
-            LoadError::Gate { .. } | LoadError::Geometry { .. } | LoadError::Placement { .. } => {
-                None
-            }
+            LoadError::Gate { .. }
+            | LoadError::Npu { .. }
+            | LoadError::Geometry { .. }
+            | LoadError::Placement { .. } => None,
         }
     }
 }
@@ -213,12 +217,20 @@ pub struct Gated {
     pub actions: Vec<f32>,
 }
 
+/// How [`load_gated`] loads: the policy's own options and where its NPU I/O goes.
+pub struct LoadSettings {
+    /// The helper threads' set-up.
+    pub policy: vla_policy::LoadOptions,
+    /// `npu.shared_buffers`, resolved at start.
+    pub npu: crate::npu_io::NpuPlan,
+}
+
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
 /// golden (which also warms up every context). Also returns what the gate measured.
 pub fn load_gated(
     backend: &Backend,
     dir: &Path,
-    options: &vla_policy::LoadOptions,
+    options: &LoadSettings,
 ) -> Result<(Bundle, Policy, Gated), LoadError> {
     let bundle = Bundle::open(dir)?;
     // Before any context is created: a bundle that cannot fit is refused with its sums.
@@ -238,7 +250,16 @@ pub fn load_gated(
             dir: dir.to_owned(),
             why,
         })?;
-    let mut policy = Policy::load_with(&bundle, &placed, options)?;
+    let mut policy = Policy::load_with(&bundle, &placed, &options.policy)?;
+    // Before the gate, so the gate checks the I/O the policy will run on.
+    let io = options
+        .npu
+        .apply(&mut policy)
+        .map_err(|why| LoadError::Npu {
+            dir: dir.to_owned(),
+            why,
+        })?;
+    log::info!("bundle {}: {}", dir.display(), io.describe());
     let report = bundle.parity(&mut policy)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {

@@ -20,6 +20,7 @@ mod gate;
 mod inspect;
 mod memory;
 mod notify;
+mod npu_io;
 mod observe;
 mod ota_cmd;
 mod parity;

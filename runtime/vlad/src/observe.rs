@@ -54,6 +54,10 @@ pub struct BundleFacts {
     pub memory_plan: Option<vla_qnn::MemoryPlan>,
     /// The signed expiry of its OTA manifest (Unix seconds); `None`: no OTA manifest.
     pub expires: Option<u64>,
+    /// `shared` or `client`: the NPU I/O this bundle got.
+    pub npu_io: &'static str,
+    /// Its NPU I/O in one line (the recordings' `npu_io_detail`).
+    pub npu_io_detail: String,
 }
 
 pub fn start(
@@ -95,6 +99,8 @@ pub fn start(
         (1.0 / settings.period.as_secs_f64()).to_string(),
     );
     metadata.insert("merge".into(), settings.merge.as_str().into());
+    metadata.insert("npu_io".into(), bundle.npu_io.into());
+    metadata.insert("npu_io_detail".into(), bundle.npu_io_detail.clone());
     let where_ = recorder
         .as_ref()
         .map(|r| format!("recorder.directory {}", r.directory.display()))
@@ -123,6 +129,7 @@ pub fn start(
                 .unwrap_or_default(),
             dsp_budget_bytes: bundle.memory_plan.as_ref().map_or(0, |p| p.budget),
             bundle_expires: bundle.expires,
+            npu_io: bundle.npu_io.into(),
             ..Facts::default()
         },
         running,
@@ -202,6 +209,7 @@ impl Observability {
             .unwrap_or_default();
         f.dsp_budget_bytes = b.memory_plan.as_ref().map_or(0, |p| p.budget);
         f.bundle_expires = b.expires;
+        f.npu_io = b.npu_io.into();
     }
 }
 

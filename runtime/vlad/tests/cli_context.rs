@@ -272,6 +272,62 @@ fn bench_context_prints_its_figures() {
     ] {
         assert!(out.contains(needle), "missing {needle}: {out}");
     }
+    assert!(
+        out.contains("I/O                            client buffers"),
+        "{out}"
+    );
+
+    // On shared buffers: the emulator refuses every memRegister (1000), said in one line.
+    let dir = std::env::temp_dir().join(format!("vlad-bench-shm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(standin) = vla_test_support::rpcmem_standin(&dir) else {
+        return;
+    };
+    let o = vlad(&[
+        "bench-context",
+        ctx("vision").to_str().unwrap(),
+        "--inputs",
+        io("vision").to_str().unwrap(),
+        "--iterations",
+        "1",
+        "--shared-buffers",
+        "--rpcmem",
+        standin.to_str().unwrap(),
+    ]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("memRegister failed for tensor `pixel_values` of graph vision_socid77_archv73: QNN error 1000 (not supported)"),
+        "{err}"
+    );
+    // Through the memory shim (a test-only memRegister in front of the emulator) the
+    // graph runs on the registered buffer and reproduces the client-buffer outputs.
+    let qnn = std::env::var_os("VLA_QNN_LIB_DIR").expect("checked by qnn_available");
+    let Some(shim) = vla_test_support::qnn_mem_shim(&dir.join("qnn"), Path::new(&qnn)) else {
+        return;
+    };
+    let o = vlad(&[
+        "bench-context",
+        ctx("vision").to_str().unwrap(),
+        "--inputs",
+        io("vision").to_str().unwrap(),
+        "--iterations",
+        "2",
+        "--shared-buffers",
+        "--rpcmem",
+        standin.to_str().unwrap(),
+        "--lib-dir",
+        shim.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("HTP shared buffer, ")
+            && out.contains("outputs bit-identical to client buffers: yes"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -160,6 +160,25 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
         "{:?}",
         messages.lock().unwrap()
     );
+    // No libcdsprpc.so here: `auto` (dev.json leaves npu out) falls back, said once in the
+    // log and in every STATUS.
+    assert!(
+        err.contains("NPU I/O in client buffers (npu.shared_buffers is auto; no rpcmem: "),
+        "{err}"
+    );
+    let said = |m: &&String| m.contains("NPU I/O in client buffers");
+    let all = messages.lock().unwrap().clone();
+    assert!(
+        all.iter()
+            .filter(|m| m.contains("READY=1"))
+            .all(|m| said(&m)),
+        "{all:?}"
+    );
+    assert!(
+        all.iter()
+            .any(|m| !m.contains("READY=1") && m.contains("STATUS=") && said(&m)),
+        "{all:?}"
+    );
     assert!(
         err.contains("SIGHUP: reloading") && err.contains("reloaded: bundle"),
         "{err}"
@@ -199,6 +218,103 @@ fn daemon_notifies_systemd_reloads_on_sighup_and_stops_holding() {
     );
     let _ = std::fs::remove_file(&act);
     let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn shared_buffers_on_where_they_cannot_be_used_is_refused_at_start_in_one_line() {
+    let dir = scratch("shm-on");
+    let config = write_config(&dir, "shm-on", "fastwam", 10.0);
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+    v["npu"] = serde_json::json!({ "shared_buffers": "on" });
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let (status, _, err) = spawn(&["run", "--config", config.to_str().unwrap()], None).finish();
+    assert!(!status.success(), "{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("npu.shared_buffers is on"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0].contains("shared buffers cannot be used here: "),
+        "{err}"
+    );
+    assert!(
+        !err.contains("contexts resident"),
+        "refused before loading: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `auto` with rpcmem (the memfd stand-in, found by its standard name through
+/// LD_LIBRARY_PATH) and QNN through the memory shim: the open-loop Fast-WAM bundle is
+/// gated and runs on shared buffers, said in the log and in READY's STATUS; under `on` a
+/// MolmoAct2 bundle, which cannot, is refused in one line.
+#[test]
+fn auto_runs_a_policy_that_can_on_shared_buffers_and_on_refuses_one_that_cannot() {
+    let Some(real) = qnn_dir() else { return };
+    let dir = scratch("shm-auto");
+    let Some(rpcmem) = vla_test_support::rpcmem_standin(&dir) else {
+        return;
+    };
+    let Some(shim) = vla_test_support::qnn_mem_shim(&dir.join("qnn"), Path::new(&real)) else {
+        return;
+    };
+    let config = write_config(&dir, "shm-auto", "fastwam", 10.0);
+    let sock_path = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let daemon_cmd = |config: &Path, notify: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
+        c.args(["run", "--config", config.to_str().unwrap()])
+            .env("VLA_QNN_LIB_DIR", &shim)
+            .env("LD_LIBRARY_PATH", rpcmem.parent().unwrap());
+        if notify {
+            c.env("NOTIFY_SOCKET", &sock_path);
+        }
+        c
+    };
+    let daemon = Drained::spawn(&mut daemon_cmd(&config, true));
+    let mut ready = None;
+    wait_while_running("READY=1", &[daemon.id()], || {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = sock.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if m.contains("READY=1") {
+                ready = Some(m);
+            }
+        }
+        ready.is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let (_, _, err) = daemon.finish();
+    let ready = ready.unwrap();
+    assert!(
+        ready.contains("NPU I/O in HTP shared buffers (rpcmem from libcdsprpc.so)"),
+        "{ready}"
+    );
+    assert!(
+        err.contains(": NPU I/O in HTP shared buffers (rpcmem from libcdsprpc.so)"),
+        "{err}"
+    );
+
+    let on = write_config(&dir, "shm-on-molmo", "molmoact2-original", 10.0);
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&on).unwrap()).unwrap();
+    v["npu"] = serde_json::json!({ "shared_buffers": "on" });
+    std::fs::write(&on, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let (status, _, err) = Drained::spawn(&mut daemon_cmd(&on, false)).finish();
+    assert!(!status.success(), "{err}");
+    let line = err.lines().last().unwrap_or_default();
+    assert!(
+        line.contains("npu.shared_buffers is on, but this policy cannot use shared buffers: ")
+            && line.contains("MolmoAct2 pipeline does not run on registered memory yet"),
+        "{err}"
+    );
+    let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());
+    let _ = std::fs::remove_file(v["rings"]["action_path"].as_str().unwrap());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

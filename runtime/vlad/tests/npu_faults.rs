@@ -490,6 +490,53 @@ fn a_subsystem_restart_re_creates_the_session_with_the_same_actions() {
 }
 
 #[test]
+fn after_a_subsystem_restart_the_policy_runs_on_shared_buffers_again() {
+    // `on`: a re-created session whose policy could not be put back on shared buffers
+    // would fail its load instead of quietly running on client buffers.
+    let Some(mut rig) = rig("ssr-shm", |v| {
+        v["npu"] = serde_json::json!({ "shared_buffers": "on" });
+    }) else {
+        return;
+    };
+    // The wrapper in front of the memory shim in front of the emulator: registration
+    // (which the emulator refuses) and faults, both stand-ins for the board's library.
+    let Some(rpcmem) = vla_test_support::rpcmem_standin(&rig.dir) else {
+        return;
+    };
+    let real_dir = rig.real.parent().unwrap().to_owned();
+    let Some(shim) = vla_test_support::qnn_mem_shim(&rig.dir.join("shim"), &real_dir) else {
+        return;
+    };
+    rig.real = shim.join("libQnnHtp.so");
+    let rpcmem_dir = rpcmem.parent().unwrap().to_str().unwrap().to_owned();
+    let run = Run::start(rig, &[("LD_LIBRARY_PATH", rpcmem_dir)]);
+    let chunk = run.driving();
+    let shared = ": NPU I/O in HTP shared buffers (rpcmem from libcdsprpc.so)";
+    run.wait_log_count(shared, 1);
+    run.wait_metric("vlad_npu_io{io=\"shared\"}", |v| v == 1.0);
+    run.arm("ssr on=graphExecute from=+1\n");
+    run.wait_log("NPU: re-created and gated");
+    let t = injected_at(&run.log(), "graphExecute", 0);
+    run.wait_ok_after(t, chunk);
+    run.wait_metric("vlad_npu_recoveries_total", |v| v == 1.0);
+    assert_eq!(run.metric("vlad_npu_recovered_identical"), Some(1.0));
+    assert_eq!(run.metric("vlad_npu_io{io=\"shared\"}"), Some(1.0));
+    let log = run.stop();
+    // The first load and the re-created session's, each before its gate.
+    assert_eq!(
+        log.lines().filter(|l| l.contains(shared)).count(),
+        2,
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NPU: re-created and gated in")
+                && l.contains("bit-identical to the one before the fault")),
+        "{log}"
+    );
+}
+
+#[test]
 fn failures_in_a_row_re_create_the_session_and_past_the_limit_hold_until_sighup() {
     let Some(rig) = rig("limit", |_| {}) else {
         return;

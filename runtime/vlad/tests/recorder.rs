@@ -129,6 +129,14 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
     );
     assert_eq!(rec.metadata["dropped_ticks"], "0");
     assert_eq!(rec.metadata["dropped_chunks"], "0");
+    // No libcdsprpc.so here: `auto` resolved to client buffers, and the recording says so.
+    assert_eq!(rec.metadata["npu_io"], "client");
+    assert!(
+        rec.metadata["npu_io_detail"]
+            .starts_with("NPU I/O in client buffers (npu.shared_buffers is auto"),
+        "{}",
+        rec.metadata["npu_io_detail"]
+    );
     assert!(rec.chunks.len() >= 5, "{} chunks", rec.chunks.len());
     assert!(rec.actions >= 20, "{} actions", rec.actions);
     assert!(
@@ -173,6 +181,8 @@ fn sigusr1_records_a_replayable_mcap_and_the_textfile_carries_the_counters() {
         Some((3840.0 - 256.0) * 1048576.0)
     );
     assert!(text.contains("vlad_ota_state{state=\"none\"} 1"));
+    assert!(text.contains("vlad_npu_io{io=\"client\"} 1"), "{text}");
+    assert!(text.contains("vlad_npu_io{io=\"shared\"} 0"), "{text}");
 
     // Replay: the same bundle reproduces every chunk; another one does not (exit 3).
     let same = vlad(&["replay", file.to_str().unwrap()]).output().unwrap();

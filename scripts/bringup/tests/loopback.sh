@@ -159,7 +159,7 @@ key_args=(--target root@127.0.0.1 --identity "$tmp/user_key" --remote-dir "$root
 report="$tmp/report-keystone"
 bringup "$tmp/main" "${key_args[@]}" --vlad "$vlad_x86" \
     --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 5 \
-    --dsp-probe-runs 1 --out "$report"
+    --dsp-probe-runs 1 --shared-ab off --out "$report"
 if ((rc == 0)); then ok "main run exits 0"; else bad "main run exit $rc"; sed 's/^/     /' "$tmp/main.err"; fi
 check "report.md written" test -s "$report/report.md"
 check "report says parity passed" grep -q '^\*\*Parity: PASS\*\*' "$report/report.md"
@@ -193,7 +193,7 @@ fi
 # 2. Same bundle again: everything comes from the cache, nothing is uploaded.
 bringup "$tmp/again" "${key_args[@]}" --vlad "$vlad_x86" \
     --bundle golden/bundles/molmoact2-drift-keystone --qnn-lib-dir "$qnn_dir" --iterations 1 \
-    --dsp-probe-runs 0 --out "$tmp/report-again"
+    --dsp-probe-runs 0 --shared-ab off --out "$tmp/report-again"
 check "second run exits 0" test "$rc" -eq 0
 check "second run uploads nothing (content-hash cache)" grep -q 'deploying: 0 files to upload' "$tmp/again.err"
 
@@ -209,7 +209,7 @@ z["actions"] = -z["actions"]
 np.savez(sys.argv[1], **z)
 PY
 bringup "$tmp/gate" "${key_args[@]}" --vlad "$vlad_x86" --bundle "$bad_bundle" \
-    --qnn-lib-dir "$qnn_dir" --iterations 1 --dsp-probe-runs 0 --out "$tmp/report-gate"
+    --qnn-lib-dir "$qnn_dir" --iterations 1 --dsp-probe-runs 0 --shared-ab off --out "$tmp/report-gate"
 check "failed parity gate exits 3" test "$rc" -eq 3
 check "failed parity gate is named on stderr" grep -q 'parity gate FAILED on root@127.0.0.1' "$tmp/gate.err"
 check "failed report says FAIL" grep -q '^\*\*Parity: FAIL\*\*' "$tmp/report-gate/report.md"
@@ -293,6 +293,10 @@ bringup "$tmp/password" --target "$test_user@127.0.0.1" --password-file "$tmp/pa
 if ((rc == 0)); then ok "password login with uploaded QAIRT libraries exits 0"; else
     bad "password run exit $rc"; sed 's/^/     /' "$tmp/password.err"; fi
 check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastwam/report.md"
+# The shared-buffer A/B ran (default on); no libcdsprpc.so off the board: client buffers.
+check "shared-buffer A/B says client buffers, naming libcdsprpc" grep -q \
+    '^\*\*Use client buffers\*\* .*failed for 1 of 1 contexts; first, action_step: vlad: error: cannot load QNN library libcdsprpc.so' \
+    "$tmp/report-fastwam/report.md"
 check "default cache is ~/.cache/vla-bringup of the login user" test -d "$user_home/.cache/vla-bringup/blobs"
 check "plain user's workspace removed" no_workspace_left "$user_home/.cache/vla-bringup"
 

@@ -425,8 +425,42 @@ pub struct Config {
     pub recorder: Option<RecorderConfig>,
     /// `None`: no metrics textfile (the default).
     pub metrics: Option<MetricsConfig>,
-    /// Where the bundle's contexts go on the NPU (`npu`; absent: the defaults).
+    /// The NPU: where the bundle's contexts go and how their inputs and outputs are
+    /// handed over (`npu`; absent: the defaults).
     pub npu: NpuConfig,
+}
+
+/// `npu.shared_buffers`: rpcmem memory registered with QNN (read and written in place by
+/// the HTP) or client buffers (copied by QNN before and after every execute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SharedBuffers {
+    /// Shared buffers where libcdsprpc.so and registration work, else client buffers.
+    Auto,
+    /// Shared buffers, or refuse to start.
+    On,
+    /// Client buffers.
+    Off,
+}
+
+impl SharedBuffers {
+    /// The value when `npu.shared_buffers` is absent or `null`: auto.
+    pub const DEFAULT: SharedBuffers = SharedBuffers::Auto;
+    /// The accepted spellings, in declaration order.
+    pub const NAMES: [&'static str; 3] = ["auto", "on", "off"];
+    const ALL: [SharedBuffers; 3] = [SharedBuffers::Auto, SharedBuffers::On, SharedBuffers::Off];
+
+    /// The value spelled as in the config; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| Self::ALL[i])
+    }
+
+    /// The spelling in the config, one of [`Self::NAMES`].
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 /// What the flight recorder keeps of the camera frames.
@@ -479,8 +513,9 @@ pub struct MetricsConfig {
     pub interval_ms: u32,
 }
 
-/// Where the bundle's contexts go on the NPU: which share a cDSP session and on which
-/// NSP (`npu`). The names in `groups` are checked against the bundle at start.
+/// The NPU (`npu`): where the bundle's contexts go (which share a cDSP session and on
+/// which NSP; the names in `groups` are checked against the bundle at start) and how
+/// their inputs and outputs are handed over.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NpuConfig {
     /// `auto` or explicit groups.
@@ -492,6 +527,8 @@ pub struct NpuConfig {
     /// What the plan keeps free in each session for the runtime's own heap, in MiB
     /// (below `session_mb`, default 256).
     pub reserve_mb: u32,
+    /// Whether inputs and outputs live in HTP shared buffers (`npu.shared_buffers`).
+    pub shared_buffers: SharedBuffers,
 }
 
 impl NpuConfig {
@@ -513,6 +550,7 @@ impl Default for NpuConfig {
             groups: heapless::Vec::new(),
             session_mb: Self::DEFAULT_SESSION_MB,
             reserve_mb: Self::DEFAULT_RESERVE_MB,
+            shared_buffers: SharedBuffers::DEFAULT,
         }
     }
 }

@@ -100,7 +100,8 @@ pub(crate) struct RawConfig {
     pub recorder: Option<RawRecorder>,
     /// Absent or `null`: no metrics textfile.
     pub metrics: Option<RawMetrics>,
-    /// Absent or `null`: the default placement (`auto` under the default budget).
+    /// Absent or `null`: the NPU defaults (`auto` placement under the default budget,
+    /// `auto` shared buffers).
     pub npu: Option<RawNpu>,
 }
 
@@ -213,6 +214,7 @@ pub(crate) struct RawNpu {
     pub groups: Option<List<RawNpuGroup, { crate::MAX_NPU_GROUPS }>>,
     pub session_mb: Option<f64>,
     pub reserve_mb: Option<f64>,
+    pub shared_buffers: Option<WordText>,
 }
 
 #[derive(Debug, Deserialize)]

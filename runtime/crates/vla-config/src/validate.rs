@@ -15,8 +15,8 @@ use crate::track::TrackError;
 use crate::{
     BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, MetricsConfig, NameText,
     NpuConfig, NpuGroup, NpuPlacement, OtaConfig, PathText, QnnConfig, QnnPerformance,
-    RealtimeConfig, RecorderConfig, RecorderFrames, RingsConfig, SystemdConfig, TriggerMode,
-    TrustedKey, MAX_CPU_INDEX, MAX_NSP_ID,
+    RealtimeConfig, RecorderConfig, RecorderFrames, RingsConfig, SharedBuffers, SystemdConfig,
+    TriggerMode, TrustedKey, MAX_CPU_INDEX, MAX_NSP_ID,
 };
 
 /// Longest accepted staleness or timeout: a minute is far beyond any sane control loop,
@@ -172,6 +172,16 @@ fn npu(raw: &RawNpu) -> Checked<NpuConfig> {
         groups,
         session_mb,
         reserve_mb,
+        shared_buffers: match &raw.shared_buffers {
+            None => SharedBuffers::DEFAULT,
+            Some(word) => SharedBuffers::parse(&word.0).ok_or_else(|| {
+                ConfigError::invalid(
+                    at("shared_buffers"),
+                    format_args!("one of {}", SharedBuffers::NAMES.join(", ")),
+                    Found::text(&word.0),
+                )
+            })?,
+        },
     })
 }
 

@@ -656,6 +656,39 @@ fn performance_vote_fields_default_parse_and_name_bad_values() {
 }
 
 #[test]
+fn npu_shared_buffers_default_to_auto_parse_and_name_bad_values() {
+    use vla_config::SharedBuffers;
+    assert_eq!(
+        parse(&device_json()).unwrap().npu.shared_buffers,
+        SharedBuffers::Auto
+    );
+    let with = |value: &str| {
+        edit(
+            &device_json(),
+            "\"log\": {",
+            &format!("\"npu\": {{ \"shared_buffers\": {value} }},\n  \"log\": {{"),
+        )
+    };
+    for name in SharedBuffers::NAMES {
+        let config = parse(&with(&format!("\"{name}\""))).unwrap();
+        assert_eq!(config.npu.shared_buffers.as_str(), name);
+    }
+    assert_eq!(
+        parse(&with("null")).unwrap().npu.shared_buffers,
+        SharedBuffers::DEFAULT
+    );
+    let (error, message) = error_of(&with("\"yes\""));
+    assert_eq!(path_of(&error), "npu.shared_buffers");
+    assert_mentions(&message, &["auto", "on", "off", "yes"]);
+    let (error, _) = error_of(&edit(
+        &device_json(),
+        "\"log\": {",
+        "\"npu\": { \"zero_copy\": true },\n  \"log\": {",
+    ));
+    assert_eq!(path_of(&error), "npu.zero_copy");
+}
+
+#[test]
 fn log_levels_map_to_qnn_levels() {
     let levels: Vec<u32> = LogLevel::NAMES
         .iter()
@@ -926,6 +959,38 @@ fn npu_placement_defaults_to_auto_and_reads_explicit_groups() {
     );
     let config = parse(&with_sections(r#""npu": {"placement": "auto"}"#)).unwrap();
     assert_eq!(config.npu.placement, vla_config::NpuPlacement::Auto);
+}
+
+#[test]
+fn one_npu_section_holds_the_placement_and_the_shared_buffers() {
+    let config = parse(&with_sections(
+        r#""npu": {"placement": "groups", "session_mb": 3800, "reserve_mb": 300,
+            "shared_buffers": "on", "groups": [{"nsp": 1, "contexts": ["vision"]}]}"#,
+    ))
+    .unwrap();
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Groups);
+    assert_eq!(config.npu.budget_mb(), 3500);
+    assert_eq!(config.npu.groups[0].nsp, 1);
+    assert_eq!(config.npu.shared_buffers, vla_config::SharedBuffers::On);
+    // Either half set leaves the other at its default.
+    let config = parse(&with_sections(r#""npu": {"shared_buffers": "off"}"#)).unwrap();
+    assert_eq!(config.npu.placement, vla_config::NpuPlacement::Auto);
+    assert_eq!(
+        config.npu.session_mb,
+        vla_config::NpuConfig::DEFAULT_SESSION_MB
+    );
+    assert_eq!(config.npu.shared_buffers, vla_config::SharedBuffers::Off);
+    let config = parse(&with_sections(r#""npu": {"session_mb": 2048}"#)).unwrap();
+    assert_eq!(
+        config.npu.shared_buffers,
+        vla_config::SharedBuffers::DEFAULT
+    );
+    // A bad value in one half is named even when the other half is valid.
+    let (error, message) = error_of(&with_sections(
+        r#""npu": {"placement": "auto", "shared_buffers": "yes"}"#,
+    ));
+    assert_eq!(path_of(&error), "npu.shared_buffers");
+    assert_mentions(&message, &["auto", "on", "off", "yes"]);
 }
 
 #[test]

@@ -5,6 +5,12 @@
 //! loop: the actions depend only on the noise seed).
 //!
 //! All buffers are allocated at load; one inference allocates nothing.
+//!
+//! In the open-loop form the action_step inputs and output can live in one HTP shared
+//! buffer ([`FastWam::use_shared_buffers`]): the world-model tensors (the video KV cache,
+//! tens of MB) are registered once and never copied again, where QNN copies client buffers
+//! in before every execute; per step only the latents and the timestep (under a KiB) are
+//! written into it, and the prediction is read where the NPU wrote it.
 
 mod chain;
 pub mod image;
@@ -20,9 +26,11 @@ use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::Observation;
 pub use chain::{proprio_row, WorldModel};
 use norm::FastWamNormalizer;
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
-use vla_qnn::Backend;
+use vla_qnn::{Backend, RpcMem, SharedBuffer};
 use vla_tensor::AlignedBuf;
 
 const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "context_mask"];
@@ -46,6 +54,16 @@ pub struct FastWam {
     pub(crate) timings: Timings,
     pub(crate) fault: Option<String>,
     prefix: PrefixBuffers,
+    /// action_step's I/O in an HTP shared buffer ([`FastWam::use_shared_buffers`]).
+    shared: Option<SharedIo>,
+}
+
+/// action_step's inputs and output registered in one shared buffer.
+struct SharedIo {
+    buffer: SharedBuffer,
+    latents: Range<usize>,
+    timestep: Range<usize>,
+    pred: Range<usize>,
 }
 
 /// The Wan shifted schedule: `u = linspace(1, 0, N+1)[:N]`, `sigma = s*u / (1 + (s-1)*u)`.
@@ -209,7 +227,85 @@ impl FastWam {
             action_step: g,
             chain,
             settings: f,
+            shared: None,
         })
+    }
+
+    /// Moves action_step's inputs and output into one HTP shared buffer from `rpc`,
+    /// registered with its context: the world-model tensors are copied in once, here.
+    /// Open-loop form only (the world-model chain writes those tensors through client
+    /// buffers). On error the policy stays on client buffers.
+    pub fn use_shared_buffers(&mut self, rpc: &Arc<RpcMem>) -> Result<(), PolicyError> {
+        let qnn = |error| PolicyError::Qnn {
+            component: "action_step".into(),
+            error,
+        };
+        if self.chain.is_some() {
+            return Err(qnn(vla_qnn::QnnError::NotAvailable {
+                what: "shared buffers",
+                reason: "the world-model chain's outputs are not registered memory yet".into(),
+            }));
+        }
+        let graph = &mut self.action_step.graph;
+        let layout = graph.shared_layout(0);
+        let mut buffer = SharedBuffer::allocate(rpc, layout.end).map_err(qnn)?;
+        let (ii, oi) = self.io;
+        let region = |offset: usize, len: usize| offset..offset + len;
+        for (k, w) in self.world.iter().enumerate() {
+            let r = region(layout.inputs[ii[2 + k]], w.len());
+            buffer
+                .bytes_mut(r)
+                .expect("the layout holds every input")
+                .copy_from_slice(w.as_bytes());
+        }
+        graph.bind_shared(&buffer, &layout).map_err(qnn)?;
+        self.shared = Some(SharedIo {
+            latents: region(layout.inputs[ii[0]], self.latents.len()),
+            timestep: region(layout.inputs[ii[1]], self.timestep.len()),
+            pred: region(layout.outputs[oi[0]], self.pred.len()),
+            buffer,
+        });
+        Ok(())
+    }
+
+    /// Whether action_step runs on an HTP shared buffer.
+    pub fn on_shared_buffers(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// One action_step execute of the flow loop on the current latents and timestep; the
+    /// prediction lands in `self.pred` (client buffers) or the shared buffer.
+    fn execute_step(&mut self) -> Result<(), vla_qnn::QnnError> {
+        let graph = &mut self.action_step.graph;
+        let Some(s) = &mut self.shared else {
+            let (ii, oi) = self.io;
+            return graph.execute(
+                &ordered(
+                    ii,
+                    [
+                        self.latents.as_bytes(),
+                        self.timestep.as_bytes(),
+                        self.world[0].as_bytes(),
+                        self.world[1].as_bytes(),
+                        self.world[2].as_bytes(),
+                        self.world[3].as_bytes(),
+                    ],
+                ),
+                &mut ordered_mut(oi, [self.pred.as_bytes_mut()]),
+            );
+        };
+        let bytes = s.buffer.as_bytes_mut();
+        bytes[s.latents.clone()].copy_from_slice(self.latents.as_bytes());
+        bytes[s.timestep.clone()].copy_from_slice(self.timestep.as_bytes());
+        graph.execute_shared(&mut s.buffer)
+    }
+
+    /// The last action_step prediction, writable (fault injection poisons it).
+    fn pred_mut(&mut self) -> &mut [f32] {
+        match &mut self.shared {
+            Some(s) => bytemuck::cast_slice_mut(&mut s.buffer.as_bytes_mut()[s.pred.clone()]),
+            None => self.pred.as_f32_mut(),
+        }
     }
 
     /// Every resident graph in pipeline order.
@@ -310,35 +406,24 @@ impl FastWam {
         if prefix.is_some() {
             self.prefix.seed(self.latents.as_f32_mut(), dims);
         }
-        let (ii, oi) = self.io;
-        for i in 0..f.flow_steps {
+        let (flow_steps, gripper_map, gripper_binarize) =
+            (f.flow_steps, f.gripper_map, f.gripper_binarize);
+        for i in 0..flow_steps {
             self.timestep.as_f32_mut()[0] = (self.sigmas[i] * 1000.0) as f32;
             let t = Instant::now();
-            self.action_step
-                .graph
-                .execute(
-                    &ordered(
-                        ii,
-                        [
-                            self.latents.as_bytes(),
-                            self.timestep.as_bytes(),
-                            self.world[0].as_bytes(),
-                            self.world[1].as_bytes(),
-                            self.world[2].as_bytes(),
-                            self.world[3].as_bytes(),
-                        ],
-                    ),
-                    &mut ordered_mut(oi, [self.pred.as_bytes_mut()]),
-                )
-                .map_err(|error| PolicyError::Qnn {
-                    component: "action_step".into(),
-                    error,
-                })?;
+            self.execute_step().map_err(|error| PolicyError::Qnn {
+                component: "action_step".into(),
+                error,
+            })?;
             self.timings.add(step_slot, t.elapsed());
             if cfg!(feature = "fault-injection") && self.fault.as_deref() == Some("action_step") {
-                self.pred.as_f32_mut()[0] = f32::INFINITY;
+                self.pred_mut()[0] = f32::INFINITY;
             }
-            let bad = count_non_finite(self.pred.as_f32());
+            let pred: &[f32] = match &self.shared {
+                Some(s) => bytemuck::cast_slice(&s.buffer.as_bytes()[s.pred.clone()]),
+                None => self.pred.as_f32(),
+            };
+            let bad = count_non_finite(pred);
             if bad > 0 {
                 return Err(PolicyError::NonFinite {
                     component: "action_step".into(),
@@ -346,7 +431,7 @@ impl FastWam {
                     count: bad,
                 });
             }
-            let (x, pred) = (self.latents.as_f32_mut(), self.pred.as_f32());
+            let x = self.latents.as_f32_mut();
             match prefix.map(|_| self.prefix.method()) {
                 Some(PrefixMethod::VelocityMask) => self.prefix.update(
                     x,
@@ -369,8 +454,8 @@ impl FastWam {
             self.latents.as_f32(),
             actions,
             dims,
-            f.gripper_map,
-            f.gripper_binarize,
+            gripper_map,
+            gripper_binarize,
         );
         self.timings.total = start.elapsed();
         Ok(())

@@ -287,6 +287,34 @@ impl Policy {
         }
     }
 
+    /// Moves the policy's NPU I/O into HTP shared buffers from `rpc` (registered with the
+    /// contexts: no copies by QNN around each execute). So far only Fast-WAM's open-loop
+    /// form can; the others, and a backend that refuses the registration, return the error
+    /// and stay on client buffers.
+    pub fn use_shared_buffers(
+        &mut self,
+        rpc: &std::sync::Arc<vla_qnn::RpcMem>,
+    ) -> Result<(), PolicyError> {
+        match self {
+            Policy::MolmoAct2(_) => Err(PolicyError::Qnn {
+                component: "molmoact2".into(),
+                error: vla_qnn::QnnError::NotAvailable {
+                    what: "shared buffers",
+                    reason: "the MolmoAct2 pipeline does not run on registered memory yet".into(),
+                },
+            }),
+            Policy::FastWam(p) => p.use_shared_buffers(rpc),
+        }
+    }
+
+    /// Whether the policy's NPU I/O is in HTP shared buffers.
+    pub fn on_shared_buffers(&self) -> bool {
+        match self {
+            Policy::MolmoAct2(_) => false,
+            Policy::FastWam(p) => p.on_shared_buffers(),
+        }
+    }
+
     /// KeyStone's choice in the last inference (KeyStone bundles only).
     pub fn keystone_choice(&self) -> Option<usize> {
         match self {

@@ -12,7 +12,9 @@ use crate::backend::{Backend, BackendInner, SelectedDevice};
 use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
 use crate::error::QnnError;
 use crate::ffi::{self, qnn, ContextHandle, GraphHandle, ProfileHandle, QnnTensor, SignalHandle};
+use crate::mem::{self, Registration, SharedBuffer};
 use core::ffi::c_void;
+use core::ops::Range;
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 use vla_tensor::AlignedBuf;
@@ -285,12 +287,36 @@ pub struct Graph {
     label: String,
     inputs: BoundTensors,
     outputs: BoundTensors,
+    /// The registrations of [`Graph::bind_shared`]: one per input, then one per output.
+    shared: Option<SharedIo>,
+    /// Bytes handed to successful executes in client buffers ([`Graph::client_buffer_bytes`]).
+    client_bytes: u64,
+}
+
+/// A graph's inputs and outputs registered in one shared buffer.
+struct SharedIo {
+    inputs: Vec<Registration>,
+    outputs: Vec<Registration>,
+}
+
+/// Where a graph's tensors go in a shared buffer: byte offsets, one per input and output
+/// in graph order, each aligned to [`mem::REGION_ALIGN`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedLayout {
+    /// One offset per input.
+    pub inputs: Vec<usize>,
+    /// One offset per output.
+    pub outputs: Vec<usize>,
+    /// The first aligned offset after the last region: where the next graph's may start.
+    pub end: usize,
 }
 
 // SAFETY: the graph handle and the tensor structs (whose pointers refer to storage owned
-// by this struct) may move between threads; `execute` takes `&mut self`, and no other
-// `Graph` of the same QNN graph exists while this one lives (`ContextInner::retrieved`).
-// Not `Sync`: nothing is shared by reference.
+// by this struct, or are memory handles of its registrations) may move between threads; a
+// registration's handle may be deregistered from any thread (QNN handles are not tied to
+// the thread that made them); `execute` takes `&mut self`, and no other `Graph` of the
+// same QNN graph exists while this one lives (`ContextInner::retrieved`). Not `Sync`:
+// nothing is shared by reference.
 unsafe impl Send for Graph {}
 
 impl Drop for Graph {
@@ -323,6 +349,8 @@ impl Graph {
             label,
             inputs,
             outputs,
+            shared: None,
+            client_bytes: 0,
         })
     }
 
@@ -398,9 +426,12 @@ impl Graph {
                 found_bytes: len,
             });
         }
-        let buf = &mut set.structs[index].v1.client_buf;
-        buf.data = ptr as *mut c_void;
-        buf.data_size = len as u32;
+        let tensor = &mut set.structs[index].v1;
+        tensor.mem_type = ffi::MEM_TYPE_RAW;
+        tensor.client_buf = ffi::ClientBuffer {
+            data: ptr as *mut c_void,
+            data_size: len as u32,
+        };
         Ok(())
     }
 
@@ -436,19 +467,216 @@ impl Graph {
             SignalHandle::NULL,
         ));
         let result = lib.check(rc, "graphExecute", || format!("graph {}", self.label));
-        // Do not keep pointers to buffers we do not own past this call.
+        if result.is_ok() {
+            self.client_bytes += self
+                .inputs
+                .structs
+                .iter()
+                .chain(&self.outputs.structs)
+                .filter(|t| t.v1.mem_type == ffi::MEM_TYPE_RAW)
+                .map(|t| u64::from(t.v1.client_buf.data_size))
+                .sum::<u64>();
+        }
+        // Do not keep pointers to buffers we do not own past this call; a graph bound to
+        // a shared buffer goes back to its registered memory.
         for t in self
             .inputs
             .structs
             .iter_mut()
             .chain(self.outputs.structs.iter_mut())
         {
-            t.v1.client_buf = ffi::ClientBuffer {
-                data: core::ptr::null_mut(),
-                data_size: 0,
-            };
+            t.v1.clear_data();
         }
+        self.point_at_shared();
         result
+    }
+
+    /// Sets every tensor struct to its registration's handle (no-op when not bound).
+    fn point_at_shared(&mut self) {
+        let Some(shared) = &self.shared else { return };
+        for (t, r) in self.inputs.structs.iter_mut().zip(&shared.inputs) {
+            t.v1.set_mem_handle(r.handle());
+        }
+        for (t, r) in self.outputs.structs.iter_mut().zip(&shared.outputs) {
+            t.v1.set_mem_handle(r.handle());
+        }
+    }
+
+    /// Packs this graph's inputs, then its outputs, into a shared buffer from `start`
+    /// (rounded up to [`mem::REGION_ALIGN`]), each region aligned.
+    pub fn shared_layout(&self, start: usize) -> SharedLayout {
+        let mut at = mem::align_region(start);
+        let mut place = |lens: &[usize]| -> Vec<usize> {
+            lens.iter()
+                .map(|&n| {
+                    let offset = at;
+                    at += mem::align_region(n);
+                    offset
+                })
+                .collect()
+        };
+        let inputs = place(&self.inputs.byte_lens);
+        let outputs = place(&self.outputs.byte_lens);
+        SharedLayout {
+            inputs,
+            outputs,
+            end: at,
+        }
+    }
+
+    /// Registers every input and output with the graph's context at `layout`'s offsets of
+    /// `buffer` (one HTP SHARED_BUFFER registration each) and points the tensors at them
+    /// (QNN_TENSORMEMTYPE_MEMHANDLE). Another graph's output and this graph's input may
+    /// share a region: that is how contexts chain without host copies. Within the graph
+    /// regions must not overlap, and each must lie inside the buffer (QNN checks
+    /// neither). Replaces an earlier binding; on error the graph is left unbound.
+    pub fn bind_shared(
+        &mut self,
+        buffer: &SharedBuffer,
+        layout: &SharedLayout,
+    ) -> Result<(), QnnError> {
+        self.unbind_shared();
+        self.check_counts(layout.inputs.len(), layout.outputs.len())?;
+        let lib = &self.context.backend.lib;
+        let (Some(register), Some(deregister)) = (lib.core.mem_register, lib.core.mem_deregister)
+        else {
+            return Err(QnnError::NotAvailable {
+                what: "memRegister",
+                reason: format!(
+                    "the provider of {} has no memRegister/memDeRegister",
+                    lib.backend_path().display()
+                ),
+            });
+        };
+        let fns = mem::MemFns {
+            register,
+            deregister,
+        };
+        // Every region is checked before any is registered (QNN checks none of this).
+        let mut regions: Vec<(Range<usize>, &str)> = Vec::new();
+        for (infos, offsets) in [
+            (&self.info.inputs, &layout.inputs),
+            (&self.info.outputs, &layout.outputs),
+        ] {
+            for (t, &offset) in infos.iter().zip(offsets) {
+                let region = |reason: String| QnnError::SharedRegion {
+                    graph: self.label.clone(),
+                    tensor: t.name.clone(),
+                    reason,
+                };
+                let len = t.byte_len().unwrap_or(0);
+                let range = offset..offset.saturating_add(len);
+                if range.end > buffer.len() || range.end - range.start != len {
+                    return Err(region(format!(
+                        "bytes {range:?} are not inside the {}-byte shared buffer",
+                        buffer.len()
+                    )));
+                }
+                if let Some((_, other)) = regions
+                    .iter()
+                    .find(|(r, _)| r.start < range.end && range.start < r.end)
+                {
+                    return Err(region(format!(
+                        "bytes {range:?} overlap those of tensor `{other}` of the same graph"
+                    )));
+                }
+                regions.push((range, &t.name));
+            }
+        }
+        let owner: Arc<dyn Send + Sync> = self.context.clone();
+        let mut made = (Vec::new(), Vec::new());
+        for (output, infos, offsets) in [
+            (false, &self.info.inputs, &layout.inputs),
+            (true, &self.info.outputs, &layout.outputs),
+        ] {
+            for (t, &offset) in infos.iter().zip(offsets) {
+                let context = self.context.handle;
+                let registered = mem::register(fns, context, owner.clone(), buffer, offset, t);
+                let refused = |reason: &str| QnnError::SharedRegion {
+                    graph: self.label.clone(),
+                    tensor: t.name.clone(),
+                    reason: reason.into(),
+                };
+                let r = match registered {
+                    Ok(r) => r,
+                    Err(mem::RegisterError::Qnn(rc)) => {
+                        return Err(lib
+                            .check(rc, "memRegister", || {
+                                format!("tensor `{}` of graph {}", t.name, self.label)
+                            })
+                            .err()
+                            .unwrap_or_else(|| refused("memRegister returned no handle")));
+                    }
+                    Err(mem::RegisterError::OutOfBounds) => {
+                        return Err(refused("the region is not inside the shared buffer"));
+                    }
+                };
+                if output {
+                    made.1.push(r);
+                } else {
+                    made.0.push(r);
+                }
+            }
+        }
+        self.shared = Some(SharedIo {
+            inputs: made.0,
+            outputs: made.1,
+        });
+        self.point_at_shared();
+        Ok(())
+    }
+
+    /// Deregisters the graph's shared buffer regions; it executes with client buffers again.
+    pub fn unbind_shared(&mut self) {
+        self.shared = None;
+        for t in self
+            .inputs
+            .structs
+            .iter_mut()
+            .chain(self.outputs.structs.iter_mut())
+        {
+            t.v1.clear_data();
+        }
+    }
+
+    /// Bytes of inputs and outputs this graph has handed to successful executes in client
+    /// buffers, in all: what the HTP backend copies into and out of its own DSP-visible
+    /// buffers (Qualcomm's "Qmem Graph" page). Registered memory adds nothing.
+    pub fn client_buffer_bytes(&self) -> u64 {
+        self.client_bytes
+    }
+
+    /// Whether the graph's tensors are registered in a shared buffer.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The bytes of input `index` in the bound shared buffer.
+    pub fn shared_input(&self, index: usize) -> Option<Range<usize>> {
+        Some(self.shared.as_ref()?.inputs.get(index)?.range())
+    }
+
+    /// The bytes of output `index` in the bound shared buffer.
+    pub fn shared_output(&self, index: usize) -> Option<Range<usize>> {
+        Some(self.shared.as_ref()?.outputs.get(index)?.range())
+    }
+
+    /// Executes on the registered memory of `buffer`: the inputs are read and the outputs
+    /// written in place, with no host copy. `&mut` keeps every host slice of the buffer
+    /// out of the way while the HTP writes.
+    pub fn execute_shared(&mut self, buffer: &mut SharedBuffer) -> Result<(), QnnError> {
+        let bound = self
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.inputs.iter().chain(&s.outputs).all(|r| r.is_in(buffer)));
+        if !bound {
+            return Err(QnnError::SharedRegion {
+                graph: self.label.clone(),
+                tensor: String::new(),
+                reason: "the graph is not bound to this shared buffer (bind_shared first)".into(),
+            });
+        }
+        self.run()
     }
 
     /// Executes with caller-owned buffers, one per input and output in graph order.

@@ -30,6 +30,12 @@ pub fn error_meaning(code: u64) -> &'static str {
         6001 => "graph: invalid handle",
         6003 => "graph: no graph of that name in the context",
         6004 => "graph: invalid tensor (id, data pointer or dimensions)",
+        8000 => "memory: invalid argument or descriptor",
+        8001 => "memory: invalid handle",
+        8002 => "memory: already registered",
+        8003 => "memory: mapping the file descriptor failed",
+        8004 => "memory: shape not supported",
+        8005 => "memory: memory type not supported",
         13001 => "device: invalid power config id or config list",
         13002 => "device: unknown power config option",
         13004 => "device: power config option not supported by this HTP",
@@ -172,6 +178,15 @@ pub enum QnnError {
         /// How many were passed.
         found: usize,
     },
+    /// A graph's tensor cannot be given the shared-buffer region asked for.
+    SharedRegion {
+        /// The graph's label.
+        graph: String,
+        /// The tensor's name (empty when the whole graph is meant).
+        tensor: String,
+        /// What is wrong with the region.
+        reason: String,
+    },
     /// The backend lacks something this call needs (e.g. performance infrastructure).
     NotAvailable {
         /// The missing capability.
@@ -249,6 +264,12 @@ impl core::fmt::Display for QnnError {
                 f,
                 "graph {graph}: {found} {direction} buffers given, the graph has {expected}"
             ),
+            QnnError::SharedRegion { graph, tensor, reason } if tensor.is_empty() => {
+                write!(f, "graph {graph}: shared buffer: {reason}")
+            }
+            QnnError::SharedRegion { graph, tensor, reason } => {
+                write!(f, "graph {graph}: tensor `{tensor}`: shared buffer: {reason}")
+            }
             QnnError::NotAvailable { what, reason } => write!(f, "{what} is not available: {reason}"),
             QnnError::HtpUnavailable(r) => {
                 let HtpRefusal {

@@ -67,6 +67,9 @@ handles! {
     ProfileHandle;
     /// `Qnn_SignalHandle_t`: a signal to abort or time out a call; always NULL here.
     SignalHandle;
+    /// `Qnn_MemHandle_t`: a registration of shared memory with a context, made by
+    /// `memRegister`; a tensor of memType MEMHANDLE carries it instead of a client buffer.
+    MemHandle;
     /// `QnnSystemContext_Handle_t`: a libQnnSystem context, used to read binary info.
     SystemContextHandle;
 }
@@ -138,6 +141,10 @@ pub mod slot {
     pub const LOG_CREATE: usize = 25;
     /// `logFree`.
     pub const LOG_FREE: usize = 27;
+    /// `memRegister`.
+    pub const MEM_REGISTER: usize = 35;
+    /// `memDeRegister`.
+    pub const MEM_DEREGISTER: usize = 36;
     /// `deviceGetPlatformInfo`.
     pub const DEVICE_GET_PLATFORM_INFO: usize = 37;
     /// `deviceFreePlatformInfo`.
@@ -410,6 +417,13 @@ pub struct CoreInfoV1 {
     pub extension: *const c_void,
 }
 
+/// `memRegister(context, const Qnn_MemDescriptor_t* descriptors, u32 n, Qnn_MemHandle_t*
+/// handles)`: one handle per descriptor; on failure nothing is registered.
+pub type MemRegisterFn =
+    unsafe extern "C" fn(ContextHandle, *const MemDescriptor, u32, *mut MemHandle) -> ErrorHandle;
+/// `memDeRegister(const Qnn_MemHandle_t* handles, u32 n)`: on failure every valid handle
+/// of the array is still deregistered.
+pub type MemDeRegisterFn = unsafe extern "C" fn(*const MemHandle, u32) -> ErrorHandle;
 /// `errorGetMessage(error, const char** message)`: the message of an error handle.
 pub type ErrorGetMessageFn = unsafe extern "C" fn(ErrorHandle, *mut *const c_char) -> ErrorHandle;
 
@@ -585,6 +599,65 @@ pub const TENSOR_TYPE_APP_READ: u32 = 1;
 pub const DATA_FORMAT_DENSE: u32 = 0;
 /// `QNN_TENSORMEMTYPE_RAW`: the data is in a client buffer.
 pub const MEM_TYPE_RAW: u32 = 0;
+/// `QNN_TENSORMEMTYPE_MEMHANDLE`: the data is registered memory; the tensor's union holds
+/// the [`MemHandle`] where a client buffer would be.
+pub const MEM_TYPE_MEMHANDLE: u32 = 1;
+
+/// `Qnn_MemShape_t` (QnnMem.h; 24 bytes): the registered tensor's shape.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemShape {
+    /// `numDim`.
+    pub num_dim: u32,
+    /// `numDim` dimensions (QNN only reads them during `memRegister`).
+    pub dim_size: *mut u32,
+    /// Backend-specific configuration string; NULL.
+    pub shape_config: *const c_char,
+}
+
+/// `Qnn_MemDescriptor_t` (QnnMem.h; 40 bytes, align 8): shape @0, u32 dataType @24, u32
+/// memType @28, union @32 whose members are `Qnn_MemIonInfo_t { i32 fd }` for
+/// [`MEM_DESC_TYPE_ION`] and `void* customInfo` for [`MEM_DESC_TYPE_CUSTOM`]. The union
+/// is kept as one pointer-sized word: the ION member is its low 32 bits (LP64, little
+/// endian on both targets).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemDescriptor {
+    /// The tensor's shape.
+    pub mem_shape: MemShape,
+    /// `Qnn_DataType_t` of the tensor ([`data_type`]).
+    pub data_type: u32,
+    /// `Qnn_MemType_t` ([`MEM_DESC_TYPE_ION`] or [`MEM_DESC_TYPE_CUSTOM`]).
+    pub mem_type: u32,
+    /// The union: an [`HtpMemDescriptor`] pointer for CUSTOM.
+    pub custom_info: *const c_void,
+}
+/// `QNN_MEM_TYPE_ION`: one fd per tensor (a whole rpcmem allocation per handle).
+pub const MEM_DESC_TYPE_ION: u32 = 1;
+/// `QNN_MEM_TYPE_CUSTOM`: a backend-specific descriptor ([`HtpMemDescriptor`] for HTP).
+pub const MEM_DESC_TYPE_CUSTOM: u32 = 2;
+/// `QNN_MEM_INVALID_FD`.
+pub const MEM_INVALID_FD: i32 = -1;
+
+/// `QnnMemHtp_Descriptor_t` (HTP/QnnHtpMem.h; 32 bytes, align 8): u32 type @0, u64 size
+/// @8 (for SHARED_BUFFER the whole buffer's size), union @16 whose SHARED_BUFFER member
+/// is `QnnHtpMem_SharedBufferConfig_t { i32 fd @16; u64 offset @24 }`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HtpMemDescriptor {
+    /// `QnnHtpMem_Type_t` ([`HTP_MEM_SHARED_BUFFER`]).
+    pub mem_type: u32,
+    /// Size of the whole buffer the fd names, in bytes.
+    pub size: u64,
+    /// The buffer's file descriptor (rpcmem_to_fd).
+    pub fd: i32,
+    /// Where the tensor starts in it, in bytes.
+    pub offset: u64,
+}
+/// `QNN_HTP_MEM_QURT`: an address on the DSP side only.
+pub const HTP_MEM_QURT: u32 = 0;
+/// `QNN_HTP_MEM_SHARED_BUFFER`: one fd, many tensors at offsets, one handle each.
+pub const HTP_MEM_SHARED_BUFFER: u32 = 1;
 /// `QNN_DEFINITION_DEFINED`: the quantization parameters are set.
 pub const QUANT_DEFINITION_DEFINED: u32 = 1;
 /// `QNN_DEFINITION_UNDEFINED` / `QNN_QUANTIZATION_ENCODING_UNDEFINED` (float tensors).
@@ -683,10 +756,32 @@ pub struct TensorV1 {
     pub rank: u32,
     /// `rank` dimensions, outermost first.
     pub dimensions: *mut u32,
-    /// `Qnn_TensorMemType_t` ([`MEM_TYPE_RAW`]).
+    /// `Qnn_TensorMemType_t` ([`MEM_TYPE_RAW`] or [`MEM_TYPE_MEMHANDLE`]).
     pub mem_type: u32,
-    /// The data, for [`MEM_TYPE_RAW`].
+    /// The data, for [`MEM_TYPE_RAW`]; for [`MEM_TYPE_MEMHANDLE`] the union's first word
+    /// is the [`MemHandle`] instead ([`TensorV1::set_mem_handle`]).
     pub client_buf: ClientBuffer,
+}
+
+impl TensorV1 {
+    /// Points the tensor at registered memory: memType MEMHANDLE, the handle in the
+    /// union's first word (where `clientBuf.data` is) and the rest of the union zero.
+    pub fn set_mem_handle(&mut self, handle: MemHandle) {
+        self.mem_type = MEM_TYPE_MEMHANDLE;
+        self.client_buf = ClientBuffer {
+            data: handle.0,
+            data_size: 0,
+        };
+    }
+
+    /// Points the tensor back at no client buffer (memType RAW, NULL, 0).
+    pub fn clear_data(&mut self) {
+        self.mem_type = MEM_TYPE_RAW;
+        self.client_buf = ClientBuffer {
+            data: core::ptr::null_mut(),
+            data_size: 0,
+        };
+    }
 }
 
 /// `Qnn_Tensor_t`: 144 bytes, align 8; version 1 plus zeroed v2 tail. 144 is the size of
@@ -746,6 +841,18 @@ const _: () = {
     assert!(core::mem::size_of::<CoreInfoV1>() == core_info::STRIDE);
     assert!(core::mem::offset_of!(CoreInfoV1, core_id) == core_info::CORE_ID);
     assert!(core::mem::offset_of!(CoreInfoV1, core_type) == core_info::CORE_TYPE);
+    // QnnMem.h / QnnHtpMem.h, checked with a C program against the headers' layouts.
+    assert!(core::mem::size_of::<MemShape>() == 24);
+    assert!(core::mem::size_of::<MemDescriptor>() == 40);
+    assert!(core::mem::align_of::<MemDescriptor>() == 8);
+    assert!(core::mem::offset_of!(MemDescriptor, data_type) == 24);
+    assert!(core::mem::offset_of!(MemDescriptor, mem_type) == 28);
+    assert!(core::mem::offset_of!(MemDescriptor, custom_info) == 32);
+    assert!(core::mem::size_of::<HtpMemDescriptor>() == 32);
+    assert!(core::mem::offset_of!(HtpMemDescriptor, size) == 8);
+    assert!(core::mem::offset_of!(HtpMemDescriptor, fd) == 16);
+    assert!(core::mem::offset_of!(HtpMemDescriptor, offset) == 24);
+    assert!(core::mem::size_of::<MemHandle>() == 8);
 };
 
 /// Reads a `T` at `base + offset` from library-owned memory.

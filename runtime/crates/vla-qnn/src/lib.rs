@@ -7,7 +7,10 @@
 //! hands out [`Graph`]s whose `execute` checks every buffer against the tensor metadata
 //! before QNN sees it; [`create_contexts`] makes a bundle's contexts share one spill-fill
 //! buffer when their binaries need one; [`MemoryPlan`] places contexts in cDSP sessions
-//! and NSPs under a budget before anything is created; [`PerfGovernor`] votes for HTP performance around inferences.
+//! and NSPs under a budget before anything is created; [`PerfGovernor`] votes for HTP
+//! performance around inferences; [`RpcMem`] and [`SharedBuffer`] give graphs rpcmem
+//! memory registered with their context ([`Graph::bind_shared`]), which the HTP uses in
+//! place.
 //! Nothing here knows about policies.
 //!
 //! ```no_run
@@ -33,14 +36,16 @@ pub mod ffi;
 mod group;
 mod library;
 mod load_output;
+mod mem;
 mod memory_plan;
 mod perf;
 mod platform;
 mod release;
+pub mod rpcmem;
 
 pub use backend::{Backend, ContextPlacement};
 pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
-pub use context::{Context, Graph, IoBuffers};
+pub use context::{Context, Graph, IoBuffers, SharedLayout};
 pub use error::{error_meaning, HtpRefusal, QnnError};
 pub use group::{
     create_contexts, create_contexts_sharing, shared_spill_fill, ContextGroup, GroupError,
@@ -49,6 +54,7 @@ pub use group::{
 pub use library::{
     ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
+pub use mem::{align_region, SharedBuffer, REGION_ALIGN};
 pub use memory_plan::{
     mib, Footprint, Group, MemoryPlan, Placement, PlanError, PlannedSession, DEFAULT_RESERVE_BYTES,
     DEFAULT_SESSION_BUDGET, MIB, SESSION_USABLE_BYTES,
@@ -58,3 +64,4 @@ pub use perf::{
 };
 pub use platform::{CoreReport, DeviceReport, DeviceSelection, PlatformInfo};
 pub use release::{Coupling, QairtRelease};
+pub use rpcmem::RpcMem;

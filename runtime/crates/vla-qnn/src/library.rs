@@ -119,6 +119,8 @@ pub(crate) struct CoreFns {
     pub device_get_infrastructure: Option<ffi::DeviceGetInfrastructureFn>,
     pub device_get_platform_info: Option<ffi::DeviceGetPlatformInfoFn>,
     pub device_free_platform_info: Option<ffi::DeviceFreePlatformInfoFn>,
+    pub mem_register: Option<ffi::MemRegisterFn>,
+    pub mem_deregister: Option<ffi::MemDeRegisterFn>,
     pub error_get_message: Option<ffi::ErrorGetMessageFn>,
 }
 
@@ -420,6 +422,10 @@ impl QnnLibrary {
             device_free_platform_info: unsafe { t.optional(slot::DEVICE_FREE_PLATFORM_INFO) },
             // SAFETY: slot 39 is deviceGetInfrastructure, inside the table.
             device_get_infrastructure: unsafe { t.optional(slot::DEVICE_GET_INFRASTRUCTURE) },
+            // SAFETY: slot 35 is memRegister, inside the table.
+            mem_register: unsafe { t.optional(slot::MEM_REGISTER) },
+            // SAFETY: slot 36 is memDeRegister, inside the table.
+            mem_deregister: unsafe { t.optional(slot::MEM_DEREGISTER) },
             // SAFETY: slot 48 is errorGetMessage, the highest slot read, inside the table.
             error_get_message: unsafe { t.optional(slot::ERROR_GET_MESSAGE) },
         };

@@ -85,6 +85,9 @@ pub struct Facts {
     pub ota_state: String,
     /// The running bundle's signed expiry (Unix seconds); `None`: no OTA manifest.
     pub bundle_expires: Option<u64>,
+    /// How the NPU's I/O is handed over: `shared` (HTP shared buffers) or `client`
+    /// (`vlad_npu_io`); empty: not said.
+    pub npu_io: String,
     /// 0/1; `None`: no tick yet.
     pub robot_alive: Option<bool>,
     /// Flight recordings written (`vlad_recordings_total`).
@@ -268,6 +271,15 @@ pub fn render(health: &Health, latency: &LatencyMetrics, f: &Facts) -> String {
             "vlad_ota_state{{state=\"{s}\"}} {}",
             u8::from(f.ota_state == s)
         );
+    }
+    if !f.npu_io.is_empty() {
+        let _ = writeln!(
+            o,
+            "# HELP vlad_npu_io How the NPU's inputs and outputs are handed over (npu.shared_buffers resolved).\n# TYPE vlad_npu_io gauge"
+        );
+        for s in ["shared", "client"] {
+            let _ = writeln!(o, "vlad_npu_io{{io=\"{s}\"}} {}", u8::from(f.npu_io == s));
+        }
     }
     for (name, help, v) in [
         (

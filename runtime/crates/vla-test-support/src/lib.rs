@@ -123,3 +123,73 @@ pub fn copy_dir(src: &Path, dst: &Path) {
         }
     }
 }
+
+/// Builds the memfd-backed stand-in for libcdsprpc.so's rpcmem functions
+/// (`rpcmem_standin.c`: `rpcmem_alloc`, `rpcmem_free`, `rpcmem_to_fd`, each allocation a
+/// shared memfd mapping with a real file descriptor) into `dir` with the C compiler
+/// (`$CC`, else `cc`) and returns the library's path; `None` after [`cannot_run`] when no
+/// compiler works here. It exists for tests only and is never built into vlad.
+pub fn rpcmem_standin(dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("rpcmem_standin.c");
+    let out = dir.join("libcdsprpc.so");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .arg("-lpthread")
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        Ok(s) => {
+            cannot_run(&format!("{cc} could not build the rpcmem stand-in ({s})"));
+            None
+        }
+        Err(e) => {
+            cannot_run(&format!(
+                "no C compiler ({cc}: {e}) for the rpcmem stand-in"
+            ));
+            None
+        }
+    }
+}
+
+/// Builds the test-only `libQnnHtp.so` of `qnn_mem_shim.c` into `dir`, in front of the real
+/// one in `real_lib_dir` (and linked as `libQnnSystem.so`, forwarding to the real system
+/// library): the real library with memRegister/memDeRegister of HTP SHARED_BUFFER
+/// descriptors added, so the emulator, which refuses every registration, executes on
+/// registered memory. Returns the directory to load QNN from; `None` after [`cannot_run`]
+/// when no C compiler works here. It checks the caller's plumbing, not what the NPU's
+/// registration does, and is never built into vlad.
+pub fn qnn_mem_shim(dir: &Path, real_lib_dir: &Path) -> Option<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("qnn_mem_shim.c");
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(dir.join("libQnnHtp.so"))
+        .arg(&src)
+        .args(["-ldl", "-lpthread"])
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            cannot_run(&format!("{cc} could not build the QNN memory shim ({s})"));
+            return None;
+        }
+        Err(e) => {
+            cannot_run(&format!(
+                "no C compiler ({cc}: {e}) for the QNN memory shim"
+            ));
+            return None;
+        }
+    }
+    let real_dir = dir.join("real-lib-dir");
+    std::fs::write(&real_dir, real_lib_dir.to_string_lossy().as_bytes())
+        .unwrap_or_else(|e| panic!("{}: {e}", real_dir.display()));
+    let system = dir.join("libQnnSystem.so");
+    let _ = std::fs::remove_file(&system);
+    std::os::unix::fs::symlink("libQnnHtp.so", &system)
+        .unwrap_or_else(|e| panic!("{}: {e}", system.display()));
+    Some(dir.to_owned())
+}

@@ -55,7 +55,7 @@ pub(super) struct PolicyEngine {
     /// How a prefix conditions the flow loop (`control.merge` prefix or inpaint).
     pub(super) prefix_method: vla_policy::PrefixMethod,
     /// Reloads start the policy's helper threads as the first load did.
-    pub(super) load_options: vla_policy::LoadOptions,
+    pub(super) load_options: crate::gate::LoadSettings,
     /// Where a reload's gated bundle is posted for the metrics textfile.
     pub(super) running: crate::observe::RunningBundle,
     /// The end-to-end cosine of the running bundle's gate.
@@ -77,6 +77,7 @@ impl PolicyEngine {
             Some(o) if o.trial.on_trial() => (o.trial.running_hash(), "trial"),
             Some(o) => (o.trial.running_hash(), "committed"),
         };
+        let (npu_io, npu_io_detail) = self.load_options.npu.status().get();
         crate::observe::BundleFacts {
             name,
             version,
@@ -86,6 +87,8 @@ impl PolicyEngine {
             ota_state,
             memory_plan: crate::dsp_plan::running(),
             expires: crate::observe::manifest_expiry(&self.good),
+            npu_io,
+            npu_io_detail,
         }
     }
 
