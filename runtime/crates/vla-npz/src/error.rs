@@ -243,11 +243,6 @@ impl NpzError {
     }
 }
 
-impl std::error::Error for NpzError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            NpzError::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for NpzError {}

@@ -506,10 +506,12 @@ impl OtaError {
     }
 }
 
+// `Io` names its cause in its message and leaves `source()` empty. `GateFailed` does both:
+// its message carries the refusal's text, and the daemon walks `source()` down to the
+// failed QNN call to classify an NPU fault.
 impl std::error::Error for OtaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            OtaError::Io { source, .. } => Some(source),
             OtaError::GateFailed { refusal, .. } => Some(&**refusal),
             _ => None,
         }
@@ -557,12 +559,6 @@ impl fmt::Display for SignalError {
     }
 }
 
-impl std::error::Error for SignalError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SignalError::ReadPid { source, .. } => Some(source),
-            SignalError::NotAPid { .. } => None,
-            SignalError::Kill { source, .. } => Some(source),
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for SignalError {}
