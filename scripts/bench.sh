@@ -18,7 +18,7 @@
 #      cyclictest (rt-tests), per rate back to back on this machine
 #   5  action ring vs pipe, write-to-visible across two processes (vla-bench ring)
 #   6  release binary sizes; allocations per inference (host glue) and per tick (loop)
-#   7  chunk execution sweep (issue 13): latency {0.1,0.3,0.6,1.2 s} x publish rate
+#   7  chunk execution sweep: latency {0.1,0.3,0.6,1.2 s} x publish rate
 #      {5,10,20 Hz} x merge mode {skip,crossfade,prefix,inpaint} on the Fast-WAM
 #      fixture, the latency injected with control.extra_latency_ms, seam offsets from
 #      each cell's flight recording (scripts/chunk_sweep.py; ~10 min at

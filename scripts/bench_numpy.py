@@ -32,7 +32,7 @@ from det_npz import load_npz  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The seeds' full dimensions (model cards in the project's shared notes); k_ctx/v_ctx are
+# The seeds' full dimensions (the releases' model cards); k_ctx/v_ctx are
 # not given by the cards: [36,1,S,768] (36 action-expert blocks of width 768) as in Rust.
 MOLMO = {
     "molmoact2-original": dict(image_tokens=392, seq=488, flow_steps=10),

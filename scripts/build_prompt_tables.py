@@ -89,7 +89,7 @@ class CapError(PromptError):
     """A prompt above the checkpoint's max_sequence_length (the pack step raises)."""
 
 
-# The upstream versions whose host glue the builder follows (issue 26 item 4; docs/bundle-format.md).
+# The upstream versions whose host glue the builder follows (docs/bundle-format.md).
 # lerobot 0.6.1 is the pin and, as of this change, the newest release on PyPI. lerobot's main
 # branch after it (huggingface/lerobot c13d79e, pyproject 0.6.2, unreleased) changed the pack
 # step: the tokenizer pads to a multiple of 8 on the left before BOS is inserted (8k + 1 rows at

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Chunk execution sweep (issue 13): inference latency x publish rate x merge mode, each
+"""Chunk execution sweep: inference latency x publish rate x merge mode, each
 cell one `vlad run` on a fixture bundle with `control.extra_latency_ms` reproducing the
 latency on the HTP emulator, and `vlad simulate` as the moving robot. Prints a markdown
 table (hold share, seam jump vs inside-chunk jump, action age) and writes JSON.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds a tiny Fast-WAM from the real upstream model code, exports its world-model chain at the
-bundle contract's boundaries and captures upstream's own LIBERO inference as goldens (issue 25,
-phase 1 of 2: the torch side).
+bundle contract's boundaries and captures upstream's own LIBERO inference as goldens (phase 1 of
+2: the torch side; phase 2 is scripts/make_upstream_fastwam_golden.py).
 
 Upstream = github yuantianyuan01/FastWAM at the commit of the checkout passed with
 --fastwam-src (recorded; never copied here). No model code is re-implemented: the model is
@@ -740,7 +740,7 @@ def synthetic_stats(rng):
 
 
 # ---------------------------------------------------------------------------------------
-# Text rows as upstream makes them (issue 25 item 3): Wan's tokenizer call and encode_prompt
+# Text rows as upstream makes them (the host's goldens): Wan's tokenizer call and encode_prompt
 # ---------------------------------------------------------------------------------------
 
 # Instructions that exercise upstream's cleaning (ftfy, html.unescape twice, whitespace) and its

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Builds a tiny MolmoAct2 from the real upstream model code, exports it like the releases and
-captures upstream's own inference as goldens (issue 23, phase 1 of 2: the torch side).
+captures upstream's own inference as goldens (phase 1 of 2: the torch side; phase 2 is
+scripts/make_upstream_golden.py).
 
 Upstream = the pinned PyPI wheel lerobot==0.6.1, its vendored Hugging Face remote code
 `molmoact2_hf_model/` (`MolmoAct2ForConditionalGeneration`, `MolmoAct2Processor`,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The longest Rust functions per crate, measured by brace depth (issue 31).
+"""The longest Rust functions per crate, measured by brace depth, to find the functions to split.
 
 Dev script: for each crate under runtime/ (runtime/crates/* and runtime/vlad) it reads
 src/ (and with --tests also tests/ and benches/), finds every `fn` with a body, and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Phase 2 of the tiny upstream Fast-WAM (issue 25), in the project venv: compiles the release
+"""Phase 2 of the tiny upstream Fast-WAM, in the project venv: compiles the release
 that scripts/export_upstream_fastwam.py wrote to v73 / soc 77 contexts, checks each context on
 the HTP emulator against upstream's fp32 golden, commits release, checkpoint and upstream
 goldens to golden/upstream-fastwam/tiny/ and writes the bundle golden/bundles/fastwam-upstream.

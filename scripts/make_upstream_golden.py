@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Phase 2 of the tiny upstream MolmoAct2 (issue 23), in the project venv: compiles the
+"""Phase 2 of the tiny upstream MolmoAct2, in the project venv: compiles the
 releases that scripts/export_upstream_molmoact2.py wrote to v73 / soc 77 contexts, checks each
 context on the HTP emulator against upstream's fp32 golden, commits releases, checkpoint and
 upstream goldens to golden/upstream-molmoact2/, and imports each variant into a bundle with the

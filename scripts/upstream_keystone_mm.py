@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""KeyStone with K > 25 candidates (issue 26 item 2): torch.cdist p = 2 switches to its
+"""KeyStone with K > 25 candidates: torch.cdist p = 2 switches to its
 matrix-product form there (pairwise and k-means), which is not 0 on the diagonal. Writes
 golden/upstream/keystone_mm.npz from upstream's own `selection.py` (dywsjtu/keystone 29a15a6,
 --keystone-src) in the venv of scripts/setup_upstream.sh:

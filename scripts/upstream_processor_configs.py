@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs upstream MolmoAct2's processor as a checkpoint configures it and writes small goldens to
-golden/upstream/processors/ (issue 26 items 3a and 3b).
+golden/upstream/processors/, so the bundle's processor settings follow each configuration upstream
+allows.
 
 1. Saved processors (3a): for each configuration a `MolmoAct2Processor` (crop mode, size, patch,
    pooling, column-token settings) is saved with `save_pretrained`, or a saved file is edited the
@@ -163,7 +164,7 @@ def render(pm, proc, task: str, frames, bins, normalize=True) -> dict:
             "image_grids": np.asarray(out["image_grids"]).astype(np.int64)}
 
 
-# 3. The pack step itself (issue 26 item 4), per lerobot version: instructions of several lengths
+# 3. The pack step itself, per lerobot version: instructions of several lengths
 # (so several left-padding counts under lerobot main's pad_to_multiple_of=8), and its
 # max_sequence_length refusal at the rendered length and one below.
 PACK_INSTRUCTIONS = ["go", "Put the bowl on the plate.", "open the   top drawer of the cabinet",

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE_MODULES = ["virtio_pci", "9pnet_virtio", "9p"]
 
 
-# The VM's vCPU count: 2 unless the environment says otherwise. The stress runs of issue 27
+# The VM's vCPU count: 2 unless the environment says otherwise. The stress runs in docs/testing.md
 # give the VM one vCPU (one TCG thread) to see the slow steps pass at a machine's worst.
 CPUS_VARIABLE = "VLA_VM_CPUS"
 DEFAULT_CPUS = 2

@@ -163,7 +163,7 @@ def plan(tmp_path: Path, monkeypatch, control: dict, latency_ms: int) -> subproc
                            "--latency-ms", str(latency_ms)], capture_output=True, text=True)
 
 
-# A quiet TCG VM, the most loaded run measured (issue 27: p95 159.5-189.5 s), and an
+# A quiet TCG VM, the most loaded run measured (docs/testing.md: p95 159.5-189.5 s), and an
 # inference that ends just inside the default --boot-timeout.
 LATENCIES_MS = [20_000, 190_000, int(powercut.BOOT_TIMEOUT_S * 1000) - 10_000]
 

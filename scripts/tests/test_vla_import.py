@@ -1,5 +1,5 @@
 """The release importer (tools/vla_import) on the tiny upstream MolmoAct2 release and checkpoint
-(golden/upstream-molmoact2, issue 23) and on broken copies of them: every refusal is one line
+(golden/upstream-molmoact2) and on broken copies of them: every refusal is one line
 naming file and key, and leaves nothing behind."""
 
 import json
@@ -768,7 +768,7 @@ def test_lerobot_checkpoint_without_the_base_embedding_takes_it_from_the_base(co
     assert (out / "prompt/prompt_tables.npz").read_bytes() == (committed / "prompt/prompt_tables.npz").read_bytes()
 
 
-# --- Fast-WAM with the world-model contexts: the tiny upstream release (issue 25), closed loop ---
+# --- Fast-WAM with the world-model contexts: the tiny upstream release, closed loop ---
 
 UPFW = REPO / "golden" / "upstream-fastwam" / "tiny"
 UPFW_BUNDLE = REPO / "golden" / "bundles" / "fastwam-upstream"

@@ -507,7 +507,7 @@ fn start_engine(
     Ok((engine, gate_latency))
 }
 
-/// Observability (issue 19): the flight recorder and the metrics textfile, when configured.
+/// Observability: the flight recorder and the metrics textfile, when configured.
 fn start_observability(
     config: &vla_config::Config,
     settings: &LoopSettings,

@@ -99,7 +99,7 @@ fn expected_hold(line: &str) -> f64 {
 }
 
 /// The operating point's expected hold against what the simulated robot saw, in cells
-/// whose outcome is not near a boundary (issue 28): the schedule holding about 60% (1.2 s
+/// whose outcome is not near a boundary: the schedule holding about 60% (1.2 s
 /// at 20 Hz, H = 32), `max_chunk_age_ms` refusing about 60% of the ticks on the slower time
 /// base, and a continuous cell on it. The prediction compared is the one the daemon prints at the
 /// end of the run, from the latency spread and observation period it measured: the

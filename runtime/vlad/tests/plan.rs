@@ -52,7 +52,8 @@ fn the_device_config_moves_the_shipped_molmoact2_bundle_continuously() {
 fn the_line_names_the_limit_that_holds_and_the_value_that_removes_it() {
     let dir = std::env::temp_dir().join(format!("vlad-plan-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // The report: 20 Hz, chunk_rate_hz 4, max_chunk_age_ms 1500, 1.5 s, H = 10.
+    // A reported case (READY said 33% hold, the robot measured 84%): 20 Hz, chunk_rate_hz 4,
+    // max_chunk_age_ms 1500, 1.5 s, H = 10.
     let mut v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(config("vlad.json")).unwrap()).unwrap();
     v["control"]["chunk_rate_hz"] = 4.0.into();

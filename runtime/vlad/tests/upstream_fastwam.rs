@@ -1,4 +1,4 @@
-//! vlad against upstream Fast-WAM's own LIBERO inference (issue 25): the tiny model built from
+//! vlad against upstream Fast-WAM's own LIBERO inference: the tiny model built from
 //! FastWAM's `WanVideoDiT`, `ActionDiT`, `MoT`, Wan2.2 VAE and `WanTextEncoder` with seeded
 //! random weights, its world-model chain exported at the bundle contract's boundaries
 //! (scripts/export_upstream_fastwam.py, golden/upstream-fastwam/tiny, golden/bundles/

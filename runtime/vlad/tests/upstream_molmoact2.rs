@@ -1,4 +1,4 @@
-//! vlad against upstream MolmoAct2's own inference (issue 23): the tiny model built from
+//! vlad against upstream MolmoAct2's own inference: the tiny model built from
 //! lerobot 0.6.1's `MolmoAct2ForConditionalGeneration`, exported at the seeds' split points
 //! and imported by `scripts/vla-import` (golden/upstream-molmoact2, golden/bundles/
 //! molmoact2-upstream-*). `predict_action(inference_action_mode="continuous")` ran on each

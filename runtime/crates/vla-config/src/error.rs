@@ -455,14 +455,9 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ConfigError::Read { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for ConfigError {}
 
 #[cfg(test)]
 mod tests {

@@ -561,6 +561,10 @@ fn load_names_the_file_in_every_error() {
         &error.to_string(),
         &[&missing.display().to_string(), "cannot read"],
     );
+    // The OS error is named in the message once, not handed out again by `source()`.
+    let os = std::fs::read(&missing).unwrap_err().to_string();
+    assert_mentions(&error.to_string(), &[&os]);
+    assert!(std::error::Error::source(&error).is_none());
 
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -592,7 +592,8 @@ mod tests {
 
     #[test]
     fn the_chunk_age_limit_refuses_rows_before_the_next_chunk_lands() {
-        // The report: 20 Hz, chunk_rate_hz 4 (250 ms steps), H = 10, 1.5 s.
+        // A reported case (READY said 33% hold, the robot measured 84%): 20 Hz,
+        // chunk_rate_hz 4 (250 ms steps), H = 10, 1.5 s.
         let s = PointSettings {
             chunk_period_ns: 250 * MS,
             max_chunk_age_ns: 1500 * MS,

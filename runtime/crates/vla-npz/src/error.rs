@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::io;
+use vla_oneline::OneLine;
 
 use crate::DType;
 
@@ -141,24 +142,9 @@ fn entry_prefix(f: &mut impl fmt::Write, file: &str, entry: &Option<String>) -> 
     }
 }
 
-/// Passes text through with control characters escaped: names, entries and header text
-/// come from the file, and a `\n` in an entry name must not break the one-line message.
-struct OneLine<'a, 'b>(&'a mut fmt::Formatter<'b>);
-
-impl fmt::Write for OneLine<'_, '_> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            if c.is_control() {
-                write!(self.0, "{}", c.escape_default())?;
-            } else {
-                fmt::Write::write_char(self.0, c)?;
-            }
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for NpzError {
+    // Names, entries and header text come from the file: a `\n` in an entry name must not
+    // break the one-line message.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.write_message(&mut OneLine(f))
     }
@@ -257,11 +243,6 @@ impl NpzError {
     }
 }
 
-impl std::error::Error for NpzError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            NpzError::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for NpzError {}

@@ -333,3 +333,13 @@ fn every_byte_value_in_zip_structures_is_survived() {
         mutated[at] = original[at];
     }
 }
+
+#[test]
+fn an_io_error_names_its_cause_in_the_message_and_not_again_in_source() {
+    use std::error::Error;
+    let path = "/nonexistent/golden/vision_io.npz";
+    let os = std::fs::File::open(path).unwrap_err().to_string();
+    let err = Npz::open(path).unwrap_err();
+    assert_one_line_naming(&err, &[path, &os]);
+    assert!(err.source().is_none(), "{:?}", err.source());
+}

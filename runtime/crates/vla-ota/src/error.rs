@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use vla_oneline::OneLine;
 
 /// Why an OTA operation stopped. Nothing is activated when one of these is returned,
 /// except where a variant says so ([`OtaError::GateFailed`] reports the rollback it made).
@@ -304,24 +305,9 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// Passes text through with control characters escaped: field names, paths and versions
-/// come from manifests and bundles, and a `\r` in one must not break the one-line message.
-struct OneLine<'a, 'b>(&'a mut fmt::Formatter<'b>);
-
-impl fmt::Write for OneLine<'_, '_> {
-    fn write_str(&mut self, text: &str) -> fmt::Result {
-        for c in text.chars() {
-            if c.is_control() {
-                write!(self.0, "{}", c.escape_default())?;
-            } else {
-                fmt::Write::write_char(self.0, c)?;
-            }
-        }
-        Ok(())
-    }
-}
-
 impl fmt::Display for OtaError {
+    // Field names, paths and versions come from manifests and bundles: a `\r` in one must
+    // not break the one-line message.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.write_message(&mut OneLine(f))
     }
@@ -520,10 +506,12 @@ impl OtaError {
     }
 }
 
+// `Io` names its cause in its message and leaves `source()` empty. `GateFailed` does both:
+// its message carries the refusal's text, and the daemon walks `source()` down to the
+// failed QNN call to classify an NPU fault.
 impl std::error::Error for OtaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            OtaError::Io { source, .. } => Some(source),
             OtaError::GateFailed { refusal, .. } => Some(&**refusal),
             _ => None,
         }
@@ -571,12 +559,6 @@ impl fmt::Display for SignalError {
     }
 }
 
-impl std::error::Error for SignalError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SignalError::ReadPid { source, .. } => Some(source),
-            SignalError::NotAPid { .. } => None,
-            SignalError::Kill { source, .. } => Some(source),
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for SignalError {}

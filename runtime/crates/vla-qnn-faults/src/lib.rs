@@ -46,7 +46,7 @@ type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u32) 
 
 /// `QnnInterface_t`: the header (backendId, name, API versions) is 40 bytes, slot `i` of
 /// the function table at `40 + 8 i`; QNN 2.32 and later have at least 71 slots
-/// (qnn-abi.md), so that much is copied.
+/// (docs/qnn-abi.md), so that much is copied.
 const HEADER: usize = 40;
 const SLOTS: usize = 71;
 const PROVIDER_BYTES: usize = HEADER + 8 * SLOTS;
@@ -63,7 +63,7 @@ mod slot {
     pub const DEVICE_FREE: usize = 43;
 }
 /// The HTP PERF infrastructure struct: infraType @0, createPowerConfigId @8,
-/// destroyPowerConfigId @16, setPowerConfig @24, setMemoryConfig @32 (qnn-abi.md).
+/// destroyPowerConfigId @16, setPowerConfig @24, setMemoryConfig @32 (docs/qnn-abi.md).
 const INFRA_BYTES: usize = 40;
 const INFRA_CREATE: usize = 8;
 const INFRA_SET: usize = 24;
@@ -328,7 +328,7 @@ unsafe extern "C" fn set_power_config(id: u32, configs: *const *const c_void) ->
 }
 
 /// Copies the real PERF infrastructure struct once with our two power functions in it.
-/// Only its first 40 bytes (the fields qnn-abi.md documents) are copied: a client that
+/// Only its first 40 bytes (the fields docs/qnn-abi.md documents) are copied: a client that
 /// reads further reads zeros.
 fn wrap_infra(real_infra: *const c_void) -> Option<Infra> {
     if real_infra.is_null() {
@@ -341,7 +341,7 @@ fn wrap_infra(real_infra: *const c_void) -> Option<Infra> {
     let create = read_fn(&bytes, INFRA_CREATE)?;
     let set = read_fn(&bytes, INFRA_SET)?;
     // SAFETY: a non-NULL createPowerConfigId pointer from QNN's own struct, whose type
-    // qnn-abi.md documents as `(u32, u32, u32*) -> u64`.
+    // docs/qnn-abi.md documents as `(u32, u32, u32*) -> u64`.
     let create: CreatePowerIdFn = unsafe { std::mem::transmute::<usize, CreatePowerIdFn>(create) };
     // SAFETY: as above, setPowerConfig `(u32, const PowerConfig**) -> u64`.
     let set: SetPowerFn = unsafe { std::mem::transmute::<usize, SetPowerFn>(set) };
@@ -395,7 +395,7 @@ fn put(bytes: &mut [u8], at: usize, value: usize) {
 /// The real function pointer in slot `i` of a copied table, as type `F`.
 ///
 /// # Safety
-/// Slot `i` of a QNN core 2.x table holds a function of type `F` (qnn-abi.md's order).
+/// Slot `i` of a QNN core 2.x table holds a function of type `F` (docs/qnn-abi.md's order).
 unsafe fn slot_fn<F: Copy>(table: &[u8], i: usize) -> Result<F, String> {
     let p = read_fn(table, HEADER + 8 * i).ok_or_else(|| format!("slot {i} is NULL"))?;
     // SAFETY: the caller's contract: a function pointer of type `F`, the size of usize.
@@ -447,7 +447,7 @@ fn build() -> Result<Providers, String> {
             ));
         }
         if real.is_none() {
-            // qnn-abi.md's slot order for core API 2.x.
+            // docs/qnn-abi.md's slot order for core API 2.x.
             real = Some(Real {
                 // SAFETY: slot 1 backendCreate.
                 backend_create: unsafe { slot_fn(&bytes, slot::BACKEND_CREATE) }?,

@@ -1,7 +1,7 @@
 //! Hand-written declarations of the parts of the QNN C ABI this crate uses.
 //!
 //! Layouts come from the QAIRT 2.51 libraries (checked) and the public 2.32-era headers;
-//! see `shared/qnn-abi.md` in the project notes. Only the fields we read or write are
+//! see `docs/qnn-abi.md` in this repository. Only the fields we read or write are
 //! named; where a newer library may have grown a struct we never rely on its total size,
 //! except `Qnn_Tensor_t`, which we allocate ourselves as version 1 (the library accepts
 //! v1 and v2 alike) at its full v2 size so a library that peeks at v2 fields reads zeros.

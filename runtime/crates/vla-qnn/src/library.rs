@@ -55,7 +55,7 @@ impl ApiVersion {
 
 /// Newest QNN core API whose layouts (interface table prefix, `Qnn_Tensor_t` = 144 bytes,
 /// v1/v2) were checked against a real library: QNN 2.51 (onnxruntime-qnn 2.7.0), core API
-/// 2.40.0; see `/work/shared/qnn-abi.md`.
+/// 2.40.0; see `docs/qnn-abi.md`.
 pub const NEWEST_KNOWN_CORE_API: ApiVersion = ApiVersion::new(2, 40, 0);
 /// Newest QNN system API whose binary-info layouts (v1-v3, graph info stride 88 bytes)
 /// were checked: system API 1.15.0 of QNN 2.51.
@@ -388,7 +388,7 @@ impl QnnLibrary {
         };
         // Each slot below is read from the chosen core provider's table, which its API
         // version guarantees to reach slot::HIGHEST_USED; the slot order and signatures
-        // are the ones `ffi` declares (qnn-abi.md).
+        // are the ones `ffi` declares (docs/qnn-abi.md).
         let core = CoreFns {
             // SAFETY: slot 1 is backendCreate, inside the table.
             backend_create: unsafe { t.required(slot::BACKEND_CREATE, "backendCreate") }?,

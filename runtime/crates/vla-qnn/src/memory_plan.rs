@@ -16,7 +16,7 @@ use core::fmt;
 pub const MIB: u64 = 1 << 20;
 
 /// The address space of one cDSP session as usable by a client: 3.75 GiB of the 32-bit
-/// space (Qualcomm's HTP backend guidance, recorded in the project's QNN ABI notes).
+/// space (Qualcomm's HTP backend guidance, recorded in docs/qnn-abi.md).
 pub const SESSION_USABLE_BYTES: u64 = 3840 * MIB;
 
 /// What the plan keeps free in every session for what the binaries do not state: the

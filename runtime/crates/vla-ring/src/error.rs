@@ -95,15 +95,9 @@ impl fmt::Display for CreateError {
     }
 }
 
-impl std::error::Error for CreateError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            CreateError::Config { source, .. } => Some(source),
-            CreateError::Io { source, .. } => Some(source),
-            CreateError::WriterActive { .. } => None,
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for CreateError {}
 
 /// Why a reader could not open (attach to) a ring segment.
 #[derive(Debug)]
@@ -265,15 +259,9 @@ impl fmt::Display for OpenError {
     }
 }
 
-impl std::error::Error for OpenError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OpenError::Config { source, .. } => Some(source),
-            OpenError::Io { source, .. } => Some(source),
-            _ => None,
-        }
-    }
-}
+// Each message names its cause (the `source` fields are written into it), so `source()`
+// does not hand the cause out a second time for a printer to de-duplicate.
+impl std::error::Error for OpenError {}
 
 /// Why a read returned no data. Carries no path so that reads never allocate; the caller
 /// knows which ring it read.

@@ -1,7 +1,7 @@
 /* A stand-in for libQnnHtp.so + libQnnSystem.so that records the calls vla-qnn makes.
  *
  * It exports both providers' entry points with the function-table layout of the QNN
- * 2.x interface (slot order as in shared/qnn-abi.md), reports two HTP devices (NSPs 0
+ * 2.x interface (slot order as in docs/qnn-abi.md), reports two HTP devices (NSPs 0
  * and 1, one core each; a third entry has a struct version vla-qnn does not know) from
  * deviceGetPlatformInfo, accepts a device config of option PLATFORM_INFO naming one of
  * them (14001 for any other id), and hands out handles that name what they are: 0x100
