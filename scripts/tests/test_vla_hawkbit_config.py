@@ -5,7 +5,8 @@ identity into the file the agent reads. Checked: the result has every key
 rauc-hawkbit-updater 1.4's config parser requires (src/config-file.c: hawkbit_server,
 target_name, one token, bundle_download_location unless streaming, a [device] group with
 a key) with the image's choices (HTTPS verified, downloads on the data partition, no
-reboot); each bad input fails in one line naming the variable and the file, never
+reboot), the target's own token (the tenant-wide gateway token refused) and, when
+provisioned, the device's client certificate (ssl_cert/ssl_key); each bad input fails in one line naming the variable and the file, never
 printing a token, and leaves the previous configuration as it was."""
 
 import configparser
@@ -69,13 +70,51 @@ def test_the_agent_gets_the_image_settings_and_the_device_identity(tmp_path, tem
     assert not list(tmp_path.glob("run/*.tmp.*"))
 
 
-def test_a_gateway_token_instead_of_the_target_token(tmp_path, template):
+def test_the_tenant_wide_gateway_token_is_refused(tmp_path, template):
     device = {k: v for k, v in GOOD.items() if k != "HAWKBIT_AUTH_TOKEN"}
     device["HAWKBIT_GATEWAY_TOKEN"] = TOKEN
     p, out = run(tmp_path, template, device)
+    assert p.returncode == 1 and not out.exists()
+    line = p.stderr.strip()
+    assert "\n" not in line and "HAWKBIT_GATEWAY_TOKEN" in line and "act as every other" in line, line
+    assert TOKEN not in line
+
+
+@pytest.fixture
+def client_cert(tmp_path) -> dict[str, str]:
+    """A provisioned client certificate and key (contents do not matter to the script)."""
+    cert, key = tmp_path / "device.pem", tmp_path / "device.key"
+    cert.write_text("certificate\n")
+    key.write_text("key\n")
+    cert.chmod(0o644)
+    key.chmod(0o600)
+    return {"HAWKBIT_SSL_CERT": str(cert), "HAWKBIT_SSL_KEY": str(key)}
+
+
+def test_a_client_certificate_beside_the_token(tmp_path, template, client_cert):
+    p, out = run(tmp_path, template, {**GOOD, **client_cert})
     assert p.returncode == 0, p.stderr
     client = key_file(out)["client"]
-    assert client["gateway_token"] == TOKEN and "auth_token" not in client
+    assert client["ssl_cert"] == client_cert["HAWKBIT_SSL_CERT"]
+    assert client["ssl_key"] == client_cert["HAWKBIT_SSL_KEY"]
+    assert client["auth_token"] == TOKEN and client["ssl_verify"] == "true"
+    assert "client certificate" in p.stdout
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"HAWKBIT_SSL_KEY": None}, "HAWKBIT_SSL_KEY is not set"),
+    ({"HAWKBIT_SSL_CERT": "device.pem"}, "an absolute path"),
+    ({"HAWKBIT_SSL_CERT": "/nonexistent/device.pem"}, "no readable file there"),
+    ({"mode": 0o640}, "readable by others than its owner"),
+], ids=["key missing", "relative path", "no file", "key 0640"])
+def test_a_bad_client_certificate_is_named(tmp_path, template, client_cert, change, message):
+    if "mode" in change:
+        Path(client_cert["HAWKBIT_SSL_KEY"]).chmod(change.pop("mode"))
+    device = {k: v for k, v in {**GOOD, **client_cert, **change}.items() if v is not None}
+    p, out = run(tmp_path, template, device)
+    assert p.returncode == 1 and not out.exists()
+    line = p.stderr.strip()
+    assert "\n" not in line and message in line and "device.env" in line, line
 
 
 def test_an_ipv6_server_with_a_port(tmp_path, template):
@@ -95,7 +134,7 @@ BAD = [
     ({"HAWKBIT_AUTH_TOKEN": None}, "HAWKBIT_AUTH_TOKEN is not set"),
     ({"HAWKBIT_AUTH_TOKEN": "short"}, "HAWKBIT_AUTH_TOKEN (value not shown)"),
     ({"HAWKBIT_AUTH_TOKEN": TOKEN + "\npost_update_reboot = true"}, "HAWKBIT_AUTH_TOKEN (several lines"),
-    ({"HAWKBIT_GATEWAY_TOKEN": TOKEN}, "both HAWKBIT_AUTH_TOKEN and HAWKBIT_GATEWAY_TOKEN"),
+    ({"HAWKBIT_GATEWAY_TOKEN": TOKEN}, "the tenant-wide gateway token"),
 ]
 
 

@@ -6,7 +6,14 @@ by an install command whose output lines are fed to the client's own Progress / 
 Completed callbacks, as RAUC's service would emit them:
 
     python -m vla_fleet.agent --server 127.0.0.1:PORT --target dev-1 --token-file F \
+        --ca FLEET-CA.pem [--cert DEVICE.pem --key DEVICE.key] --max-download BYTES \
         --compatible C --sw-version V --download DIR/update.raucb -- INSTALL-COMMAND...
+
+With `--ca` it speaks HTTPS and trusts that CA alone (not the system's store), and with
+`--cert/--key` it presents the device's client certificate. The download is refused while
+it streams once it passes `--max-download` bytes (whatever size the server advertised), and
+a full filesystem fails it the same way: the partial file is removed, the server is told
+why, and nothing is installed.
 
 The deployment's result is the install command's exit status: with vla_fleet.install (or
 `rauc install`) and meta-vla's handlers, the daemon's parity-gate verdict. The client's
@@ -17,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -32,12 +41,17 @@ from rauc_hawkbit.rauc_dbus_ddi_client import RaucDBUSDDIClient
 FEEDBACK_ERRORS = (APIError, aiohttp.ClientError, asyncio.TimeoutError)
 
 
-def file_digest(path: str, algorithm: str) -> str:
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+class DownloadRefused(Exception):
+    """A download stopped before its end: larger than allowed, or the filesystem full."""
+
+
+def tls_context(ca: Path, cert: Path | None, key: Path | None) -> ssl.SSLContext:
+    """Verifies the server against the fleet's CA only: with `cafile` given, Python loads
+    no default (system) certificates. Host names are checked as usual."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
+    if cert is not None:
+        ctx.load_cert_chain(str(cert), str(key))
+    return ctx
 
 
 class GoosebitDDIClient(DDIClient):
@@ -53,6 +67,8 @@ class GoosebitDDIClient(DDIClient):
     """
 
     digest = "md5"
+    # Bytes a download may take before it is refused (set by the agent's --max-download).
+    max_download = 1 << 40
 
     async def get_resource(self, api_path, query_params={}, **kwargs):  # noqa: B006 (the base's signature)
         data = await super().get_resource(api_path, query_params, **kwargs)
@@ -70,8 +86,35 @@ class GoosebitDDIClient(DDIClient):
         return data
 
     async def get_binary(self, url, dl_location, mime="application/octet-stream", timeout=3600):
-        md5 = await super().get_binary(url, dl_location, mime, timeout)
-        return md5 if self.digest == "md5" else file_digest(dl_location, self.digest)
+        """The client's download, counted as it streams: more than `max_download` bytes (an
+        endless or oversized answer, whatever the server advertised) or a full filesystem
+        stops it and removes the partial file."""
+        h = hashlib.new(self.digest)
+        received = 0
+        try:
+            async with self.session.get(url, headers={"Accept": mime, **self.headers},
+                                        timeout=aiohttp.ClientTimeout(timeout, sock_read=60)) as resp:
+                await self.check_http_status(resp)
+                # Unbuffered: a full filesystem fails the write that hits it, not a later close.
+                with open(dl_location, "wb", buffering=0) as out:
+                    async for block in resp.content.iter_chunked(1 << 16):
+                        received += len(block)
+                        if received > self.max_download:
+                            raise DownloadRefused(f"download from {url} passed the limit of "
+                                                  f"{self.max_download} bytes: stopped")
+                        view = memoryview(block)
+                        try:
+                            while view:
+                                view = view[out.write(view):]
+                        except OSError as e:
+                            raise DownloadRefused(f"download to {dl_location} failed after {received} "
+                                                  f"bytes: {e.strerror}") from e
+                        h.update(block)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(dl_location)
+            raise
+        return h.hexdigest()
 
     async def post_resource(self, api_path, data, **kwargs):
         result = data.get("status", {}).get("result", {})
@@ -87,14 +130,27 @@ class GoosebitDDIClient(DDIClient):
 class VladRaucClient(RaucDBUSDDIClient):
     """The RAUC client with `install` running a command instead of RAUC's D-Bus call."""
 
-    def __init__(self, *args, install_command: list[str], **kwargs):
+    def __init__(self, *args, install_command: list[str], max_download: int, **kwargs):
         super().__init__(*args, **kwargs)
         ddi = self.ddi
         # 60 s per request instead of the client's 10: a feedback lost to a slow server
         # leaves the deployment Running on the server for good.
         self.ddi = GoosebitDDIClient(ddi.session, ddi.host, ddi.ssl, ddi.headers["Authorization"].split(" ", 1)[1],
                                      ddi.tenant, ddi.controller_id, timeout=60)
+        self.ddi.max_download = max_download
         self.install_command = install_command
+
+    async def download_artifact(self, action_id, url, md5sum, tries=3):
+        """The client's download; one refused (too large, filesystem full) is not tried
+        again: the server is told why and the deployment closed as failed."""
+        try:
+            await super().download_artifact(action_id, url, md5sum, tries)
+        except DownloadRefused as e:
+            self.logger.error("Download refused, nothing installed: %s", e)
+            await self.best_effort(self.ddi.deploymentBase[action_id].feedback(
+                DeploymentStatusExecution.closed, DeploymentStatusResult.failure,
+                [f"download refused, nothing installed: {e}"]))
+            raise APIError(f"download refused: {e}") from e
 
     async def install(self):
         if self.lock_keeper and not self.lock_keeper.lock(self):
@@ -159,7 +215,12 @@ class VladRaucClient(RaucDBUSDDIClient):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", required=True, help="host:port of the DDI server (http)")
+    ap.add_argument("--server", required=True, help="host:port of the DDI server")
+    ap.add_argument("--ca", type=Path, help="the fleet's CA certificate (PEM): HTTPS, trusting this CA alone")
+    ap.add_argument("--cert", type=Path, help="the device's client certificate (PEM), with --key")
+    ap.add_argument("--key", type=Path, help="the device's client certificate's private key (PEM)")
+    ap.add_argument("--max-download", type=int, default=4 << 30,
+                    help="bytes a bundle download may take before it is refused (default 4 GiB)")
     ap.add_argument("--tenant", default="DEFAULT")
     ap.add_argument("--target", required=True, help="the device's controller id")
     ap.add_argument("--token-file", type=Path, required=True)
@@ -169,6 +230,8 @@ def main() -> int:
     ap.add_argument("--retry", type=float, default=10.0, help="seconds between polls after an error")
     ap.add_argument("install_command", nargs="+")
     a = ap.parse_args()
+    if (a.cert is None) != (a.key is None) or (a.cert is not None and a.ca is None):
+        ap.error("--cert and --key go together, and with --ca")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     log = logging.getLogger("rauc_hawkbit")
@@ -178,11 +241,12 @@ def main() -> int:
 
     async def run() -> None:
         token = a.token_file.read_text().strip()
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.TCPConnector(ssl=tls_context(a.ca, a.cert, a.key)) if a.ca else None
+        async with aiohttp.ClientSession(connector=connector) as session:
             client = VladRaucClient(
-                session, a.server, False, a.tenant, a.target, token,
+                session, a.server, a.ca is not None, a.tenant, a.target, token,
                 {"hw_boardname": a.compatible, "hw_revision": "default", "sw_version": a.sw_version},
-                a.download, done, install_command=a.install_command)
+                a.download, done, install_command=a.install_command, max_download=a.max_download)
             await client.start_polling(wait_on_error=a.retry)
 
     try:

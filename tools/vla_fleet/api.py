@@ -6,6 +6,7 @@ method, path, status and goosebit's answer in one line."""
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,10 +20,14 @@ class ApiError(Exception):
 
 
 class Server:
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0):
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0,
+                 tls: ssl.SSLContext | None = None):
+        """`tls`: for an https URL, the context holding the fleet's CA (and the operator's
+        client certificate when the server requires one)."""
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.tls = tls
 
     def request(self, method: str, path: str, body: bytes | None = None,
                 content_type: str | None = None) -> Any:
@@ -32,7 +37,7 @@ class Server:
         if self.token:
             req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.tls) as resp:
                 data = resp.read()
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace").strip().replace("\n", " ")[:300]

@@ -102,14 +102,20 @@ class Device:
                               "--json", str(self.robot_json)])
 
     def start_agent(self, server: str, token: Path, sw_version: str, key: str = "agent",
-                    retry: float = 2.0) -> subprocess.Popen:
+                    retry: float = 2.0, tls: list[str] | None = None, download: Path | None = None,
+                    max_download: int | None = None, wrap: list[str] | None = None,
+                    env: dict[str, str] | None = None) -> subprocess.Popen:
+        """`tls`: the agent's --ca/--cert/--key arguments; `wrap`: a command the agent runs
+        under (one that ends by exec'ing its arguments)."""
         install = [str(self.fleet_python), "-m", "vla_fleet.install", "--rauc", str(self.rauc),
                    "--conf", str(self.system_conf), "--work", str(self.root / "rauc-work")]
-        return self._start(key, [str(self.fleet_python), "-m", "vla_fleet.agent", "--server", server,
+        limit = [] if max_download is None else ["--max-download", str(max_download)]
+        return self._start(key, [*(wrap or []), str(self.fleet_python), "-m", "vla_fleet.agent",
+                                 "--server", server, *(tls or []), *limit,
                                  "--target", self.name, "--token-file", str(token),
                                  "--compatible", self.compatible, "--sw-version", sw_version,
-                                 "--download", str(self.root / "download.raucb"), "--retry", str(retry),
-                                 "--", *install])
+                                 "--download", str(download or self.root / "download.raucb"),
+                                 "--retry", str(retry), "--", *install], env=env)
 
     def alive(self, key: str) -> bool:
         p = self.procs.get(key)

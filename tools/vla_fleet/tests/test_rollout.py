@@ -20,7 +20,15 @@ The scenario runs once (module fixture) in phases:
   4. bad input: a corrupt download (dev-2), a refused token and an unreachable server (dev-3),
      a rollback: dev-4 (on 1.1.0, committed) sent the older signed 1.0.0, refused by
      vlad's version floor, still on 1.1.0 and driving; and an expired 1.5.0 sent to dev-4,
-     refused the same way.
+     refused the same way;
+  5. the transport: an impostor whose certificate comes from another CA (refused in the
+     handshake), a client without a certificate (refused by the server), expired login
+     tokens (refused), and a server streaming an endless artifact to dev-3's agent writing
+     into a small private tmpfs (stopped at the agent's limit, then by the full tmpfs;
+     reported, nothing installed, dev-3 driving).
+
+Everything runs over HTTPS with a CA made at test time (`make_pki`): the server requires a
+client certificate from it, every agent pins it and presents its device's certificate.
 
 Run with the project venv (the agents and the server run in build/fleet-venv):
     scripts/setup_fleet.sh && .venv/bin/python -m pytest -q tools/vla_fleet/tests
@@ -29,11 +37,15 @@ VLA_QNN_LIB_DIR. Emulator only: no board was attached."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -68,6 +80,8 @@ LAGGING = "dev-3"
 # living and on the server's counters, not on how fast this machine is.
 DEADLINE_S = 1800.0
 ADMIN = "admin@vla.local"
+# The server's login token lifetime (`server init --session-lifetime`).
+SESSION_S = 3600
 
 
 def cannot_run(what: str) -> None:
@@ -91,6 +105,152 @@ def run(*args, **kw) -> subprocess.CompletedProcess:
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, args))} exited {p.returncode}: {p.stdout}{p.stderr}")
     return p
+
+
+def hs256(claims: dict, secret: str) -> str:
+    """A JSON web token signed as goosebit signs its login tokens (HS256, its secret key)."""
+    def b64(data: bytes) -> bytes:
+        return base64.urlsafe_b64encode(data).rstrip(b"=")
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode()) + b"." + b64(json.dumps(claims).encode())
+    return (head + b"." + b64(hmac.new(secret.encode(), head, hashlib.sha256).digest())).decode()
+
+
+def jwt_claims(token: str) -> dict:
+    part = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+
+
+def make_pki(work: Path) -> dict[str, Path]:
+    """The fleet's test CA (made now, valid a day) with the server's certificate for
+    127.0.0.1, a client certificate for each device and one for the operator; and a second,
+    unrelated CA with a server certificate for 127.0.0.1 (an impostor the devices must
+    refuse)."""
+    pki = work / "pki"
+    pki.mkdir()
+    out: dict[str, Path] = {}
+
+    def ca(name: str) -> None:
+        key, cert = pki / f"{name}.key", pki / f"{name}.pem"
+        run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", cert, "-days", "1", "-subj", f"/CN=vla fleet test {name}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        out[name], out[f"{name}-key"] = cert, key
+
+    def leaf(name: str, issuer: str, usage: str, san: str | None) -> None:
+        key, csr, cert = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.pem"
+        run("openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", key, "-out", csr, "-subj", f"/CN={name}")
+        ext = pki / f"{name}.ext"
+        ext.write_text("basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                       f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else ""))
+        run("openssl", "x509", "-req", "-in", csr, "-CA", out[issuer], "-CAkey", out[f"{issuer}-key"],
+            "-CAcreateserial", "-out", cert, "-days", "1", "-extfile", ext)
+        out[name], out[f"{name}-key"] = cert, key
+
+    ca("fleet-ca")
+    ca("other-ca")
+    leaf("server", "fleet-ca", "serverAuth", "IP:127.0.0.1")
+    leaf("impostor", "other-ca", "serverAuth", "IP:127.0.0.1")
+    leaf("operator", "fleet-ca", "clientAuth", None)
+    for name in DEVICES:
+        leaf(name, "fleet-ca", "clientAuth", None)
+    return out
+
+
+def agent_tls(pki: dict[str, Path], name: str) -> list[str]:
+    """A device's agent: the fleet's CA pinned, its own client certificate."""
+    return ["--ca", str(pki["fleet-ca"]), "--cert", str(pki[name]), "--key", str(pki[f"{name}-key"])]
+
+
+class Impostor:
+    """A DDI server on 127.0.0.1 that is not the fleet's: it offers every device one
+    deployment whose artifact advertises 1 KiB and then streams zeros without end, and
+    records what reaches it. Over HTTPS with the certificate it is given."""
+
+    def __init__(self, cert: Path, key: Path):
+        import http.server
+        import ssl
+        import threading
+
+        impostor = self
+        self.requests: list[str] = []
+        self.feedback: list[dict] = []
+        self.streamed = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                impostor.requests.append(f"GET {self.path}")
+                base = f"https://127.0.0.1:{impostor.port}/DEFAULT/controller/v1/{self.path.split('/')[4]}"
+                if "/artifacts/" in self.path:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.end_headers()
+                    block = bytes(1 << 16)
+                    try:
+                        while True:
+                            self.wfile.write(block)
+                            impostor.streamed += len(block)
+                    except OSError:
+                        return  # the agent hung up
+                elif "/deploymentBase/" in self.path:
+                    self.answer({"id": "7", "deployment": {"download": "forced", "update": "forced", "chunks": [
+                        {"part": "os", "version": "9.9.9", "name": "endless", "artifacts": [
+                            {"filename": "endless.raucb", "size": 1024, "hashes": {"sha1": "0" * 40},
+                             "_links": {"download": {
+                                 "href": f"{base}/softwaremodules/1/artifacts/endless.raucb"}}}]}]}})
+                else:
+                    self.answer({"config": {"polling": {"sleep": "00:00:02"}},
+                                 "_links": {"deploymentBase": {"href": f"{base}/deploymentBase/7?c=7"}}})
+
+            def do_POST(self):
+                impostor.requests.append(f"POST {self.path}")
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.endswith("/feedback"):
+                    impostor.feedback.append(json.loads(body))
+                self.answer({})
+
+            do_PUT = do_POST
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def private_tmpfs(mountpoint: Path, size: str) -> list[str] | None:
+    """A command prefix that runs its arguments in a private mount namespace with a tmpfs
+    of `size` on `mountpoint` (nobody else sees the mount; it goes with the process), or
+    None when this machine allows no such namespace."""
+    if os.geteuid() == 0:
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+    else:
+        unshare = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
+    script = 'mount -t tmpfs -o "size=$1,mode=0700" vla-download "$2" && shift 2 && exec "$@"'
+    probe = subprocess.run([*unshare, "sh", "-c", script, "sh", size, str(mountpoint), "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        log(f"no private tmpfs here: {probe.stderr.strip()}")
+        return None
+    return [*unshare, "sh", "-c", script, "sh", size, str(mountpoint)]
 
 
 class Fleet:
@@ -215,6 +375,8 @@ def fleet():
         log("building the policy bundles and their RAUC bundles")
         b = make_bundles(work)
         f.bundles = b
+        pki = make_pki(work)
+        f.pki = pki
 
         # A private D-Bus "system bus" for the agents' RAUC proxy (nothing is called on it).
         bus = OUT / "dbus.sock"
@@ -228,12 +390,16 @@ def fleet():
         fenv = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
         py = FLEET_VENV / "bin/python"
         run(py, "-m", "vla_fleet.server", "init", server_dir, "--admin", ADMIN, "--password-file", password,
-            env=fenv)
+            "--session-lifetime", SESSION_S, env=fenv)
         port = free_port()
-        f.server_proc = f.spawn([py, "-m", "vla_fleet.server", "serve", server_dir, "--port", port],
-                                OUT / "server.log", env=fenv)
-        url = f"http://127.0.0.1:{port}"
-        f.server = Server(url)
+        # HTTPS with the test CA's certificate, and client certificates from that CA required.
+        f.server_proc = f.spawn([py, "-m", "vla_fleet.server", "serve", server_dir, "--port", port,
+                                 "--tls-cert", pki["server"], "--tls-key", pki["server-key"],
+                                 "--client-ca", pki["fleet-ca"]], OUT / "server.log", env=fenv)
+        url = f"https://127.0.0.1:{port}"
+        operator = ssl.create_default_context(cafile=str(pki["fleet-ca"]))
+        operator.load_cert_chain(pki["operator"], pki["operator-key"])
+        f.server = Server(url, tls=operator)
 
         def up():
             try:
@@ -242,6 +408,21 @@ def fleet():
             except ApiError:
                 return False
         f.wait_for("the server's login", up, keys=())
+        # Login tokens expire: the one just issued carries its lifetime; one past its
+        # expiry, and one without any (as goosebit itself issues them), signed with the
+        # server's own secret, are refused.
+        secret = (server_dir / "secret_key").read_text().strip()
+        now = int(time.time())
+        refused = {}
+        for name, claims in (("expired", {"username": ADMIN, "iat": now - 7200, "exp": now - 3600}),
+                             ("no-expiry", {"username": ADMIN})):
+            try:
+                Server(url, hs256(claims, secret), tls=operator).devices()
+                refused[name] = "accepted"
+            except ApiError as e:
+                refused[name] = str(e)
+        f.server.devices()  # the issued token is accepted (ApiError otherwise)
+        f.seen["session"] = {"claims": jwt_claims(f.server.token), "refused": refused}
         f.url, f.port, f.server_dir = url, port, server_dir
 
         # The devices: each flashed with A, its daemon and robot started. The synchronous
@@ -288,7 +469,7 @@ def fleet():
               for name in ("good", "gate-fails", "new-key", "corrupt", "a", "expired")}
         f.sw = sw
         for d in f.devices.values():
-            d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0")
+            d.start_agent(f"127.0.0.1:{port}", tokens[d.name], "1.0.0", tls=agent_tls(pki, d.name))
         f.wait_for("every device registered", lambda: all(
             dv["last_state"] == "Registered" for dv in f.server.devices().values()))
 
@@ -364,6 +545,9 @@ def fleet():
         art[0].write_bytes(bytes(data))
         f.server.patch_devices(["dev-2"], software=str(sw["corrupt"]))
         f.wait_for("dev-2 in state Error", lambda: f.server.devices()["dev-2"]["last_state"] == "Error")
+        # The agent tells the server before it logs the failure: wait for its line too.
+        f.wait_for("dev-2's agent to log the refused download",
+                   lambda: "checksum does not match after" in d2.log("agent")[agent_from:])
         f.seen["corrupt"] = {"before": before, "after": {"current": d2.current(), "bundles": d2.bundles(),
                                                          "repo": sorted(os.listdir(d2.repo))},
                              "device": f.server.devices()["dev-2"], "log": f.server.device_log("dev-2"),
@@ -391,7 +575,7 @@ def fleet():
         f.server.patch_devices(["dev-4"], software=str(sw["expired"]), force_update=True)
         # dev-4 is in Error already (4d): the wait is for its agent to have tried again.
         f.wait_for("dev-4's agent to try the expired release and fail",
-                   lambda: len(d4.log("agent")) > agent_from
+                   lambda: "deployment finished: install exit status" in d4.log("agent")[agent_from:]
                    and f.server.devices()["dev-4"]["last_state"] == "Error")
         f.wait_for("dev-4's robot to receive more ok actions after the refused expired release",
                    lambda: d4.robot().get("ok_applied", 0) > n_ok + 5)
@@ -406,22 +590,79 @@ def fleet():
         wrong = d3.root / "wrong-token"
         wrong.write_text("not-the-device-token\n")
         f.server.patch_devices(["dev-3"], software=str(sw["good"]), force_update=True)
-        d3.start_agent(f"127.0.0.1:{port}", wrong, "1.1.0", key="agent-token")
+        d3.start_agent(f"127.0.0.1:{port}", wrong, "1.1.0", key="agent-token", tls=agent_tls(pki, "dev-3"))
         f.wait_for("dev-3's refused-token line", lambda: "401" in d3.log("agent-token"),
                    keys=("daemon", "robot", "agent-token"))
         d3.stop("agent-token")
         closed = free_port()
-        d3.start_agent(f"127.0.0.1:{closed}", tokens["dev-3"], "1.1.0", key="agent-unreachable")
+        d3.start_agent(f"127.0.0.1:{closed}", tokens["dev-3"], "1.1.0", key="agent-unreachable",
+                       tls=agent_tls(pki, "dev-3"))
         f.wait_for("dev-3's unreachable-server line", lambda: "Cannot connect" in d3.log("agent-unreachable"),
                    keys=("daemon", "robot", "agent-unreachable"))
         d3.stop("agent-unreachable")
         f.seen["refused"] = {"before": before3, "after": {"current": d3.current(), "bundles": d3.bundles()},
                              "token_log": d3.log("agent-token"), "unreachable_log": d3.log("agent-unreachable"),
                              "daemon_alive": d3.alive("daemon"), "device": f.server.devices()["dev-3"]}
+
+        # Phase 5a: an impostor whose certificate comes from another CA, which the agent's
+        # process would trust if it read the default store (SSL_CERT_FILE names that CA):
+        # refused in the handshake, one line, no request reaches the impostor.
+        impostor = Impostor(pki["impostor"], pki["impostor-key"])
+        try:
+            d3.start_agent(f"127.0.0.1:{impostor.port}", tokens["dev-3"], "1.1.0", key="agent-impostor",
+                           tls=agent_tls(pki, "dev-3"), env={**d3.env, "SSL_CERT_FILE": str(pki["other-ca"])})
+            f.wait_for("dev-3's refused-certificate line",
+                       lambda: "CERTIFICATE_VERIFY_FAILED" in d3.log("agent-impostor"),
+                       keys=("daemon", "robot", "agent-impostor"))
+            d3.stop("agent-impostor")
+        finally:
+            impostor.close()
+        f.seen["impostor"] = {"log": d3.log("agent-impostor"), "requests": impostor.requests,
+                              "after": {"current": d3.current(), "bundles": d3.bundles()}}
+
+        # Phase 5b: a server the agent trusts (the fleet's certificate: a compromised server)
+        # streams an endless artifact that advertised 1 KiB. The agent writes into a small
+        # tmpfs of its own: once past its --max-download it stops; with a limit above the
+        # tmpfs, the full filesystem stops it. Each time the failure is reported, the partial
+        # file removed, nothing installed, and dev-3 keeps driving.
+        mnt = d3.root / "download-tmpfs"
+        mnt.mkdir()
+        n_ok = d3.robot().get("ok_applied", 0)
+        endless = {}
+        for key, size, limit in (("agent-endless", "8m", 1 << 20), ("agent-full", "2m", 64 << 20)):
+            wrap = private_tmpfs(mnt, size)
+            if wrap is None:
+                f.seen["endless"] = None
+                break
+            impostor = Impostor(pki["server"], pki["server-key"])
+            try:
+                d3.start_agent(f"127.0.0.1:{impostor.port}", tokens["dev-3"], "1.1.0", key=key,
+                               tls=agent_tls(pki, "dev-3"), download=mnt / "bundle.raucb",
+                               max_download=limit, wrap=wrap)
+                f.wait_for(f"dev-3's {key} to report the refused download",
+                           lambda: impostor.feedback and "Download refused" in d3.log(key),
+                           keys=("daemon", "robot", key))
+                d3.stop(key)
+            finally:
+                impostor.close()
+            endless[key] = {"log": d3.log(key), "feedback": impostor.feedback, "streamed": impostor.streamed,
+                            "limit": limit}
+        else:
+            f.wait_for("dev-3's robot to receive more ok actions after the endless downloads",
+                       lambda: d3.robot().get("ok_applied", 0) > n_ok + 5)
+            f.seen["endless"] = {**endless, "after": {"current": d3.current(), "bundles": d3.bundles()},
+                                 "host_dir": sorted(os.listdir(mnt)), "daemon_alive": d3.alive("daemon"),
+                                 "before": before3}
+
         f.seen["daemons_alive"] = {n: d.alive("daemon") for n, d in f.devices.items()}
-        f.seen["setup"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
-                                          "-d", "username=x@y.z&password=p", f"{url}/setup"],
+        tls_curl = ["--cacert", pki["fleet-ca"], "--cert", pki["operator"], "--key", pki["operator-key"]]
+        f.seen["setup"] = subprocess.run(["curl", "-s", *tls_curl, "-o", "/dev/null", "-w", "%{http_code}",
+                                          "-X", "POST", "-d", "username=x@y.z&password=p", f"{url}/setup"],
                                          capture_output=True, text=True).stdout
+        # Without a client certificate the handshake fails: no HTTP status at all.
+        no_cert = subprocess.run(["curl", "-s", "--cacert", pki["fleet-ca"], "-o", "/dev/null", "-w",
+                                  "%{http_code}", f"{url}/api/v1/devices"], capture_output=True, text=True)
+        f.seen["no_client_cert"] = {"rc": no_cert.returncode, "status": no_cert.stdout}
         f.seen["total_seconds"] = time.monotonic() - f.start
         log(f"scenario done in {f.seen['total_seconds']:.0f} s")
         yield f
@@ -580,6 +821,53 @@ def test_refused_token_and_unreachable_server_are_one_line_each(fleet):
     assert "Polling failed" in line and "127.0.0.1" in line, line
     assert s["after"] == s["before"] and s["daemon_alive"]
     assert "Traceback" not in s["token_log"] + s["unreachable_log"]
+
+
+def test_login_tokens_expire(fleet):
+    s = fleet.seen["session"]
+    assert s["claims"]["exp"] - s["claims"]["iat"] == SESSION_S, s["claims"]
+    assert s["claims"]["exp"] > time.time()
+    for name in ("expired", "no-expiry"):
+        assert "HTTP 401" in s["refused"][name], (name, s["refused"][name])
+
+
+def test_an_impostor_server_certificate_is_refused_in_one_line(fleet):
+    """The agent trusts the pinned fleet CA alone: a server certificate from another CA is
+    refused although the process's default store (SSL_CERT_FILE) holds that CA."""
+    s = fleet.seen["impostor"]
+    line = one_line_with(s["log"], "CERTIFICATE_VERIFY_FAILED")
+    assert "Polling failed" in line and "127.0.0.1" in line, line
+    assert "Traceback" not in s["log"], s["log"][-2000:]
+    assert s["requests"] == [], s["requests"]
+    assert "Starting bundle download" not in s["log"]
+    assert s["after"] == fleet.seen["refused"]["before"], s["after"]
+
+
+def test_a_client_without_a_certificate_is_refused_by_the_server(fleet):
+    s = fleet.seen["no_client_cert"]
+    # curl: 0 would be an HTTP answer; the handshake (or the first read) fails instead.
+    assert s["rc"] != 0 and s["status"] == "000", s
+
+
+def test_an_endless_download_stops_at_the_limit_or_a_full_tmpfs_and_installs_nothing(fleet):
+    s = fleet.seen["endless"]
+    if s is None:
+        cannot_run("no private mount namespace with a tmpfs (unshare --mount)")
+    for key, needle in (("agent-endless", "passed the limit of 1048576 bytes"),
+                        ("agent-full", "No space left on device")):
+        r = s[key]
+        line = one_line_with(r["log"], "Download refused")
+        assert needle in line, line
+        assert "Traceback" not in r["log"] and "Starting installation" not in r["log"], r["log"][-2000:]
+        # Reported to the server: the deployment closed as failed, with the reason.
+        fb = r["feedback"][0]
+        assert fb["status"]["execution"] == "closed" and fb["status"]["result"]["finished"] == "failure", fb
+        assert needle in " ".join(fb["status"]["details"]), fb
+    # The server streamed past the limit: the agent stopped reading, not the server sending.
+    assert s["agent-endless"]["streamed"] > 1 << 20
+    assert s["after"] == s["before"], (s["before"], s["after"])
+    assert s["host_dir"] == [], "the download reached the device's own filesystem"
+    assert s["daemon_alive"]
 
 
 def test_daemons_ran_throughout_and_setup_is_unreachable(fleet):
