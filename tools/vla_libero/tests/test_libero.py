@@ -76,6 +76,8 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
     # vlad's own Rust preprocessing and gripper mapping, rerun on the recorded observation.
     names = " ".join(report["checks"])
     assert "PASS vlad's image input to the first context (its own Rust pipeline)" in names
+    assert "PASS vlad's state input to the first context (its own Rust pipeline) = upstream _extract_sim_state" \
+        in names
     assert "PASS gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g" in names
     assert "PASS vlad run-once on the recorded observation = the recorded chunk" in names
     from PIL import Image
@@ -105,9 +107,15 @@ def test_the_checks_fail_on_a_wrong_state_a_skipped_row_and_a_short_warmup_in_th
 
     assert "policy image input = upstream's (crop-resize, side by side, x*2/255-1)" in \
         failing(good, {**conv.chain, "rotate_180": [False, False]})
+    # vlad's state input (its run-once --stages dump) against upstream's, and a bent one.
+    published = {int(s): int(p) for s, p, _ in good["published"]}
+    point = published[next(i for i in rec.inferences if i.obs_seq in published and i.ok).obs_seq]
+    policy_state = np.load(ep / "glue" / "stages-live.npz")["policy_state"]
+    assert checks.fastwam_state_input(good, point, policy_state).ok
     bent = good["point_upstream_state"].copy()
     bent[:, 3:6] += 1e-3
-    assert "policy state input = upstream _extract_sim_state" in failing(dict(good, point_upstream_state=bent))
+    assert not checks.fastwam_state_input(dict(good, point_upstream_state=bent), point, policy_state).ok
+    assert not checks.fastwam_state_input(good, point, policy_state[:-1]).ok
     rows = "lockstep: each chunk published and applied from row 0, in order, at most execute_steps rows"
     assert rows in failing(dict(good, applied=good["applied"][1:], applied_values=good["applied_values"][1:]))
     # vlad publishing a chunk's rows out of order fails it from its own ticks.
