@@ -272,8 +272,8 @@ def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_re
 def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
     """`eval --workers 2` over two tasks: each worker its own vlad and rings, per-episode
     reports and videos, one per-suite table with Wilson intervals and the published column
-    and the per-task table; `--resume` keeps every finished episode (no new recording) and
-    writes the same table."""
+    and the per-task table; `--resume` keeps every finished episode (no new recording; with
+    nothing left, no vlad started) and writes the same table."""
     out = tmp_path / "eval"
     args = ["eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
             "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out)]
@@ -290,9 +290,12 @@ def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_ski
     assert all((e / "video.mp4").exists() and (e / "report.json").exists() for e in eps)
     done = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")}
     assert len(done) == 2
+    logs = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/vlad.log")}
+    assert len(logs) == 2
     r = tool(*args, "--resume")
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert r.stderr.count("done before, kept (--resume)") == 2
+    assert r.stderr.count("done before, kept (--resume); vlad not started") == 2
+    assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/vlad.log")} == logs, "nothing left: no vlad"
     assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")} == done
     assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
 
