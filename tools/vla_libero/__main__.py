@@ -165,6 +165,20 @@ def _parallel(args, argv: list) -> int:
     return 0 if all(c == 0 for c in codes) else 3
 
 
+def _episode_dir(args, out: Path, task, init_index: int) -> Path:
+    return out / (f"{task.suite}-{task.index}-{init_index}" if args.cmd == "eval" else "episode")
+
+
+def _write_table(args, conv, out: Path, run: dict, summaries: list) -> None:
+    """`eval`: success-rates.md (the run's header, the suite and task tables) and episodes.json."""
+    if args.cmd != "eval":
+        return
+    table = rp.header_text(run) + "\n\n" + rp.suite_table(summaries, conv.policy) + "\n\n" + rp.task_table(summaries)
+    (out / "success-rates.md").write_text(table + "\n")
+    (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
+    print(table)
+
+
 def _run(args) -> int:
     conv = cv.from_bundle(args.bundle)
     plan = list(_episodes(args, conv))  # every task checked before anything starts
@@ -177,6 +191,15 @@ def _run(args) -> int:
     if not 0 <= args.record_every_s <= 300:
         raise dm.DaemonError(f"--record-every-s {args.record_every_s}: expected 0..300 (a recording covers 600 s "
                              "at most)")
+    if args.resume and plan and all((_episode_dir(args, out, t, i) / "report.json").exists() for t, i in plan):
+        # Nothing left to run: the table from the reports, without starting vlad.
+        summaries = [json.loads((_episode_dir(args, out, t, i) / "report.json").read_text()) for t, i in plan]
+        print(f"vla-libero: all {len(plan)} episodes done before, kept (--resume); vlad not started", file=sys.stderr)
+        if not (out / "run.json").exists():
+            (out / "run.json").write_text(json.dumps(rp.run_header(conv, args.bundle, out, args.publish_hz,
+                                                                   args.fault), indent=1))
+        _write_table(args, conv, out, json.loads((out / "run.json").read_text()), summaries)
+        return 0 if all(s["checks_passed"] and not s.get("error") for s in summaries) else 3
     config = dm.eval_config(args.board_bundle or args.bundle, out, tag, args.publish_hz, conv.execute_steps,
                             args.record_every_s)
     if args.board:
@@ -203,7 +226,7 @@ def _run(args) -> int:
         print(rp.header_text(run), flush=True)
         started, done_s = time.monotonic(), []
         for n, (task, init_index) in enumerate(plan):
-            ep_dir = out / (f"{task.suite}-{task.index}-{init_index}" if args.cmd == "eval" else "episode")
+            ep_dir = _episode_dir(args, out, task, init_index)
             if args.resume and (ep_dir / "report.json").exists():
                 summaries.append(json.loads((ep_dir / "report.json").read_text()))
                 print(f"[{n + 1}/{len(plan)}] {ep_dir.name}: done before, kept (--resume)", file=sys.stderr)
@@ -305,12 +328,7 @@ def _run(args) -> int:
         run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
         run["vlad_warnings"] = warnings
         (out / "run.json").write_text(json.dumps(run, indent=1))
-    if args.cmd == "eval":
-        table = rp.header_text(run) + "\n\n" + rp.suite_table(summaries, conv.policy) + "\n\n" + \
-            rp.task_table(summaries)
-        (out / "success-rates.md").write_text(table + "\n")
-        (out / "episodes.json").write_text(json.dumps(summaries, indent=1))
-        print(table)
+    _write_table(args, conv, out, run if args.cmd == "eval" or summaries else {}, summaries)
     if code not in (0, None) or stopped:
         print(f"vla-libero: vlad exited with {code} (log {daemon.log_path})", file=sys.stderr)
         return 1

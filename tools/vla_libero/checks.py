@@ -1,9 +1,12 @@
 """The boundary checks: what vlad's policy received (its flight recording) against what
 the policy's upstream LIBERO eval feeds for the same simulator state (the robot's log:
 Fast-WAM's eval code, LeRobot's env for MolmoAct2), and the lockstep protocol (rows, order,
-no-op steps, gripper values). Each check is a line `PASS|FAIL name: detail`; vlad's own
-Fast-WAM host glue is stood for by scripts/reference.py, the numpy pipeline its parity tests
-hold it to (docs/bundle-format.md)."""
+no-op steps, gripper values). Each check is a line `PASS|FAIL name: detail`. On every
+inference, vlad's Fast-WAM image glue is stood for by scripts/reference.py, the numpy
+pipeline its parity tests hold it to (docs/bundle-format.md); on the first one, `vlad_glue`
+reruns vlad's own code (`run-once --stages`) and holds its inputs to upstream's: Fast-WAM's
+image and state to FastWAM's eval preprocessing, MolmoAct2's pixel values and state to
+LeRobot's own env and processor steps (golden/libero/molmoact2-first-observation.npz)."""
 
 from __future__ import annotations
 
@@ -109,16 +112,19 @@ def _fastwam_inputs(ref, chain, taken, published, log) -> list[Check]:
                      f"max abs {worst_img:g} over {len(taken)} inputs of {chain['camera_height']}x"
                      f"{2 * chain['camera_width']}"))
 
-    # 4. The policy's state input: vlad's conversion of the recorded 9 values against
-    #    upstream's _extract_sim_state on MuJoCo's f64 observation.
-    worst_state = 0.0
-    for inf in taken:
-        vlad_state = ref.fastwam_state(inf.state, chain)
-        worst_state = max(worst_state, float(np.abs(vlad_state - log["point_upstream_state"][published[inf.obs_seq]])
-                                             .max()))
-    out.append(Check("policy state input = upstream _extract_sim_state", worst_state <= STATE_TOLERANCE and bool(taken),
-                     f"max abs {worst_state:.3g} (tolerance {STATE_TOLERANCE:g}: f32 ring against f64)"))
     return out
+
+
+def fastwam_state_input(log: dict, point: int, policy_state) -> Check:
+    """The state vlad's Rust glue built from the ring's 9 raw values (run-once --stages
+    `policy_state`) against upstream's `_extract_sim_state` of the same env observation
+    (`cv.upstream_state`, held to FastWAM's own eval golden by test_conventions.py)."""
+    want = log["point_upstream_state"][point]
+    got = None if policy_state is None else np.asarray(policy_state, np.float32).reshape(-1)
+    diff = float(np.abs(got - want).max()) if got is not None and got.size == want.size else float("inf")
+    return Check("vlad's state input to the first context (its own Rust pipeline) = upstream _extract_sim_state "
+                 "of the env observation", diff <= STATE_TOLERANCE,
+                 f"max abs {diff:.3g} over {want.size} values (tolerance {STATE_TOLERANCE:g}: f32 ring against f64)")
 
 
 def _lockstep(log, taken, published, conv, check_gripper: bool, ticks=()) -> list[Check]:
@@ -188,6 +194,76 @@ def run_once_chunk(vlad: Path, bundle: Path, obs: Path) -> np.ndarray:
         return np.load(out)["actions"]
 
 
+# LeRobot's own env and MolmoAct2 processor steps on the MolmoAct2 test episode's first
+# observation (scripts/upstream_libero_molmoact2.py, run in the upstream venv).
+MOLMOACT2_GOLDEN = REPO / "golden" / "libero" / "molmoact2-first-observation.npz"
+# LeRobot's state is torch f32 (acos, sqrt, division), the robot's numpy f32: last-bit
+# differences (measured 2.4e-7, one ulp at pi).
+LEROBOT_STATE_TOLERANCE = 1e-6
+# Within this of a .5 tie, the exact bilinear value may round to either uint8 level.
+TIE = 1e-3
+
+
+def _bilinear_ties(images: np.ndarray, crop: int, patch: int) -> np.ndarray:
+    """Where the exact (f64) bilinear resize of `images` [cams, H, W, 3] to crop x crop lies
+    at a .5 tie, in pixel_values' patch layout (flat)."""
+    ref = _reference()
+    out = []
+    for img in images.astype(np.float64):
+        y0, y1, fy = ref._axis_taps(img.shape[0], crop)
+        x0, x1, fx = ref._axis_taps(img.shape[1], crop)
+        fx = fx.astype(np.float64)[None, :, None]
+        fy = fy.astype(np.float64)[:, None, None]
+        top = img[y0][:, x0] * (1 - fx) + img[y0][:, x1] * fx
+        bottom = img[y1][:, x0] * (1 - fx) + img[y1][:, x1] * fx
+        out.append(top * (1 - fy) + bottom * fy)
+    exact = np.stack(out)
+    grid = crop // patch
+    exact = exact.reshape(len(out), grid, patch, grid, patch, 3).transpose(0, 1, 3, 2, 4, 5).reshape(-1)
+    return np.abs(exact - np.floor(exact) - 0.5) < TIE
+
+
+def molmoact2_inputs(log: dict, point: int, state, pixel_values, chain: dict, golden=MOLMOACT2_GOLDEN) -> list[Check]:
+    """MolmoAct2's inputs as vlad had them for one observation point: its Rust pipeline's
+    `pixel_values` (run-once --stages) and the state it took from the ring, against LeRobot's
+    preprocess_observation + LiberoProcessorStep + MolmoAct2 pack step + image processor on
+    the same env observation (the golden). Pixel values must be upstream's except at .5 ties
+    of the exact bilinear interpolation, one uint8 level at most (torch's uint8 kernel rounds
+    some ties the other way; vlad rounds half to even). An observation other than the
+    golden's (another task, init or bundle) is compared with the project's numpy reference
+    instead, and the check says so."""
+    g = np.load(golden)
+    rendered, env_state = log["point_rendered"][point], log["point_env_state"][point]
+    same = (np.array_equal(rendered, g["env_rendered"]) and np.array_equal(env_state, g["env_state"])
+            and [chain["crop_size"], chain["patch_size"]] == g["crop_patch"].tolist())
+    got = None if pixel_values is None else np.asarray(pixel_values, np.float32).reshape(-1)
+    if not same:
+        ref = _reference().pixel_values_from_frames(log["point_frames"][point], chain["crop_size"], chain["patch_size"])
+        diff = float(np.abs(got - ref.reshape(-1)).max()) if got is not None and got.size == ref.size else float("inf")
+        return [Check("vlad's vision input (its own Rust pipeline) = the numpy reference's pixel_values "
+                      "(not the upstream golden's observation)", diff <= 1e-6, f"max abs {diff:g} over {ref.size} values")]
+    want = g["pixel_values"].reshape(-1)
+    src = f"upstream golden {golden.name}"
+    if got is None or got.size != want.size:
+        pixels = Check("vlad's vision input (its own Rust pipeline) = LeRobot's env + MolmoAct2 processor pixel_values",
+                       False, f"{'no' if got is None else got.size} values, upstream {want.size} ({src})")
+    else:
+        ties = _bilinear_ties(g["processor_images"], chain["crop_size"], chain["patch_size"])
+        levels = np.abs(got.astype(np.float64) - want) * 127.5
+        apart = levels > 1e-3
+        ok = bool(np.all(levels <= 1 + 1e-3) and np.all(ties[apart]))
+        pixels = Check("vlad's vision input (its own Rust pipeline) = LeRobot's env + MolmoAct2 processor pixel_values",
+                       ok, f"{int(apart.sum())} of {want.size} values apart (max {levels.max():.3g} uint8 levels), "
+                           f"{int(np.sum(apart & ~ties))} of them off a .5 tie (allowed: one level at a tie; "
+                           f"{int(ties.sum())} ties) ({src})")
+    sdiff = float(np.abs(np.asarray(state, np.float32) - g["observation_state"]).max())
+    return [pixels,
+            Check("state vlad took = LeRobot's LiberoProcessorStep observation.state",
+                  sdiff <= LEROBOT_STATE_TOLERANCE,
+                  f"max abs {sdiff:.3g} over {g['observation_state'].size} values (tolerance "
+                  f"{LEROBOT_STATE_TOLERANCE:g}: torch's f32 against numpy's) ({src})")]
+
+
 def _run_once(vlad: Path, bundle: Path, inf, work: Path, tag: str, env: dict) -> dict:
     """`vlad run-once` on one recorded observation (its frames, state, instruction and
     seed, as vlad took them): the chunk and the host glue's stages, from vlad's own code."""
@@ -209,7 +285,9 @@ def vlad_glue(rec: Recording, log: dict, conv: cv.Conventions, bundle: Path, vla
     `vlad run-once` on that recorded observation, against upstream's preprocessing of the
     same env observation:
     - Fast-WAM: the image input the first context was fed (`--stages` `image`) = upstream's
-      `get_libero_image` + `_center_crop_resize` + side by side + `x*2/255-1` (exact);
+      `get_libero_image` + `_center_crop_resize` + side by side + `x*2/255-1` (exact), and
+      its state (`policy_state`) = upstream's `_extract_sim_state`;
+    - MolmoAct2: `pixel_values` and the state vlad took = LeRobot's (`molmoact2_inputs`);
     - Fast-WAM: the gripper mapping, from the chunk of the same bundle with `gripper_map:
       none` and no binarizing (the de-normalized g, values anywhere in between): vlad's
       rows = upstream's `sign(-(g*2 - 1))` of them, the other dims unchanged;
@@ -227,23 +305,14 @@ def vlad_glue(rec: Recording, log: dict, conv: cv.Conventions, bundle: Path, vla
     out = [Check("vlad run-once on the recorded observation = the recorded chunk", inf.actions is not None and
                  np.array_equal(live["actions"], inf.actions), f"observation {inf.obs_seq}, seed {inf.seed}")]
     if conv.policy != "fastwam":
-        # MolmoAct2's vision input as vlad's Rust glue built it from the frames it took,
-        # against the project's numpy pipeline (scripts/reference.py): LeRobot's processor
-        # itself needs torch, so this compares with the reference, not with upstream.
-        c = conv.chain
-        ref = _reference().pixel_values_from_frames(np.stack([inf.frames[0], inf.frames[1]]), c["crop_size"],
-                                                    c["patch_size"])
-        got = live.get("pixel_values")
-        diff = float(np.abs(got - ref.reshape(-1)).max()) if got is not None and got.size == ref.size else float("inf")
-        out.append(Check("vlad's vision input (its own Rust pipeline) = the numpy reference's pixel_values",
-                         diff <= 1e-6, f"max abs {diff:g} over {ref.size} values"))
-        return out
+        return out + molmoact2_inputs(log, point, inf.state, live.get("pixel_values"), conv.chain)
     chain = conv.chain
     up = cv.upstream_model_image(log["point_upstream_images"][point], chain["camera_width"], chain["camera_height"])
     got = live.get("image")
     diff = float(np.abs(got - up.reshape(-1)).max()) if got is not None and got.size == up.size else float("inf")
     out.append(Check("vlad's image input to the first context (its own Rust pipeline) = upstream's preprocessing "
                      "of the env observation", diff == 0.0, f"max abs {diff:g} over {up.size} values"))
+    out.append(fastwam_state_input(log, point, live.get("policy_state")))
     # The same bundle without the gripper mapping: the de-normalized g vlad maps.
     raw_bundle = work / "bundle-raw-gripper"
     if raw_bundle.exists():

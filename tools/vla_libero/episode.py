@@ -40,6 +40,7 @@ class Log:
     point_rendered: list = field(default_factory=list)     # as robosuite rendered them
     point_upstream_images: list = field(default_factory=list)
     point_raw_state: list = field(default_factory=list)    # the ring's state, f64
+    point_env_state: list = field(default_factory=list)    # the env observation's eef_pos, eef_quat, gripper_qpos, f64
     point_upstream_state: list = field(default_factory=list)  # f32 [8]
     point_steps: list = field(default_factory=list)        # policy steps done before it
     published: list = field(default_factory=list)          # (seq, point, capture_ns)
@@ -83,6 +84,7 @@ def run(simulator: sm.Sim, init_state: np.ndarray, conv: cv.Conventions, writer:
         log.point_rendered.append(sm.raw_frames(o))
         log.point_upstream_images.append(cv.upstream_images(o))
         log.point_raw_state.append(conv.ring_state(o).astype(np.float64))
+        log.point_env_state.append(sm.raw_state(o))
         log.point_upstream_state.append(cv.upstream_state(o))
         log.point_steps.append(log.steps)
         return len(log.point_frames) - 1
@@ -184,6 +186,7 @@ def save(log: Log, path) -> None:
         point_rendered=np.array(log.point_rendered, np.uint8),
         point_upstream_images=np.array(log.point_upstream_images, np.uint8),
         point_raw_state=np.array(log.point_raw_state, np.float64),
+        point_env_state=np.array(log.point_env_state, np.float64).reshape(-1, 9),
         point_upstream_state=np.array(log.point_upstream_state, np.float32),
         point_steps=np.array(log.point_steps, np.int64),
         published=np.array(log.published, np.uint64).reshape(-1, 3),

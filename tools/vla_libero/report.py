@@ -196,6 +196,10 @@ def run_header(conv, bundle: Path, out: Path, publish_hz: float, fault) -> dict:
         differences.append("LIBERO code from hf-libero 0.1.4, not a checkout of official LIBERO: the same task "
                            "content (bddl files, init states, task order checked against 8f1084e); env code differs "
                            "only in the asset path lookup, gym -> gymnasium, torch.load(weights_only=False)")
+    if conv.policy == "molmoact2":
+        differences.append("policy noise: vlad's SplitMix64 normals from each observation's seed (point p of every "
+                           "episode the same), not LeRobot's per-episode torch generator seeded eval_seed + the "
+                           "episode's index within its task (docs/libero.md)")
     if fault:
         differences.append(f"fault injected on purpose: {', '.join(fault)}")
     return {"policy": conv.policy, "as_upstream": not differences, "differences": differences,

@@ -76,6 +76,8 @@ def test_one_episode_through_vlad_passes_every_boundary_check(episode):
     # vlad's own Rust preprocessing and gripper mapping, rerun on the recorded observation.
     names = " ".join(report["checks"])
     assert "PASS vlad's image input to the first context (its own Rust pipeline)" in names
+    assert "PASS vlad's state input to the first context (its own Rust pipeline) = upstream _extract_sim_state" \
+        in names
     assert "PASS gripper mapping = upstream's sign(-(g*2-1)) of vlad's de-normalized g" in names
     assert "PASS vlad run-once on the recorded observation = the recorded chunk" in names
     from PIL import Image
@@ -105,9 +107,15 @@ def test_the_checks_fail_on_a_wrong_state_a_skipped_row_and_a_short_warmup_in_th
 
     assert "policy image input = upstream's (crop-resize, side by side, x*2/255-1)" in \
         failing(good, {**conv.chain, "rotate_180": [False, False]})
+    # vlad's state input (its run-once --stages dump) against upstream's, and a bent one.
+    published = {int(s): int(p) for s, p, _ in good["published"]}
+    point = published[next(i for i in rec.inferences if i.obs_seq in published and i.ok).obs_seq]
+    policy_state = np.load(ep / "glue" / "stages-live.npz")["policy_state"]
+    assert checks.fastwam_state_input(good, point, policy_state).ok
     bent = good["point_upstream_state"].copy()
     bent[:, 3:6] += 1e-3
-    assert "policy state input = upstream _extract_sim_state" in failing(dict(good, point_upstream_state=bent))
+    assert not checks.fastwam_state_input(dict(good, point_upstream_state=bent), point, policy_state).ok
+    assert not checks.fastwam_state_input(good, point, policy_state[:-1]).ok
     rows = "lockstep: each chunk published and applied from row 0, in order, at most execute_steps rows"
     assert rows in failing(dict(good, applied=good["applied"][1:], applied_values=good["applied_values"][1:]))
     # vlad publishing a chunk's rows out of order fails it from its own ticks.
@@ -264,8 +272,8 @@ def test_a_board_over_ssh_vlad_there_the_rings_through_the_bridge_round_trips_re
 def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_skips_what_was_done(bundle, tmp_path):
     """`eval --workers 2` over two tasks: each worker its own vlad and rings, per-episode
     reports and videos, one per-suite table with Wilson intervals and the published column
-    and the per-task table; `--resume` keeps every finished episode (no new recording) and
-    writes the same table."""
+    and the per-task table; `--resume` keeps every finished episode (no new recording; with
+    nothing left, no vlad started) and writes the same table."""
     out = tmp_path / "eval"
     args = ["eval", "--bundle", str(bundle), "--suite", "libero_spatial", "--task", "0,1", "--episodes", "1",
             "--max-steps", "10", "--instruction-id", "0", "--publish-hz", "4", "--workers", "2", "--out", str(out)]
@@ -282,9 +290,12 @@ def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_ski
     assert all((e / "video.mp4").exists() and (e / "report.json").exists() for e in eps)
     done = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")}
     assert len(done) == 2
+    logs = {p: p.stat().st_mtime_ns for p in out.glob("worker-*/vlad.log")}
+    assert len(logs) == 2
     r = tool(*args, "--resume")
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert r.stderr.count("done before, kept (--resume)") == 2
+    assert r.stderr.count("done before, kept (--resume); vlad not started") == 2
+    assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/vlad.log")} == logs, "nothing left: no vlad"
     assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")} == done
     assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
 

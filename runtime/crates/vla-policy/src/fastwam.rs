@@ -325,6 +325,9 @@ impl FastWam {
     pub fn stages(&self, seed: u64) -> Vec<(String, Vec<f32>)> {
         let mut v = Vec::new();
         if let Some(c) = &self.chain {
+            // Not `state`: the end-to-end goldens use that name for the ring input.
+            v.push(("policy_state".into(), c.state.clone()));
+            v.push(("normalized_state".into(), c.normalized_state.clone()));
             v.push(("image".into(), c.image.as_f32().to_vec()));
             v.push(("latents".into(), c.latents.as_f32().to_vec()));
             v.push(("context".into(), self.world[2].as_f32().to_vec()));

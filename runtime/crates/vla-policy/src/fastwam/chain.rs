@@ -68,8 +68,9 @@ pub struct WorldModel {
     context_embedding: AlignedBuf,
     state_norm: FastWamNormalizer,
     /// The policy's state (`state_dims`) built from the accepted observation's raw state.
-    state: Vec<f32>,
-    normalized_state: Vec<f32>,
+    pub(crate) state: Vec<f32>,
+    /// That state normalized, the proprio Linear's input.
+    pub(crate) normalized_state: Vec<f32>,
     /// `[instructions, text_tokens * context_width]` f32.
     text_rows: Vec<f32>,
     proprio_weight: Vec<f32>,
