@@ -359,7 +359,7 @@ impl TextThread {
         let result = match renderer {
             Some(r) => r.render(text.bytes()).map_err(|e| e.to_string()),
             None => Err(format!(
-                "instruction {:?} refused: this bundle takes only its fixed instructions",
+                "instruction {:?}: this bundle takes only its fixed instructions",
                 String::from_utf8_lossy(text.bytes())
             )),
         };
