@@ -345,6 +345,11 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
             .collect::<Vec<_>>()
             .join(", ")
     );
+    // Of which the text thread's render (the rest: the inference in flight on the old
+    // instruction, then the first one on the new).
+    for line in err.lines().filter(|l| l.contains(" rendered in ")) {
+        println!("{}", line.split("] ").nth(1).unwrap_or(line));
+    }
     for p in [&obs_path, &act_path, &txt_path] {
         let _ = std::fs::remove_file(p);
     }
