@@ -272,6 +272,8 @@ impl TextThread {
                     Ok(r) => {
                         log::info!("instruction segment {} open", self.path.display());
                         reader = Some(r);
+                        // Another file may start its epochs and seqs over: take its newest.
+                        last = (0, 0);
                         last_error.clear();
                     }
                     Err(e) => {
