@@ -133,18 +133,20 @@ check_tmpfiles() {
     echo "${out:-no findings}"
     [[ $status -eq 0 && -z "$out" ]] || return 1
     local path
-    for path in /var/lib/vla /var/lib/vla/bundles /dev/shm/vla-obs /dev/shm/vla-act; do
+    for path in /var/lib/vla /var/lib/vla/bundles /dev/shm/vla-obs /dev/shm/vla-act /dev/shm/vla-txt; do
         if [[ ! -e "$root$path" ]]; then
             echo "check_layer: tmpfiles did not create $path" >&2
             return 1
         fi
     done
-    stat -c '%A %u:%g %n' "$root/var/lib/vla" "$root/dev/shm/vla-obs" "$root/dev/shm/vla-act" |
-        sed "s|$root||"
-    # The rings' split: the robot's group writes observations and only reads actions.
+    stat -c '%A %u:%g %n' "$root/var/lib/vla" "$root/dev/shm/vla-obs" "$root/dev/shm/vla-act" \
+        "$root/dev/shm/vla-txt" | sed "s|$root||"
+    # The rings' split: the robot's group writes observations and instruction texts and
+    # only reads actions.
     [[ "$(stat -c '%a %u:%g' "$root/dev/shm/vla-obs")" == "660 990:989" &&
-       "$(stat -c '%a %u:%g' "$root/dev/shm/vla-act")" == "640 990:989" ]] || {
-        echo "check_layer: the rings are not vla:vla-robot 0660 (obs) and 0640 (act)" >&2
+       "$(stat -c '%a %u:%g' "$root/dev/shm/vla-act")" == "640 990:989" &&
+       "$(stat -c '%a %u:%g' "$root/dev/shm/vla-txt")" == "660 990:989" ]] || {
+        echo "check_layer: the rings are not vla:vla-robot 0660 (obs, txt) and 0640 (act)" >&2
         return 1
     }
 }

@@ -39,6 +39,34 @@
  *   ftruncate(fd, total) if it was empty; base = mmap(..., PROT_READ | PROT_WRITE, MAP_SHARED, ...);
  *   seq = vla_ring_writer_start(base, VLA_RING_OBS_MAGIC, &geometry, slots, getpid(), now, &epoch);
  *   per frame: vla_ring_obs_publish(base, seq++, epoch, &meta, state, frames, now).
+ *
+ * Firmware giving instructions as text (the instruction segment, magic "VLA-TXT\0", a
+ * file of its own beside the observation ring, e.g. /dev/shm/vla-instructions; same
+ * header, seqlock and writer start as the rings, slots of 64 + VLA_RING_MAX_TEXT_BYTES):
+ *   set up exactly as the observation writer above, with VLA_RING_TEXT_MAGIC and the
+ *   same geometry (it is checked, to catch a firmware configured for another link):
+ *
+ *     uint64_t total = vla_ring_total_size(VLA_RING_TEXT_MAGIC, &geometry, 4);
+ *     int fd = open("/dev/shm/vla-instructions", O_RDWR | O_CREAT, 0644);
+ *     flock(fd, LOCK_EX | LOCK_NB);          // one writer; the kernel drops it on death
+ *     ftruncate(fd, total);                  // fresh (empty) file only
+ *     void *text = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+ *     uint64_t tseq = vla_ring_writer_start(text, VLA_RING_TEXT_MAGIC, &geometry, 4,
+ *                                           getpid(), now, &tepoch);
+ *     // a new instruction: write its text first, then name it in the observations
+ *     const char *say = "put the bowl on the plate";
+ *     vla_ring_text_publish(text, tseq++, tepoch, 7, say, strlen(say), now);
+ *     meta.instruction_id = VLA_RING_TEXT_ID_FLAG | 7;
+ *     vla_ring_obs_publish(obs, seq++, epoch, &meta, state, frames, now);
+ *
+ *   Give each different text its own text_id (< VLA_RING_TEXT_ID_FLAG); rewriting an id
+ *   with other text makes that id wait for the new rendering. The runtime renders the
+ *   newest text off its control and inference paths (it keeps a few rendered), and holds
+ *   (status hold) while the observation names a text it has not rendered yet or refused
+ *   (invalid UTF-8, too many tokens, special-token text: one log line each, counted in
+ *   its metrics). It never publishes a step computed for another instruction than the
+ *   newest observation names: switching instructions holds until the first chunk of the
+ *   new one. instruction_id values without the flag are the bundle's fixed instructions.
  */
 #ifndef VLA_RING_H
 #define VLA_RING_H
@@ -54,6 +82,9 @@
 
 #define VLA_RING_OBS_MAGIC UINT64_C(0x0053424F2D414C56)    /* "VLA-OBS\0" read little-endian */
 #define VLA_RING_ACTION_MAGIC UINT64_C(0x005443412D414C56) /* "VLA-ACT\0" read little-endian */
+#define VLA_RING_TEXT_MAGIC UINT64_C(0x005458542D414C56)   /* "VLA-TXT\0" read little-endian */
+#define VLA_RING_MAX_TEXT_BYTES 1024u  /* UTF-8 bytes per instruction text slot */
+#define VLA_RING_TEXT_ID_FLAG 0x80000000u /* instruction_id = flag | text_id: a text, not a fixed id */
 #define VLA_RING_ABI_MAJOR 1u
 #define VLA_RING_ABI_VERSION 0u
 #define VLA_RING_ABI_LOWEST_COMPATIBLE 0u
@@ -141,6 +172,17 @@ struct vla_ring_action_slot {
     _Atomic uint64_t step_status_word;  /* 56: u32 step_index, then u32 status */
 };
 
+/* Fixed part of an instruction text slot. Followed by `len` bytes of UTF-8 text (not
+ * NUL-terminated) at offset 64, VLA_RING_MAX_TEXT_BYTES reserved. */
+struct vla_ring_text_slot {
+    _Atomic uint64_t seqlock;           /* 0: 2*seq-1 while written, 2*seq when complete */
+    _Atomic uint64_t seq;               /* 8 */
+    _Atomic uint64_t writer_epoch;      /* 16 */
+    _Atomic uint64_t written_time_ns;   /* 24: CLOCK_MONOTONIC */
+    _Atomic uint64_t id_len_word;       /* 32: u32 text_id, then u32 len */
+    _Atomic uint64_t reserved[3];       /* 40 */
+};
+
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to work across processes");
 _Static_assert(sizeof(_Atomic uint64_t) == 8 && _Alignof(_Atomic uint64_t) == 8, "atomic u64 is 8 bytes, 8-aligned");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "atomic u32 is 4 bytes");
@@ -187,6 +229,11 @@ _Static_assert(offsetof(struct vla_ring_action_slot, made_time_ns) == 32, "actio
 _Static_assert(offsetof(struct vla_ring_action_slot, valid_until_ns) == 40, "action.valid_until_ns");
 _Static_assert(offsetof(struct vla_ring_action_slot, chunk_id) == 48, "action.chunk_id");
 _Static_assert(offsetof(struct vla_ring_action_slot, step_status_word) == 56, "action.step_index/status");
+_Static_assert(sizeof(struct vla_ring_text_slot) == VLA_RING_SLOT_FIXED_SIZE, "text slot fixed size");
+_Static_assert(offsetof(struct vla_ring_text_slot, written_time_ns) == 24, "text.written_time_ns");
+_Static_assert(offsetof(struct vla_ring_text_slot, id_len_word) == 32, "text.text_id/len");
+_Static_assert(offsetof(struct vla_ring_text_slot, reserved) == 40, "text.reserved");
+_Static_assert(VLA_RING_MAX_TEXT_BYTES % VLA_RING_SLOT_ALIGN == 0, "text slots stay cache-line aligned");
 _Static_assert(VLA_RING_HEADER_SIZE % VLA_RING_SLOT_ALIGN == 0, "slots start cache-line aligned");
 
 /* ---- sizes ---------------------------------------------------------------------- */
@@ -211,6 +258,7 @@ static inline uint64_t vla_ring_obs_frames_offset(const struct vla_ring_geometry
 static inline uint64_t vla_ring_slot_size(uint64_t magic, const struct vla_ring_geometry *g) {
     if (magic == VLA_RING_OBS_MAGIC)
         return vla_ring_round_up(vla_ring_obs_frames_offset(g) + vla_ring_frame_bytes(g), VLA_RING_SLOT_ALIGN);
+    if (magic == VLA_RING_TEXT_MAGIC) return VLA_RING_SLOT_FIXED_SIZE + VLA_RING_MAX_TEXT_BYTES;
     return vla_ring_round_up(VLA_RING_SLOT_FIXED_SIZE + 4u * (uint64_t)g->action_dims, VLA_RING_SLOT_ALIGN);
 }
 
@@ -649,6 +697,36 @@ static inline void vla_ring_obs_publish(void *base, uint64_t seq, uint64_t epoch
     atomic_store_explicit(&slot[0], 2 * seq, memory_order_release);
     atomic_store_explicit(&h->published, seq, memory_order_release);
     atomic_store_explicit(&h->writer_heartbeat_ns, now_ns, memory_order_relaxed);
+}
+
+/* Publishes instruction text `seq` (the value vla_ring_writer_start returned for the
+ * instruction segment, then +1 per call): `len` bytes of UTF-8 `text` under `text_id`
+ * (< VLA_RING_TEXT_ID_FLAG). Returns 0, or -1 (nothing written) when len exceeds
+ * VLA_RING_MAX_TEXT_BYTES or text_id has the flag bit. */
+static inline int vla_ring_text_publish(void *base, uint64_t seq, uint64_t epoch, uint32_t text_id, const char *text,
+                                        uint32_t len, uint64_t now_ns) {
+    struct vla_ring_header *h = (struct vla_ring_header *)base;
+    if (len > VLA_RING_MAX_TEXT_BYTES || (text_id & VLA_RING_TEXT_ID_FLAG) != 0) return -1;
+    _Atomic uint64_t *slot = vla_ring__slot_mut(h, seq);
+    uint32_t id_len[2] = {text_id, len};
+    uint64_t id_len_word;
+    memcpy(&id_len_word, id_len, sizeof id_len_word);
+    unsigned char padded[VLA_RING_MAX_TEXT_BYTES];
+    memset(padded, 0, sizeof padded);
+    memcpy(padded, text, len);
+
+    atomic_store_explicit(&slot[0], 2 * seq - 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&slot[1], seq, memory_order_relaxed);
+    atomic_store_explicit(&slot[2], epoch, memory_order_relaxed);
+    atomic_store_explicit(&slot[3], now_ns, memory_order_relaxed);
+    atomic_store_explicit(&slot[4], id_len_word, memory_order_relaxed);
+    for (unsigned i = 5; i < 8; i++) atomic_store_explicit(&slot[i], 0, memory_order_relaxed);
+    vla_ring__store_bytes(slot, VLA_RING_SLOT_FIXED_SIZE, padded, VLA_RING_MAX_TEXT_BYTES);
+    atomic_store_explicit(&slot[0], 2 * seq, memory_order_release);
+    atomic_store_explicit(&h->published, seq, memory_order_release);
+    atomic_store_explicit(&h->writer_heartbeat_ns, now_ns, memory_order_relaxed);
+    return 0;
 }
 
 #endif /* VLA_RING_H */

@@ -11,6 +11,7 @@
 
 mod engine;
 mod npu;
+mod text;
 
 pub use npu::NpuStatus;
 
@@ -114,13 +115,15 @@ fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> Strin
         |p| p.describe(),
     );
     format!(
-        "rate {rate:.1} Hz, inference {:.0} ms, freshness {:.0} ms, ok {}, hold {}, fault {}, missed {}; {point}",
+        "rate {rate:.1} Hz, inference {:.0} ms, freshness {:.0} ms, ok {}, hold {}, fault {}, missed {}; texts rendered {}, refused {}; {point}",
         ms(Health::get(&h.last_inference_ns)),
         ms(Health::get(&h.last_freshness_ns)),
         Health::get(&h.published_ok),
         Health::get(&h.published_hold),
         Health::get(&h.published_fault),
-        Health::get(&h.missed_ticks)
+        Health::get(&h.missed_ticks),
+        Health::get(&h.instruction_texts_rendered),
+        Health::get(&h.instruction_texts_refused)
     )
 }
 
@@ -499,6 +502,7 @@ fn start_engine(
         running: crate::observe::RunningBundle::default(),
         gate_cosine: gated.cosine,
         npu: npu::Npu::new(lib, Some(vote), gated.actions),
+        text: None,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
             _ => vla_policy::PrefixMethod::VelocityMask,
@@ -697,14 +701,30 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         .map_err(Failure::Error)?;
     log::info!("{}", npu.describe());
     systemd.notify("STATUS=loading contexts");
-    let (engine, gate_latency) = start_engine(&config, &args.common, &source, npu)?;
+    let (mut engine, gate_latency) = start_engine(&config, &args.common, &source, npu)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
     let npu_io = engine.load_options.npu.status();
+    let text_thread = match (&config.rings.instruction_path, &engine.policy) {
+        (Some(path), Some(policy)) => {
+            let (link, thread) = text::link(PathBuf::from(path.as_str()), engine.geometry, policy);
+            engine.text = Some(link);
+            Some(thread)
+        }
+        _ => None,
+    };
     let mut observability = start_observability(&config, &settings, &engine)?;
     let npu = engine.npu.status.clone();
     let usr1 = signal_flag(signal_hook::consts::SIGUSR1)?;
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
+    let text_stop = Arc::new(AtomicBool::new(false));
+    let text_thread = match text_thread {
+        Some(t) => Some(
+            t.start(lp.shared_health(), text_stop.clone())
+                .map_err(|e| Failure::Error(format!("cannot start the text thread: {e}")))?,
+        ),
+        None => None,
+    };
     announce_running(&config, &settings, gate_latency, &systemd, &npu_io.get().1);
 
     let now = Instant::now();
@@ -731,6 +751,10 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         o.tick(lp.health(), true);
     }
     let report = lp.stop();
+    text_stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(t) = text_thread {
+        let _ = t.join();
+    }
     if let Some(o) = observability.take() {
         o.observer.stop();
     }

@@ -208,6 +208,10 @@ pub struct RingsConfig {
     pub action_path: PathText,
     /// Slots in the action ring: a power of two.
     pub action_slots: u32,
+    /// Instruction segment file (robot -> vlad: instructions as text), absolute and
+    /// neither ring's path; device: `/dev/shm/vla-txt`. Absent: the robot names only the
+    /// bundle's fixed instructions.
+    pub instruction_path: Option<PathText>,
 }
 
 /// How a landing chunk takes over from the one in play (`control.merge`).

@@ -128,6 +128,7 @@ pub(crate) struct RawRings {
     pub observation_path: PathText,
     pub action_path: PathText,
     pub action_slots: f64,
+    pub instruction_path: Option<PathText>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -230,10 +230,26 @@ fn rings(raw: &RawRings) -> Checked<RingsConfig> {
             Found::Number(raw.action_slots),
         ));
     }
+    let instruction_path = match &raw.instruction_path {
+        None => None,
+        Some(p) => {
+            let at = path(&["rings", "instruction_path"]);
+            let text = absolute_path(at.clone(), &p.0)?;
+            if text == observation_path || text == action_path {
+                return Err(ConfigError::invalid(
+                    at,
+                    format_args!("a path different from both rings' paths"),
+                    Found::text(&text),
+                ));
+            }
+            Some(text)
+        }
+    };
     Ok(RingsConfig {
         observation_path,
         action_path,
         action_slots,
+        instruction_path,
     })
 }
 

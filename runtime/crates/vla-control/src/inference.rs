@@ -49,6 +49,8 @@ pub(crate) fn run(
 struct Previous {
     actions: Vec<f32>,
     capture_ns: u64,
+    /// The instruction it was computed for: a chunk of another one is never continued.
+    instruction_id: Option<u32>,
     /// The prefix built from it: allocated once, reused.
     prefix: Vec<f32>,
 }
@@ -119,6 +121,7 @@ impl Inference {
             previous: Previous {
                 actions: vec![0f32; len],
                 capture_ns: 0,
+                instruction_id: None,
                 prefix: vec![0f32; len],
             },
             components,
@@ -150,6 +153,24 @@ impl Inference {
         let Some(seq) = self.take_observation() else {
             return;
         };
+        if self
+            .previous
+            .instruction_id
+            .is_some_and(|id| id != self.obs.instruction_id)
+        {
+            // A new instruction: the chunk of the old one stops now (the publisher also
+            // stops it as soon as its watch sees the switch), and nothing continues it.
+            self.post(Event::Drop, None);
+            self.previous.instruction_id = None;
+        }
+        if !self.engine.instruction_ready(&self.obs) {
+            // Not rendered yet, or refused: hold, and infer nothing for it.
+            Health::bump(&self.shared.health.instruction_waits);
+            if self.previous.instruction_id.take().is_some() {
+                self.post(Event::Drop, None);
+            }
+            return;
+        }
         self.infer(seq, estimate);
     }
 
@@ -300,7 +321,9 @@ impl Inference {
     /// puts it in play in one step (it holds the lock for a copy and a landing,
     /// microseconds). `(frozen, overlap)` rows of `previous.prefix`.
     fn prefix(&mut self, estimate: u64) -> Option<(usize, usize)> {
-        if !self.settings.merge.conditions_on_prefix() {
+        if !self.settings.merge.conditions_on_prefix()
+            || self.previous.instruction_id != Some(self.obs.instruction_id)
+        {
             return None;
         }
         let continues = {
@@ -406,6 +429,7 @@ impl Inference {
         Health::bump(&health.inferences);
         self.previous.actions.copy_from_slice(&self.actions);
         self.previous.capture_ns = self.obs.capture_time_ns;
+        self.previous.instruction_id = Some(self.obs.instruction_id);
         self.post(Event::Chunk, Some(seq));
     }
 
@@ -423,6 +447,7 @@ impl Inference {
             slot.chunk.capture_ns = self.obs.capture_time_ns;
             slot.chunk.done_ns = monotonic_ns();
             slot.chunk.actions.copy_from_slice(&self.actions);
+            slot.instruction_id = self.obs.instruction_id;
         }
         slot.fresh = true;
     }

@@ -85,6 +85,15 @@ pub trait Engine: Send + 'static {
     /// publisher (which holds from its next tick): where an engine repairs itself (the
     /// NPU re-created after a DSP restart) without delaying the hold. Default: nothing.
     fn after_failure(&mut self) {}
+    /// Whether an instruction the observation names is ready to infer with (an
+    /// instruction given as text may still be rendering, or was refused). Called on the
+    /// inference thread before each inference: must not allocate or block. While it says
+    /// no, the loop holds and publishes nothing computed for another instruction.
+    /// Default: always ready.
+    fn instruction_ready(&mut self, obs: &Observation) -> bool {
+        let _ = obs;
+        true
+    }
     /// Reloads the policy (SIGHUP); returns a description of what now runs. On error the
     /// engine must still be able to infer (it fell back), or return `Err` from `infer`.
     fn reload(&mut self) -> Result<String, EngineError>;
@@ -202,6 +211,8 @@ struct Mailbox {
     fresh: bool,
     event: Event,
     chunk: Chunk,
+    /// The instruction of the observation the chunk was computed from.
+    instruction_id: u32,
 }
 
 /// Figures of a finished run.
@@ -325,6 +336,7 @@ impl ControlLoop {
                 actions: vec![0.0; steps * dims],
                 ..Chunk::default()
             },
+            instruction_id: 0,
         }));
         let period_ns = settings.period.as_nanos() as u64;
         let grid = TickGrid {
@@ -368,10 +380,15 @@ impl ControlLoop {
                 .map_err(ControlError::Thread)?
         };
         let watch = {
-            let (s, stop, hb) = (settings.clone(), stop.clone(), robot_heartbeat.clone());
+            let (s, stop, hb, h) = (
+                settings.clone(),
+                stop.clone(),
+                robot_heartbeat.clone(),
+                health.clone(),
+            );
             std::thread::Builder::new()
                 .name("vla-watch".into())
-                .spawn(move || watch_thread(s, stop, hb))
+                .spawn(move || watch_thread(s, stop, hb, h))
                 .map_err(ControlError::Thread)?
         };
         Ok(Self {
@@ -388,6 +405,11 @@ impl ControlLoop {
     /// The counters the loop threads keep, readable while it runs (STATUS, metrics).
     pub fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The same counters, shared with a thread of the daemon's that adds to them.
+    pub fn shared_health(&self) -> Arc<Health> {
+        self.health.clone()
     }
 
     /// The operating point from what the loop has measured so far (`None` before any
@@ -512,6 +534,7 @@ fn watch_thread(
     settings: LoopSettings,
     stop: Arc<AtomicBool>,
     heartbeat: Arc<std::sync::atomic::AtomicU64>,
+    health: Arc<Health>,
 ) {
     block_signals();
     let mut reader: Option<RingReader<Observation>> = None;
@@ -524,6 +547,12 @@ fn watch_thread(
             Some(ring) => {
                 let beat = ring.writer_heartbeat_ns();
                 heartbeat.store(beat, Ordering::Relaxed);
+                // The robot's instruction as its newest observation names it: the publisher
+                // stops a chunk computed for another one within a few ms of the switch,
+                // while the inference thread may still be busy with the old one.
+                if let Ok((_, id)) = ring.latest_instruction_id() {
+                    health.set_robot_instruction(id);
+                }
                 let writer = ring.writer_epoch();
                 if writer != epoch {
                     if epoch != 0 {

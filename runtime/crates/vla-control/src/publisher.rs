@@ -52,6 +52,8 @@ struct Publisher {
     histograms: Histograms,
     fault: bool,
     capture_of_current: u64,
+    /// The instruction the chunk in play was computed for.
+    instruction_in_play: u32,
     period_ns: u64,
     heartbeat_timeout_ns: u64,
     /// The next tick's deadline.
@@ -102,6 +104,7 @@ impl Publisher {
             },
             fault: false,
             capture_of_current: 0,
+            instruction_in_play: 0,
             period_ns,
             heartbeat_timeout_ns: settings.writer_heartbeat_timeout.as_nanos() as u64,
             next,
@@ -142,8 +145,18 @@ impl Publisher {
             return;
         }
         posted.fresh = false;
-        match posted.event {
+        let health = &self.shared.health;
+        let event = match (posted.event, health.robot_instruction()) {
+            // Computed for an instruction the robot has left while it ran: never played.
+            (Event::Chunk, Some(robot)) if robot != posted.instruction_id => {
+                Health::bump(&health.instruction_switch_drops);
+                Event::Drop
+            }
+            (event, _) => event,
+        };
+        match event {
             Event::Chunk => {
+                self.instruction_in_play = posted.instruction_id;
                 self.landed.id = posted.chunk.id;
                 self.landed.source_obs_seq = posted.chunk.source_obs_seq;
                 self.landed.capture_ns = posted.chunk.capture_ns;
@@ -160,7 +173,6 @@ impl Publisher {
                 self.fault = true;
             }
         }
-        let health = &self.shared.health;
         if self.landed.id != 0 {
             // The tick's deadline, not the wake-up time: positions on the grid do not
             // depend on wake-up jitter (and match the inference thread's plan).
@@ -184,6 +196,16 @@ impl Publisher {
         let health = &self.shared.health;
         let beat = self.robot_heartbeat.load(Ordering::Relaxed);
         let robot_alive = beat != 0 && now.saturating_sub(beat) <= self.heartbeat_timeout_ns;
+        if self.scheduler.chunk_id() != 0
+            && health
+                .robot_instruction()
+                .is_some_and(|robot| robot != self.instruction_in_play)
+        {
+            // The robot switched instructions: the old chunk stops at this tick; the
+            // robot holds until the first chunk computed for the new one lands.
+            self.scheduler.drop_chunk();
+            Health::bump(&health.instruction_switch_drops);
+        }
         let decision = self
             .scheduler
             .tick(now, robot_alive, self.fault, &mut self.action);

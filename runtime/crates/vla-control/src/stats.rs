@@ -230,6 +230,33 @@ pub struct Health {
     pub chunk_in_play: AtomicU64,
     /// Chunks refused because they held NaN/Inf (never published).
     pub non_finite_chunks: AtomicU64,
+    /// The instruction the robot's newest observation names, as `1 << 32 | instruction_id`
+    /// (the watch thread follows it every few ms); 0 before one is known.
+    pub robot_instruction: AtomicU64,
+    /// Chunks dropped (in play) or refused (landing) because they were computed for
+    /// another instruction than the robot's newest observation names.
+    pub instruction_switch_drops: AtomicU64,
+    /// Observations not inferred because the engine had no instruction ready for them
+    /// (a text still rendering, or refused); the publisher holds meanwhile.
+    pub instruction_waits: AtomicU64,
+    /// Instructions given as text that were rendered (by the daemon's text thread).
+    pub instruction_texts_rendered: AtomicU64,
+    /// Instructions given as text that were refused (invalid UTF-8, too many tokens, ...).
+    pub instruction_texts_refused: AtomicU64,
+}
+
+impl Health {
+    /// The instruction the robot's newest observation names, if known.
+    pub fn robot_instruction(&self) -> Option<u32> {
+        let v = self.robot_instruction.load(Ordering::Relaxed);
+        (v >> 32 == 1).then_some(v as u32)
+    }
+
+    /// Records the instruction of the robot's newest observation.
+    pub fn set_robot_instruction(&self, id: u32) {
+        self.robot_instruction
+            .store(1 << 32 | u64::from(id), Ordering::Relaxed);
+    }
 }
 
 impl Health {

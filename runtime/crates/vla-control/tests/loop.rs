@@ -507,3 +507,141 @@ fn the_synchronous_trigger_plays_its_rows_from_the_first_then_holds_for_a_later_
     }
     assert_eq!(report.inference_failures, 0);
 }
+
+/// Like [`Tracing`], and an instruction `REFUSED` is never ready (a refused text).
+struct Instructed {
+    inner: Box<Tracing>,
+}
+
+const REFUSED: u32 = 0x8000_0063;
+
+impl Engine for Instructed {
+    fn conditions_on_prefix(&self) -> bool {
+        true
+    }
+    fn infer_with_prefix(
+        &mut self,
+        obs: &Observation,
+        prefix: &Prefix<'_>,
+        actions: &mut [f32],
+    ) -> Result<(), EngineError> {
+        self.inner.infer_with_prefix(obs, prefix, actions)
+    }
+    fn infer(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<(), EngineError> {
+        self.inner.infer(obs, actions)
+    }
+    fn instruction_ready(&mut self, obs: &Observation) -> bool {
+        obs.instruction_id != REFUSED
+    }
+    fn reload(&mut self) -> Result<String, EngineError> {
+        Ok("same engine".into())
+    }
+}
+
+/// The source observation's seq of every `ok` step after the first step (at or after
+/// `from`) that was not an `ok` step of an observation before `switch`: once the robot's
+/// switch shows, no step computed for the old instruction may follow.
+fn old_steps_after_the_switch_showed(actions: &[Action], from: usize, switch: u64) -> Vec<u64> {
+    let showed = actions[from..]
+        .iter()
+        .position(|a| a.status != ActionStatus::Ok || a.source_obs_seq >= switch)
+        .map_or(actions.len(), |i| from + i);
+    ok_actions(&actions[showed..])
+        .filter(|a| a.source_obs_seq < switch)
+        .map(|a| a.source_obs_seq)
+        .collect()
+}
+
+#[test]
+fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds() {
+    let mut s = settings("switch");
+    s.merge = MergeMode::Prefix;
+    let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
+    let mut obs = Observation::for_geometry(&G).unwrap();
+    obs.instruction_id = 1;
+    publish_obs(&mut ow, &mut obs);
+    let fail = Arc::new(AtomicBool::new(false));
+    // Inference of several ticks (a chunk plays 8): the switch mostly lands while one runs
+    // on the old instruction, whose chunk must then never play.
+    let lp = ControlLoop::start(
+        s.clone(),
+        Box::new(Instructed {
+            inner: tracing(40, &fail),
+        }),
+    )
+    .unwrap();
+    let ar = open_action_ring(&s.action_path);
+    let mut next_obs = 0;
+    let mut feed = |ow: &mut RingWriter<Observation>, obs: &mut Observation| {
+        if monotonic_ns() >= next_obs {
+            publish_obs(ow, obs);
+            next_obs = monotonic_ns() + 10_000_000;
+        }
+    };
+    let mut all = collect_until(
+        &ar,
+        "ok steps of instruction 1",
+        || feed(&mut ow, &mut obs),
+        |got| ok_actions(got).count() > 3,
+    );
+    for instruction in [2u32, 0x8000_0005] {
+        obs.instruction_id = instruction;
+        let switch = publish_obs(&mut ow, &mut obs);
+        let from = all.len();
+        let got = collect_until(
+            &ar,
+            "an ok step computed for the new instruction",
+            || feed(&mut ow, &mut obs),
+            |got| ok_actions(got).any(|a| a.source_obs_seq >= switch),
+        );
+        all.extend(got);
+        let stale = old_steps_after_the_switch_showed(&all, from, switch);
+        assert!(
+            stale.is_empty(),
+            "steps of observations before the switch at {switch} played after it showed: {stale:?}"
+        );
+    }
+    // A refused instruction: the loop holds, never plays the previous one's steps, counts
+    // the waits, and drives again once the robot names a ready one.
+    obs.instruction_id = REFUSED;
+    let refused_at = publish_obs(&mut ow, &mut obs);
+    let from = all.len();
+    let waits_before = lp.health().instruction_waits.load(Ordering::Relaxed);
+    let got = collect_until(
+        &ar,
+        "holds while the instruction is refused",
+        || feed(&mut ow, &mut obs),
+        |got| {
+            lp.health().instruction_waits.load(Ordering::Relaxed) > waits_before + 5
+                && got
+                    .iter()
+                    .filter(|a| a.status == ActionStatus::Hold)
+                    .count()
+                    > 5
+        },
+    );
+    all.extend(got);
+    let stale = old_steps_after_the_switch_showed(&all, from, refused_at);
+    assert!(
+        stale.is_empty(),
+        "old steps after the refusal showed: {stale:?}"
+    );
+    assert!(
+        ok_actions(&all[from..]).all(|a| a.source_obs_seq < refused_at),
+        "nothing is computed for a refused instruction"
+    );
+    obs.instruction_id = 3;
+    let back = publish_obs(&mut ow, &mut obs);
+    collect_until(
+        &ar,
+        "ok steps again after a ready instruction",
+        || feed(&mut ow, &mut obs),
+        |got| ok_actions(got).any(|a| a.source_obs_seq >= back),
+    );
+    let h = lp.health();
+    assert!(h.instruction_switch_drops.load(Ordering::Relaxed) >= 1);
+    assert_eq!(h.robot_instruction(), Some(3));
+    lp.stop();
+    let _ = std::fs::remove_file(&s.observation_path);
+    let _ = std::fs::remove_file(&s.action_path);
+}

@@ -38,7 +38,10 @@ pub use keystone::KeyStoneSelector;
 pub use manifest::{
     Manifest, OutputGate, ParityGate, PolicyKind, Threshold, ANY_OUTPUT, GATE_FLOOR,
 };
-pub use molmoact2::{initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TEXT_SLOTS};
+pub use molmoact2::{
+    initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TextRenderer, TextSlot,
+    TEXT_SLOTS,
+};
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
@@ -214,6 +217,28 @@ impl Policy {
                 text: String::from_utf8_lossy(text).into_owned(),
                 reason: "a Fast-WAM bundle takes only its fixed instructions".into(),
             }),
+        }
+    }
+
+    /// A renderer of instructions given as text, to run off the inference thread (see
+    /// [`MolmoAct2::text_renderer`]); `None` for Fast-WAM and bundles without a `text` block.
+    pub fn text_renderer(&self) -> Option<TextRenderer> {
+        match self {
+            Policy::MolmoAct2(p) => p.text_renderer(),
+            Policy::FastWam(_) => None,
+        }
+    }
+
+    /// Installs a text rendered by this policy's [`TextRenderer`] (see
+    /// [`MolmoAct2::install_text`]); `None` for Fast-WAM (which has no renderer).
+    pub fn install_text(
+        &mut self,
+        text: Vec<u8>,
+        instruction: Instruction,
+    ) -> Option<(u32, Option<TextSlot>)> {
+        match self {
+            Policy::MolmoAct2(p) => Some(p.install_text(text, instruction)),
+            Policy::FastWam(_) => None,
         }
     }
 

@@ -32,6 +32,7 @@ use crate::noise::fill_gaussian;
 use crate::norm::{state_token_id, Normalizer};
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::preprocess::Preprocessor;
+use crate::prompt::Instruction;
 use crate::prompt::PromptTables;
 use crate::text::TextPrompt;
 use crate::{LoadOptions, Observation};
@@ -86,8 +87,9 @@ pub struct MolmoAct2 {
     /// Component whose output is poisoned after it runs (tests only).
     pub(crate) fault: Option<String>,
     prefix: PrefixBuffers,
-    /// Renders instructions given as text (bundles with a `text` block).
-    text: Option<TextPrompt>,
+    /// Renders instructions given as text (bundles with a `text` block); shared with the
+    /// [`TextRenderer`]s handed out, which render off the inference thread.
+    text: Option<Arc<TextPrompt>>,
     /// The texts rendered into the slots after the fixed instructions.
     text_slots: Vec<Vec<u8>>,
     /// The slot the next new text replaces once all are used (the oldest rendered).
@@ -97,6 +99,26 @@ pub struct MolmoAct2 {
 /// Instructions given as text kept rendered at once (each holds an `[S, S]` bias and an
 /// `[S, D]` scaffold): the oldest is replaced when a new one arrives.
 pub const TEXT_SLOTS: usize = 4;
+
+/// A text slot's text and rendered instruction, as [`MolmoAct2::install_text`] hands back
+/// the one it replaced.
+pub type TextSlot = (Vec<u8>, Instruction);
+
+/// Renders instructions given as text for one policy, on any thread: shares the bundle's
+/// tokenizer, template and mapped embedding table with it. Rendering allocates; hand the
+/// result to [`MolmoAct2::install_text`] on the inference thread.
+#[derive(Clone)]
+pub struct TextRenderer {
+    prompt: Arc<TextPrompt>,
+    settings: Arc<MolmoAct2Settings>,
+}
+
+impl TextRenderer {
+    /// Renders `text` (UTF-8 bytes) or refuses it in one line ([`PolicyError::Instruction`]).
+    pub fn render(&self, text: &[u8]) -> Result<Instruction, PolicyError> {
+        self.prompt.render(text, &self.settings)
+    }
+}
 
 /// The state-token id of every state value: normalize, clip, quantize (step 2).
 pub fn state_token_ids(norm: &Normalizer, state: &[f32], ids: &mut [usize]) {
@@ -235,8 +257,13 @@ impl MolmoAct2 {
         let (nt, _) = action_step.output("next_trajectory", Some(&traj))?;
 
         let prompt = PromptTables::load(&bundle.path(&m.prompt), &m)?;
+        let mut prompt = prompt;
         let text = match &m.text {
-            Some(t) => Some(TextPrompt::load(&bundle.path(""), t, &m)?),
+            Some(t) => {
+                // The text slots' room, so installing a rendered text never allocates.
+                prompt.instructions.reserve_exact(TEXT_SLOTS);
+                Some(Arc::new(TextPrompt::load(&bundle.path(""), t, &m)?))
+            }
             None => None,
         };
         let mut dim_is_pad = AlignedBuf::zeroed(m.action_width * 4);
@@ -332,22 +359,44 @@ impl MolmoAct2 {
             });
         };
         let instruction = renderer.render(text, &self.settings)?;
-        let slot = if self.text_slots.len() < TEXT_SLOTS {
-            self.text_slots.push(text.to_vec());
+        Ok(self.install_text(text.to_vec(), instruction).0)
+    }
+
+    /// A renderer of instructions given as text for this policy, to run off the inference
+    /// thread; `None` for a bundle without a `text` block.
+    pub fn text_renderer(&self) -> Option<TextRenderer> {
+        Some(TextRenderer {
+            prompt: self.text.clone()?,
+            settings: Arc::new(self.settings.clone()),
+        })
+    }
+
+    /// Puts `instruction`, rendered from `text` by this policy's [`TextRenderer`], into a
+    /// text slot: the first free one, else the oldest rendered (replaced in place; the
+    /// others keep their ids). Returns its instruction id and what it replaced, for the
+    /// caller to drop off the inference thread. Allocates nothing (the slots' capacity is
+    /// reserved at load): fit for the inference thread.
+    pub fn install_text(
+        &mut self,
+        text: Vec<u8>,
+        instruction: Instruction,
+    ) -> (u32, Option<TextSlot>) {
+        let fixed = self.settings.instructions.len();
+        let (slot, replaced) = if self.text_slots.len() < TEXT_SLOTS {
+            self.text_slots.push(text);
             self.prompt.instructions.push(instruction);
-            self.text_slots.len() - 1
+            (self.text_slots.len() - 1, None)
         } else {
-            // The oldest rendered slot is replaced in place: the other slots keep their ids.
             let slot = self.text_next;
-            self.text_slots[slot] = text.to_vec();
-            self.prompt.instructions[fixed + slot] = instruction;
+            let old_text = std::mem::replace(&mut self.text_slots[slot], text);
+            let old = std::mem::replace(&mut self.prompt.instructions[fixed + slot], instruction);
             if self.prompt_instruction == Some((fixed + slot) as u32) {
                 self.prompt_instruction = None; // the prompt buffer holds the old scaffold
             }
-            slot
+            (slot, Some((old_text, old)))
         };
         self.text_next = (slot + 1) % TEXT_SLOTS;
-        Ok((fixed + slot) as u32)
+        ((fixed + slot) as u32, replaced)
     }
 
     /// Index of the KeyStone candidate chosen by the last inference.

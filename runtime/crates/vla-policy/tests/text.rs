@@ -123,4 +123,30 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     assert_eq!(slot(&mut policy, &g.texts[1]), 1);
     assert_eq!(slot(&mut policy, "  Put the Bowl on the Stove.  "), 2);
     assert_eq!(TEXT_SLOTS, 4);
+
+    // The daemon's path: rendered on another thread, installed on this one (the inference
+    // thread's part) with no heap allocation; the slots are full, so the oldest (slot 1)
+    // is replaced and handed back to be freed elsewhere.
+    let renderer = policy.text_renderer().unwrap();
+    let text = g.texts[0].clone();
+    let rendered = std::thread::spawn(move || renderer.render(text.as_bytes()))
+        .join()
+        .unwrap()
+        .unwrap();
+    let bytes = g.texts[0].as_bytes().to_vec();
+    let (installed, allocations) = {
+        let _one = vla_alloc_count::WATCH_LOCK
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        vla_alloc_count::watch(vla_alloc_count::current_tid());
+        let before = vla_alloc_count::watched_allocations();
+        let installed = policy.install_text(bytes, rendered);
+        let n = vla_alloc_count::watched_allocations() - before;
+        vla_alloc_count::watch(0);
+        (installed, n)
+    };
+    assert_eq!(allocations, 0, "installing a rendered text allocated");
+    let (id, replaced) = installed.unwrap();
+    assert_eq!(id as usize, base + 1);
+    assert_eq!(replaced.unwrap().0, g.texts[1].as_bytes());
 }

@@ -193,6 +193,26 @@ pub fn render(health: &Health, latency: &LatencyMetrics, f: &Facts) -> String {
             "Bundle reloads (SIGHUP).",
             &health.reloads,
         ),
+        (
+            "vlad_instruction_texts_rendered_total",
+            "Instructions given as text rendered.",
+            &health.instruction_texts_rendered,
+        ),
+        (
+            "vlad_instruction_texts_refused_total",
+            "Instructions given as text refused (one log line each names why).",
+            &health.instruction_texts_refused,
+        ),
+        (
+            "vlad_instruction_waits_total",
+            "Observations held for an instruction not rendered yet or refused.",
+            &health.instruction_waits,
+        ),
+        (
+            "vlad_instruction_switch_drops_total",
+            "Chunks stopped or refused as computed for another instruction than the robot's.",
+            &health.instruction_switch_drops,
+        ),
     ] {
         let _ = writeln!(
             o,

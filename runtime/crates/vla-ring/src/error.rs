@@ -294,6 +294,13 @@ pub enum ReadError {
         /// How many read attempts were made.
         attempts: u32,
     },
+    /// An instruction slot's `len` exceeds [`crate::MAX_TEXT_BYTES`]: a foreign writer.
+    TextTooLong {
+        /// The seq of the slot read.
+        seq: u64,
+        /// The slot's `len` field.
+        len: u32,
+    },
     /// An action slot's status word is none of ok / hold / fault.
     InvalidStatus {
         /// The seq of the slot read.
@@ -348,6 +355,11 @@ impl fmt::Display for ReadError {
             ReadError::Contended { attempts } => {
                 write!(f, "every one of {attempts} read attempts raced the writer")
             }
+            ReadError::TextTooLong { seq, len } => write!(
+                f,
+                "seq {seq}: field len: {len} bytes of text, at most {} fit a slot",
+                crate::MAX_TEXT_BYTES
+            ),
             ReadError::InvalidStatus { seq, found } => {
                 write!(
                     f,

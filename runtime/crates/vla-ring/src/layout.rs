@@ -15,6 +15,14 @@ use crate::error::ConfigError;
 pub const OBS_MAGIC: u64 = u64::from_le_bytes(*b"VLA-OBS\0");
 /// `magic` of an action ring: the bytes `"VLA-ACT\0"` read as a little-endian u64.
 pub const ACTION_MAGIC: u64 = u64::from_le_bytes(*b"VLA-ACT\0");
+/// Header `magic` of the instruction segment: `"VLA-TXT\0"`.
+pub const TEXT_MAGIC: u64 = u64::from_le_bytes(*b"VLA-TXT\0");
+/// Most UTF-8 bytes one instruction text slot carries.
+pub const MAX_TEXT_BYTES: usize = 1024;
+/// Set in an observation's `instruction_id`: the low 31 bits are the `text_id` of a text
+/// written to the instruction segment; clear, the id is one of the bundle's fixed
+/// instructions (so every id in use before stays valid).
+pub const TEXT_ID_FLAG: u32 = 1 << 31;
 
 /// Layout-breaking changes bump the major; a reader accepts only its own major.
 pub const ABI_MAJOR: u32 = 1;
@@ -44,6 +52,8 @@ pub enum RingKind {
     Observation,
     /// Runtime -> firmware: one action step per slot.
     Action,
+    /// Firmware -> runtime: instructions as UTF-8 text, one per slot, named by `text_id`.
+    Instruction,
 }
 
 impl RingKind {
@@ -52,14 +62,16 @@ impl RingKind {
         match self {
             RingKind::Observation => OBS_MAGIC,
             RingKind::Action => ACTION_MAGIC,
+            RingKind::Instruction => TEXT_MAGIC,
         }
     }
 
-    /// Lower-case name for messages: `"observation"` or `"action"`.
+    /// Lower-case name for messages: `"observation"`, `"action"` or `"instruction"`.
     pub const fn name(self) -> &'static str {
         match self {
             RingKind::Observation => "observation",
             RingKind::Action => "action",
+            RingKind::Instruction => "instruction",
         }
     }
 
@@ -68,6 +80,7 @@ impl RingKind {
         match magic {
             OBS_MAGIC => Some(RingKind::Observation),
             ACTION_MAGIC => Some(RingKind::Action),
+            TEXT_MAGIC => Some(RingKind::Instruction),
             _ => None,
         }
     }
@@ -258,6 +271,36 @@ pub struct ActionSlotFixed {
     pub status: AtomicU32,
 }
 
+/// Fixed part of an instruction slot; the text (`len` UTF-8 bytes, not NUL-terminated)
+/// follows at [`SLOT_FIXED_SIZE`], [`MAX_TEXT_BYTES`] reserved.
+#[repr(C)]
+pub struct InstructionSlotFixed {
+    /// Seqlock word: `2*seq - 1` (odd) while seq is written, `2*seq` once complete.
+    pub seqlock: AtomicU64,
+    /// The seq this slot holds (valid only when the seqlock word is `2*seq`).
+    pub seq: AtomicU64,
+    /// Epoch of the writer that wrote this slot.
+    pub writer_epoch: AtomicU64,
+    /// CLOCK_MONOTONIC ns when the firmware wrote the text.
+    pub written_time_ns: AtomicU64,
+    /// The firmware's id for this text (< [`TEXT_ID_FLAG`]); observations name it as
+    /// `TEXT_ID_FLAG | text_id`.
+    pub text_id: AtomicU32,
+    /// Bytes of text, `<= MAX_TEXT_BYTES`.
+    pub len: AtomicU32,
+    /// Written as 0; free for compatible ABI additions.
+    pub reserved: [AtomicU64; 3],
+}
+
+const _: () = {
+    assert!(size_of::<InstructionSlotFixed>() == SLOT_FIXED_SIZE);
+    assert!(offset_of!(InstructionSlotFixed, seqlock) == 0);
+    assert!(offset_of!(InstructionSlotFixed, written_time_ns) == 24);
+    assert!(offset_of!(InstructionSlotFixed, text_id) == 32);
+    assert!(offset_of!(InstructionSlotFixed, len) == 36);
+    assert!(MAX_TEXT_BYTES % SLOT_ALIGN == 0);
+};
+
 const _: () = {
     assert!(size_of::<RawGeometry>() == 32);
     assert!(size_of::<RingHeader>() == HEADER_SIZE);
@@ -327,6 +370,12 @@ impl RingLayout {
                 );
                 (end, 0, end)
             }
+            // The geometry is carried (and checked) only to catch a firmware configured
+            // for another robot link; the text slot's size does not depend on it.
+            RingKind::Instruction => {
+                let end = SLOT_FIXED_SIZE + MAX_TEXT_BYTES;
+                (end, 0, end)
+            }
         };
         if slot_size > u32::MAX as usize {
             return Err(ConfigError::TooLarge { what: "slot" });
@@ -353,6 +402,7 @@ impl RingLayout {
         match self.kind {
             RingKind::Observation => self.geometry.state_dims as usize,
             RingKind::Action => self.geometry.action_dims as usize,
+            RingKind::Instruction => 0,
         }
     }
 
@@ -451,5 +501,13 @@ mod tests {
         assert_eq!(ACTION_MAGIC, 0x0054_4341_2D41_4C56);
         assert_eq!(RingKind::from_magic(OBS_MAGIC), Some(RingKind::Observation));
         assert_eq!(RingKind::from_magic(0), None);
+        assert_eq!(TEXT_MAGIC, 0x0054_5854_2D41_4C56);
+        assert_eq!(
+            RingKind::from_magic(TEXT_MAGIC),
+            Some(RingKind::Instruction)
+        );
+        let text = RingLayout::new(RingKind::Instruction, sample(), 4).unwrap();
+        assert_eq!(text.slot_size, 64 + 1024);
+        assert_eq!(text.total_size, HEADER_SIZE + 4 * 1088);
     }
 }

@@ -5,6 +5,14 @@
 //!   read by the runtime.
 //! - The **action ring** is written by the runtime (one action step per slot) and read by
 //!   the firmware's control loop.
+//! - The **instruction segment** (magic `"VLA-TXT\0"`, a small ring of its own beside the
+//!   observation ring, whose layout it leaves unchanged) is written by the firmware: one
+//!   instruction as UTF-8 text per slot, `u64 seqlock, seq, writer_epoch,
+//!   written_time_ns`, `u32 text_id, len`, `u64 reserved[3]`, then [`MAX_TEXT_BYTES`] of
+//!   text at 64. An observation follows that text by carrying `instruction_id =
+//!   TEXT_ID_FLAG | text_id` ([`TEXT_ID_FLAG`] = 1 << 31; ids without it stay the bundle's
+//!   fixed instructions). Same header, seqlock, writer start and reader checks as the
+//!   rings; its geometry fields carry the robot link's, so a skewed firmware is caught.
 //!
 //! The crate knows nothing of policies or the NPU: it is a building block that moves
 //! fixed-size records between exactly one writer and any number of readers, lock-free.
@@ -122,12 +130,14 @@ mod shm;
 pub use error::{ConfigError, CreateError, OpenError, PublishError, ReadError};
 #[cfg(not(loom))]
 pub use layout::{
-    ActionSlotFixed, Geometry, ObservationSlotFixed, RawGeometry, RingHeader, RingKind, RingLayout,
-    ABI_LOWEST_COMPATIBLE, ABI_MAJOR, ABI_VERSION, ACTION_MAGIC, HEADER_SIZE, MAX_SLOTS, MIN_SLOTS,
-    OBS_MAGIC, SLOT_ALIGN, SLOT_FIXED_SIZE, STATE_INITIALIZING, STATE_READY,
+    ActionSlotFixed, Geometry, InstructionSlotFixed, ObservationSlotFixed, RawGeometry, RingHeader,
+    RingKind, RingLayout, ABI_LOWEST_COMPATIBLE, ABI_MAJOR, ABI_VERSION, ACTION_MAGIC, HEADER_SIZE,
+    MAX_SLOTS, MAX_TEXT_BYTES, MIN_SLOTS, OBS_MAGIC, SLOT_ALIGN, SLOT_FIXED_SIZE,
+    STATE_INITIALIZING, STATE_READY, TEXT_ID_FLAG, TEXT_MAGIC,
 };
 #[cfg(not(loom))]
 pub use ring::{
-    monotonic_ns, Action, ActionReader, ActionStatus, ActionWriter, Observation, ObservationReader,
-    ObservationWriter, Origin, RingReader, RingWriter, SlotItem, READ_ATTEMPTS,
+    monotonic_ns, text_id_of, text_instruction_id, Action, ActionReader, ActionStatus,
+    ActionWriter, InstructionReader, InstructionText, InstructionWriter, Observation,
+    ObservationReader, ObservationWriter, Origin, RingReader, RingWriter, SlotItem, READ_ATTEMPTS,
 };

@@ -9,7 +9,9 @@ mod item;
 mod reader;
 mod writer;
 
-pub use item::{Action, ActionStatus, Observation, SlotItem};
+pub use item::{
+    text_id_of, text_instruction_id, Action, ActionStatus, InstructionText, Observation, SlotItem,
+};
 pub use reader::{RingReader, READ_ATTEMPTS};
 pub use writer::{Origin, RingWriter};
 
@@ -33,3 +35,7 @@ pub type ActionWriter = RingWriter<Action>;
 pub type ObservationReader = RingReader<Observation>;
 /// Reads the action ring (the firmware's side).
 pub type ActionReader = RingReader<Action>;
+/// Writes the instruction segment (the firmware's side; Rust writers serve tests).
+pub type InstructionWriter = RingWriter<InstructionText>;
+/// Reads the instruction segment (the runtime's side).
+pub type InstructionReader = RingReader<InstructionText>;

@@ -117,6 +117,18 @@ fn c_header_constants_match_rust() {
         define("VLA_RING_ACTION_MAGIC"),
         format!("UINT64_C({ACTION_MAGIC:#018X})").replace("0X", "0x")
     );
+    assert_eq!(
+        define("VLA_RING_TEXT_MAGIC"),
+        format!("UINT64_C({TEXT_MAGIC:#018X})").replace("0X", "0x")
+    );
+    assert_eq!(
+        define("VLA_RING_MAX_TEXT_BYTES"),
+        format!("{MAX_TEXT_BYTES}u")
+    );
+    assert_eq!(
+        define("VLA_RING_TEXT_ID_FLAG"),
+        format!("{TEXT_ID_FLAG:#x}u")
+    );
     assert_eq!(define("VLA_RING_ABI_MAJOR"), format!("{ABI_MAJOR}u"));
     assert_eq!(define("VLA_RING_ABI_VERSION"), format!("{ABI_VERSION}u"));
     assert_eq!(
@@ -407,4 +419,78 @@ fn the_c_reader_rechecks_the_geometry_when_a_writer_restarts() {
         stdout.trim(),
         "epoch_before=1 epoch_after=2 read_after=-9 field=chunk_len"
     );
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn c_writer_texts_are_read_by_rust_with_id_bytes_and_restarts() {
+    let scratch = Scratch::new("c-text");
+    let Some(exe) = build_c_peer(&scratch) else {
+        return;
+    };
+    let geometry = small_geometry();
+    let path = scratch.path("instructions");
+    let write = |id: u32, text: &[u8]| {
+        let mut args = vec!["write-text".to_string(), path.display().to_string()];
+        args.extend(geometry_args(&geometry));
+        args.extend(["4".to_string(), id.to_string(), hex(text)]);
+        run_peer(&exe, &args)
+    };
+    let (code, stdout, stderr) = write(7, "put the bowl on the plate".as_bytes());
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(stdout.starts_with("epoch=1 seq=1 "), "{stdout}");
+    let reader = InstructionReader::open(&path, geometry).unwrap();
+    let mut text = InstructionText::new();
+    assert_eq!(reader.read_latest(&mut text), Ok(1));
+    assert_eq!(
+        (text.text_id, text.bytes()),
+        (7, &b"put the bowl on the plate"[..])
+    );
+    assert_eq!(text.writer_epoch, 1);
+
+    // Each C start takes the segment over: epoch bumped, seqs continue. Bytes are carried
+    // as written (invalid UTF-8 too: refusing it is the runtime's business), a full slot
+    // exactly, and a longer text is refused by the header's publish.
+    let bad = [b'o', b'k', 0xff, 0xfe];
+    let (code, _, stderr) = write(8, &bad);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert_eq!(reader.read_latest(&mut text), Ok(2));
+    assert_eq!(
+        (text.text_id, text.writer_epoch, text.bytes()),
+        (8, 2, &bad[..])
+    );
+    let full = vec![b'a'; MAX_TEXT_BYTES];
+    assert_eq!(write(9, &full).0, 0);
+    assert_eq!(reader.read_latest(&mut text), Ok(3));
+    assert_eq!(text.bytes(), &full[..]);
+    let (code, _, _) = write(10, &vec![b'a'; MAX_TEXT_BYTES + 1]);
+    assert_eq!(code, 2, "a text longer than a slot is refused");
+    assert_eq!(
+        reader.read_latest(&mut text),
+        Ok(3),
+        "nothing was published"
+    );
+    // A C writer of 4 slots and a Rust writer agree on the layout: the Rust one reopens it.
+    drop(reader);
+    let mut writer = InstructionWriter::create(&path, geometry, 4).unwrap();
+    assert!(
+        matches!(writer.origin(), Origin::Reopened),
+        "{:?}",
+        writer.origin()
+    );
+    text.text_id = 11;
+    text.set_bytes("a".as_bytes()).unwrap();
+    assert_eq!(
+        writer.publish(&text).unwrap(),
+        4,
+        "seqs continue after the C writer's"
+    );
+    // The observation side names texts by the flag bit; fixed ids stay as they were.
+    assert_eq!(text_instruction_id(7), Some(0x8000_0007));
+    assert_eq!(text_id_of(0x8000_0007), Some(7));
+    assert_eq!(text_id_of(3), None);
+    assert_eq!(text_instruction_id(TEXT_ID_FLAG), None);
 }

@@ -62,6 +62,8 @@ pub(super) struct PolicyEngine {
     pub(super) gate_cosine: f64,
     /// NPU faults: the re-creation policy and its counters.
     pub(super) npu: super::npu::Npu,
+    /// Instructions given as text (`rings.instruction_path` configured).
+    pub(super) text: Option<super::text::TextLink>,
 }
 
 impl PolicyEngine {
@@ -113,6 +115,9 @@ impl PolicyEngine {
             });
         }
         self.policy = Some(policy);
+        if let Some(text) = &mut self.text {
+            text.reset(self.policy.as_ref());
+        }
         self.bundle = Some(bundle);
         self.good = dir.to_owned();
         self.gate_cosine = gated.cosine;
@@ -132,6 +137,17 @@ impl Engine for PolicyEngine {
 
     fn conditions_on_prefix(&self) -> bool {
         true
+    }
+
+    fn instruction_ready(&mut self, obs: &vla_ring::Observation) -> bool {
+        match &mut self.text {
+            Some(text) => {
+                text.take(self.policy.as_mut());
+                text.resolve(obs.instruction_id).is_some()
+            }
+            // No instruction segment: a text id names nothing.
+            None => vla_ring::text_id_of(obs.instruction_id).is_none(),
+        }
     }
 
     fn discrete_dims(&self) -> Vec<bool> {
@@ -211,7 +227,11 @@ impl PolicyEngine {
             width: g.width as usize,
             frames: &obs.frames,
             state: &obs.state,
-            instruction_id: obs.instruction_id,
+            instruction_id: self
+                .text
+                .as_ref()
+                .and_then(|t| t.resolve(obs.instruction_id))
+                .unwrap_or(obs.instruction_id),
             seed: obs.seed,
         };
         let vote = self.votes.as_ref().map(|v| v.inference());

@@ -2,7 +2,10 @@
 //! and how each is stored into and loaded from a slot ([`SlotItem`]).
 
 use crate::error::ConfigError;
-use crate::layout::{ActionSlotFixed, Geometry, ObservationSlotFixed, RingKind, RingLayout};
+use crate::layout::{
+    ActionSlotFixed, Geometry, InstructionSlotFixed, ObservationSlotFixed, RingKind, RingLayout,
+    MAX_TEXT_BYTES, SLOT_FIXED_SIZE, TEXT_ID_FLAG,
+};
 use crate::seqlock::{PayloadReader, PayloadWriter};
 use core::mem::offset_of;
 
@@ -111,13 +114,78 @@ impl Action {
     }
 }
 
+/// One instruction as text, written by the firmware to the instruction segment. Allocate
+/// once with [`InstructionText::new`] and reuse: reads copy into its fixed buffer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstructionText {
+    /// Set by the writer on publish, by the reader on read.
+    pub seq: u64,
+    /// Set by the writer on publish, by the reader on read.
+    pub writer_epoch: u64,
+    /// CLOCK_MONOTONIC ns when the firmware wrote the text.
+    pub written_time_ns: u64,
+    /// The firmware's id of the text, below [`TEXT_ID_FLAG`]; an observation following
+    /// it carries `instruction_id = TEXT_ID_FLAG | text_id`.
+    pub text_id: u32,
+    len: usize,
+    bytes: Box<[u8; MAX_TEXT_BYTES]>,
+}
+
+impl Default for InstructionText {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InstructionText {
+    /// An empty text.
+    pub fn new() -> Self {
+        InstructionText {
+            seq: 0,
+            writer_epoch: 0,
+            written_time_ns: 0,
+            text_id: 0,
+            len: 0,
+            bytes: Box::new([0; MAX_TEXT_BYTES]),
+        }
+    }
+
+    /// The text's bytes as written (UTF-8 is the firmware's promise, not checked here).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Sets the text; `Err` with its length if it has more than [`MAX_TEXT_BYTES`] bytes.
+    pub fn set_bytes(&mut self, text: &[u8]) -> Result<(), usize> {
+        if text.len() > MAX_TEXT_BYTES {
+            return Err(text.len());
+        }
+        self.bytes[..text.len()].copy_from_slice(text);
+        self.bytes[text.len()..].fill(0);
+        self.len = text.len();
+        Ok(())
+    }
+}
+
+/// The observation `instruction_id` naming text `text_id` of the instruction segment, or
+/// `None` when `text_id` does not fit below [`TEXT_ID_FLAG`].
+pub fn text_instruction_id(text_id: u32) -> Option<u32> {
+    (text_id < TEXT_ID_FLAG).then_some(TEXT_ID_FLAG | text_id)
+}
+
+/// The `text_id` an observation's `instruction_id` names, or `None` for a fixed instruction.
+pub fn text_id_of(instruction_id: u32) -> Option<u32> {
+    (instruction_id & TEXT_ID_FLAG != 0).then_some(instruction_id & !TEXT_ID_FLAG)
+}
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for super::Observation {}
     impl Sealed for super::Action {}
+    impl Sealed for super::InstructionText {}
 }
 
-/// The two slot payloads, [`Observation`] and [`Action`].
+/// The slot payloads: [`Observation`], [`Action`] and [`InstructionText`].
 pub trait SlotItem: sealed::Sealed {
     /// Which ring carries this item.
     const KIND: RingKind;
@@ -222,6 +290,52 @@ impl SlotItem for Action {
         self.step_index = step_index;
         from.load_f32s(layout.values_offset, &mut self.values);
         self.status = ActionStatus::from_raw(status).ok_or(status)?;
+        Ok(())
+    }
+
+    fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+impl SlotItem for InstructionText {
+    const KIND: RingKind = RingKind::Instruction;
+
+    fn length_mismatch(&self, _: &RingLayout) -> Option<(&'static str, usize, usize)> {
+        // The buffer is fixed-size; `set_bytes` keeps `len` within it.
+        None
+    }
+
+    fn store(&self, seq: u64, epoch: u64, _: &RingLayout, out: &PayloadWriter<'_>) {
+        out.store_u64(offset_of!(InstructionSlotFixed, seq), seq);
+        out.store_u64(offset_of!(InstructionSlotFixed, writer_epoch), epoch);
+        out.store_u64(
+            offset_of!(InstructionSlotFixed, written_time_ns),
+            self.written_time_ns,
+        );
+        out.store_u32_pair(
+            offset_of!(InstructionSlotFixed, text_id),
+            self.text_id,
+            self.len as u32,
+        );
+        for word in offset_of!(InstructionSlotFixed, reserved) / 8..SLOT_FIXED_SIZE / 8 {
+            out.store_u64(word * 8, 0);
+        }
+        out.store_bytes(SLOT_FIXED_SIZE, &self.bytes[..]);
+    }
+
+    fn load(&mut self, _: &RingLayout, from: &PayloadReader<'_>) -> Result<(), u32> {
+        self.seq = from.load_u64(offset_of!(InstructionSlotFixed, seq));
+        self.writer_epoch = from.load_u64(offset_of!(InstructionSlotFixed, writer_epoch));
+        self.written_time_ns = from.load_u64(offset_of!(InstructionSlotFixed, written_time_ns));
+        let (text_id, len) = from.load_u32_pair(offset_of!(InstructionSlotFixed, text_id));
+        self.text_id = text_id;
+        if len as usize > MAX_TEXT_BYTES {
+            self.len = 0;
+            return Err(len);
+        }
+        self.len = len as usize;
+        from.load_bytes(SLOT_FIXED_SIZE, &mut self.bytes[..self.len]);
         Ok(())
     }
 

@@ -2,13 +2,17 @@
 //! or a given slot into a caller-owned buffer without ever blocking the writer.
 
 use super::header::{check_header, header_differs};
+use super::item::Observation;
 use super::item::SlotItem;
 use super::monotonic_ns;
 use crate::error::{OpenError, ReadError};
-use crate::layout::{Geometry, RingLayout, HEADER_SIZE, STATE_READY};
+use crate::layout::{
+    Geometry, ObservationSlotFixed, RingKind, RingLayout, HEADER_SIZE, STATE_READY,
+};
 use crate::seqlock::{LatestMiss, RingCore, SlotMiss};
 use crate::shm::SharedMapping;
 use core::marker::PhantomData;
+use core::mem::offset_of;
 use core::sync::atomic::{fence, AtomicU64, Ordering};
 use std::fs::File;
 use std::io;
@@ -167,7 +171,10 @@ impl<T: SlotItem> RingReader<T> {
     }
 
     fn finish(&self, seq: u64, buf: &T, load: Result<(), u32>) -> Result<(), ReadError> {
-        load.map_err(|found| ReadError::InvalidStatus { seq, found })?;
+        load.map_err(|found| match T::KIND {
+            RingKind::Instruction => ReadError::TextTooLong { seq, len: found },
+            _ => ReadError::InvalidStatus { seq, found },
+        })?;
         if buf.seq() != seq {
             // The seqlock word and the seq field disagree: a foreign writer broke the ABI.
             return Err(ReadError::Inconsistent {
@@ -290,5 +297,43 @@ impl<T: SlotItem> RingReader<T> {
     /// The segment file this reader opened.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+impl RingReader<Observation> {
+    /// The seq and `instruction_id` of the newest complete observation, copying only that
+    /// word (no frames): cheap enough to follow the robot's instruction every few ms.
+    pub fn latest_instruction_id(&self) -> Result<(u64, u32), ReadError> {
+        let epoch = self.enter()?;
+        let (seq, (slot_seq, id)) = self
+            .core()
+            .read_latest(READ_ATTEMPTS, |from| {
+                (
+                    from.load_u64(offset_of!(ObservationSlotFixed, seq)),
+                    from.load_u32_pair(offset_of!(ObservationSlotFixed, instruction_id))
+                        .0,
+                )
+            })
+            .map_err(|miss| match miss {
+                LatestMiss::Empty => ReadError::Empty,
+                LatestMiss::Contended => ReadError::Contended {
+                    attempts: READ_ATTEMPTS,
+                },
+                LatestMiss::Inconsistent {
+                    published,
+                    lock_word,
+                } => ReadError::Inconsistent {
+                    published,
+                    lock_word,
+                },
+            })?;
+        self.leave(epoch)?;
+        if slot_seq != seq {
+            return Err(ReadError::Inconsistent {
+                published: seq,
+                lock_word: self.core().slot_for(seq).lock_word(),
+            });
+        }
+        Ok((seq, id))
     }
 }

@@ -4,6 +4,10 @@
  *       prints the newest action step as one "key=value ..." line
  *   ring_peer write-obs PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN SLOTS COUNT
  *       publishes COUNT observations whose payload is derived from their seq
+ *   ring_peer write-text PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN SLOTS TEXT_ID HEX
+ *       starts (or restarts) the writer of the instruction segment PATH and publishes one
+ *       text: TEXT_ID and the bytes HEX spells (any bytes, also invalid UTF-8);
+ *       prints "epoch=E seq=S written_ns=T"
  *   ring_peer restart-action PATH <7 geometry numbers A> <7 geometry numbers B>
  *       opens PATH as a reader of geometry A, reads the newest step, then (on the same
  *       mapping) starts a writer of geometry B on it and reads again as the A reader:
@@ -132,6 +136,54 @@ static int write_obs(const char *path, const struct vla_ring_geometry *g, uint32
     return 0;
 }
 
+static int hex_digit(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+static int write_text(const char *path, const struct vla_ring_geometry *g, uint32_t slots, uint32_t text_id,
+                      const char *hex) {
+    size_t hex_len = strlen(hex);
+    if (hex_len % 2 != 0 || hex_len / 2 > VLA_RING_MAX_TEXT_BYTES) {
+        fprintf(stderr, "text: %zu hex digits, at most %u bytes\n", hex_len, VLA_RING_MAX_TEXT_BYTES);
+        return 2;
+    }
+    char text[VLA_RING_MAX_TEXT_BYTES];
+    for (size_t i = 0; i < hex_len / 2; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return 2;
+        text[i] = (char)(hi * 16 + lo);
+    }
+    uint64_t total = vla_ring_total_size(VLA_RING_TEXT_MAGIC, g, slots);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr, "%s: open/flock: %s\n", path, strerror(errno));
+        return 3;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) return 3;
+    if (st.st_size != 0 && (uint64_t)st.st_size != total) {
+        close(fd);
+        unlink(path);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
+        st.st_size = 0;
+    }
+    if (st.st_size == 0 && ftruncate(fd, (off_t)total) != 0) return 3;
+    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) return 3;
+    uint64_t epoch;
+    uint64_t seq = vla_ring_writer_start(base, VLA_RING_TEXT_MAGIC, g, slots, (uint32_t)getpid(), now_ns(), &epoch);
+    uint64_t written = now_ns();
+    if (vla_ring_text_publish(base, seq, epoch, text_id, text, (uint32_t)(hex_len / 2), written) != 0) return 2;
+    printf("epoch=%llu seq=%llu written_ns=%llu\n", (unsigned long long)epoch, (unsigned long long)seq,
+           (unsigned long long)written);
+    munmap(base, (size_t)total);
+    close(fd);
+    return 0;
+}
+
 static int restart_action(const char *path, const struct vla_ring_geometry *a, const struct vla_ring_geometry *b) {
     int fd = open(path, O_RDWR);
     struct stat st;
@@ -178,6 +230,9 @@ int main(int argc, char **argv) {
     if (argc == 12 && strcmp(argv[1], "write-obs") == 0 && parse_geometry(argv + 3, &g) == 0)
         return write_obs(argv[2], &g, (uint32_t)strtoul(argv[10], NULL, 10), strtoull(argv[11], NULL, 10));
     struct vla_ring_geometry g2;
+    if (argc == 13 && strcmp(argv[1], "write-text") == 0 && parse_geometry(argv + 3, &g) == 0)
+        return write_text(argv[2], &g, (uint32_t)strtoul(argv[10], NULL, 10), (uint32_t)strtoul(argv[11], NULL, 10),
+                          argv[12]);
     if (argc == 17 && strcmp(argv[1], "restart-action") == 0 && parse_geometry(argv + 3, &g) == 0 &&
         parse_geometry(argv + 10, &g2) == 0)
         return restart_action(argv[2], &g, &g2);

@@ -1,0 +1,357 @@
+//! `vlad run` on the tiny upstream MolmoAct2 bundle (it carries the `text` block) with
+//! instructions given as text by a C firmware stand-in (`ring_peer write-text`, built
+//! against `vla_ring.h` alone) over the instruction segment, on the real QNN emulator:
+//! the robot switches instructions mid-run, no step computed for the old one is published
+//! once the switch shows, bad texts are refused (one log line each, counted) while the
+//! daemon holds, and it drives again on the next good text. Prints the switch latency
+//! (text written -> first ok step computed for it) as a figure, not a bound.
+
+mod common;
+
+use common::{qnn_dir, running, Drained, HANG_GUARD};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use vla_ring::{
+    monotonic_ns, text_instruction_id, Action, ActionStatus, Geometry, Observation, RingReader,
+    RingWriter,
+};
+use vla_test_support::repo_root;
+
+const BUNDLE: &str = "golden/bundles/molmoact2-upstream-original";
+
+fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("vlad-text-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The ring geometry the bundle needs (as vlad derives it from the manifest).
+fn geometry() -> Geometry {
+    let v: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo_root().join(BUNDLE).join("bundle.json")).unwrap(),
+    )
+    .unwrap();
+    let m = &v["molmoact2"];
+    let n = |k: &str| m[k].as_u64().unwrap() as u32;
+    Geometry {
+        cameras: n("cameras"),
+        height: n("frame_height"),
+        width: n("frame_width"),
+        channels: 3,
+        state_dims: n("state_dims"),
+        action_dims: n("action_dims"),
+        chunk_len: n("action_horizon"),
+    }
+}
+
+/// Builds the C firmware stand-in of vla-ring's tests, or says why not (loudly in CI).
+fn build_c_peer(dir: &Path) -> Option<PathBuf> {
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let source = repo_root().join("runtime/crates/vla-ring/tests/c/ring_peer.c");
+    let exe = dir.join("ring_peer");
+    let out = match Command::new(&cc)
+        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(repo_root().join("runtime/include"))
+        .arg(&source)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            vla_test_support::cannot_run(&format!(
+                "instruction text test: no C compiler `{cc}`: {e}"
+            ));
+            return None;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+/// The C firmware writes one text; returns the CLOCK_MONOTONIC ns it was written at.
+fn write_text(peer: &Path, path: &Path, g: &Geometry, text_id: u32, text: &[u8]) -> u64 {
+    let hex: String = text.iter().map(|b| format!("{b:02x}")).collect();
+    let mut args = vec!["write-text".to_string(), path.display().to_string()];
+    args.extend(g.fields().iter().map(|(_, v)| v.to_string()));
+    args.extend(["4".to_string(), text_id.to_string(), hex]);
+    let out = Command::new(peer).args(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "write-text: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("written_ns="))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+/// Every action published so far, read in order by seq.
+struct Actions {
+    ring: RingReader<Action>,
+    buf: Action,
+    last: u64,
+    all: Vec<Action>,
+}
+
+impl Actions {
+    fn poll(&mut self) {
+        let p = self.ring.published();
+        for seq in self.last + 1..=p {
+            if self.ring.read_seq(seq, &mut self.buf).is_ok() {
+                self.all.push(self.buf.clone());
+            }
+        }
+        self.last = p;
+    }
+
+    /// Polls until `done(actions from index from)` or the daemon ends / the hang guard.
+    fn until(&mut self, what: &str, pid: u32, from: usize, done: impl Fn(&[Action]) -> bool) {
+        let end = Instant::now() + HANG_GUARD;
+        loop {
+            self.poll();
+            if done(&self.all[from..]) {
+                return;
+            }
+            assert!(running(pid), "{what}: vlad ended first");
+            assert!(Instant::now() < end, "{what}: not within {HANG_GUARD:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn ok(a: &Action) -> bool {
+    a.status == ActionStatus::Ok
+}
+
+/// Ok steps computed from observations before `switch` that were published after the
+/// first step that was not one of them (the switch had shown).
+fn stale_after_switch(actions: &[Action], switch: u64) -> Vec<u64> {
+    let showed = actions
+        .iter()
+        .position(|a| !ok(a) || a.source_obs_seq >= switch)
+        .unwrap_or(actions.len());
+    actions[showed..]
+        .iter()
+        .filter(|a| ok(a) && a.source_obs_seq < switch)
+        .map(|a| a.source_obs_seq)
+        .collect()
+}
+
+#[test]
+fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold() {
+    let Some(lib) = qnn_dir() else { return };
+    let dir = scratch("switch");
+    let Some(peer) = build_c_peer(&dir) else {
+        return;
+    };
+    let g = geometry();
+    let shm =
+        |what: &str| PathBuf::from(format!("/dev/shm/vlad-text-{}-{what}", std::process::id()));
+    let (obs_path, act_path, txt_path) = (shm("obs"), shm("act"), shm("txt"));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["qnn"]["lib_dir"] = lib.into();
+    v["bundle"]["path"] = repo_root().join(BUNDLE).to_str().unwrap().into();
+    v["rings"]["observation_path"] = obs_path.to_str().unwrap().into();
+    v["rings"]["action_path"] = act_path.to_str().unwrap().into();
+    v["rings"]["instruction_path"] = txt_path.to_str().unwrap().into();
+    v["rings"]["action_slots"] = 1024.into();
+    // Each chunk plays its first rows whatever the emulator's latency, then the daemon
+    // holds for an observation captured after them (the lockstep eval's trigger).
+    v["control"] = serde_json::json!({
+        "publish_hz": 20.0, "max_observation_age_ms": 60000, "max_chunk_age_ms": 60000,
+        "hold_after_chunk_end_ms": 0, "action_valid_ms": 60000,
+        "writer_heartbeat_timeout_ms": 60000, "merge": "skip",
+        "trigger": "synchronous", "execute_steps": 3
+    });
+    v["log"]["level"] = "info".into();
+    let config = dir.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+
+    // The firmware: observations at 20 Hz naming `instruction`; its first text before
+    // vlad starts (the segment is the C writer's).
+    write_text(&peer, &txt_path, &g, 90, b"warm up the text path");
+    let instruction = Arc::new(AtomicU32::new(0));
+    let newest_seq = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let feeder = {
+        let (instruction, newest_seq, stop, obs_path) = (
+            instruction.clone(),
+            newest_seq.clone(),
+            stop.clone(),
+            obs_path.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut w = RingWriter::<Observation>::create(&obs_path, g, 8).unwrap();
+            let mut obs = Observation::for_geometry(&g).unwrap();
+            for (i, b) in obs.frames.iter_mut().enumerate() {
+                *b = (i * 7 % 251) as u8;
+            }
+            for (i, s) in obs.state.iter_mut().enumerate() {
+                *s = 0.1 * i as f32;
+            }
+            while !stop.load(Ordering::Acquire) {
+                obs.instruction_id = instruction.load(Ordering::Acquire);
+                obs.capture_time_ns = monotonic_ns();
+                obs.seed = 7;
+                let seq = w.publish(&obs).unwrap();
+                newest_seq.store(seq, Ordering::Release);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    // Switches the firmware to `id`; the first observation naming it.
+    let switch = |id: u32| {
+        instruction.store(id, Ordering::Release);
+        let before = newest_seq.load(Ordering::Acquire);
+        while newest_seq.load(Ordering::Acquire) <= before {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        before + 1
+    };
+
+    let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
+    c.args(["run", "--config", config.to_str().unwrap()]);
+    let daemon = Drained::spawn(&mut c);
+    let pid = daemon.id();
+    let end = Instant::now() + HANG_GUARD;
+    let ring = loop {
+        if let Ok(r) = RingReader::<Action>::open(&act_path, g) {
+            break r;
+        }
+        assert!(running(pid) && Instant::now() < end, "no action ring");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut actions = Actions {
+        ring,
+        buf: Action::for_geometry(&g),
+        last: 0,
+        all: Vec::new(),
+    };
+    // A fixed instruction first.
+    actions.until("ok steps of fixed instruction 0", pid, 0, |a| {
+        a.iter().any(ok)
+    });
+
+    // A text not in the bundle, then a second one: each switch mid-run.
+    let mut latencies = Vec::new();
+    for (text_id, text) in [
+        // Texts the tiny export takes (its contexts bake RoPE for one prompt length).
+        (1u32, &b"put the cup on the plate"[..]),
+        (2, &b"put the plate on the stove"[..]),
+    ] {
+        let written = write_text(&peer, &txt_path, &g, text_id, text);
+        let at = switch(text_instruction_id(text_id).unwrap());
+        let from = actions.all.len();
+        actions.until("an ok step computed for the new text", pid, from, |a| {
+            a.iter().any(|x| ok(x) && x.source_obs_seq >= at)
+        });
+        let stale = stale_after_switch(&actions.all[from..], at);
+        assert!(
+            stale.is_empty(),
+            "text {text_id}: old steps after the switch: {stale:?}"
+        );
+        let first = actions.all[from..]
+            .iter()
+            .find(|x| ok(x) && x.source_obs_seq >= at)
+            .unwrap();
+        latencies.push((first.made_time_ns - written) as f64 / 1e6);
+    }
+
+    // Bad texts: each refused in one log line; the daemon holds, publishing nothing
+    // computed for them nor for the instruction before.
+    for (text_id, text) in [
+        (3u32, b"put the \xff bowl".to_vec()),
+        (4, b"pick up the alphabet soup and the cream cheese box and put both of them in the basket next to the plate".to_vec()),
+        (5, b"put the <im_patch> on the stove".to_vec()),
+    ] {
+        write_text(&peer, &txt_path, &g, text_id, &text);
+        let at = switch(text_instruction_id(text_id).unwrap());
+        let from = actions.all.len();
+        // Holds for well over one emulator inference's worth of observations.
+        let observations = newest_seq.load(Ordering::Acquire);
+        actions.until("holds while the text is refused", pid, from, |a| {
+            a.iter().filter(|x| x.status == ActionStatus::Hold).count() > 20
+        });
+        while newest_seq.load(Ordering::Acquire) < observations + 20 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        actions.poll();
+        let after = &actions.all[from..];
+        assert!(
+            stale_after_switch(after, at).is_empty(),
+            "text {text_id}: old steps"
+        );
+        assert!(
+            !after.iter().any(|x| ok(x) && x.source_obs_seq >= at),
+            "text {text_id} was refused: nothing may be computed for it"
+        );
+    }
+
+    // A good text again: the daemon drives.
+    let written = write_text(&peer, &txt_path, &g, 6, b"put the bowl on the cup");
+    let at = switch(text_instruction_id(6).unwrap());
+    let from = actions.all.len();
+    actions.until("ok steps again after the refusals", pid, from, |a| {
+        a.iter().any(|x| ok(x) && x.source_obs_seq >= at)
+    });
+    let first = actions.all[from..]
+        .iter()
+        .find(|x| ok(x) && x.source_obs_seq >= at)
+        .unwrap();
+    latencies.push((first.made_time_ns - written) as f64 / 1e6);
+    assert!(stale_after_switch(&actions.all[from..], at).is_empty());
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let (_, out, err) = daemon.finish();
+    stop.store(true, Ordering::Release);
+    feeder.join().unwrap();
+    for (id, reason) in [
+        (3, "invalid UTF-8"),
+        (4, "too many tokens"),
+        (5, "im_patch"),
+    ] {
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains(&format!("instruction text {id}:")))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line for text {id}: {lines:?}\n{err}");
+        assert!(lines[0].contains(reason), "{}", lines[0]);
+    }
+    assert!(err.contains("instruction text 6 rendered"), "{err}");
+    assert!(out.contains("control loop report"), "{out}");
+    println!(
+        "switch latency (text written by the C firmware -> first ok step computed for it, HTP emulator): {}",
+        latencies
+            .iter()
+            .map(|l| format!("{l:.0} ms"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    // Of which the text thread's render (the rest: the inference in flight on the old
+    // instruction, then the first one on the new).
+    for line in err.lines().filter(|l| l.contains(" rendered in ")) {
+        println!("{}", line.split("] ").nth(1).unwrap_or(line));
+    }
+    for p in [&obs_path, &act_path, &txt_path] {
+        let _ = std::fs::remove_file(p);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
