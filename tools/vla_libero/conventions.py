@@ -69,8 +69,10 @@ UPSTREAM = {
 
 # The success rates each policy's authors publish per suite, with where.
 PUBLISHED = {
-    "fastwam": {"source": "Fast-WAM paper (arXiv 2603.16666), LIBERO table: not readable here, fill from the "
-                          "paper before comparing", "rates": {}},
+    "fastwam": {"source": "Fast-WAM project page (github yuantianyuan01/FastWAM, index.html at 44c8a1c, "
+                          "'LIBERO' table, 'Fast-WAM (Ours)' row; the paper is arXiv 2603.16666)",
+                "rates": {"libero_spatial": 98.2, "libero_object": 100.0, "libero_goal": 97.0,
+                          "libero_10": 95.2}},
     "molmoact2": {"source": "lerobot docs/source/molmoact2.mdx:437-440, 'MolmoAct2 Original' column",
                   "rates": {"libero_spatial": 97.8, "libero_object": 100.0, "libero_goal": 97.8,
                             "libero_10": 93.2}},

@@ -282,7 +282,7 @@ def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_ski
     configs = [json.loads((out / f"worker-{k}" / "vlad-config.json").read_text()) for k in (0, 1)]
     assert configs[0]["rings"]["observation_path"] != configs[1]["rings"]["observation_path"]
     table = (out / "success-rates.md").read_text()
-    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in table, table
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | 98.2 % |" in table, table
     assert "| libero_spatial | 0: pick up the black bowl between the plate and the ramekin" in table
     assert "NOT as upstream" in table and "published: Fast-WAM" in table
     assert r.stderr.count("1/1 episodes") == 2 and "ETA" in r.stderr
@@ -297,7 +297,7 @@ def test_eval_on_two_workers_writes_one_table_and_videos_and_a_resumed_rerun_ski
     assert r.stderr.count("done before, kept (--resume); vlad not started") == 2
     assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/vlad.log")} == logs, "nothing left: no vlad"
     assert {p: p.stat().st_mtime_ns for p in out.glob("worker-*/libero_spatial-*/recording-*.mcap")} == done
-    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | - |" in (out / "success-rates.md").read_text()
+    assert "| libero_spatial | 2 | 0.0 % | 0.0-65.8 % | 98.2 % |" in (out / "success-rates.md").read_text()
 
 
 def test_the_wilson_interval_and_the_published_column():
@@ -309,4 +309,7 @@ def test_the_wilson_interval_and_the_published_column():
     table = report.suite_table(rows, "molmoact2")
     assert "| libero_goal | 50 | 98.0 % | 89.5-99.6 % | 97.8 % |" in table, table
     assert "molmoact2.mdx:437-440" in table
+    table = report.suite_table([dict(r, suite="libero_10") for r in rows], "fastwam")
+    assert "| libero_10 | 50 | 98.0 % | 89.5-99.6 % | 95.2 % |" in table, table
+    assert "yuantianyuan01/FastWAM" in table
 
