@@ -135,17 +135,22 @@ fn ok(a: &Action) -> bool {
     a.status == ActionStatus::Ok
 }
 
-/// Ok steps computed from observations before `switch` that were published after the
-/// first step that was not one of them (the switch had shown).
-fn stale_after_switch(actions: &[Action], switch: u64) -> Vec<u64> {
-    let showed = actions
-        .iter()
-        .position(|a| !ok(a) || a.source_obs_seq >= switch)
-        .unwrap_or(actions.len());
-    actions[showed..]
+/// How long after the switch observation is in the ring a step computed for the old
+/// instruction may still be made: vlad's watch thread looks at the ring every 2 ms (it
+/// sleeps 2 ms between looks; a look is a few atomic loads and one stat, given 3 ms with
+/// its wake-up), then the publisher drops the old chunk at its next tick, one period
+/// (50 ms at publish_hz 20) later at most. Nothing here depends on the emulator's speed:
+/// an old chunk that plays out instead (3 rows, 150 ms) runs past it.
+const SWITCH_BOUND_NS: u64 = (2 + 3 + 50) * 1_000_000;
+
+/// (source seq, ns after the switch) of the ok steps computed from observations before
+/// `switch` (in the ring at `switch_ns`) made later than [`SWITCH_BOUND_NS`] after it.
+fn stale_after_switch(actions: &[Action], (switch, switch_ns): (u64, u64)) -> Vec<(u64, u64)> {
+    actions
         .iter()
         .filter(|a| ok(a) && a.source_obs_seq < switch)
-        .map(|a| a.source_obs_seq)
+        .filter(|a| a.made_time_ns > switch_ns + SWITCH_BOUND_NS)
+        .map(|a| (a.source_obs_seq, a.made_time_ns - switch_ns))
         .collect()
 }
 
@@ -186,11 +191,14 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
     write_text(&peer, &txt_path, &g, 90, b"warm up the text path");
     let instruction = Arc::new(AtomicU32::new(0));
     let newest_seq = Arc::new(AtomicU64::new(0));
+    // When the newest observation was in the ring (stored before its seq).
+    let newest_ns = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let feeder = {
-        let (instruction, newest_seq, stop, obs_path) = (
+        let (instruction, newest_seq, newest_ns, stop, obs_path) = (
             instruction.clone(),
             newest_seq.clone(),
+            newest_ns.clone(),
             stop.clone(),
             obs_path.clone(),
         );
@@ -208,19 +216,21 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
                 obs.capture_time_ns = monotonic_ns();
                 obs.seed = 7;
                 let seq = w.publish(&obs).unwrap();
+                newest_ns.store(monotonic_ns(), Ordering::Release);
                 newest_seq.store(seq, Ordering::Release);
                 std::thread::sleep(Duration::from_millis(50));
             }
         })
     };
-    // Switches the firmware to `id`; the first observation naming it.
+    // Switches the firmware to `id`; the first observation naming it and when it was in
+    // the ring (or a later one's time, if one followed already: a looser bound only).
     let switch = |id: u32| {
         instruction.store(id, Ordering::Release);
         let before = newest_seq.load(Ordering::Acquire);
         while newest_seq.load(Ordering::Acquire) <= before {
             std::thread::sleep(Duration::from_millis(1));
         }
-        before + 1
+        (before + 1, newest_ns.load(Ordering::Acquire))
     };
 
     let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
@@ -254,12 +264,13 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         (2, &b"put the plate on the stove"[..]),
     ] {
         let written = write_text(&peer, &txt_path, &g, text_id, text);
-        let at = switch(text_instruction_id(text_id).unwrap());
+        let sw = switch(text_instruction_id(text_id).unwrap());
+        let at = sw.0;
         let from = actions.all.len();
         actions.until("an ok step computed for the new text", pid, from, |a| {
             a.iter().any(|x| ok(x) && x.source_obs_seq >= at)
         });
-        let stale = stale_after_switch(&actions.all[from..], at);
+        let stale = stale_after_switch(&actions.all[from..], sw);
         assert!(
             stale.is_empty(),
             "text {text_id}: old steps after the switch: {stale:?}"
@@ -279,7 +290,8 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         (5, b"put the <im_patch> on the stove".to_vec()),
     ] {
         write_text(&peer, &txt_path, &g, text_id, &text);
-        let at = switch(text_instruction_id(text_id).unwrap());
+        let sw = switch(text_instruction_id(text_id).unwrap());
+        let at = sw.0;
         let from = actions.all.len();
         // Holds for well over one emulator inference's worth of observations.
         let observations = newest_seq.load(Ordering::Acquire);
@@ -292,7 +304,7 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         actions.poll();
         let after = &actions.all[from..];
         assert!(
-            stale_after_switch(after, at).is_empty(),
+            stale_after_switch(after, sw).is_empty(),
             "text {text_id}: old steps"
         );
         assert!(
@@ -303,7 +315,8 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
 
     // A good text again: the daemon drives.
     let written = write_text(&peer, &txt_path, &g, 6, b"put the bowl on the cup");
-    let at = switch(text_instruction_id(6).unwrap());
+    let sw = switch(text_instruction_id(6).unwrap());
+    let at = sw.0;
     let from = actions.all.len();
     actions.until("ok steps again after the refusals", pid, from, |a| {
         a.iter().any(|x| ok(x) && x.source_obs_seq >= at)
@@ -313,7 +326,7 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         .find(|x| ok(x) && x.source_obs_seq >= at)
         .unwrap();
     latencies.push((first.made_time_ns - written) as f64 / 1e6);
-    assert!(stale_after_switch(&actions.all[from..], at).is_empty());
+    assert!(stale_after_switch(&actions.all[from..], sw).is_empty());
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),

@@ -293,6 +293,9 @@ impl Inference {
         }
         self.source.last_seen = (self.obs.writer_epoch, seq);
         self.source.last_capture_ns = self.obs.capture_time_ns;
+        // The publisher learns a switch from here too, not only from the watch thread's
+        // polls (normal priority, every few ms).
+        health.set_robot_instruction(self.obs.instruction_id);
         let end = Health::get(&health.chunk_end_ns);
         if !observation_in_time(
             self.settings.trigger,

@@ -577,8 +577,11 @@ fn watch_thread(
                     _ => {}
                 }
                 robot_alive = Some(alive);
-                if matches!(ring.is_replaced(), Ok(true)) {
+                // Truncated, its pages read as zeros (heartbeat 0) until reopened.
+                if matches!(ring.is_replaced(), Ok(true)) || ring.is_truncated() {
                     reader = None;
+                    // Not the instruction of a ring no longer read: refuse no chunk for it.
+                    health.clear_robot_instruction();
                 }
             }
             None => {

@@ -257,6 +257,11 @@ impl Health {
         self.robot_instruction
             .store(1 << 32 | u64::from(id), Ordering::Relaxed);
     }
+
+    /// Forgets the robot's instruction (its ring is gone): no chunk is refused for one.
+    pub fn clear_robot_instruction(&self) {
+        self.robot_instruction.store(0, Ordering::Relaxed);
+    }
 }
 
 impl Health {

@@ -538,17 +538,28 @@ impl Engine for Instructed {
     }
 }
 
-/// The source observation's seq of every `ok` step after the first step (at or after
-/// `from`) that was not an `ok` step of an observation before `switch`: once the robot's
-/// switch shows, no step computed for the old instruction may follow.
-fn old_steps_after_the_switch_showed(actions: &[Action], from: usize, switch: u64) -> Vec<u64> {
-    let showed = actions[from..]
-        .iter()
-        .position(|a| a.status != ActionStatus::Ok || a.source_obs_seq >= switch)
-        .map_or(actions.len(), |i| from + i);
-    ok_actions(&actions[showed..])
-        .filter(|a| a.source_obs_seq < switch)
-        .map(|a| a.source_obs_seq)
+/// How long after the switch observation is in the ring a step computed for the old
+/// instruction may still be made. The watch thread looks at the ring every 2 ms (it
+/// sleeps 2 ms between looks; a look is a few atomic loads and one stat, given 3 ms with
+/// its wake-up), then the publisher drops the old chunk at its next tick: one period
+/// (a tick that read its clock before the look). Nothing here depends on the inference's
+/// speed: an old chunk that plays out instead of being dropped runs far past it.
+fn switch_bound(s: &LoopSettings) -> u64 {
+    const WATCH_POLL: Duration = Duration::from_millis(2 + 3);
+    (WATCH_POLL + s.period).as_nanos() as u64
+}
+
+/// The (source seq, made time) of every `ok` step computed from an observation before
+/// `switch` (in the ring at `switch_ns`) made later than [`switch_bound`] after it.
+fn old_steps_after_the_switch(
+    actions: &[Action],
+    switch: u64,
+    switch_ns: u64,
+    bound: u64,
+) -> Vec<(u64, u64)> {
+    ok_actions(actions)
+        .filter(|a| a.source_obs_seq < switch && a.made_time_ns > switch_ns + bound)
+        .map(|a| (a.source_obs_seq, a.made_time_ns - switch_ns))
         .collect()
 }
 
@@ -571,6 +582,7 @@ fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds()
     )
     .unwrap();
     let ar = open_action_ring(&s.action_path);
+    let bound = switch_bound(&s);
     let mut next_obs = 0;
     let mut feed = |ow: &mut RingWriter<Observation>, obs: &mut Observation| {
         if monotonic_ns() >= next_obs {
@@ -587,6 +599,7 @@ fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds()
     for instruction in [2u32, 0x8000_0005] {
         obs.instruction_id = instruction;
         let switch = publish_obs(&mut ow, &mut obs);
+        let switch_ns = monotonic_ns();
         let from = all.len();
         let got = collect_until(
             &ar,
@@ -595,16 +608,17 @@ fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds()
             |got| ok_actions(got).any(|a| a.source_obs_seq >= switch),
         );
         all.extend(got);
-        let stale = old_steps_after_the_switch_showed(&all, from, switch);
+        let stale = old_steps_after_the_switch(&all[from..], switch, switch_ns, bound);
         assert!(
             stale.is_empty(),
-            "steps of observations before the switch at {switch} played after it showed: {stale:?}"
+            "steps of observations before the switch at {switch} made later than {bound} ns after it (seq, ns after): {stale:?}"
         );
     }
     // A refused instruction: the loop holds, never plays the previous one's steps, counts
     // the waits, and drives again once the robot names a ready one.
     obs.instruction_id = REFUSED;
     let refused_at = publish_obs(&mut ow, &mut obs);
+    let refused_ns = monotonic_ns();
     let from = all.len();
     let waits_before = lp.health().instruction_waits.load(Ordering::Relaxed);
     let got = collect_until(
@@ -621,7 +635,7 @@ fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds()
         },
     );
     all.extend(got);
-    let stale = old_steps_after_the_switch_showed(&all, from, refused_at);
+    let stale = old_steps_after_the_switch(&all[from..], refused_at, refused_ns, bound);
     assert!(
         stale.is_empty(),
         "old steps after the refusal showed: {stale:?}"
@@ -641,6 +655,64 @@ fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds()
     let h = lp.health();
     assert!(h.instruction_switch_drops.load(Ordering::Relaxed) >= 1);
     assert_eq!(h.robot_instruction(), Some(3));
+    lp.stop();
+    let _ = std::fs::remove_file(&s.observation_path);
+    let _ = std::fs::remove_file(&s.action_path);
+}
+
+#[test]
+fn a_truncated_observation_ring_forgets_the_robots_instruction_and_drives_once_whole_again() {
+    let s = settings("truncated");
+    let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
+    let mut obs = Observation::for_geometry(&G).unwrap();
+    obs.instruction_id = 4;
+    publish_obs(&mut ow, &mut obs);
+    let fail = Arc::new(AtomicBool::new(false));
+    let lp = ControlLoop::start(s.clone(), tracing(5, &fail)).unwrap();
+    let ar = open_action_ring(&s.action_path);
+    let mut next_obs = 0;
+    let mut feed = |ow: &mut RingWriter<Observation>, obs: &mut Observation| {
+        if monotonic_ns() >= next_obs {
+            publish_obs(ow, obs);
+            next_obs = monotonic_ns() + 10_000_000;
+        }
+    };
+    collect_until(
+        &ar,
+        "ok steps before the cut",
+        || feed(&mut ow, &mut obs),
+        |got| ok_actions(got).count() > 2,
+    );
+    assert_eq!(lp.health().robot_instruction(), Some(4));
+    // Cut to nothing: the mappings read as zeros (a heartbeat of 0), no reader opens.
+    drop(ow);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&s.observation_path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    eventually("the robot's instruction forgotten", || {
+        lp.health().robot_instruction().is_none()
+    });
+    // The robot's writer makes the same file whole again: the watch thread must follow
+    // it (a reopen, not only on a replaced file) for the heartbeat to count again.
+    // Naming another instruction, so the old chunk's steps cannot pass for new ones.
+    let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
+    obs.instruction_id = 5;
+    collect_until(
+        &ar,
+        "the new ring's instruction known",
+        || feed(&mut ow, &mut obs),
+        |_| lp.health().robot_instruction() == Some(5),
+    );
+    let known = monotonic_ns() + s.period.as_nanos() as u64;
+    collect_until(
+        &ar,
+        "ok steps after the ring is whole again",
+        || feed(&mut ow, &mut obs),
+        |got| ok_actions(got).filter(|a| a.made_time_ns > known).count() > 2,
+    );
     lp.stop();
     let _ = std::fs::remove_file(&s.observation_path);
     let _ = std::fs::remove_file(&s.action_path);

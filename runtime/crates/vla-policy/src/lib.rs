@@ -64,7 +64,8 @@ pub struct Observation<'a> {
     pub frames: &'a [u8],
     /// The robot state (`state_dims` values); must be finite.
     pub state: &'a [f32],
-    /// Index into the bundle's instructions.
+    /// A fixed instruction's index (below the bundle's count), or a rendered text's id
+    /// ([`TEXT_INSTRUCTION_FLAG`] set) as [`Policy::instruction_from_text`] gave it.
     pub instruction_id: u32,
     /// Seed of the flow-matching noise (KeyStone candidate k uses `seed + k`).
     pub seed: u64,
@@ -73,11 +74,13 @@ pub struct Observation<'a> {
 impl Observation<'_> {
     /// The checks every policy makes on the robot side of an observation: the state's
     /// length and finiteness (a non-finite state is refused: fail closed) and the
-    /// instruction id against the bundle's list.
+    /// instruction id against the bundle's fixed list (`instructions`) or, flagged, its
+    /// `text_slots` rendered texts: a plain id never selects a text.
     pub(crate) fn check_state_and_instruction(
         &self,
         state_dims: usize,
         instructions: usize,
+        text_slots: usize,
     ) -> Result<(), PolicyError> {
         if self.state.len() != state_dims {
             return Err(PolicyError::Observation {
@@ -93,16 +96,30 @@ impl Observation<'_> {
                 found: format!("{} at index {i}", self.state[i]),
             });
         }
-        if self.instruction_id as usize >= instructions {
+        let id = self.instruction_id;
+        let known = if id & TEXT_INSTRUCTION_FLAG != 0 {
+            ((id & !TEXT_INSTRUCTION_FLAG) as usize) < text_slots
+        } else {
+            (id as usize) < instructions
+        };
+        if !known {
             return Err(PolicyError::Observation {
                 field: "instruction_id",
-                expected: format!("0..{instructions} (the bundle's instructions)"),
+                expected: format!(
+                    "0..{instructions} (the bundle's instructions) or one of {text_slots} \
+                     rendered texts' ids"
+                ),
                 found: self.instruction_id.to_string(),
             });
         }
         Ok(())
     }
 }
+
+/// Set in the instruction id of a text rendered at run time (the slot below it); ids
+/// without it are the bundle's fixed instructions only, so no plain id reaches a text.
+/// The same bit the observation ring uses for its text ids.
+pub const TEXT_INSTRUCTION_FLAG: u32 = 1 << 31;
 
 /// What the robot side must provide and will receive (ring geometry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -35,6 +35,7 @@ use crate::preprocess::Preprocessor;
 use crate::prompt::Instruction;
 use crate::prompt::PromptTables;
 use crate::text::TextPrompt;
+use crate::TEXT_INSTRUCTION_FLAG;
 use crate::{LoadOptions, Observation};
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,7 +64,7 @@ pub struct MolmoAct2 {
     image_embeds: AlignedBuf,
     /// Split 0's input: the scaffold of `prompt_instruction` plus the observation rows.
     prompt_hidden: AlignedBuf,
-    prompt_instruction: Option<u32>,
+    prompt_instruction: Option<usize>,
     /// The buffers below in an `Arc` are shared with the guard's helper while it scans
     /// them, i.e. while the next context runs (`guard`).
     hidden: [Arc<AlignedBuf>; 2],
@@ -335,11 +336,10 @@ impl MolmoAct2 {
     }
 
     /// The instruction id of `text` (UTF-8 bytes), rendering it when it is not rendered yet:
-    /// a fixed instruction of the same text, else one of [`TEXT_SLOTS`] slots after the fixed
-    /// ones (the oldest rendered replaced in place; the others keep their ids). Allocates and renders: never on the hot path. A refusal
+    /// a fixed instruction of the same text, else one of [`TEXT_SLOTS`] slots, named
+    /// `TEXT_INSTRUCTION_FLAG | slot` (the oldest rendered replaced in place; the others keep their ids). Allocates and renders: never on the hot path. A refusal
     /// leaves every rendered instruction as it was.
     pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
-        let fixed = self.settings.instructions.len();
         if let Some(i) = self
             .settings
             .instructions
@@ -349,7 +349,7 @@ impl MolmoAct2 {
             return Ok(i as u32);
         }
         if let Some(i) = self.text_slots.iter().position(|t| t == text) {
-            return Ok((fixed + i) as u32);
+            return Ok(TEXT_INSTRUCTION_FLAG | i as u32);
         }
         let Some(renderer) = &self.text else {
             return Err(PolicyError::Instruction {
@@ -390,13 +390,13 @@ impl MolmoAct2 {
             let slot = self.text_next;
             let old_text = std::mem::replace(&mut self.text_slots[slot], text);
             let old = std::mem::replace(&mut self.prompt.instructions[fixed + slot], instruction);
-            if self.prompt_instruction == Some((fixed + slot) as u32) {
+            if self.prompt_instruction == Some(fixed + slot) {
                 self.prompt_instruction = None; // the prompt buffer holds the old scaffold
             }
             (slot, Some((old_text, old)))
         };
         self.text_next = (slot + 1) % TEXT_SLOTS;
-        ((fixed + slot) as u32, replaced)
+        (TEXT_INSTRUCTION_FLAG | slot as u32, replaced)
     }
 
     /// Index of the KeyStone candidate chosen by the last inference.
@@ -407,6 +407,16 @@ impl MolmoAct2 {
     /// The normalized candidates `[K, H, action_dims]` of the last inference.
     pub fn candidates(&self) -> &[f32] {
         &self.candidates
+    }
+
+    /// Where an instruction id (checked by [`Self::check_observation`]) sits in
+    /// `prompt.instructions`: fixed ids first, then the text slots.
+    fn instruction_index(&self, id: u32) -> usize {
+        if id & TEXT_INSTRUCTION_FLAG != 0 {
+            self.settings.instructions.len() + (id & !TEXT_INSTRUCTION_FLAG) as usize
+        } else {
+            id as usize
+        }
     }
 
     fn check_observation(&self, obs: &Observation<'_>) -> Result<(), PolicyError> {
@@ -429,7 +439,7 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        obs.check_state_and_instruction(m.state_dims, self.prompt.instructions.len())?;
+        obs.check_state_and_instruction(m.state_dims, m.instructions.len(), self.text_slots.len())?;
         // LeRobot's pipeline raises on such a gripper ("set normalize_gripper=True"): no
         // action from it, so none from vlad either (the loop holds), never a clipped one.
         if let Some((i, x)) = self.state_norm.refused(obs.state) {
@@ -483,7 +493,7 @@ impl MolmoAct2 {
         let _ = self.guard.verdict();
         self.run_vision(obs)?;
         self.write_prompt(obs)?;
-        self.run_llm(obs.instruction_id as usize)?;
+        self.run_llm(self.instruction_index(obs.instruction_id))?;
         self.run_action_context()?;
         // Flow matching, K times for KeyStone (the LLM/KV work above is shared).
         let candidates = self.settings.keystone.as_ref().map_or(1, |k| k.k);
@@ -528,10 +538,11 @@ impl MolmoAct2 {
     /// The prompt: scaffold (once per instruction) + image embeds (added) + state rows
     /// (replaced).
     fn write_prompt(&mut self, obs: &Observation<'_>) -> Result<(), PolicyError> {
-        let instr = &self.prompt.instructions[obs.instruction_id as usize];
-        if self.prompt_instruction != Some(obs.instruction_id) {
+        let index = self.instruction_index(obs.instruction_id);
+        let instr = &self.prompt.instructions[index];
+        if self.prompt_instruction != Some(index) {
             instr.write_scaffold(self.prompt_hidden.as_f32_mut());
-            self.prompt_instruction = Some(obs.instruction_id);
+            self.prompt_instruction = Some(index);
         }
         state_token_ids(&self.state_norm, obs.state, &mut self.state_ids);
         // The pass that adds image_embeds counts the non-finite sums: vision's guard.
@@ -640,7 +651,7 @@ impl MolmoAct2 {
             self.prefix.seed(self.trajectory.as_f32_mut(), width);
         }
         for step in 0..self.settings.flow_steps {
-            self.flow_step(obs.instruction_id as usize, step, prefixed)?;
+            self.flow_step(self.instruction_index(obs.instruction_id), step, prefixed)?;
         }
         let x = self.trajectory.as_f32();
         let cand = &mut self.candidates[c * h * dims..(c + 1) * h * dims];
@@ -770,7 +781,7 @@ impl MolmoAct2 {
         let instr = self
             .prompt
             .instructions
-            .get(obs.instruction_id as usize)
+            .get(self.instruction_index(obs.instruction_id))
             .map_or_else(Vec::new, |i| i.attention_bias.clone());
         let mut noise = vec![0f32; m.action_horizon * m.action_width];
         initial_trajectory(obs.seed, &mut noise, m.action_width, m.action_dims);

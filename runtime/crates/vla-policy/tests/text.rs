@@ -6,7 +6,7 @@
 
 mod common;
 
-use vla_policy::{Bundle, Observation, Policy, TEXT_SLOTS};
+use vla_policy::{Bundle, Observation, Policy, TEXT_INSTRUCTION_FLAG, TEXT_SLOTS};
 
 struct Golden {
     frames: Vec<u8>,
@@ -74,7 +74,7 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     for (text, want) in g.texts.iter().zip(&g.actions).take(2) {
         assert!(!fixed.contains(text));
         let id = policy.instruction_from_text(text.as_bytes()).unwrap();
-        assert!(id as usize >= fixed.len());
+        assert_ne!(id & TEXT_INSTRUCTION_FLAG, 0);
         let got = infer(&mut policy, &g, id);
         let c = vla_tensor::compare(&got, want, 0.0, 0.0);
         eprintln!(
@@ -93,8 +93,24 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     let id = policy
         .instruction_from_text(b"  Put the Bowl on the Stove.  ")
         .unwrap();
-    assert!(id as usize >= fixed.len());
+    assert_ne!(id & TEXT_INSTRUCTION_FLAG, 0);
     assert_eq!(infer(&mut policy, &g, id), by_id);
+    // A plain id past the fixed list names no text, though texts are rendered: refused.
+    for plain in fixed.len() as u32..(fixed.len() + TEXT_SLOTS) as u32 {
+        let geo = policy.geometry();
+        let mut actions = vec![0f32; geo.chunk_len * geo.action_dims];
+        let obs = Observation {
+            cameras: 2,
+            height: 48,
+            width: 64,
+            frames: &g.frames,
+            state: &g.state,
+            instruction_id: plain,
+            seed: g.seed,
+        };
+        let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+        assert!(msg.contains("instruction_id"), "{msg}");
+    }
     assert_eq!(
         policy.instruction_from_text(fixed[0].as_bytes()).unwrap(),
         0
@@ -112,10 +128,9 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     // Slots 0 and 1 hold texts[0..2], slot 2 the rewritten instruction; they keep their ids
     // through the refusals. texts[2] takes the last free slot, texts[3] replaces the oldest
     // (slot 0) in place and the others keep theirs.
-    let base = fixed.len();
-    assert_eq!(id as usize, base + 2);
+    assert_eq!(id, TEXT_INSTRUCTION_FLAG | 2);
     let slot = |policy: &mut Policy, text: &str| {
-        policy.instruction_from_text(text.as_bytes()).unwrap() as usize - base
+        policy.instruction_from_text(text.as_bytes()).unwrap() & !TEXT_INSTRUCTION_FLAG
     };
     assert_eq!(slot(&mut policy, &g.texts[1]), 1);
     assert_eq!(slot(&mut policy, &g.texts[2]), 3);
@@ -147,6 +162,6 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     };
     assert_eq!(allocations, 0, "installing a rendered text allocated");
     let (id, replaced) = installed.unwrap();
-    assert_eq!(id as usize, base + 1);
+    assert_eq!(id, TEXT_INSTRUCTION_FLAG | 1);
     assert_eq!(replaced.unwrap().0, g.texts[1].as_bytes());
 }

@@ -9,8 +9,9 @@
 //! replaces that whole mapping, in place, with private zero pages and marks it truncated,
 //! and the faulting load or store is retried on them. A zeroed header reads as no
 //! published slot and a wrong magic, so readers see nothing new (the daemon holds), and
-//! [`SharedMapping::truncated`] tells the ring to report the segment gone. A fault
-//! outside every mapping restores the default action, so it still kills the process.
+//! [`SharedMapping::truncated`] tells the ring to report the segment gone. Any other
+//! SIGBUS (a fault outside every mapping, or one sent by kill(2)) restores the default
+//! action and raises it again, so it still ends the process.
 
 // Shared memory: the mapping and the views of it, each block with its `SAFETY:` invariant.
 #![allow(unsafe_code)]
@@ -84,8 +85,8 @@ fn install_handler() -> io::Result<()> {
             nix::sys::signal::SaFlags::SA_SIGINFO,
             nix::sys::signal::SigSet::empty(),
         );
-        // SAFETY: `on_sigbus` only loads and stores atomics and calls mmap(2) and
-        // signal(2), both plain system calls on Linux (the same remap Wayland compositors
+        // SAFETY: `on_sigbus` only loads and stores atomics and calls mmap(2), signal(2)
+        // and raise(3), plain system calls on Linux (the same remap Wayland compositors
         // make for shared-memory clients); it takes no lock and allocates nothing.
         if let Err(e) = unsafe { nix::sys::signal::sigaction(nix::sys::signal::SIGBUS, &action) } {
             result = Err(io::Error::from(e));
@@ -97,12 +98,38 @@ fn install_handler() -> io::Result<()> {
 extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid, aligned siginfo_t for an SA_SIGINFO handler.
     let info: &libc::siginfo_t = unsafe { &*info };
-    // SAFETY: for SIGBUS the kernel fills the union's fault member, which si_addr reads.
-    let addr = unsafe { info.si_addr() } as usize;
+    // Only an access past the end of a mapped file is a truncation (the kernel's
+    // BUS_ADRERR); a SIGBUS sent by kill(2) carries a pid where the address would be.
+    if info.si_code == libc::BUS_ADRERR {
+        // SAFETY: for a BUS_ADRERR the kernel filled the union's fault member, which
+        // si_addr reads.
+        let addr = unsafe { info.si_addr() } as usize;
+        if remap_ring_page(addr) {
+            return;
+        }
+    }
+    // Not a ring's truncated page: the process ends as it would without this handler.
+    // Resetting the disposition cannot leave later ring faults unhandled, since the
+    // SIGBUS raised here (blocked until the handler returns) is delivered at once with
+    // the default action and the process does not go on.
+    // SAFETY: signal(2) with SIG_DFL is async-signal-safe.
+    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+    // SAFETY: raise(3) is async-signal-safe.
+    unsafe { libc::raise(libc::SIGBUS) };
+}
+
+/// Replaces the registered mapping holding `addr` with zero pages and marks it truncated;
+/// false when no registered mapping holds it (or the remap failed).
+fn remap_ring_page(addr: usize) -> bool {
     for i in 0..MAX_MAPPINGS {
         let start = STARTS[i].load(Ordering::Acquire);
         let len = LENGTHS[i].load(Ordering::Acquire);
-        if start != 0 && len != 0 && addr >= start && addr < start + len {
+        // The entry may change between the two loads (unregistered, or reused by another
+        // mapping): only a start seen again after its length describes one mapping.
+        if start == 0 || len == 0 || STARTS[i].load(Ordering::Acquire) != start {
+            continue;
+        }
+        if addr >= start && addr < start + len {
             // SAFETY: `[start, start + len)` is a mapping this module made and still owns:
             // entries are removed before unmapping, and the faulting access holds a borrow
             // of the `SharedMapping` (its header or slot views), so it cannot be dropped
@@ -120,13 +147,11 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
             };
             if remapped != libc::MAP_FAILED {
                 TRUNCATED[i].store(true, Ordering::Release);
-                return;
+                return true;
             }
         }
     }
-    // Not a ring's page: the default action, which the retried access then takes.
-    // SAFETY: signal(2) with SIG_DFL is async-signal-safe.
-    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+    false
 }
 
 fn too_short(len: usize) -> io::Error {

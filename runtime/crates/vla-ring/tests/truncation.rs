@@ -68,3 +68,68 @@ fn a_shrunk_segment_reads_as_empty_instead_of_killing_the_process() {
         assert!(!reader.is_truncated());
     }
 }
+
+/// Set in the child of [`a_sigbus_sent_by_kill_ends_the_process_as_without_the_handler`].
+const KILL_CHILD: &str = "VLA_RING_KILL_BUS_CHILD";
+
+/// In the child only: maps a ring (installing the SIGBUS handler), sends itself SIGBUS
+/// (no fault: a signal sent, as by `kill -BUS`) and says if it lived on.
+#[test]
+fn kill_bus_child() {
+    let Some(dir) = std::env::var_os(KILL_CHILD) else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join("obs");
+    let geometry = Geometry {
+        cameras: 1,
+        height: 8,
+        width: 8,
+        channels: 3,
+        state_dims: 5,
+        action_dims: 7,
+        chunk_len: 8,
+    };
+    let _writer = ObservationWriter::create(&path, geometry, 8).unwrap();
+    // Sent to this thread (tgkill, as `kill -BUS` is to the process: no fault address),
+    // so it is handled before raise returns and nothing below runs unless it lived on.
+    nix::sys::signal::raise(nix::sys::signal::SIGBUS).unwrap();
+    println!("survived a SIGBUS sent by kill");
+}
+
+#[test]
+fn a_sigbus_sent_by_kill_ends_the_process_as_without_the_handler() {
+    use std::os::unix::process::ExitStatusExt;
+    let scratch = Scratch::new("kill-bus");
+    let dir = scratch.path("child");
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match std::env::var("VLA_RING_TEST_RUNNER") {
+        Ok(runner) => {
+            let mut words = runner.split_whitespace();
+            let mut c = std::process::Command::new(words.next().unwrap());
+            c.args(words).arg(&exe);
+            c
+        }
+        Err(_) => std::process::Command::new(&exe),
+    };
+    let out = command
+        .args([
+            "--exact",
+            "kill_bus_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(KILL_CHILD, &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Not taken for a truncation, and the handler not quietly switched off: the default
+    // action, as if no ring were mapped.
+    assert!(!stdout.contains("survived"), "{stdout}");
+    assert_eq!(
+        out.status.signal(),
+        Some(nix::sys::signal::SIGBUS as i32),
+        "{:?}: {stdout}",
+        out.status
+    );
+}

@@ -221,17 +221,26 @@ impl PolicyEngine {
         }
         let policy = self.policy.as_mut().ok_or(InferError::NoPolicy)?;
         let g = self.geometry;
+        // A text id not rendered is refused here, never handed on: the policy would read
+        // its low bits as one of its own text slots.
+        let instruction_id = match &self.text {
+            Some(t) => t.resolve(obs.instruction_id),
+            None => Some(obs.instruction_id),
+        }
+        .ok_or_else(|| {
+            InferError::Policy(vla_policy::PolicyError::Observation {
+                field: "instruction_id",
+                expected: "a fixed instruction or a rendered text's id".into(),
+                found: format!("{:#x} (not rendered)", obs.instruction_id),
+            })
+        })?;
         let o = vla_policy::Observation {
             cameras: g.cameras as usize,
             height: g.height as usize,
             width: g.width as usize,
             frames: &obs.frames,
             state: &obs.state,
-            instruction_id: self
-                .text
-                .as_ref()
-                .and_then(|t| t.resolve(obs.instruction_id))
-                .unwrap_or(obs.instruction_id),
+            instruction_id,
             seed: obs.seed,
         };
         let vote = self.votes.as_ref().map(|v| v.inference());

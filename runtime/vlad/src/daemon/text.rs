@@ -218,9 +218,10 @@ impl TextLink {
         }
     }
 
-    /// The policy's instruction id for an observation's `instruction_id`: fixed ids as
-    /// they are, a text id when its text is rendered; `None` while it is pending, refused
-    /// or unknown.
+    /// The policy's instruction id for an observation's `instruction_id`: plain ids as
+    /// they are (the policy takes them only below its fixed count: never a text slot), a
+    /// text id when its text is rendered (the policy's flagged slot id); `None` while it is
+    /// pending, refused or unknown.
     pub(super) fn resolve(&self, instruction_id: u32) -> Option<u32> {
         let Some(text_id) = text_id_of(instruction_id) else {
             return Some(instruction_id);

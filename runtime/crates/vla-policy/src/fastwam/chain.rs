@@ -278,7 +278,7 @@ impl WorldModel {
                 ),
             });
         }
-        obs.check_state_and_instruction(c.ring_state_dims(), c.instructions.len())?;
+        obs.check_state_and_instruction(c.ring_state_dims(), c.instructions.len(), 0)?;
         build_state(c.state_input, obs.state, &mut self.state)
     }
 
