@@ -715,6 +715,48 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
     run.end("-KILL");
 }
 
+/// A re-creation on the inference thread that outlasts `systemd.inference_deadline_ms`
+/// (a context creation blocked for twice the deadline) is a repair, not a stall: bounded
+/// by its own longer limit, the watchdog keeps being fed and the daemon drives again.
+#[test]
+fn a_re_creation_longer_than_the_inference_deadline_is_not_a_stall() {
+    let Some(rig) = rig("slowrepair", |v| {
+        v["systemd"]["notify"] = true.into();
+        v["systemd"]["watchdog"] = true.into();
+        v["systemd"]["inference_deadline_ms"] = 3000.into();
+    }) else {
+        return;
+    };
+    let sock_path = rig.dir.join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    let run = Run::start(
+        rig,
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap().to_owned()),
+            ("WATCHDOG_USEC", "400000".to_owned()),
+        ],
+    );
+    notified(&sock, run.pid(), "WATCHDOG=1").unwrap();
+    let chunk = run.driving();
+    let stalls = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("withholding WATCHDOG=1"))
+            .count()
+    };
+    let before = stalls(&run.log());
+    // Inferences create no contexts: the blocked creation is the re-creation's.
+    run.arm("ssr on=graphExecute from=+1\ncontextCreateFromBinary from=+1 block_ms=6000\n");
+    run.wait_log("NPU: re-created and gated");
+    let t = injected_at(&run.log(), "graphExecute", 0);
+    run.wait_ok_after(t, chunk);
+    let log = run.stop();
+    assert_eq!(
+        stalls(&log),
+        before,
+        "the re-creation was taken for a stall:\n{log}"
+    );
+}
+
 fn vlad_ok(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
         .args(args)
