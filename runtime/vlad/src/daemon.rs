@@ -595,6 +595,30 @@ struct Supervisor<'a> {
     npu_io: crate::npu_io::NpuStatus,
 }
 
+/// How many `systemd.inference_deadline_ms` a repair on the inference thread (a reload,
+/// an NPU session re-creation) may take before the supervisor takes it for a blocked call.
+const REPAIR_DEADLINES: u32 = 4;
+
+/// How long the inference thread has been away at `now`, the deadline that applies and
+/// what it has not done: a repair in progress (`repairing_since` not 0: a reload or an NPU
+/// session re-creation, loads and gates) is bounded by [`REPAIR_DEADLINES`] deadlines
+/// from its start, anything else by the deadline from the thread's last pass.
+fn inference_away(
+    now: u64,
+    alive: u64,
+    repairing_since: u64,
+    deadline: Duration,
+) -> (u64, Duration, &'static str) {
+    match repairing_since {
+        0 => (now.saturating_sub(alive), deadline, "come back"),
+        since => (
+            now.saturating_sub(since),
+            deadline * REPAIR_DEADLINES,
+            "finished its reload or NPU session re-creation",
+        ),
+    }
+}
+
 impl Supervisor<'_> {
     fn run(&mut self, signals: &Signals, usr1: &AtomicBool, duration: Option<f64>) {
         let started = Instant::now();
@@ -643,13 +667,18 @@ impl Supervisor<'_> {
         // An inference may take seconds on a slow backend; one past the deadline is a
         // blocked QNN call. Its thread cannot be abandoned (QNN may still write into its
         // buffers, and its session is the process's): systemd restarts vlad instead.
-        let away = now.saturating_sub(Health::get(&h.inference_alive_ns));
-        let inferring = away < self.inference_deadline.as_nanos() as u64;
+        let (away, deadline, what) = inference_away(
+            now,
+            Health::get(&h.inference_alive_ns),
+            Health::get(&h.repairing_since_ns),
+            self.inference_deadline,
+        );
+        let inferring = away < deadline.as_nanos() as u64;
         if !inferring && !self.stalled {
             log::error!(
-                "the inference thread has not come back for {:.1} s (deadline {:.1} s; a QNN call blocks): withholding WATCHDOG=1 so that systemd restarts vlad; the arm holds meanwhile",
+                "the inference thread has not {what} for {:.1} s (deadline {:.1} s; a QNN call blocks): withholding WATCHDOG=1 so that systemd restarts vlad; the arm holds meanwhile",
                 away as f64 / 1e9,
-                self.inference_deadline.as_secs_f64()
+                deadline.as_secs_f64()
             );
         }
         self.stalled = !inferring;
@@ -763,4 +792,27 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     }
     print_report(&report, &settings);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_repair_is_bounded_by_its_own_longer_deadline_from_its_start() {
+        let deadline = Duration::from_secs(5);
+        // No repair: the deadline from the last pass.
+        let (away, d, _) = inference_away(100 * S, 94 * S, 0, deadline);
+        assert_eq!((away, d), (6 * S, deadline));
+        assert!(away >= d.as_nanos() as u64);
+        // A repair that began 6 s ago (its last pass as old) is within its limit...
+        let (away, d, what) = inference_away(100 * S, 94 * S, 94 * S, deadline);
+        assert_eq!(d, deadline * REPAIR_DEADLINES);
+        assert!(away < d.as_nanos() as u64, "{what}");
+        // ...and one that went on past it is a blocked call.
+        let (away, d, _) = inference_away(100 * S, 70 * S, 70 * S, deadline);
+        assert!(away >= d.as_nanos() as u64);
+    }
 }

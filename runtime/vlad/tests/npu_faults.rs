@@ -715,6 +715,48 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
     run.end("-KILL");
 }
 
+/// A re-creation on the inference thread that outlasts `systemd.inference_deadline_ms`
+/// (a context creation blocked for twice the deadline) is a repair, not a stall: bounded
+/// by its own longer limit, the watchdog keeps being fed and the daemon drives again.
+#[test]
+fn a_re_creation_longer_than_the_inference_deadline_is_not_a_stall() {
+    let Some(rig) = rig("slowrepair", |v| {
+        v["systemd"]["notify"] = true.into();
+        v["systemd"]["watchdog"] = true.into();
+        v["systemd"]["inference_deadline_ms"] = 3000.into();
+    }) else {
+        return;
+    };
+    let sock_path = rig.dir.join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    let run = Run::start(
+        rig,
+        &[
+            ("NOTIFY_SOCKET", sock_path.to_str().unwrap().to_owned()),
+            ("WATCHDOG_USEC", "400000".to_owned()),
+        ],
+    );
+    notified(&sock, run.pid(), "WATCHDOG=1").unwrap();
+    let chunk = run.driving();
+    let stalls = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("withholding WATCHDOG=1"))
+            .count()
+    };
+    let before = stalls(&run.log());
+    // Inferences create no contexts: the blocked creation is the re-creation's.
+    run.arm("ssr on=graphExecute from=+1\ncontextCreateFromBinary from=+1 block_ms=6000\n");
+    run.wait_log("NPU: re-created and gated");
+    let t = injected_at(&run.log(), "graphExecute", 0);
+    run.wait_ok_after(t, chunk);
+    let log = run.stop();
+    assert_eq!(
+        stalls(&log),
+        before,
+        "the re-creation was taken for a stall:\n{log}"
+    );
+}
+
 fn vlad_ok(args: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
         .args(args)
@@ -805,5 +847,65 @@ fn on_trial_a_restart_while_gating_keeps_the_bundle_and_a_held_one_is_rolled_bac
         run.log()
     );
     run.stop();
+    let _ = std::fs::remove_dir_all(&keys);
+}
+
+/// Under OTA the session is re-created from the running bundle's files only once they
+/// verify again with the daemon's keys as the running hash: a byte flipped in them since
+/// the gate is refused, and the engine holds (no `ok` chunk) until SIGHUP or a restart.
+#[test]
+fn a_running_bundle_changed_on_disk_is_not_loaded_again_after_a_restart() {
+    if qnn_dir().is_none() {
+        return;
+    }
+    let keys = std::env::temp_dir().join(format!("vlad-npu-reverify-keys-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&keys);
+    std::fs::create_dir_all(&keys).unwrap();
+    let key = keys.join("fleet.key");
+    let public = hash_in(&vlad_ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let root = keys.join("ota");
+    let Some(rig) = rig("reverify", |v| {
+        v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+        v["ota"]["root"] = root.to_str().unwrap().into();
+        v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    }) else {
+        return;
+    };
+    let cfg = rig.config.to_str().unwrap().to_owned();
+    let dir = keys.join("a");
+    vla_test_support::copy_dir(&repo_root().join("golden/bundles/fastwam"), &dir);
+    let d = dir.to_str().unwrap();
+    vlad_ok(&["bundle", "pack", d]);
+    vlad_ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);
+    let a = hash_in(&vlad_ok(&["ota", "install", d, "--config", &cfg]));
+    vlad_ok(&["ota", "activate", &a, "--config", &cfg]);
+    let run = Run::start(rig, &[]);
+    run.driving();
+    run.wait_log(&format!("bundle {a} passed its trial and is committed"));
+
+    let ctx = root.join("bundles").join(&a).join("ctx");
+    let bin = std::fs::read_dir(&ctx)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "bin"))
+        .unwrap_or_else(|| panic!("no context binary in {}", ctx.display()));
+    let mut bytes = std::fs::read(&bin).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&bin, &bytes).unwrap();
+
+    run.arm("ssr on=graphExecute from=+1\n");
+    run.wait_log("NPU: re-creation refused");
+    run.wait_metric("vlad_npu_state{state=\"held\"}", |v| v == 1.0);
+    assert_eq!(run.metric("vlad_npu_failed_recoveries_total"), Some(1.0));
+    assert_eq!(run.metric("vlad_npu_recoveries_total"), Some(0.0));
+    let log = run.stop();
+    assert!(
+        log.contains("does not verify with this daemon's keys")
+            && !log.contains("NPU: re-created and gated"),
+        "the changed bundle was loaded again:\n{log}"
+    );
     let _ = std::fs::remove_dir_all(&keys);
 }

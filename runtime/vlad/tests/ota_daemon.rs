@@ -783,6 +783,17 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
         nix::sys::signal::Signal::SIGHUP,
     )
     .unwrap();
+    wait_while_running(
+        "the daemon's refusal of the flipped bundle",
+        &[daemon.id()],
+        || {
+            daemon
+                .stderr_so_far()
+                .contains(&format!("bundle {c} rejected"))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}:\n{}", daemon.stderr_so_far()));
+    // The refusal and the rollback that follows it leave the daemon running.
     std::thread::sleep(Duration::from_secs(3));
     let alive = daemon.child.try_wait().unwrap().is_none();
     drop(robot);

@@ -181,10 +181,22 @@ impl Inference {
         self.window.clear();
         self.cold = true;
         Health::bump(&self.shared.health.reloads);
-        match self.engine.reload() {
+        match self.repairing(|engine| engine.reload()) {
             Ok(what) => log::info!("reloaded: {what}"),
             Err(error) => log::error!("reload failed: {error}"),
         }
+    }
+
+    /// Runs `repair` (a reload, a re-creation after a failure) with
+    /// `repairing_since_ns` set, so the supervisor tells a long load and gate from a
+    /// blocked inference.
+    fn repairing<T>(&mut self, repair: impl FnOnce(&mut dyn Engine) -> T) -> T {
+        let health = &self.shared.health;
+        Health::set(&health.repairing_since_ns, monotonic_ns());
+        let done = repair(self.engine.as_mut());
+        Health::set(&health.inference_alive_ns, monotonic_ns());
+        Health::set(&health.repairing_since_ns, 0);
+        done
     }
 
     /// Opens the observation ring if it is not yet; whether it is open.
@@ -403,7 +415,7 @@ impl Inference {
                 };
                 self.post(event, None);
                 // The hold is posted: a repair that takes seconds delays nothing unsafe.
-                self.engine.after_failure();
+                self.repairing(|engine| engine.after_failure());
             }
         }
     }

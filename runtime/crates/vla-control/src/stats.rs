@@ -216,6 +216,11 @@ pub struct Health {
     /// CLOCK_MONOTONIC ns of the inference thread's last pass: a hung inference stops
     /// advancing it.
     pub inference_alive_ns: AtomicU64,
+    /// CLOCK_MONOTONIC ns when the inference thread began a repair (a reload, or the
+    /// engine's re-creation of its session after a failure: loads and gates that may take
+    /// far longer than an inference); 0: none in progress. The supervisor bounds a repair
+    /// by its own, longer, limit instead of the inference deadline.
+    pub repairing_since_ns: AtomicU64,
     /// p95 of the rolling latency window (capture -> chunk ready); 0 before any sample.
     pub latency_estimate_ns: AtomicU64,
     /// The same window at `SPREAD_QUANTILES` (its deciles' midpoints): the operating

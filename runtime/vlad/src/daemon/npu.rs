@@ -42,11 +42,30 @@ struct Counters {
     last_recovery_ns: AtomicU64,
     /// 0 no recovery yet, 1 the recovered session's golden chunk was bit-identical, 2 not.
     identical: AtomicU8,
+    /// Re-creations that failed, were refused (the files no longer verify) or gated a
+    /// golden chunk not bit-identical to the one before.
+    failed_recoveries: AtomicU64,
 }
 
 impl NpuStatus {
     fn set(&self, state: u8) {
         self.0.state.store(state, Ordering::Relaxed);
+    }
+
+    /// Counts a re-created and gated session: a recovery when its golden chunk is
+    /// bit-identical to the one before the fault, else a failed one.
+    fn recovered(&self, identical: bool, took: Duration) {
+        let c = &self.0;
+        c.last_recovery_ns
+            .store(took.as_nanos() as u64, Ordering::Relaxed);
+        c.identical
+            .store(if identical { 1 } else { 2 }, Ordering::Relaxed);
+        let count = if identical {
+            &c.recoveries
+        } else {
+            &c.failed_recoveries
+        };
+        count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `ok`, `recovering` or `held`.
@@ -95,8 +114,13 @@ impl NpuStatus {
             ),
             (
                 "vlad_npu_recoveries_total",
-                "QNN sessions re-created and gated again.",
+                "QNN sessions re-created and gated again, the golden chunk bit-identical.",
                 &c.recoveries,
+            ),
+            (
+                "vlad_npu_failed_recoveries_total",
+                "QNN session re-creations that failed, were refused (the bundle no longer verifies) or gated a golden chunk not bit-identical to the one before (the engine then holds).",
+                &c.failed_recoveries,
             ),
         ];
         for (name, help, v) in counters {
@@ -266,42 +290,63 @@ impl PolicyEngine {
             self.npu.rebuilds
         );
         let t = Instant::now();
-        match self.rebuild() {
+        let failed = match self.rebuild() {
             Ok(identical) => {
                 let took = t.elapsed();
-                let c = &self.npu.status.0;
-                c.recoveries.fetch_add(1, Ordering::Relaxed);
-                c.last_recovery_ns
-                    .store(took.as_nanos() as u64, Ordering::Relaxed);
-                c.identical
-                    .store(if identical { 1 } else { 2 }, Ordering::Relaxed);
-                self.npu.status.set(OK);
-                self.npu.consecutive = 0;
-                log::info!(
-                    "NPU: re-created and gated in {:.2} s; the golden chunk is {}; resuming",
-                    took.as_secs_f64(),
-                    if identical {
-                        "bit-identical to the one before the fault"
-                    } else {
-                        "NOT bit-identical to the one before the fault (it passed the gate)"
-                    }
-                );
+                self.npu.status.recovered(identical, took);
+                if identical {
+                    self.npu.status.set(OK);
+                    self.npu.consecutive = 0;
+                    log::info!(
+                        "NPU: re-created and gated in {:.2} s; the golden chunk is bit-identical to the one before the fault; resuming",
+                        took.as_secs_f64()
+                    );
+                    return;
+                }
+                format!(
+                    "re-created and gated in {:.2} s, but the golden chunk is NOT bit-identical to the one before the fault",
+                    took.as_secs_f64()
+                )
+            }
+            Err(e @ LoadError::Unverified { .. }) => {
+                self.npu
+                    .status
+                    .0
+                    .failed_recoveries
+                    .fetch_add(1, Ordering::Relaxed);
+                format!("re-creation refused: {e}")
             }
             Err(e) => {
+                self.npu
+                    .status
+                    .0
+                    .failed_recoveries
+                    .fetch_add(1, Ordering::Relaxed);
                 log::error!("NPU: re-creation failed: {e}");
                 self.npu.due = Some(Why::RebuildFailed);
+                return;
             }
-        }
+        };
+        // The session computes other actions than the gate accepted before, or its files
+        // no longer verify: nothing a retry repairs. Held until SIGHUP or a restart.
+        self.npu.status.set(HELD);
+        self.policy = None;
+        log::error!("NPU: {failed}: holding the arm until SIGHUP or a restart");
+        self.roll_back_held_trial();
     }
 
     /// Frees the contexts, the votes, the device and the backend (QNN's order), creates
     /// them again and loads and gates the running bundle from its directory (the files
-    /// the running bundle was loaded from, held by the OTA store while in use). Whether
-    /// the gate's golden chunk is bit-identical to the one before.
+    /// the running bundle was loaded from, held by the OTA store while in use, and under
+    /// OTA verified again with the store's keys as the running hash first). Whether the
+    /// gate's golden chunk is bit-identical to the one before.
     fn rebuild(&mut self) -> Result<bool, LoadError> {
         self.fresh_backend()?;
-        let before = std::mem::take(&mut self.npu.reference);
         let dir = self.good.clone();
+        if let Some(o) = &self.ota {
+            super::engine::verify_stored(&o.store, &dir, &o.trial.running_hash())?;
+        }
+        let before = std::mem::take(&mut self.npu.reference);
         match self.try_load(&dir) {
             Ok(()) => Ok(bits_equal(&before, &self.npu.reference)),
             Err(e) => {
@@ -414,6 +459,17 @@ mod tests {
             code,
             backend_message: None,
         }
+    }
+
+    #[test]
+    fn a_recovery_whose_golden_chunk_differs_counts_as_failed() {
+        let s = NpuStatus::default();
+        s.recovered(true, Duration::from_millis(300));
+        s.recovered(false, Duration::from_millis(400));
+        let m = s.render();
+        assert!(m.contains("\nvlad_npu_recoveries_total 1\n"), "{m}");
+        assert!(m.contains("\nvlad_npu_failed_recoveries_total 1\n"), "{m}");
+        assert!(m.contains("\nvlad_npu_recovered_identical 0\n"), "{m}");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -100,12 +101,23 @@ pub struct Drained {
     pub child: Child,
     out: Option<JoinHandle<String>>,
     err: Option<JoinHandle<String>>,
+    /// What the child wrote to stderr so far.
+    err_so_far: Arc<Mutex<Vec<u8>>>,
 }
 
-fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+/// Reads `pipe` to its end, appending to `sink` as it comes; returns the whole text.
+fn drain(mut pipe: impl Read + Send + 'static, sink: Arc<Mutex<Vec<u8>>>) -> JoinHandle<String> {
     std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        let _ = pipe.read_to_end(&mut bytes);
+        let mut chunk = [0u8; 8192];
+        loop {
+            match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => sink.lock().unwrap().extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        let bytes = sink.lock().unwrap();
         String::from_utf8_lossy(&bytes).into_owned()
     })
 }
@@ -117,13 +129,20 @@ impl Drained {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("spawning {command:?}: {e}"));
-        let out = drain(child.stdout.take().unwrap());
-        let err = drain(child.stderr.take().unwrap());
+        let err_so_far = Arc::new(Mutex::new(Vec::new()));
+        let out = drain(child.stdout.take().unwrap(), Arc::default());
+        let err = drain(child.stderr.take().unwrap(), err_so_far.clone());
         Self {
             child,
             out: Some(out),
             err: Some(err),
+            err_so_far,
         }
+    }
+
+    /// What the child wrote to stderr (its log) so far, while it runs.
+    pub fn stderr_so_far(&self) -> String {
+        String::from_utf8_lossy(&self.err_so_far.lock().unwrap()).into_owned()
     }
 
     pub fn id(&self) -> u32 {
