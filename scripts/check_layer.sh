@@ -10,7 +10,7 @@
 #      its tmpfiles.d into a scratch root, its configuration script's tests;
 #   6. scripts/check_recipe_install.py: the recipes' real do_install into a scratch ${D}
 #      (every SYSTEMD_SERVICE unit installed, the installed tree as expected, a published
-#      signing key refused at build time); needs target/release/vlad.
+#      signing key refused at build time); builds target/release/vlad first.
 # Prints one PASS/FAIL line per check and exits non-zero if any failed.
 # A real bitbake parse of the layer is scripts/bitbake_parse.sh (needs layer checkouts).
 set -uo pipefail
@@ -153,6 +153,9 @@ check_tmpfiles() {
 
 check_recipe_install() {
     say "each recipe's do_install into a scratch \${D} (scripts/check_recipe_install.py)"
+    # The recipe installs the release binary; in a whole run the later RAUC step builds the
+    # same one, so building it here first costs nothing extra.
+    cargo build --release --locked -p vlad 2>&1 | tail -1
     python3 scripts/check_recipe_install.py
 }
 
