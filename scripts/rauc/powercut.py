@@ -89,7 +89,10 @@ OK_ACTIONS = 3
 # then this plus twice the gate's measured inference time (the scenario's other waits are
 # for as long as the daemon lives; --boot-timeout is the hang guard).
 GUEST_WAIT_S = 120
-ROOT_ENTRIES = {"bundles", "current", "previous", "ota-state.json", "ota.lock", "vlad.pid"}
+# What a healthy store's root holds (vla-ota's store layout, lib.rs): the version floor and an
+# adopted key list are the store's own files, not leftovers of an interrupted operation.
+ROOT_ENTRIES = {"bundles", "current", "previous", "ota-state.json", "ota.lock", "vlad.pid",
+                "version-floor.json", "key-list.json"}
 HASH = re.compile(r"^[0-9a-f]{64}$")
 MARKER = re.compile(r"powercut: (.*?)\s*$")
 
