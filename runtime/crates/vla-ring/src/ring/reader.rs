@@ -194,19 +194,7 @@ impl<T: SlotItem> RingReader<T> {
         let (seq, load) = self
             .core()
             .read_latest(READ_ATTEMPTS, |from| buf.load(&layout, from))
-            .map_err(|miss| match miss {
-                LatestMiss::Empty => ReadError::Empty,
-                LatestMiss::Contended => ReadError::Contended {
-                    attempts: READ_ATTEMPTS,
-                },
-                LatestMiss::Inconsistent {
-                    published,
-                    lock_word,
-                } => ReadError::Inconsistent {
-                    published,
-                    lock_word,
-                },
-            })?;
+            .map_err(latest_miss)?;
         self.leave(epoch)?;
         self.finish(seq, buf, load)?;
         Ok(seq)
@@ -314,19 +302,7 @@ impl RingReader<Observation> {
                         .0,
                 )
             })
-            .map_err(|miss| match miss {
-                LatestMiss::Empty => ReadError::Empty,
-                LatestMiss::Contended => ReadError::Contended {
-                    attempts: READ_ATTEMPTS,
-                },
-                LatestMiss::Inconsistent {
-                    published,
-                    lock_word,
-                } => ReadError::Inconsistent {
-                    published,
-                    lock_word,
-                },
-            })?;
+            .map_err(latest_miss)?;
         self.leave(epoch)?;
         if slot_seq != seq {
             return Err(ReadError::Inconsistent {
@@ -335,5 +311,22 @@ impl RingReader<Observation> {
             });
         }
         Ok((seq, id))
+    }
+}
+
+/// A missed latest read as the reader's error (`READ_ATTEMPTS` tries).
+fn latest_miss(miss: LatestMiss) -> ReadError {
+    match miss {
+        LatestMiss::Empty => ReadError::Empty,
+        LatestMiss::Contended => ReadError::Contended {
+            attempts: READ_ATTEMPTS,
+        },
+        LatestMiss::Inconsistent {
+            published,
+            lock_word,
+        } => ReadError::Inconsistent {
+            published,
+            lock_word,
+        },
     }
 }
