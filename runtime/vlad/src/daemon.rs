@@ -327,7 +327,7 @@ impl Source {
         // leftovers of an interrupted update, and a crash loop on a bundle on trial.
         let ota_root = PathBuf::from(config.ota.root.as_str());
         // The configured keys are checked at every start, with OTA in use or not.
-        let settings = crate::ota_cmd::ota_settings(&config.ota)?;
+        let settings = crate::cmd::ota::ota_settings(&config.ota)?;
         let store = (!overridden && bundle_dir == ota_root.join("current"))
             .then(|| Arc::new(Store::new(settings)));
         Ok(Self {

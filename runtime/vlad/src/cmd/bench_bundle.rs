@@ -230,7 +230,12 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
 
 fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
-    let votes = qnn_setup::start_votes(&backend, &[0], o.performance, crate::bench::IDLE_RELEASE);
+    let votes = qnn_setup::start_votes(
+        &backend,
+        &[0],
+        o.performance,
+        crate::cmd::bench_context::IDLE_RELEASE,
+    );
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -290,7 +295,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let vote_stats = votes.as_ref().map(|g| g.stats());
     Ok(json!({
         "performance": o.performance.as_str(),
-        "performance_vote": crate::bench::vote_summary(o.performance, votes.as_ref()),
+        "performance_vote": crate::cmd::bench_context::vote_summary(o.performance, votes.as_ref()),
         "performance_votes_accepted": vote_stats.map(|s| s.votes),
         "performance_votes_refused": vote_stats.map(|s| s.refused),
         "bundle": bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()),

@@ -48,7 +48,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             ));
         }
         common.init_logging();
-        return crate::bundle_cmd::parity(&common, &dir, json.as_deref());
+        return crate::cmd::run_once::parity(&common, &dir, json.as_deref());
     }
     let [ctx, npz_path] = <[PathBuf; 2]>::try_from(positional)
         .map_err(|_| Failure::Usage("parity needs <ctx.bin> <io.npz>".into()))?;
