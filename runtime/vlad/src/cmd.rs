@@ -13,5 +13,23 @@ pub mod parity;
 pub mod plan;
 pub mod prompt;
 pub mod replay;
+pub mod run;
 pub mod run_once;
 pub mod simulate;
+
+use crate::cli::Common;
+use crate::{qnn_setup, Failure};
+use std::path::Path;
+use std::time::Instant;
+use vla_policy::{Bundle, Policy};
+
+/// A bundle opened and its policy loaded, without the daemon's gate (the commands that
+/// run it report parity themselves): also how long the contexts took to load, in ms.
+pub(crate) fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
+    let bundle = Bundle::open(dir)?;
+    let (_, backend) = qnn_setup::load_backend(common)?;
+    let t = Instant::now();
+    let policy = Policy::load(&bundle, &backend)?;
+    crate::gate::note_upstream_deviations(&bundle);
+    Ok((bundle, policy, t.elapsed().as_secs_f64() * 1e3))
+}

@@ -15,13 +15,12 @@ mod text;
 
 pub use npu::NpuStatus;
 
-use crate::cli::{self, Common};
+use crate::cli::Common;
+use crate::cmd::run::RunArgs;
 use crate::gate::{load_gated, LoadError};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
 use engine::{record_gated, OtaLink, PolicyEngine};
-use lexopt::prelude::*;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,9 +29,6 @@ use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings, Measure
 use vla_ota::Store;
 use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
-
-const HELP: &str = "usage: vlad run --config FILE [--bundle DIR] [--duration SECONDS] [--lib-dir DIR] [--log-level LVL]
-Runs the control loop until SIGTERM (or for --duration). SIGHUP reloads the bundle.";
 
 /// The ring geometry a policy needs.
 pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
@@ -200,66 +196,6 @@ fn announce(settings: &LoopSettings) {
         log::warn!("{}", p.describe());
     } else {
         log::info!("{}", p.describe());
-    }
-}
-
-/// `vlad run`'s command line.
-struct RunArgs {
-    common: Common,
-    config: PathBuf,
-    bundle: Option<PathBuf>,
-    duration: Option<f64>,
-}
-
-impl RunArgs {
-    /// The arguments, or None when `--help` was asked for (and printed).
-    fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
-        let mut common = Common::default();
-        let (mut config, mut bundle, mut duration) = (None, None, None);
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::usage)? {
-            match arg {
-                Long(name) if Common::OPTIONS.contains(&name) => {
-                    let name = name.to_owned();
-                    common.take(&name, &mut p)?;
-                }
-                Long("config") => config = Some(cli::value(&mut p)?.into()),
-                Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-                Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
-                Short('h') | Long("help") => {
-                    println!("{HELP}");
-                    return Ok(None);
-                }
-                other => return Err(cli::unexpected(other)),
-            }
-        }
-        let config = config.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-        Ok(Some(Self {
-            common,
-            config,
-            bundle,
-            duration,
-        }))
-    }
-
-    /// The config with the environment's overrides; logging started at its level unless
-    /// `--log-level` set one, and the QNN library directory defaulted from it.
-    fn load_config(&mut self) -> Result<vla_config::Config, Failure> {
-        let mut config = vla_config::Config::load(&self.config)?;
-        config.apply_overrides(crate::qnn_setup::environment)?;
-        let common = &mut self.common;
-        if common.log_level.is_none() {
-            common.log_level = Some(format!(
-                "{},qnn={}",
-                config.log.level.as_str(),
-                config.qnn.log_level.as_str()
-            ));
-        }
-        common.init_logging();
-        if common.lib_dir.is_none() {
-            common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
-        }
-        Ok(config)
     }
 }
 
@@ -712,10 +648,8 @@ impl Supervisor<'_> {
     }
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let Some(mut args) = RunArgs::parse(args)? else {
-        return Ok(());
-    };
+/// Runs the daemon until SIGTERM (or for `--duration`).
+pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let config = args.load_config()?;
     let systemd = Systemd::new(&config);
     let signals = Signals::register()?;

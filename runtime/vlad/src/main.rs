@@ -3,7 +3,7 @@
 //! One binary, several subcommands: the daemon itself and the tools an integrator needs
 //! next to it (inspect a context binary, prove parity against golden tensors, measure a
 //! context). This module only parses the command line and maps errors to exit codes;
-//! each subcommand lives in its own module.
+//! each subcommand lives in its own module under `cmd/`.
 
 #![forbid(unsafe_code)]
 
@@ -99,8 +99,8 @@ fn main() -> ExitCode {
         "parity" => cmd::parity::run(rest),
         "bench-context" => cmd::bench_context::run(rest),
         "bench-bundle" => cmd::bench_bundle::run(rest),
-        "run-once" => cmd::run_once::run_once(rest),
-        "run" => daemon::run(rest),
+        "run-once" => cmd::run_once::run(rest),
+        "run" => cmd::run::run(rest),
         "simulate" => cmd::simulate::run(rest),
         "replay" => cmd::replay::run(rest),
         "plan" => cmd::plan::run(rest),

@@ -1,12 +1,15 @@
 //! `vlad parity <ctx.bin> <io.npz>`: run one context on golden inputs and gate its outputs.
+//! `vlad parity --bundle DIR`: every context of a bundle against its golden, and the
+//! end-to-end golden.
 
 use crate::cli::{self, Common};
 use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use vla_npz::Npz;
 use vla_parity::{check_context, ContextParity, GateOptions};
+use vla_policy::{Bundle, BundleParity};
 use vla_qnn::{Context, ContextBinary};
 
 const HELP: &str = "usage: vlad parity <ctx.bin> <io.npz> [--graph NAME] [--min-cosine 0.9999] [--atol 1e-3] [--rtol 1e-2] [--lib-dir DIR]
@@ -48,7 +51,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             ));
         }
         common.init_logging();
-        return crate::cmd::run_once::parity(&common, &dir, json.as_deref());
+        return parity_bundle(&common, &dir, json.as_deref());
     }
     let [ctx, npz_path] = <[PathBuf; 2]>::try_from(positional)
         .map_err(|_| Failure::Usage("parity needs <ctx.bin> <io.npz>".into()))?;
@@ -101,5 +104,161 @@ pub fn render(r: &ContextParity, gate: &GateOptions) -> String {
             }
         );
     }
+    s
+}
+
+fn parity_bundle(common: &Common, dir: &Path, json: Option<&Path>) -> Result<(), Failure> {
+    let (bundle, mut policy, load_ms) = super::load(common, dir)?;
+    let report = bundle.parity(&mut policy)?;
+    print!("{}", render_parity(&bundle, &report, load_ms));
+    if let Some(path) = json {
+        let doc = parity_json(&bundle, &report, load_ms);
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&doc).expect("JSON of plain values"),
+        )
+        .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+    }
+    match report.failure_summary() {
+        None => Ok(()),
+        Some(why) => Err(Failure::Gate(format!(
+            "bundle {}: {why}",
+            bundle.dir.display()
+        ))),
+    }
+}
+
+/// The parity report as JSON (for the board bring-up report and fleet tooling).
+pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_json::Value {
+    use serde_json::json;
+    let finite = |x: f64| if x.is_finite() { json!(x) } else { json!(null) };
+    let contexts: Vec<_> = r
+        .contexts
+        .iter()
+        .map(|c| {
+            json!({
+                "component": c.label,
+                "execute_ms": c.execute_time.as_secs_f64() * 1e3,
+                "passed": c.passed(),
+                "outputs": c.outputs.iter().map(|o| {
+                    let t = bundle.manifest.parity.threshold(&c.label, &o.name);
+                    json!({
+                        "name": o.name,
+                        "shape": o.shape,
+                        "cosine": finite(o.comparison.cosine),
+                        "max_abs_diff": finite(o.comparison.max_abs_diff),
+                        "within_tolerance": o.comparison.within_tolerance,
+                        "gate": o.min_cosine,
+                        "gate_from": t.entry.as_ref().map_or("parity.context_cosine", |(k, _)| k.as_str()),
+                        "gate_reason": t.entry.as_ref().map(|(_, r)| r.as_str()),
+                        "passed": o.passed,
+                    })
+                }).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let e = &r.end_to_end;
+    json!({
+        "bundle": bundle.manifest.name,
+        "version": bundle.manifest.version,
+        "policy": format!("{:?}", bundle.manifest.policy).to_lowercase(),
+        "load_ms": load_ms,
+        "context_gate": r.context_gate,
+        "end_to_end_gate": r.end_to_end_gate,
+        "contexts": contexts,
+        "open_loop": r.open_loop,
+        "stages": r.stages.iter().map(|st| {
+            let t = bundle.manifest.parity.stage_threshold(&st.name);
+            json!({
+                "name": st.name,
+                "cosine": finite(st.comparison.cosine),
+                "max_abs_diff": finite(st.comparison.max_abs_diff),
+                "gate": st.min_cosine,
+                "gate_from": t.entry.as_ref().map_or("parity.context_cosine", |(k, _)| k.as_str()),
+                "gate_reason": t.entry.as_ref().map(|(_, r)| r.as_str()),
+                "passed": st.passed,
+            })
+        }).collect::<Vec<_>>(),
+        "first_diverging_stage": r.first_diverging_stage().map(|st| st.name.clone()),
+        "end_to_end": {
+            "cosine": finite(e.comparison.cosine),
+            "max_abs_diff": finite(e.comparison.max_abs_diff),
+            "keystone": e.keystone.map(|(golden, ours)| json!({"golden": golden, "ours": ours})),
+            "passed": e.passed,
+            "actions": e.actions,
+            "expected": e.expected,
+        },
+        "passed": r.passed(),
+    })
+}
+
+pub fn render_parity(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> String {
+    let mut s = format!(
+        "bundle {} ({} {}), contexts loaded in {load_ms:.1} ms\n",
+        bundle.dir.display(),
+        bundle.manifest.name,
+        bundle.manifest.version
+    );
+    s += &format!(
+        "per context (default gate cosine >= {}, parity.context_cosine):\n",
+        r.context_gate
+    );
+    s += &format!(
+        "  {:<16} {:<16} {:>12} {:>11} {:>10}  verdict  gate from\n",
+        "component", "output", "cosine", "max_abs", "gate"
+    );
+    for c in &r.contexts {
+        for o in &c.outputs {
+            let t = bundle.manifest.parity.threshold(&c.label, &o.name);
+            let from = match &t.entry {
+                None => "default".to_string(),
+                Some((key, reason)) => format!("{key}: {reason}"),
+            };
+            s += &format!(
+                "  {:<16} {:<16} {:>12.8} {:>11.3e} {:>10}  {:<7}  {from}\n",
+                c.label,
+                o.name,
+                o.comparison.cosine,
+                o.comparison.max_abs_diff,
+                o.min_cosine,
+                if o.passed { "PASS" } else { "FAIL" }
+            );
+        }
+    }
+    if !r.stages.is_empty() {
+        s += &format!(
+            "per stage of the end-to-end run (default gate cosine >= {}):\n",
+            r.context_gate
+        );
+        for st in &r.stages {
+            let from = match bundle.manifest.parity.stage_threshold(&st.name).entry {
+                None => "default".to_string(),
+                Some((key, reason)) => format!("{key}: {reason}"),
+            };
+            s += &format!(
+                "  {:<33} {:>12.8} {:>11.3e} {:>10}  {:<7}  {from}\n",
+                st.name,
+                st.comparison.cosine,
+                st.comparison.max_abs_diff,
+                st.min_cosine,
+                if st.passed { "PASS" } else { "FAIL" }
+            );
+        }
+        if let Some(st) = r.first_diverging_stage() {
+            s += &format!("  first diverging stage: {}\n", st.name);
+        }
+    }
+    if r.open_loop {
+        s += "OPEN LOOP: constant world model (fastwam.world_model); the actions depend only on the noise seed, not on the camera or the state\n";
+    }
+    let e = &r.end_to_end;
+    s += &format!(
+        "end to end (gate cosine >= {}): actions cosine {:.8}, max abs diff {:.3e}",
+        r.end_to_end_gate, e.comparison.cosine, e.comparison.max_abs_diff
+    );
+    if let Some((want, got)) = e.keystone {
+        s += &format!(", KeyStone choice {got} (golden {want})");
+    }
+    s += &format!("  {}\n", if e.passed { "PASS" } else { "FAIL" });
     s
 }

@@ -57,7 +57,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             rec.metadata.get("frames").map_or("?", String::as_str)
         )));
     }
-    let (b, mut policy, _) = crate::cmd::run_once::load(&common, &dir)?;
+    let (b, mut policy, _) = super::load(&common, &dir)?;
     let g = policy.geometry();
     println!(
         "replaying {} ({} trigger, recorded on bundle {} {} {}) on {} ({} {})",
