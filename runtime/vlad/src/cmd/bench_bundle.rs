@@ -76,32 +76,24 @@ struct Options {
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
-    let mut common = Common::default();
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => dir = Some(cli::value(&mut p)?.into()),
-            Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
-            Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
-            Long("json") => json = Some(cli::value(&mut p)?.into()),
-            Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
-            Long("performance") => {
-                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
-            }
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(None);
-            }
+            Long("bundle") => dir = Some(p.path()?),
+            Long("iterations") => iterations = p.number("--iterations")?,
+            Long("warmup") => warmup = p.number("--warmup")?,
+            Long("json") => json = Some(p.path()?),
+            Long("load-probe") => probe = Some(LoadMode::parse(&p.string()?)?),
+            Long("performance") => performance = qnn_setup::performance_mode(&p.string()?)?,
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(None);
+    };
     let dir = dir.ok_or_else(|| Failure::Usage("bench-bundle needs --bundle DIR".into()))?;
     if iterations == 0 {
         return Err(Failure::Usage("--iterations must be at least 1".into()));

@@ -17,33 +17,27 @@ const HELP: &str = "usage: vlad parity <ctx.bin> <io.npz> [--graph NAME] [--min-
 Exit status: 0 all outputs pass, 3 an output is below the gate, 1 error, 2 usage.";
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let mut positional: Vec<PathBuf> = Vec::new();
     let mut graph_name: Option<String> = None;
     let mut gate = GateOptions::default();
     let mut bundle: Option<PathBuf> = None;
     let mut json: Option<PathBuf> = None;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-            Long("json") => json = Some(cli::value(&mut p)?.into()),
-            Long("graph") => graph_name = Some(cli::string(&mut p)?),
-            Long("min-cosine") => gate.min_cosine = cli::number(&mut p, "--min-cosine")?,
-            Long("atol") => gate.atol = cli::number(&mut p, "--atol")?,
-            Long("rtol") => gate.rtol = cli::number(&mut p, "--rtol")?,
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("bundle") => bundle = Some(p.path()?),
+            Long("json") => json = Some(p.path()?),
+            Long("graph") => graph_name = Some(p.string()?),
+            Long("min-cosine") => gate.min_cosine = p.number("--min-cosine")?,
+            Long("atol") => gate.atol = p.number("--atol")?,
+            Long("rtol") => gate.rtol = p.number("--rtol")?,
             Value(v) if positional.len() < 2 => positional.push(v.into()),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     if let Some(dir) = bundle {
         if !positional.is_empty() {
             return Err(Failure::Usage(

@@ -21,25 +21,19 @@ pub struct RunArgs {
 impl RunArgs {
     /// The arguments, or None when `--help` was asked for (and printed).
     fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
-        let mut common = Common::default();
         let (mut config, mut bundle, mut duration) = (None, None, None);
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::usage)? {
+        let mut p = cli::Parser::new(args, HELP);
+        while let Some(arg) = p.next()? {
             match arg {
-                Long(name) if Common::OPTIONS.contains(&name) => {
-                    let name = name.to_owned();
-                    common.take(&name, &mut p)?;
-                }
-                Long("config") => config = Some(cli::value(&mut p)?.into()),
-                Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-                Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
-                Short('h') | Long("help") => {
-                    println!("{HELP}");
-                    return Ok(None);
-                }
+                Long("config") => config = Some(p.path()?),
+                Long("bundle") => bundle = Some(p.path()?),
+                Long("duration") => duration = Some(p.number("--duration")?),
                 other => return Err(cli::unexpected(other)),
             }
         }
+        let Some(common) = p.finish() else {
+            return Ok(None);
+        };
         let config = config.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
         Ok(Some(Self {
             common,

@@ -1,7 +1,7 @@
 //! `vlad run-once --bundle DIR --obs FILE`: one inference on a bundle, its action chunk and
 //! each component's latency.
 
-use crate::cli::{self, Common};
+use crate::cli;
 use crate::Failure;
 use lexopt::prelude::*;
 use std::ffi::OsString;
@@ -54,32 +54,26 @@ fn write_stages(path: &Path, stages: &[(String, Vec<f32>)]) -> Result<(), Failur
 }
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let (mut dir, mut obs_path): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut seed, mut instruction): (Option<u64>, Option<u32>) = (None, None);
     let (mut out, mut stages): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut text: Option<OsString> = None;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => dir = Some(cli::value(&mut p)?.into()),
-            Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
-            Long("seed") => seed = Some(cli::number(&mut p, "--seed")?),
-            Long("instruction") => instruction = Some(cli::number(&mut p, "--instruction")?),
-            Long("instruction-text") => text = Some(cli::value(&mut p)?),
-            Long("out") => out = Some(cli::value(&mut p)?.into()),
-            Long("stages") => stages = Some(cli::value(&mut p)?.into()),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("bundle") => dir = Some(p.path()?),
+            Long("obs") => obs_path = Some(p.path()?),
+            Long("seed") => seed = Some(p.number("--seed")?),
+            Long("instruction") => instruction = Some(p.number("--instruction")?),
+            Long("instruction-text") => text = Some(p.value()?),
+            Long("out") => out = Some(p.path()?),
+            Long("stages") => stages = Some(p.path()?),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     let dir = dir.ok_or_else(|| Failure::Usage("run-once needs --bundle DIR".into()))?;
     let obs_path = obs_path.ok_or_else(|| Failure::Usage("run-once needs --obs FILE".into()))?;
     common.init_logging();

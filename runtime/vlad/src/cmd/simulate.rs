@@ -277,7 +277,6 @@ struct Args {
 
 /// Parses and checks the command line; `None` when it asked for the help text.
 fn parse_args(args: Vec<OsString>) -> Result<Option<Args>, Failure> {
-    let mut common = Common::default();
     let (mut config_path, mut bundle_dir, mut obs_path, mut json_path): (
         Option<PathBuf>,
         Option<PathBuf>,
@@ -287,29 +286,24 @@ fn parse_args(args: Vec<OsString>) -> Result<Option<Args>, Failure> {
     let mut timeline_path: Option<PathBuf> = None;
     let (mut duration, mut camera_hz) = (20.0f64, 10.0f64);
     let (mut gap_every, mut gap_length): (Option<f64>, Option<f64>) = (None, None);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("config") => config_path = Some(cli::value(&mut p)?.into()),
-            Long("bundle") => bundle_dir = Some(cli::value(&mut p)?.into()),
-            Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
-            Long("json") => json_path = Some(cli::value(&mut p)?.into()),
-            Long("timeline") => timeline_path = Some(cli::value(&mut p)?.into()),
-            Long("duration") => duration = cli::number(&mut p, "--duration")?,
-            Long("camera-hz") => camera_hz = cli::number(&mut p, "--camera-hz")?,
-            Long("gap-every") => gap_every = Some(cli::number(&mut p, "--gap-every")?),
-            Long("gap-length") => gap_length = Some(cli::number(&mut p, "--gap-length")?),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(None);
-            }
+            Long("config") => config_path = Some(p.path()?),
+            Long("bundle") => bundle_dir = Some(p.path()?),
+            Long("obs") => obs_path = Some(p.path()?),
+            Long("json") => json_path = Some(p.path()?),
+            Long("timeline") => timeline_path = Some(p.path()?),
+            Long("duration") => duration = p.number("--duration")?,
+            Long("camera-hz") => camera_hz = p.number("--camera-hz")?,
+            Long("gap-every") => gap_every = Some(p.number("--gap-every")?),
+            Long("gap-length") => gap_length = Some(p.number("--gap-length")?),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(None);
+    };
     let valid = (0.0..=1000.0).contains(&camera_hz)
         && camera_hz > 0.0
         && duration.is_finite()
