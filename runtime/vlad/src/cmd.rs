@@ -24,12 +24,27 @@ use std::time::Instant;
 use vla_policy::{Bundle, Policy};
 
 /// A bundle opened and its policy loaded, without the daemon's gate (the commands that
-/// run it report parity themselves): also how long the contexts took to load, in ms.
-pub(crate) fn load(common: &Common, dir: &Path) -> Result<(Bundle, Policy, f64), Failure> {
+/// run it report parity themselves).
+pub(crate) struct Opened {
+    /// The bundle.
+    pub bundle: Bundle,
+    /// Its policy, every context created.
+    pub policy: Policy,
+    /// How long the contexts took to load, in ms.
+    pub load_ms: f64,
+}
+
+/// Opens the bundle in `dir` and loads its policy on a backend from `common`'s QNN
+/// library.
+pub(crate) fn load(common: &Common, dir: &Path) -> Result<Opened, Failure> {
     let bundle = Bundle::open(dir)?;
     let (_, backend) = qnn_setup::load_backend(common)?;
     let t = Instant::now();
     let policy = Policy::load(&bundle, &backend)?;
     crate::gate::note_upstream_deviations(&bundle);
-    Ok((bundle, policy, t.elapsed().as_secs_f64() * 1e3))
+    Ok(Opened {
+        bundle,
+        policy,
+        load_ms: t.elapsed().as_secs_f64() * 1e3,
+    })
 }

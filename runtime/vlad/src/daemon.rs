@@ -17,7 +17,7 @@ pub use npu::NpuStatus;
 
 use crate::cli::Common;
 use crate::cmd::run::RunArgs;
-use crate::gate::{load_gated, LoadError};
+use crate::gate::{load_gated, LoadError, Loaded};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
 use engine::{record_gated, OtaLink, PolicyEngine};
@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings, Measured};
 use vla_ota::Store;
-use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
 
 /// The ring geometry a policy needs.
@@ -274,13 +273,15 @@ impl Source {
     }
 }
 
-/// A bundle loaded and gated at start: its directory, what `load_gated` returned, and
-/// the OTA store's link to it.
-type Started = (
-    PathBuf,
-    (Bundle, Policy, crate::gate::Gated),
-    Option<OtaLink>,
-);
+/// A bundle loaded and gated at start.
+struct Started {
+    /// Its directory (resolved; under OTA, the store's).
+    dir: PathBuf,
+    /// The bundle, its policy and what its gate measured.
+    loaded: Loaded,
+    /// The OTA store's link to it, when it came from the store.
+    ota: Option<OtaLink>,
+}
 
 /// The policy's helper threads set up as the inference thread is.
 fn load_options(
@@ -318,7 +319,11 @@ fn load_initial(
         let resolved = std::fs::canonicalize(dir)
             .map_err(|e| Failure::Error(format!("bundle {}: {e}", dir.display())))?;
         let loaded = load_gated(backend, &resolved, options)?;
-        return Ok((resolved, loaded, None));
+        return Ok(Started {
+            dir: resolved,
+            loaded,
+            ota: None,
+        });
     };
     let start = store.on_start()?;
     if let Some(r) = &start.rolled_back {
@@ -338,7 +343,11 @@ fn load_initial(
     }
     let on_trial = start.trial_start.is_some();
     match load_gated(backend, &dir, options) {
-        Ok(loaded) => Ok((dir, loaded, Some(OtaLink::start(store, hash, on_trial)?))),
+        Ok(loaded) => Ok(Started {
+            dir,
+            loaded,
+            ota: Some(OtaLink::start(store, hash, on_trial)?),
+        }),
         Err(why) if on_trial => {
             log::error!("bundle {hash} on trial failed at start: {why}");
             roll_back_at_start(store, why, backend, options)
@@ -355,14 +364,18 @@ fn roll_back_at_start(
     backend: &Backend,
     options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
-    let mut loaded: Option<(PathBuf, (Bundle, Policy, crate::gate::Gated))> = None;
+    let mut started: Option<Started> = None;
     store
         .fail_trial(&why.to_string(), &mut |d: &Path| {
-            loaded = Some((d.to_owned(), load_gated(backend, d, options)?));
+            started = Some(Started {
+                dir: d.to_owned(),
+                loaded: load_gated(backend, d, options)?,
+                ota: None,
+            });
             Ok::<(), LoadError>(())
         })
         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
-    let (dir, loaded) = loaded
+    let mut started = started
         .ok_or_else(|| Failure::Error(format!("{why}; no previous bundle to roll back to")))?;
     let hash = store
         .current()
@@ -370,7 +383,8 @@ fn roll_back_at_start(
         .flatten()
         .map(|c| c.0)
         .unwrap_or_default();
-    Ok((dir, loaded, Some(OtaLink::start(store, hash, false)?)))
+    started.ota = Some(OtaLink::start(store, hash, false)?);
+    Ok(started)
 }
 
 /// QNN, the performance votes and the first bundle resident and gated: the engine the
@@ -412,7 +426,11 @@ fn start_engine(
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
     let load_options = load_options(&config.realtime, npu);
     let t = Instant::now();
-    let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;
+    let Started {
+        dir: good,
+        loaded,
+        ota,
+    } = load_initial(source, &backend, &load_options)?;
     log::info!(
         "contexts resident and gated in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -420,7 +438,7 @@ fn start_engine(
     let c = &config.control;
     // The gate's end-to-end inference ran after every context had run its own golden, so
     // it is warm: the first latency estimate, before the loop has measured any.
-    let gate_latency = policy.timings().total + c.extra_latency();
+    let gate_latency = loaded.policy.timings().total + c.extra_latency();
     if let (Some(store), Some(o)) = (&source.store, &ota) {
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
@@ -429,15 +447,15 @@ fn start_engine(
         ota,
         configured: source.bundle_dir.clone(),
         good,
-        geometry: ring_geometry(&policy.geometry()),
-        policy: Some(policy),
-        bundle: Some(bundle),
+        geometry: ring_geometry(&loaded.policy.geometry()),
+        policy: Some(loaded.policy),
+        bundle: Some(loaded.bundle),
         votes,
         extra_latency: c.extra_latency(),
         load_options,
         running: crate::observe::RunningBundle::default(),
-        gate_cosine: gated.cosine,
-        npu: npu::Npu::new(lib, Some(vote), gated.actions),
+        gate_cosine: loaded.gated.cosine,
+        npu: npu::Npu::new(lib, Some(vote), loaded.gated.actions),
         text: None,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,

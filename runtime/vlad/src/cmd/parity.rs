@@ -102,7 +102,11 @@ pub fn render(r: &ContextParity, gate: &GateOptions) -> String {
 }
 
 fn parity_bundle(common: &Common, dir: &Path, json: Option<&Path>) -> Result<(), Failure> {
-    let (bundle, mut policy, load_ms) = super::load(common, dir)?;
+    let super::Opened {
+        bundle,
+        mut policy,
+        load_ms,
+    } = super::load(common, dir)?;
     let report = bundle.parity(&mut policy)?;
     print!("{}", render_parity(&bundle, &report, load_ms));
     if let Some(path) = json {

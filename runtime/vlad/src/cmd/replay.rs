@@ -51,7 +51,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             rec.metadata.get("frames").map_or("?", String::as_str)
         )));
     }
-    let (b, mut policy, _) = super::load(&common, &dir)?;
+    let super::Opened {
+        bundle: b,
+        mut policy,
+        ..
+    } = super::load(&common, &dir)?;
     let g = policy.geometry();
     println!(
         "replaying {} ({} trigger, recorded on bundle {} {} {}) on {} ({} {})",

@@ -84,7 +84,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     if let Some(i) = instruction {
         obs.instruction_id = i;
     }
-    let (_bundle, mut policy, load_ms) = super::load(&common, &dir)?;
+    let super::Opened {
+        bundle: _bundle,
+        mut policy,
+        load_ms,
+    } = super::load(&common, &dir)?;
     if let Some(text) = &text {
         if instruction.is_some() {
             return Err(Failure::Usage(
