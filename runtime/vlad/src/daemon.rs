@@ -47,7 +47,7 @@ fn ms(ns: u64) -> f64 {
 }
 
 pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
-    let period = settings.period;
+    let period = settings.limits.period();
     let secs = r.duration.as_secs_f64().max(1e-9);
     println!("control loop report ({:.1} s):", secs);
     println!(
@@ -153,13 +153,20 @@ pub(crate) fn loop_settings(
     initial_latency: Option<Duration>,
 ) -> LoopSettings {
     let (c, rt) = (&config.control, &config.realtime);
+    let ns = |d: Duration| d.as_nanos() as u64;
     LoopSettings {
         action_slots: config.rings.action_slots,
-        period: c.publish_period(),
-        max_observation_age: c.max_observation_age(),
-        max_chunk_age: c.max_chunk_age(),
-        hold_after_chunk_end: c.hold_after_chunk_end(),
-        action_valid: c.action_valid(),
+        limits: vla_control::Limits {
+            period_ns: ns(c.publish_period()),
+            chunk_period_ns: ns(c.chunk_period()),
+            horizon: u64::from(geometry.chunk_len),
+            merge: merge_mode(c),
+            trigger: trigger(c),
+            max_chunk_age_ns: ns(c.max_chunk_age()),
+            max_observation_age_ns: ns(c.max_observation_age()),
+            action_valid_ns: ns(c.action_valid()),
+            hold_after_chunk_end_ns: ns(c.hold_after_chunk_end()),
+        },
         writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
         publisher_priority: rt.publisher_priority,
         publisher_cpus: rt
@@ -168,9 +175,6 @@ pub(crate) fn loop_settings(
             .unwrap_or_default(),
         inference_priority: rt.inference_priority,
         inference_cpus: rt.inference_cpus.iter().map(|&cpu| cpu as usize).collect(),
-        merge: merge_mode(c),
-        trigger: trigger(c),
-        chunk_period: c.chunk_period(),
         initial_latency,
         ..LoopSettings::new(
             geometry,
@@ -495,11 +499,11 @@ fn announce_running(
     let c = &config.control;
     log::info!(
         "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
-        1.0 / settings.period.as_secs_f64(),
+        1.0 / settings.limits.period().as_secs_f64(),
         config.rings.action_path.as_str(),
-        settings.merge.as_str(),
-        settings.trigger,
-        settings.chunk_period.as_secs_f64() * 1e3,
+        settings.limits.merge.as_str(),
+        settings.limits.trigger,
+        settings.limits.chunk_period().as_secs_f64() * 1e3,
         if c.extra_latency_ms > 0 {
             format!(
                 ", {} ms extra latency injected: tests and benchmarks only",
@@ -614,7 +618,7 @@ impl Supervisor<'_> {
     fn feed_watchdog(&mut self) {
         let Some(every) = self.watchdog else { return };
         let h = self.lp.health();
-        let period_ns = self.settings.period.as_nanos() as u64;
+        let period_ns = self.settings.limits.period_ns;
         let now = vla_ring::monotonic_ns();
         let ticking =
             now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;

@@ -104,7 +104,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         None => 0,
     };
     let cfg = vla_config::Config::load(&config)?;
-    let settings = crate::daemon::loop_settings(&cfg, geometry, None).point_settings();
+    let settings = crate::daemon::loop_settings(&cfg, geometry, None).limits;
     for l in latencies {
         let p95 = (positive("--latency-ms", l)? * 1e6) as u64;
         let typical = match p50 {
