@@ -25,7 +25,7 @@ default keeps it. `vlad bundle calibrate DIR
 --from gates.json` writes the proposals below the bundle's default into its bundle.json,
 with this file's SHA-256 as their reason (docs/bundle-format.md, "Parity gates").
 
-bench.json follows `vlad bench-bundle` (runtime/vlad/src/bench_bundle.rs): durations in
+bench.json follows `vlad bench-bundle` (runtime/vlad/src/cmd/bench_bundle.rs): durations in
 microseconds (`*_us`; `*_ms` is read too), `components: [{component, p50_us, p99_us}]`,
 `total_*`, `execute_*`, `host_overhead_*` (p50/p99 and `host_overhead_pct`),
 `policy_load_ms`, `load: {mmap|heap: {load_ms, contexts, rss_delta, pss_delta, anon_delta,

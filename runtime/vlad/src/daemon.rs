@@ -15,24 +15,19 @@ mod text;
 
 pub use npu::NpuStatus;
 
-use crate::cli::{self, Common};
-use crate::gate::{load_gated, LoadError};
+use crate::cli::Common;
+use crate::cmd::run::RunArgs;
+use crate::gate::{load_gated, LoadError, Loaded};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
 use engine::{record_gated, OtaLink, PolicyEngine};
-use lexopt::prelude::*;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings, Measured};
 use vla_ota::Store;
-use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
-
-const HELP: &str = "usage: vlad run --config FILE [--bundle DIR] [--duration SECONDS] [--lib-dir DIR] [--log-level LVL]
-Runs the control loop until SIGTERM (or for --duration). SIGHUP reloads the bundle.";
 
 /// The ring geometry a policy needs.
 pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
@@ -52,7 +47,7 @@ fn ms(ns: u64) -> f64 {
 }
 
 pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
-    let period = settings.period;
+    let period = settings.limits.period();
     let secs = r.duration.as_secs_f64().max(1e-9);
     println!("control loop report ({:.1} s):", secs);
     println!(
@@ -158,13 +153,20 @@ pub(crate) fn loop_settings(
     initial_latency: Option<Duration>,
 ) -> LoopSettings {
     let (c, rt) = (&config.control, &config.realtime);
+    let ns = |d: Duration| d.as_nanos() as u64;
     LoopSettings {
         action_slots: config.rings.action_slots,
-        period: c.publish_period(),
-        max_observation_age: c.max_observation_age(),
-        max_chunk_age: c.max_chunk_age(),
-        hold_after_chunk_end: c.hold_after_chunk_end(),
-        action_valid: c.action_valid(),
+        limits: vla_control::Limits {
+            period_ns: ns(c.publish_period()),
+            chunk_period_ns: ns(c.chunk_period()),
+            horizon: u64::from(geometry.chunk_len),
+            merge: merge_mode(c),
+            trigger: trigger(c),
+            max_chunk_age_ns: ns(c.max_chunk_age()),
+            max_observation_age_ns: ns(c.max_observation_age()),
+            action_valid_ns: ns(c.action_valid()),
+            hold_after_chunk_end_ns: ns(c.hold_after_chunk_end()),
+        },
         writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
         publisher_priority: rt.publisher_priority,
         publisher_cpus: rt
@@ -173,9 +175,6 @@ pub(crate) fn loop_settings(
             .unwrap_or_default(),
         inference_priority: rt.inference_priority,
         inference_cpus: rt.inference_cpus.iter().map(|&cpu| cpu as usize).collect(),
-        merge: merge_mode(c),
-        trigger: trigger(c),
-        chunk_period: c.chunk_period(),
         initial_latency,
         ..LoopSettings::new(
             geometry,
@@ -200,66 +199,6 @@ fn announce(settings: &LoopSettings) {
         log::warn!("{}", p.describe());
     } else {
         log::info!("{}", p.describe());
-    }
-}
-
-/// `vlad run`'s command line.
-struct RunArgs {
-    common: Common,
-    config: PathBuf,
-    bundle: Option<PathBuf>,
-    duration: Option<f64>,
-}
-
-impl RunArgs {
-    /// The arguments, or None when `--help` was asked for (and printed).
-    fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
-        let mut common = Common::default();
-        let (mut config, mut bundle, mut duration) = (None, None, None);
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::usage)? {
-            match arg {
-                Long(name) if Common::OPTIONS.contains(&name) => {
-                    let name = name.to_owned();
-                    common.take(&name, &mut p)?;
-                }
-                Long("config") => config = Some(cli::value(&mut p)?.into()),
-                Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-                Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
-                Short('h') | Long("help") => {
-                    println!("{HELP}");
-                    return Ok(None);
-                }
-                other => return Err(cli::unexpected(other)),
-            }
-        }
-        let config = config.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-        Ok(Some(Self {
-            common,
-            config,
-            bundle,
-            duration,
-        }))
-    }
-
-    /// The config with the environment's overrides; logging started at its level unless
-    /// `--log-level` set one, and the QNN library directory defaulted from it.
-    fn load_config(&mut self) -> Result<vla_config::Config, Failure> {
-        let mut config = vla_config::Config::load(&self.config)?;
-        config.apply_overrides(crate::qnn_setup::environment)?;
-        let common = &mut self.common;
-        if common.log_level.is_none() {
-            common.log_level = Some(format!(
-                "{},qnn={}",
-                config.log.level.as_str(),
-                config.qnn.log_level.as_str()
-            ));
-        }
-        common.init_logging();
-        if common.lib_dir.is_none() {
-            common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
-        }
-        Ok(config)
     }
 }
 
@@ -327,7 +266,7 @@ impl Source {
         // leftovers of an interrupted update, and a crash loop on a bundle on trial.
         let ota_root = PathBuf::from(config.ota.root.as_str());
         // The configured keys are checked at every start, with OTA in use or not.
-        let settings = crate::ota_cmd::ota_settings(&config.ota)?;
+        let settings = crate::cmd::ota::ota_settings(&config.ota)?;
         let store = (!overridden && bundle_dir == ota_root.join("current"))
             .then(|| Arc::new(Store::new(settings)));
         Ok(Self {
@@ -338,13 +277,15 @@ impl Source {
     }
 }
 
-/// A bundle loaded and gated at start: its directory, what `load_gated` returned, and
-/// the OTA store's link to it.
-type Started = (
-    PathBuf,
-    (Bundle, Policy, crate::gate::Gated),
-    Option<OtaLink>,
-);
+/// A bundle loaded and gated at start.
+struct Started {
+    /// Its directory (resolved; under OTA, the store's).
+    dir: PathBuf,
+    /// The bundle, its policy and what its gate measured.
+    loaded: Loaded,
+    /// The OTA store's link to it, when it came from the store.
+    ota: Option<OtaLink>,
+}
 
 /// The policy's helper threads set up as the inference thread is.
 fn load_options(
@@ -382,7 +323,11 @@ fn load_initial(
         let resolved = std::fs::canonicalize(dir)
             .map_err(|e| Failure::Error(format!("bundle {}: {e}", dir.display())))?;
         let loaded = load_gated(backend, &resolved, options)?;
-        return Ok((resolved, loaded, None));
+        return Ok(Started {
+            dir: resolved,
+            loaded,
+            ota: None,
+        });
     };
     let start = store.on_start()?;
     if let Some(r) = &start.rolled_back {
@@ -402,7 +347,11 @@ fn load_initial(
     }
     let on_trial = start.trial_start.is_some();
     match load_gated(backend, &dir, options) {
-        Ok(loaded) => Ok((dir, loaded, Some(OtaLink::start(store, hash, on_trial)?))),
+        Ok(loaded) => Ok(Started {
+            dir,
+            loaded,
+            ota: Some(OtaLink::start(store, hash, on_trial)?),
+        }),
         Err(why) if on_trial => {
             log::error!("bundle {hash} on trial failed at start: {why}");
             roll_back_at_start(store, why, backend, options)
@@ -419,14 +368,18 @@ fn roll_back_at_start(
     backend: &Backend,
     options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
-    let mut loaded: Option<(PathBuf, (Bundle, Policy, crate::gate::Gated))> = None;
+    let mut started: Option<Started> = None;
     store
         .fail_trial(&why.to_string(), &mut |d: &Path| {
-            loaded = Some((d.to_owned(), load_gated(backend, d, options)?));
+            started = Some(Started {
+                dir: d.to_owned(),
+                loaded: load_gated(backend, d, options)?,
+                ota: None,
+            });
             Ok::<(), LoadError>(())
         })
         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
-    let (dir, loaded) = loaded
+    let mut started = started
         .ok_or_else(|| Failure::Error(format!("{why}; no previous bundle to roll back to")))?;
     let hash = store
         .current()
@@ -434,7 +387,8 @@ fn roll_back_at_start(
         .flatten()
         .map(|c| c.0)
         .unwrap_or_default();
-    Ok((dir, loaded, Some(OtaLink::start(store, hash, false)?)))
+    started.ota = Some(OtaLink::start(store, hash, false)?);
+    Ok(started)
 }
 
 /// QNN, the performance votes and the first bundle resident and gated: the engine the
@@ -476,7 +430,11 @@ fn start_engine(
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
     let load_options = load_options(&config.realtime, npu);
     let t = Instant::now();
-    let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;
+    let Started {
+        dir: good,
+        loaded,
+        ota,
+    } = load_initial(source, &backend, &load_options)?;
     log::info!(
         "contexts resident and gated in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -484,7 +442,7 @@ fn start_engine(
     let c = &config.control;
     // The gate's end-to-end inference ran after every context had run its own golden, so
     // it is warm: the first latency estimate, before the loop has measured any.
-    let gate_latency = policy.timings().total + c.extra_latency();
+    let gate_latency = loaded.policy.timings().total + c.extra_latency();
     if let (Some(store), Some(o)) = (&source.store, &ota) {
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
@@ -493,15 +451,15 @@ fn start_engine(
         ota,
         configured: source.bundle_dir.clone(),
         good,
-        geometry: ring_geometry(&policy.geometry()),
-        policy: Some(policy),
-        bundle: Some(bundle),
+        geometry: ring_geometry(&loaded.policy.geometry()),
+        policy: Some(loaded.policy),
+        bundle: Some(loaded.bundle),
         votes,
         extra_latency: c.extra_latency(),
         load_options,
         running: crate::observe::RunningBundle::default(),
-        gate_cosine: gated.cosine,
-        npu: npu::Npu::new(lib, Some(vote), gated.actions),
+        gate_cosine: loaded.gated.cosine,
+        npu: npu::Npu::new(lib, Some(vote), loaded.gated.actions),
         text: None,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
@@ -541,11 +499,11 @@ fn announce_running(
     let c = &config.control;
     log::info!(
         "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
-        1.0 / settings.period.as_secs_f64(),
+        1.0 / settings.limits.period().as_secs_f64(),
         config.rings.action_path.as_str(),
-        settings.merge.as_str(),
-        settings.trigger,
-        settings.chunk_period.as_secs_f64() * 1e3,
+        settings.limits.merge.as_str(),
+        settings.limits.trigger,
+        settings.limits.chunk_period().as_secs_f64() * 1e3,
         if c.extra_latency_ms > 0 {
             format!(
                 ", {} ms extra latency injected: tests and benchmarks only",
@@ -660,7 +618,7 @@ impl Supervisor<'_> {
     fn feed_watchdog(&mut self) {
         let Some(every) = self.watchdog else { return };
         let h = self.lp.health();
-        let period_ns = self.settings.period.as_nanos() as u64;
+        let period_ns = self.settings.limits.period_ns;
         let now = vla_ring::monotonic_ns();
         let ticking =
             now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
@@ -712,10 +670,8 @@ impl Supervisor<'_> {
     }
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let Some(mut args) = RunArgs::parse(args)? else {
-        return Ok(());
-    };
+/// Runs the daemon until SIGTERM (or for `--duration`).
+pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let config = args.load_config()?;
     let systemd = Systemd::new(&config);
     let signals = Signals::register()?;

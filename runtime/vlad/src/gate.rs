@@ -217,6 +217,16 @@ pub struct Gated {
     pub actions: Vec<f32>,
 }
 
+/// A bundle loaded and held to its gate: what [`load_gated`] returns.
+pub struct Loaded {
+    /// The bundle.
+    pub bundle: Bundle,
+    /// Its policy, every context resident and warm.
+    pub policy: Policy,
+    /// What its gate measured.
+    pub gated: Gated,
+}
+
 /// How [`load_gated`] loads: the policy's own options and where its NPU I/O goes.
 pub struct LoadSettings {
     /// The helper threads' set-up.
@@ -231,7 +241,7 @@ pub fn load_gated(
     backend: &Backend,
     dir: &Path,
     options: &LoadSettings,
-) -> Result<(Bundle, Policy, Gated), LoadError> {
+) -> Result<Loaded, LoadError> {
     let bundle = Bundle::open(dir)?;
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
@@ -286,5 +296,9 @@ pub fn load_gated(
         cosine: report.end_to_end.comparison.cosine,
         actions: report.end_to_end.actions,
     };
-    Ok((bundle, policy, gated))
+    Ok(Loaded {
+        bundle,
+        policy,
+        gated,
+    })
 }

@@ -3,32 +3,20 @@
 //! One binary, several subcommands: the daemon itself and the tools an integrator needs
 //! next to it (inspect a context binary, prove parity against golden tensors, measure a
 //! context). This module only parses the command line and maps errors to exit codes;
-//! each subcommand lives in its own module.
+//! each subcommand lives in its own module under `cmd/`.
 
 #![forbid(unsafe_code)]
 
-mod bench;
-mod bench_bundle;
-mod bundle_calibrate;
-mod bundle_cmd;
-mod bundle_ota_cmd;
 mod cli;
+mod cmd;
 mod daemon;
 mod dsp_plan;
-mod dsp_probe;
 mod gate;
-mod inspect;
 mod memory;
 mod notify;
 mod npu_io;
 mod observe;
-mod ota_cmd;
-mod parity;
-mod plan_cmd;
-mod prompt_cmd;
 mod qnn_setup;
-mod replay;
-mod simulate;
 
 use std::process::ExitCode;
 
@@ -107,19 +95,19 @@ fn main() -> ExitCode {
     };
     let rest: Vec<std::ffi::OsString> = args.collect();
     let result = match command.to_str().unwrap_or("") {
-        "inspect" => inspect::run(rest),
-        "parity" => parity::run(rest),
-        "bench-context" => bench::run(rest),
-        "bench-bundle" => bench_bundle::run(rest),
-        "run-once" => bundle_cmd::run_once(rest),
-        "run" => daemon::run(rest),
-        "simulate" => simulate::run(rest),
-        "replay" => replay::run(rest),
-        "plan" => plan_cmd::run(rest),
-        "dsp-probe" => dsp_probe::run(rest),
-        "prompt" => prompt_cmd::run(rest),
-        "ota" => ota_cmd::run(rest),
-        "bundle" => bundle_ota_cmd::run(rest),
+        "inspect" => cmd::inspect::run(rest),
+        "parity" => cmd::parity::run(rest),
+        "bench-context" => cmd::bench_context::run(rest),
+        "bench-bundle" => cmd::bench_bundle::run(rest),
+        "run-once" => cmd::run_once::run(rest),
+        "run" => cmd::run::run(rest),
+        "simulate" => cmd::simulate::run(rest),
+        "replay" => cmd::replay::run(rest),
+        "plan" => cmd::plan::run(rest),
+        "dsp-probe" => cmd::dsp_probe::run(rest),
+        "prompt" => cmd::prompt::run(rest),
+        "ota" => cmd::ota::run(rest),
+        "bundle" => cmd::bundle::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -96,9 +96,9 @@ pub fn start(
     }
     metadata.insert(
         "publish_hz".into(),
-        (1.0 / settings.period.as_secs_f64()).to_string(),
+        (1.0 / settings.limits.period().as_secs_f64()).to_string(),
     );
-    metadata.insert("merge".into(), settings.merge.as_str().into());
+    metadata.insert("merge".into(), settings.limits.merge.as_str().into());
     metadata.insert("npu_io".into(), bundle.npu_io.into());
     metadata.insert("npu_io_detail".into(), bundle.npu_io_detail.clone());
     let where_ = recorder
@@ -107,7 +107,7 @@ pub fn start(
         .unwrap_or_default();
     let observer = Observer::start(ObserverSettings {
         geometry: settings.geometry,
-        publish_period: settings.period,
+        publish_period: settings.limits.period(),
         components,
         recorder,
         metadata,

@@ -3,7 +3,7 @@
 //! (or, under OTA, lets the store roll back) when the new one fails to load or gate.
 
 use super::ring_geometry;
-use crate::gate::{load_gated, InferError, LoadError, Recovery, ReloadError};
+use crate::gate::{load_gated, InferError, LoadError, Loaded, Recovery, ReloadError};
 use crate::Failure;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,7 +104,11 @@ impl PolicyEngine {
                 reason: "its re-creation failed".into(),
             })
         })?;
-        let (bundle, policy, gated) = load_gated(backend, dir, &self.load_options)?;
+        let Loaded {
+            bundle,
+            policy,
+            gated,
+        } = load_gated(backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
             crate::dsp_plan::clear_running();

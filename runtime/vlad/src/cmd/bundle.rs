@@ -8,8 +8,10 @@
 //! `verify` runs the device's own verification, and `keygen` makes a signing key for
 //! development or fleet provisioning. File formats: `runtime/crates/vla-ota` docs.
 
+mod calibrate;
+
 use crate::cli;
-use crate::ota_cmd::{device_target, StoreOptions};
+use crate::cmd::ota::{device_target, StoreOptions};
 use crate::Failure;
 use lexopt::prelude::*;
 use std::ffi::OsString;
@@ -87,9 +89,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         ));
     }
     match command.as_str() {
-        "calibrate" => {
-            crate::bundle_calibrate::calibrate(&operand, from.as_deref().expect("checked above"))
-        }
+        "calibrate" => calibrate::calibrate(&operand, from.as_deref().expect("checked above")),
         "pack" => {
             let manifest = match expires {
                 Some(t) => vla_ota::pack_until(&operand, t)?,

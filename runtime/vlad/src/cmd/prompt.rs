@@ -45,15 +45,15 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         action_mode: ActionMode::Both,
     };
     let (mut cameras, mut grid, mut dims, mut upstream, mut mode) = (None, None, None, None, None);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::without_common(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long("tokenizer") => tokenizer = Some(cli::value(&mut p)?.into()),
-            Long("tokenizer-config") => config = Some(cli::value(&mut p)?.into()),
-            Long("instructions") => instructions = Some(cli::value(&mut p)?.into()),
-            Long("cameras") => cameras = Some(cli::number(&mut p, "--cameras")?),
+            Long("tokenizer") => tokenizer = Some(p.path()?),
+            Long("tokenizer-config") => config = Some(p.path()?),
+            Long("instructions") => instructions = Some(p.path()?),
+            Long("cameras") => cameras = Some(p.number("--cameras")?),
             Long("grid") => {
-                let g = cli::string(&mut p)?;
+                let g = p.string()?;
                 let parsed = g
                     .to_lowercase()
                     .split_once('x')
@@ -64,23 +64,22 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
                 })?);
             }
             Long("no-col-tokens") => t.col_tokens = false,
-            Long("state-dims") => dims = Some(cli::number(&mut p, "--state-dims")?),
-            Long("setup") => t.setup = cli::string(&mut p)?,
-            Long("control") => t.control = cli::string(&mut p)?,
+            Long("state-dims") => dims = Some(p.number("--state-dims")?),
+            Long("setup") => t.setup = p.string()?,
+            Long("control") => t.control = p.string()?,
             Long("no-setup-tokens") => t.add_setup_tokens = false,
             Long("no-control-tokens") => t.add_control_tokens = false,
             Long("no-normalize-language") => t.normalize_language = false,
-            Long("upstream") => upstream = Some(cli::string(&mut p)?),
+            Long("upstream") => upstream = Some(p.string()?),
             Long("max-sequence-length") => {
-                t.max_sequence_length = Some(cli::number(&mut p, "--max-sequence-length")?)
+                t.max_sequence_length = Some(p.number("--max-sequence-length")?)
             }
-            Long("action-mode") => mode = Some(cli::string(&mut p)?),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("action-mode") => mode = Some(p.string()?),
             other => return Err(cli::unexpected(other)),
         }
+    }
+    if p.finish().is_none() {
+        return Ok(());
     }
     let need = |what: &str| Failure::Usage(format!("prompt needs {what}"));
     let tokenizer = tokenizer.ok_or_else(|| need("--tokenizer"))?;

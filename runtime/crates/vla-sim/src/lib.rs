@@ -1,7 +1,8 @@
-//! `vlad simulate`: a robot stand-in for development, the demo and the soak. It plays the
-//! firmware: writes observations (golden camera frames and state) into the observation
-//! ring at camera rate and reads the action ring the way a firmware would, then reports
-//! what it received: rate, status counts, how fresh the applied actions were.
+//! The robot simulator (`vlad simulate`): a robot stand-in for development, the demo and
+//! the soak. It plays the firmware: writes observations (golden camera frames and state)
+//! into the observation ring at camera rate and reads the action ring the way a firmware
+//! would, then reports what it received: rate, status counts, how fresh the applied
+//! actions were. It reads no configuration: [`Settings`] come from its caller.
 //!
 //! The robot moves: a point arm whose pose is the integral of the actions it applies.
 //! Every applied `ok` action moves pose dim `i` by `action[i]` (a delta per control step,
@@ -23,29 +24,49 @@
 //! the age of the action in force, and actions computed from a previous writer's
 //! observations.
 
+#![forbid(unsafe_code)]
+
+mod error;
 mod motion;
 
-use crate::cli::{self, Common};
-use crate::Failure;
-use lexopt::prelude::*;
+pub use error::SimError;
 use motion::Motion;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use vla_control::Histogram;
-use vla_policy::{Bundle, ObservationFile};
 use vla_ring::{
     monotonic_ns, Action, ActionStatus, Geometry, Observation, Origin, RingReader, RingWriter,
 };
 
-const HELP: &str = "usage: vlad simulate --config FILE [--bundle DIR] [--duration SECONDS] [--camera-hz HZ] [--obs FILE.npz]
-                     [--gap-every SECONDS --gap-length SECONDS] [--json FILE] [--timeline FILE.csv]
-Writes observations (default: the bundle's golden/end_to_end.npz) at --camera-hz (default 10)
-into the observation ring and reads the action ring for --duration seconds (default 20).
---gap-every S --gap-length L  every S seconds go silent for L seconds (L < S): no observation
-                             and no heartbeat, like a stalled camera or firmware
---json FILE                  also write the report as JSON, rewritten every second and at the end
---timeline FILE.csv          every received action: t_s,status,chunk_id,step,v0..vN (for the plot)";
+/// What the simulator runs with: the robot link and the camera, resolved by its caller
+/// (vlad reads them from its configuration and the bundle).
+pub struct Settings {
+    /// The rings' geometry (the bundle's).
+    pub geometry: Geometry,
+    /// The observation written at camera rate: its frames, its state (the arm's pose is
+    /// added to the first dims), its seed (plus the number of observations written before)
+    /// and its instruction.
+    pub source: Observation,
+    /// The observation ring this simulator writes (`rings.observation_path`).
+    pub observation_ring: PathBuf,
+    /// The action ring the daemon creates (`rings.action_path`).
+    pub action_ring: PathBuf,
+    /// `control.action_valid`: the longest window an `ok` action may have.
+    pub action_valid: Duration,
+    /// `control.writer_heartbeat_timeout`: how long a silence may last before every action
+    /// made in it must not be `ok`.
+    pub writer_heartbeat_timeout: Duration,
+    /// Observations per second.
+    pub camera_hz: f64,
+    /// How long to run, in seconds.
+    pub duration: f64,
+    /// Scheduled silent periods.
+    pub gaps: Gaps,
+    /// The JSON report, rewritten every second and at the end.
+    pub json: Option<PathBuf>,
+    /// Every received action as CSV.
+    pub timeline: Option<PathBuf>,
+}
 
 /// Slots of the capture-time table (by observation seq); far more than any chunk can lag.
 const CAPTURE_SLOTS: usize = 4096;
@@ -55,11 +76,14 @@ const SHORT_WINDOW_NS: u64 = 2_000_000;
 /// Poll interval of the firmware loop.
 const POLL: Duration = Duration::from_micros(500);
 
-/// Scheduled silent periods: the `k`-th (k >= 1) starts `k * every` after the start.
-#[derive(Clone, Copy)]
-struct Gaps {
-    every_ns: u64,
-    length_ns: u64,
+/// Scheduled silent periods: the `k`-th (k >= 1) starts `k * every` after the start. No
+/// observation and no heartbeat during one, like a stalled camera or firmware.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gaps {
+    /// Time between the starts of two gaps; 0: no gaps.
+    pub every_ns: u64,
+    /// How long each gap lasts (shorter than `every_ns`).
+    pub length_ns: u64,
 }
 
 impl Gaps {
@@ -252,118 +276,24 @@ struct InForce {
     full_window: bool,
 }
 
-fn json_report(fields: &serde_json::Value, path: &Path) -> Result<(), Failure> {
+fn json_report(fields: &serde_json::Value, path: &Path) -> Result<(), SimError> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(
         &tmp,
         serde_json::to_vec_pretty(fields).expect("JSON of plain values"),
     )
     .and_then(|()| std::fs::rename(&tmp, path))
-    .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))
+    .map_err(|e| SimError::Write {
+        path: path.to_owned(),
+        source: e,
+    })
 }
 
-/// The command line.
-struct Args {
-    common: Common,
-    config: PathBuf,
-    bundle: Option<PathBuf>,
-    obs: Option<PathBuf>,
-    json: Option<PathBuf>,
-    timeline: Option<PathBuf>,
-    duration: f64,
-    camera_hz: f64,
-    gaps: Gaps,
-}
-
-/// Parses and checks the command line; `None` when it asked for the help text.
-fn parse_args(args: Vec<OsString>) -> Result<Option<Args>, Failure> {
-    let mut common = Common::default();
-    let (mut config_path, mut bundle_dir, mut obs_path, mut json_path): (
-        Option<PathBuf>,
-        Option<PathBuf>,
-        Option<PathBuf>,
-        Option<PathBuf>,
-    ) = (None, None, None, None);
-    let mut timeline_path: Option<PathBuf> = None;
-    let (mut duration, mut camera_hz) = (20.0f64, 10.0f64);
-    let (mut gap_every, mut gap_length): (Option<f64>, Option<f64>) = (None, None);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
-        match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("config") => config_path = Some(cli::value(&mut p)?.into()),
-            Long("bundle") => bundle_dir = Some(cli::value(&mut p)?.into()),
-            Long("obs") => obs_path = Some(cli::value(&mut p)?.into()),
-            Long("json") => json_path = Some(cli::value(&mut p)?.into()),
-            Long("timeline") => timeline_path = Some(cli::value(&mut p)?.into()),
-            Long("duration") => duration = cli::number(&mut p, "--duration")?,
-            Long("camera-hz") => camera_hz = cli::number(&mut p, "--camera-hz")?,
-            Long("gap-every") => gap_every = Some(cli::number(&mut p, "--gap-every")?),
-            Long("gap-length") => gap_length = Some(cli::number(&mut p, "--gap-length")?),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(None);
-            }
-            other => return Err(cli::unexpected(other)),
-        }
-    }
-    let valid = (0.0..=1000.0).contains(&camera_hz)
-        && camera_hz > 0.0
-        && duration.is_finite()
-        && duration > 0.0;
-    if !valid {
-        return Err(Failure::Usage(
-            "--camera-hz must be in (0, 1000] and --duration positive".into(),
-        ));
-    }
-    let gaps = match (gap_every, gap_length) {
-        (None, None) => Gaps {
-            every_ns: 0,
-            length_ns: 0,
-        },
-        (Some(every), Some(length))
-            if every.is_finite() && length.is_finite() && length > 0.0 && length < every =>
-        {
-            Gaps {
-                every_ns: (every * 1e9) as u64,
-                length_ns: (length * 1e9) as u64,
-            }
-        }
-        (Some(_), Some(_)) => {
-            return Err(Failure::Usage(
-                "--gap-length must be positive and shorter than --gap-every".into(),
-            ))
-        }
-        _ => {
-            return Err(Failure::Usage(
-                "--gap-every and --gap-length go together".into(),
-            ))
-        }
-    };
-    let config =
-        config_path.ok_or_else(|| Failure::Usage("simulate needs --config FILE".into()))?;
-    Ok(Some(Args {
-        common,
-        config,
-        bundle: bundle_dir,
-        obs: obs_path,
-        json: json_path,
-        timeline: timeline_path,
-        duration,
-        camera_hz,
-        gaps,
-    }))
-}
-
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let Some(args) = parse_args(args)? else {
-        return Ok(());
-    };
-    args.common.init_logging();
-    let mut sim = Simulator::start(&args)?;
+/// Runs the simulator for `settings.duration` seconds, then prints its report (and
+/// writes the JSON and the timeline when asked). An error if the daemon's action ring never
+/// appeared.
+pub fn run(settings: &Settings) -> Result<(), SimError> {
+    let mut sim = Simulator::start(settings)?;
     while monotonic_ns() < sim.end_ns {
         let now = monotonic_ns();
         sim.camera(now)?;
@@ -371,17 +301,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             sim.open_action_ring();
         }
         sim.read_actions();
-        sim.poll_done(args.json.as_deref())?;
+        sim.poll_done(settings.json.as_deref())?;
         std::thread::sleep(POLL);
     }
-    sim.finish(&args)
+    sim.finish(settings)
 }
 
 /// The simulated robot: the camera writing observations, the firmware reading actions,
 /// and everything it saw.
 struct Simulator {
     geometry: Geometry,
-    source: ObservationFile,
+    source: Observation,
     obs: Observation,
     writer: RingWriter<Observation>,
     act_ring: PathBuf,
@@ -417,46 +347,33 @@ struct Simulator {
 }
 
 impl Simulator {
-    /// Loads the config, the bundle and the observation source, and takes the
-    /// observation ring over.
-    fn start(args: &Args) -> Result<Self, Failure> {
-        let config = vla_config::Config::load(&args.config)?;
-        let bundle = Bundle::open(
-            args.bundle
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(config.bundle.path.as_str())),
-        )?;
-        let m = &bundle.manifest;
-        let geometry = crate::daemon::ring_geometry(&m.geometry());
-        let source = ObservationFile::load(
-            &args
-                .obs
-                .clone()
-                .unwrap_or_else(|| bundle.path(&m.end_to_end)),
-        )?;
-        let mut obs = Observation::for_geometry(&geometry)?;
+    /// Takes the observation ring over.
+    fn start(settings: &Settings) -> Result<Self, SimError> {
+        let geometry = settings.geometry;
+        let source = settings.source.clone();
+        let mut obs = Observation::for_geometry(&geometry).map_err(SimError::Geometry)?;
         if obs.frames.len() != source.frames.len() || obs.state.len() != source.state.len() {
-            return Err(Failure::Error(format!(
-                "observation file has {} frame bytes and {} state values; the bundle needs {} and {}",
-                source.frames.len(),
-                source.state.len(),
-                obs.frames.len(),
-                obs.state.len()
-            )));
+            return Err(SimError::SourceSize {
+                frames: source.frames.len(),
+                state: source.state.len(),
+                needed_frames: obs.frames.len(),
+                needed_state: obs.state.len(),
+            });
         }
         obs.frames.copy_from_slice(&source.frames);
         obs.state.copy_from_slice(&source.state);
         obs.instruction_id = source.instruction_id;
 
-        let obs_ring = PathBuf::from(config.rings.observation_path.as_str());
+        let obs_ring = settings.observation_ring.clone();
         // Read before taking the ring over: the take-over overwrites the heartbeat.
         let previous = previous_writer(&obs_ring, geometry);
-        let writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)?;
+        let writer = RingWriter::<Observation>::create(&obs_ring, geometry, 8)
+            .map_err(SimError::ObservationRing)?;
         println!(
             "simulator: writing observations to {} at {} Hz for {} s",
             obs_ring.display(),
-            args.camera_hz,
-            args.duration
+            settings.camera_hz,
+            settings.duration
         );
         let start = monotonic_ns();
         let mut captures = vec![(0u64, 0u64); CAPTURE_SLOTS];
@@ -473,7 +390,7 @@ impl Simulator {
             writer_epoch: writer.epoch(),
             previous_writer_epoch: previous.as_ref().filter(|_| inherited).map(|p| p.epoch),
             first_own_seq: writer.next_seq(),
-            gaps: args.gaps,
+            gaps: settings.gaps,
         };
         let track = silences.first().map(|&(from, back)| SilenceTrack {
             from_ns: from,
@@ -487,20 +404,20 @@ impl Simulator {
             source,
             obs,
             writer,
-            act_ring: PathBuf::from(config.rings.action_path.as_str()),
-            action_valid_ns: config.control.action_valid().as_nanos() as u64,
-            silence_limit_ns: config.control.writer_heartbeat_timeout().as_nanos() as u64,
-            gaps: args.gaps,
-            camera_period_ns: (1e9 / args.camera_hz) as u64,
+            act_ring: settings.action_ring.clone(),
+            action_valid_ns: settings.action_valid.as_nanos() as u64,
+            silence_limit_ns: settings.writer_heartbeat_timeout.as_nanos() as u64,
+            gaps: settings.gaps,
+            camera_period_ns: (1e9 / settings.camera_hz) as u64,
             start_ns: start,
-            end_ns: start + (args.duration * 1e9) as u64,
+            end_ns: start + (settings.duration * 1e9) as u64,
             next_obs_ns: start,
             written: 0,
             captures,
             silences,
             inherited,
             id,
-            timeline: args.timeline.as_ref().map(|_| String::new()),
+            timeline: settings.timeline.as_ref().map(|_| String::new()),
             reader: None,
             action: Action::for_geometry(&geometry),
             last_seq: 0,
@@ -517,7 +434,7 @@ impl Simulator {
 
     /// The camera at `now`: silent during a scheduled gap, else a new observation when one
     /// is due (the state is where the applied actions took the arm), else a heartbeat.
-    fn camera(&mut self, now: u64) -> Result<(), Failure> {
+    fn camera(&mut self, now: u64) -> Result<(), SimError> {
         if self.gaps.silent_at(now - self.start_ns) {
             if !self.silent {
                 self.silent = true;
@@ -554,7 +471,7 @@ impl Simulator {
             }
             self.obs.capture_time_ns = now;
             self.obs.seed = self.source.seed.wrapping_add(self.written);
-            let seq = self.writer.publish(&self.obs)?;
+            let seq = self.writer.publish(&self.obs).map_err(SimError::Publish)?;
             self.captures[(seq % CAPTURE_SLOTS as u64) as usize] = (seq, now);
             self.written += 1;
             self.next_obs_ns += self.camera_period_ns;
@@ -742,7 +659,7 @@ impl Simulator {
 
     /// End of a poll: the action in force expires on its own when nothing newer came in
     /// time; the JSON report is rewritten once a second.
-    fn poll_done(&mut self, json: Option<&Path>) -> Result<(), Failure> {
+    fn poll_done(&mut self, json: Option<&Path>) -> Result<(), SimError> {
         let polled = monotonic_ns();
         let s = &mut self.seen;
         if let Some(f) = self.in_force.take_if(|f| polled >= f.valid_until_ns) {
@@ -770,12 +687,12 @@ impl Simulator {
     }
 
     /// The final JSON, the timeline and the text report.
-    fn finish(self, args: &Args) -> Result<(), Failure> {
+    fn finish(self, settings: &Settings) -> Result<(), SimError> {
         let s = &self.seen;
-        if let Some(path) = &args.json {
+        if let Some(path) = &settings.json {
             json_report(&s.json(&self.id, self.written, monotonic_ns(), true), path)?;
         }
-        if let (Some(path), Some(timeline)) = (&args.timeline, &self.timeline) {
+        if let (Some(path), Some(timeline)) = (&settings.timeline, &self.timeline) {
             let header: String = (0..self.geometry.action_dims)
                 .map(|i| format!(",v{i}"))
                 .collect();
@@ -783,14 +700,16 @@ impl Simulator {
                 path,
                 format!("t_s,status,chunk_id,step{header}\n{timeline}"),
             )
-            .map_err(|e| Failure::Error(format!("cannot write {}: {e}", path.display())))?;
+            .map_err(|e| SimError::Write {
+                path: path.clone(),
+                source: e,
+            })?;
         }
-        print_report(s, self.written, args.duration, self.start_ns);
+        print_report(s, self.written, settings.duration, self.start_ns);
         if self.reader.is_none() {
-            return Err(Failure::Error(format!(
-                "no action ring appeared at {} (is `vlad run` up?)",
-                self.act_ring.display()
-            )));
+            return Err(SimError::NoActionRing {
+                path: self.act_ring.clone(),
+            });
         }
         Ok(())
     }
@@ -832,4 +751,20 @@ fn print_report(s: &Seen, written: u64, secs: f64, start: u64) {
     );
     m.print_report();
     println!("  all-zero actions applied: {}", s.applied_zero);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gaps;
+
+    #[test]
+    fn a_gap_starts_every_period_after_the_first_and_lasts_its_length() {
+        let g = Gaps {
+            every_ns: 10,
+            length_ns: 3,
+        };
+        let silent: Vec<u64> = (0..25).filter(|&t| g.silent_at(t)).collect();
+        assert_eq!(silent, [10, 11, 12, 20, 21, 22]);
+        assert!(!(0..100).any(|t| Gaps::default().silent_at(t)));
+    }
 }

@@ -36,31 +36,23 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
     let mut observation_hz: Option<f64> = None;
     let mut sizes: Option<PathBuf> = None;
     let mut nsps: u32 = dsp_plan::BOARD_NSPS;
-    let mut common = Common::default();
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("sizes") => sizes = Some(cli::value(&mut p)?.into()),
-            Long("nsps") => nsps = cli::number(&mut p, "--nsps")?,
-            Long("config") => config = Some(cli::value(&mut p)?.into()),
-            Long("horizon") => horizon = Some(cli::number(&mut p, "--horizon")?),
-            Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-            Long("latency-ms") => latencies.push(cli::number(&mut p, "--latency-ms")?),
-            Long("p50-ms") => p50 = Some(cli::number(&mut p, "--p50-ms")?),
-            Long("observation-hz") => {
-                observation_hz = Some(cli::number(&mut p, "--observation-hz")?)
-            }
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("sizes") => sizes = Some(p.path()?),
+            Long("nsps") => nsps = p.number("--nsps")?,
+            Long("config") => config = Some(p.path()?),
+            Long("horizon") => horizon = Some(p.number("--horizon")?),
+            Long("bundle") => bundle = Some(p.path()?),
+            Long("latency-ms") => latencies.push(p.number("--latency-ms")?),
+            Long("p50-ms") => p50 = Some(p.number("--p50-ms")?),
+            Long("observation-hz") => observation_hz = Some(p.number("--observation-hz")?),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     if latencies.is_empty() && (bundle.is_some() || sizes.is_some()) {
         return memory_plans(&common, config, bundle, sizes, nsps);
     }
@@ -112,7 +104,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         None => 0,
     };
     let cfg = vla_config::Config::load(&config)?;
-    let settings = crate::daemon::loop_settings(&cfg, geometry, None).point_settings();
+    let settings = crate::daemon::loop_settings(&cfg, geometry, None).limits;
     for l in latencies {
         let p95 = (positive("--latency-ms", l)? * 1e6) as u64;
         let typical = match p50 {

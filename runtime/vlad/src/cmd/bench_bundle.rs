@@ -76,32 +76,24 @@ struct Options {
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
-    let mut common = Common::default();
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => dir = Some(cli::value(&mut p)?.into()),
-            Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
-            Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
-            Long("json") => json = Some(cli::value(&mut p)?.into()),
-            Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
-            Long("performance") => {
-                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
-            }
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(None);
-            }
+            Long("bundle") => dir = Some(p.path()?),
+            Long("iterations") => iterations = p.number("--iterations")?,
+            Long("warmup") => warmup = p.number("--warmup")?,
+            Long("json") => json = Some(p.path()?),
+            Long("load-probe") => probe = Some(LoadMode::parse(&p.string()?)?),
+            Long("performance") => performance = qnn_setup::performance_mode(&p.string()?)?,
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(None);
+    };
     let dir = dir.ok_or_else(|| Failure::Usage("bench-bundle needs --bundle DIR".into()))?;
     if iterations == 0 {
         return Err(Failure::Usage("--iterations must be at least 1".into()));
@@ -230,7 +222,12 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
 
 fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
-    let votes = qnn_setup::start_votes(&backend, &[0], o.performance, crate::bench::IDLE_RELEASE);
+    let votes = qnn_setup::start_votes(
+        &backend,
+        &[0],
+        o.performance,
+        crate::cmd::bench_context::IDLE_RELEASE,
+    );
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -290,7 +287,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let vote_stats = votes.as_ref().map(|g| g.stats());
     Ok(json!({
         "performance": o.performance.as_str(),
-        "performance_vote": crate::bench::vote_summary(o.performance, votes.as_ref()),
+        "performance_vote": crate::cmd::bench_context::vote_summary(o.performance, votes.as_ref()),
         "performance_votes_accepted": vote_stats.map(|s| s.votes),
         "performance_votes_refused": vote_stats.map(|s| s.refused),
         "bundle": bundle.dir.file_name().map(|n| n.to_string_lossy().into_owned()),

@@ -3,7 +3,7 @@
 //! Prints figures only; nothing here asserts a timing. Inputs come from `--inputs io.npz`
 //! when given (realistic data paths), else zeros.
 
-use crate::cli::{self, Common};
+use crate::cli;
 use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use std::ffi::OsString;
@@ -48,37 +48,29 @@ pub fn vote_summary(
 }
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let mut ctx: Option<PathBuf> = None;
     let mut inputs: Option<PathBuf> = None;
     let mut graph_name: Option<String> = None;
     let (mut warmup, mut iterations) = (3usize, 50usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
     let (mut shared, mut rpcmem_lib) = (false, None::<PathBuf>);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("inputs") => inputs = Some(cli::value(&mut p)?.into()),
-            Long("graph") => graph_name = Some(cli::string(&mut p)?),
-            Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
-            Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
-            Long("performance") => {
-                performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
-            }
+            Long("inputs") => inputs = Some(p.path()?),
+            Long("graph") => graph_name = Some(p.string()?),
+            Long("warmup") => warmup = p.number("--warmup")?,
+            Long("iterations") => iterations = p.number("--iterations")?,
+            Long("performance") => performance = qnn_setup::performance_mode(&p.string()?)?,
             Long("shared-buffers") => shared = true,
-            Long("rpcmem") => rpcmem_lib = Some(cli::value(&mut p)?.into()),
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("rpcmem") => rpcmem_lib = Some(p.path()?),
             Value(v) if ctx.is_none() => ctx = Some(v.into()),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     let ctx =
         ctx.ok_or_else(|| Failure::Usage("bench-context needs a context binary path".into()))?;
     if iterations == 0 {

@@ -9,7 +9,7 @@
 //! scripts/bringup/report.py; QNN's own choice of process domain for each context is in
 //! its verbose log (`--log-level debug`: "PD N chosen for context M").
 
-use crate::cli::{self, Common};
+use crate::cli;
 use crate::memory::Memory;
 use crate::{dsp_plan, qnn_setup, Failure};
 use lexopt::prelude::*;
@@ -31,27 +31,21 @@ that suggests graph switching. One JSON object per line.";
 const JUMP_FACTOR: f64 = 3.0;
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let mut bundle: Option<PathBuf> = None;
     let mut config: Option<PathBuf> = None;
     let mut runs: usize = 20;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-            Long("config") => config = Some(cli::value(&mut p)?.into()),
-            Long("runs") => runs = cli::number(&mut p, "--runs")?,
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("bundle") => bundle = Some(p.path()?),
+            Long("config") => config = Some(p.path()?),
+            Long("runs") => runs = p.number("--runs")?,
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     let dir = bundle.ok_or_else(|| Failure::Usage("dsp-probe needs --bundle DIR".into()))?;
     common.init_logging();
     let npu = match &config {

@@ -4,7 +4,7 @@
 //! per chunk). The noise is seeded from the observation, so the same bundle on the same
 //! backend reproduces each chunk; a disagreement exits 3.
 
-use crate::cli::{self, Common};
+use crate::cli;
 use crate::Failure;
 use lexopt::prelude::*;
 use std::ffi::OsString;
@@ -16,27 +16,21 @@ and compares each chunk with the recorded one. Exit 3 when a chunk disagrees
 (cosine below --min-cosine, default 0.9999, or max abs above --max-abs, default 1e-3).";
 
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let (mut file, mut bundle): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut min_cosine, mut max_abs_limit) = (0.9999f64, 1e-3f64);
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
-            Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-            Long("min-cosine") => min_cosine = cli::number(&mut p, "--min-cosine")?,
-            Long("max-abs") => max_abs_limit = cli::number(&mut p, "--max-abs")?,
-            Short('h') | Long("help") => {
-                println!("{HELP}");
-                return Ok(());
-            }
+            Long("bundle") => bundle = Some(p.path()?),
+            Long("min-cosine") => min_cosine = p.number("--min-cosine")?,
+            Long("max-abs") => max_abs_limit = p.number("--max-abs")?,
             Value(v) if file.is_none() => file = Some(v.into()),
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     let file = file.ok_or_else(|| Failure::Usage("replay needs FILE.mcap".into()))?;
     common.init_logging();
     let rec = vla_recorder::read_recording(&file)?;
@@ -57,7 +51,11 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
             rec.metadata.get("frames").map_or("?", String::as_str)
         )));
     }
-    let (b, mut policy, _) = crate::bundle_cmd::load(&common, &dir)?;
+    let super::Opened {
+        bundle: b,
+        mut policy,
+        ..
+    } = super::load(&common, &dir)?;
     let g = policy.geometry();
     println!(
         "replaying {} ({} trigger, recorded on bundle {} {} {}) on {} ({} {})",

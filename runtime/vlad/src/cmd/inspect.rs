@@ -1,33 +1,29 @@
 //! `vlad inspect <ctx.bin>`: what a context binary holds, read through libQnnSystem only
 //! (no context is created, so it also works on a machine whose NPU is busy).
 
-use crate::cli::{self, Common};
+use crate::cli;
 use crate::{qnn_setup, Failure};
 use lexopt::prelude::*;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use vla_qnn::{data_type_name, BinaryInfo, ContextBinary, Coupling, TensorInfo, TensorKind};
 
+const HELP: &str = "usage: vlad inspect <ctx.bin> [--json] [--lib-dir DIR]";
+
 pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let mut common = Common::default();
     let mut path: Option<PathBuf> = None;
     let mut json = false;
-    let mut p = cli::parser(args);
-    while let Some(arg) = p.next().map_err(cli::usage)? {
+    let mut p = cli::Parser::new(args, HELP);
+    while let Some(arg) = p.next()? {
         match arg {
-            Long(name) if Common::OPTIONS.contains(&name) => {
-                let name = name.to_owned();
-                common.take(&name, &mut p)?;
-            }
             Long("json") => json = true,
             Value(v) if path.is_none() => path = Some(v.into()),
-            Short('h') | Long("help") => {
-                println!("usage: vlad inspect <ctx.bin> [--json] [--lib-dir DIR]");
-                return Ok(());
-            }
             other => return Err(cli::unexpected(other)),
         }
     }
+    let Some(common) = p.finish() else {
+        return Ok(());
+    };
     let path = path.ok_or_else(|| Failure::Usage("inspect needs a context binary path".into()))?;
     common.init_logging();
     let lib = qnn_setup::load_library(&common)?;
