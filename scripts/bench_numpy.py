@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference as ref  # noqa: E402
-from det_npz import load_npz  # noqa: E402
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -295,7 +294,7 @@ class TimedSession:
 
 
 def bench_ort_bundle(bundle: Path, vlad: Path, lib_dir: str, iterations: int, build: Path):
-    import qnn_ctx
+    from vla_host import qnn_ctx
 
     manifest = json.loads((bundle / "bundle.json").read_text())
     name = bundle.name

@@ -16,6 +16,8 @@
 # dataset stack behind robot_video_dataset.py (datasets, pyarrow, av, torchcodec).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$ROOT/scripts/setup_lib.sh"
 VENV="${FASTWAM_VENV:-$ROOT/build/fastwam-venv}"
 PY="${PYTHON:-python3.11}"
 
@@ -44,3 +46,5 @@ fi
 # skips `ftfy.fix_text` (wan_video_text_encoder.py falls back to the identity): the goldens of
 # scripts/export_upstream_fastwam.py are made that way, as upstream's pinned environment runs.
 "$VENV/bin/python" -c "import torch, omegaconf, hydra, git, accelerate, imageio; print('fastwam upstream venv ready:', torch.__version__)"
+# The golden generators (tools/goldens) and the host library they use.
+editable_packages setup_upstream_fastwam "$VENV" "$ROOT/tools/vla_host" "$ROOT/tools/goldens"

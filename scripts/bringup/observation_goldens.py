@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 SCRIPTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(SCRIPTS))
-import reference as ref  # noqa: E402
-from det_npz import load_npz, save_npz  # noqa: E402
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 
 END_TO_END_ORDER = ["frames", "state", "instruction_id", "seed", "actions", "pixel_values", "hidden_states",
                     "attention_bias", "k_ctx", "v_ctx", "noise", "candidates", "keystone_choice", "image", "latents",

@@ -6,16 +6,13 @@ boot allows, so the run does not depend on the machine's speed."""
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts/rauc"))
-sys.path.insert(0, str(REPO / "scripts"))
 import powercut  # noqa: E402
-from ota_fixtures import daemon_config  # noqa: E402
+from vla_host.ota_fixtures import daemon_config
 
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 KNOWN = {A, B, C}

@@ -1,12 +1,10 @@
 """The RAUC/power-cut VM's vCPU count (scripts/rauc/vm.py): 2 unless VLA_VM_CPUS says
 otherwise, and a value that is no positive whole number refused in one line naming it."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rauc"))
 import vm  # noqa: E402
 
 

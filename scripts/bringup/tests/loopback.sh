@@ -226,13 +226,12 @@ standin="$tmp/lp-vtp-sd-gridsample"
 cp -r golden/bundles/molmoact2-lp-vtp-sd "$standin"
 cp golden/gate-standin/vision_gridsample_socid77_archv73.bin \
     "$standin/ctx/vision_socid77_archv73.bin"
-"$python" scripts/make_gate_standin.py --onnx "$tmp/standin-onnx" >/dev/null
+"$python" -m vla_goldens.make_gate_standin --onnx "$tmp/standin-onnx" >/dev/null
 mkdir -p "$tmp/recorded"
 "$python" - "$tmp/recorded" <<'PY'
 import sys
 import numpy as np
-sys.path.insert(0, "scripts")
-from det_npz import load_npz, save_npz
+from vla_host.det_npz import load_npz, save_npz
 base = load_npz("golden/bundles/molmoact2-lp-vtp-sd/golden/end_to_end.npz")
 rng = np.random.default_rng(3)
 for k in (1, 2):

@@ -4,7 +4,6 @@ which is `torch.nn.functional.grid_sample(align_corners=False, mode="bilinear",
 padding_mode="zeros")`, the upstream grid token sampler's call (the ONNX op mirrors torch's;
 the LP-VTP-SD card reports ORT's GridSample against PyTorch at cosine 0.99999999)."""
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-SCRIPTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(SCRIPTS))
-import fixture_graphs as fg  # noqa: E402
+from vla_goldens import fixture_graphs as fg
 
 
 def onnx_grid_sample(features: np.ndarray, points) -> np.ndarray:

@@ -8,10 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
-import reference as ref
-from det_npz import load_npz, save_npz
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUNDLES = REPO / "golden" / "bundles"
 
 
@@ -126,8 +126,8 @@ def test_det_npz_is_byte_stable(tmp_path):
 
 
 def _bundle_graphs(name):
-    import fixture_graphs as fg
-    import make_golden as mg
+    from vla_goldens import fixture_graphs as fg
+    from vla_goldens import make_golden as mg
 
     manifest = json.loads((BUNDLES / name / "bundle.json").read_text())
     if manifest["policy"] == "fastwam" and "chain" in manifest["fastwam"]:

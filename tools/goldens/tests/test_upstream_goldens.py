@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-UP = Path(__file__).resolve().parents[2] / "golden" / "upstream"
+UP = Path(__file__).resolve().parents[3] / "golden" / "upstream"
 MANIFEST = json.loads((UP / "manifest.json").read_text())
 TOK = MANIFEST["token_ids"]
 

@@ -67,12 +67,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import upstream_fastwam as uf  # noqa: E402  (stubs + the eval config, already used for goldens)
-from det_npz import save_npz  # noqa: E402
-from pillow_goldens import frame  # noqa: E402
-from reference import gaussian_noise  # noqa: E402  (vlad's noise, numpy only)
+ROOT = Path(__file__).resolve().parents[3]
+from vla_goldens import upstream_fastwam as uf  # noqa: E402  (stubs + the eval config, already used for goldens)
+from vla_host.det_npz import save_npz
+from vla_goldens.pillow_goldens import frame
+from vla_host.reference import gaussian_noise  # noqa: E402  (vlad's noise, numpy only)
 
 torch.set_num_threads(1)
 

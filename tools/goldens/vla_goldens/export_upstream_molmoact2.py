@@ -48,12 +48,11 @@ import numpy as np
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import upstream_molmoact2 as um  # noqa: E402  (loads the vendored HF package, no torch model)
-from det_npz import save_npz  # noqa: E402
-from export_contract import check_io  # noqa: E402
-from reference import U64, gaussian_noise  # noqa: E402  (vlad's noise, numpy only)
+ROOT = Path(__file__).resolve().parents[3]
+from vla_goldens import upstream_molmoact2 as um  # noqa: E402  (loads the vendored HF package, no torch model)
+from vla_host.det_npz import save_npz
+from vla_host.export_contract import check_io
+from vla_host.reference import U64, gaussian_noise  # noqa: E402  (vlad's noise, numpy only)
 
 torch.set_num_threads(1)
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from build_prompt_tables import rope_positions
+from vla_host.build_prompt_tables import rope_positions
 
 OPSET = 20
 IR_VERSION = 10

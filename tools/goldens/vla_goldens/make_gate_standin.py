@@ -31,16 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-import fixture_graphs as fg  # noqa: E402
-import make_golden as mg  # noqa: E402
+from vla_goldens import fixture_graphs as fg
+from vla_goldens import make_golden as mg
 import onnx  # noqa: E402
-import qnn_ctx  # noqa: E402
-import reference as ref  # noqa: E402
-from det_npz import load_npz  # noqa: E402
+from vla_host import qnn_ctx
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz
 
-REPO = SCRIPTS.parent
+REPO = Path(__file__).resolve().parents[3]
 BASE = REPO / "golden" / "bundles" / "molmoact2-lp-vtp-sd"
 OUT = REPO / "golden" / "gate-standin"
 BUILD = mg.BUILD / "gate-standin"

@@ -24,16 +24,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-import build_prompt_tables as bpt  # noqa: E402
-import build_umt5_rows as umt5  # noqa: E402
-import fixture_graphs as fg  # noqa: E402
-import qnn_ctx  # noqa: E402
-import reference as ref  # noqa: E402
-from det_npz import load_npz, save_npz  # noqa: E402
+from vla_host import build_prompt_tables as bpt
+from vla_host import build_umt5_rows as umt5
+from vla_goldens import fixture_graphs as fg
+from vla_host import qnn_ctx
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 
-REPO = SCRIPTS.parent
+REPO = Path(__file__).resolve().parents[3]
 BUILD = Path("/tmp/vla-golden-build")
 CONTEXT_COSINE = 0.9999
 END_TO_END_COSINE = 0.999

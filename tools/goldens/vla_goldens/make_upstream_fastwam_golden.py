@@ -28,13 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path.insert(0, str(SCRIPTS))
-sys.path.insert(0, str(REPO / "tools"))
-import qnn_ctx  # noqa: E402
-import reference as ref  # noqa: E402
-from det_npz import load_npz, save_npz  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
+from vla_host import qnn_ctx
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 from vla_import import fastwam, fastwam_chain  # noqa: E402
 
 BUILD = Path("/tmp/vla-golden-build/upstream-fastwam")

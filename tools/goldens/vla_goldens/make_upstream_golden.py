@@ -22,12 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parent
-sys.path.insert(0, str(SCRIPTS))
-import qnn_ctx  # noqa: E402
-import reference as ref  # noqa: E402
-from det_npz import load_npz, save_npz  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
+from vla_host import qnn_ctx
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 
 BUILD = Path("/tmp/vla-golden-build/upstream-molmoact2")
 OUT = REPO / "golden" / "upstream-molmoact2"
@@ -146,7 +144,7 @@ def main():
         save_npz(obs0, {k: upstream[f"obs0_{k}"] for k in ("frames", "state", "instruction_id", "seed")})
         bundle = REPO / "golden" / "bundles" / f"molmoact2-upstream-{variant}"
         rel_path = lambda p: str(p.relative_to(REPO))  # noqa: E731  (import.json records these)
-        cmd = [str(SCRIPTS / "vla-import"), "--release", rel_path(OUT / rel), "--checkpoint",
+        cmd = [str(REPO / ".venv" / "bin" / "vla-import"), "--release", rel_path(OUT / rel), "--checkpoint",
                rel_path(OUT / "checkpoint"), "--tag", report["tag"], "--observation", rel_path(obs0),
                "--out", rel_path(bundle), "--name", f"molmoact2-upstream-{variant}-tiny", *flags]
         for text in report["instructions"]:

@@ -11,16 +11,14 @@ and three shrinks that Pillow 13 runs vertical first.
     .venv/bin/python scripts/pillow_goldens.py
 """
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import PIL
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
 
 # (src h, w) -> (out h, w); the last three shrink the height by > 2x the width's pixels.
 CASES = (((256, 256), (224, 224)), ((48, 40), (38, 32)), ((37, 53), (61, 29)), ((24, 20), (56, 70)),

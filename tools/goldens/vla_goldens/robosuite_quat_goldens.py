@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
 
 import robosuite  # noqa: E402
 from robosuite.utils import transform_utils  # noqa: E402

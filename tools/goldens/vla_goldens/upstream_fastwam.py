@@ -49,11 +49,10 @@ import PIL  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
-import pillow_goldens  # noqa: E402
-from pillow_goldens import frame  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
+from vla_goldens import pillow_goldens
+from vla_goldens.pillow_goldens import frame
 
 torch.set_num_threads(1)
 

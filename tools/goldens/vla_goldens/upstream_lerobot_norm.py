@@ -49,10 +49,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
-from upstream_molmoact2 import load_hf_package, molmoact2_dir  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
+from vla_goldens.upstream_molmoact2 import load_hf_package, molmoact2_dir
 
 torch.set_num_threads(1)
 

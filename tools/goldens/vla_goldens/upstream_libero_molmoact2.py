@@ -39,10 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
-import upstream_molmoact2 as um  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
+from vla_goldens import upstream_molmoact2 as um
 
 OUT = ROOT / "golden" / "libero" / "molmoact2-first-observation.npz"
 BUNDLE = ROOT / "golden" / "bundles" / "molmoact2-upstream-sd"

@@ -35,9 +35,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import save_npz  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import save_npz
 
 torch.set_num_threads(1)
 

@@ -43,7 +43,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import types
 from pathlib import Path
@@ -55,10 +54,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from upstream_lerobot_norm import load_lerobot  # noqa: E402
-from upstream_molmoact2 import load_hf_package  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_goldens.upstream_lerobot_norm import load_lerobot
+from vla_goldens.upstream_molmoact2 import load_hf_package
 
 torch.set_num_threads(1)
 

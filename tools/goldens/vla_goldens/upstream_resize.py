@@ -20,7 +20,6 @@ images.npz's `frames_256x256`. Deterministic: seeded frames, det_npz.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -28,11 +27,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from det_npz import load_npz, save_npz  # noqa: E402
-from reference import _axis_taps  # noqa: E402
-from upstream_molmoact2 import load_hf_package  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_host.det_npz import load_npz, save_npz
+from vla_host.reference import _axis_taps
+from vla_goldens.upstream_molmoact2 import load_hf_package
 
 torch.set_num_threads(1)
 

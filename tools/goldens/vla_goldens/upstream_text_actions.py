@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-import export_upstream_molmoact2 as ex  # noqa: E402
-import upstream_molmoact2 as um  # noqa: E402
-from det_npz import save_npz  # noqa: E402
-from reference import U64, gaussian_noise  # noqa: E402
+ROOT = Path(__file__).resolve().parents[3]
+from vla_goldens import export_upstream_molmoact2 as ex
+from vla_goldens import upstream_molmoact2 as um
+from vla_host.det_npz import save_npz
+from vla_host.reference import U64, gaussian_noise
 
 UP = ROOT / "golden" / "upstream-molmoact2"
 # Not among the bundle's instructions; upstream normalizes the messy ones.

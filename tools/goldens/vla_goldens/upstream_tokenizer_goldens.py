@@ -32,9 +32,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "golden" / "tokenizer-qwen2"
-sys.path.insert(0, str(ROOT / "scripts"))
 
 # MolmoAct2's special tokens (names and roles as in scripts/upstream_molmoact2.py).
 SPECIAL_HEAD = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -169,7 +168,7 @@ def cases() -> list[tuple[str, str]]:
 
 
 def main():
-    from upstream_molmoact2 import load_hf_package, load_lerobot_processor
+    from vla_goldens.upstream_molmoact2 import load_hf_package, load_lerobot_processor
 
     load_hf_package()  # the processor module imports the vendored HF package
     normalize = load_lerobot_processor()._normalize_question_text

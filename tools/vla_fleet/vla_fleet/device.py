@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"
 SYSTEM_CONF_FRAGMENT = REPO / "meta-vla/dynamic-layers/rauc/recipes-core/rauc/files/vla-rauc-system.conf"
 
@@ -51,7 +51,7 @@ class Device:
             f"[system]\ncompatible={compatible}\nbootloader=noop\n\n[keyring]\npath={keyring}\n\n" + fragment)
         # What the handlers read from /etc/default/vla-rauc on a device.
         self.env = {**os.environ, "VLAD": str(vlad), "VLAD_CONFIG": str(self.config),
-                    "VLA_RAUC_WAIT": str(verdict_wait), "PYTHONPATH": str(REPO / "tools")}
+                    "VLA_RAUC_WAIT": str(verdict_wait)}
 
     # ------------------------------------------------------------------ commands
 

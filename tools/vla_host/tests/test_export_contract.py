@@ -1,14 +1,10 @@
 """The export scripts' contract check (scripts/export_contract.py): a component whose I/O
 does not match the contract is refused with the component, tensor, expected and found."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from export_contract import check_io  # noqa: E402
+from vla_host.export_contract import check_io
 
 WANT = {"hidden_states": (1, 8, 64), "attention_bias": (1, 1, 8, 8), "hidden_out": (1, 8, 64)}
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import build_umt5_rows as umt5
-import reference as ref
+from vla_host import build_umt5_rows as umt5
+from vla_host import reference as ref
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -62,9 +62,9 @@ def test_quat2axisangle_equals_robosuites_own_outputs():
     import json
     from pathlib import Path
 
-    from det_npz import load_npz
+    from vla_host.det_npz import load_npz
 
-    root = Path(__file__).resolve().parents[2] / "golden" / "robosuite"
+    root = Path(__file__).resolve().parents[3] / "golden" / "robosuite"
     g = load_npz(root / "quat2axisangle.npz")
     cases = json.loads((root / "quat2axisangle.json").read_text())["cases"]
     assert len(cases) == len(g["quat"]) >= 40

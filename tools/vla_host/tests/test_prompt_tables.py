@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-import build_prompt_tables as bpt
-from det_npz import load_npz
+from vla_host import build_prompt_tables as bpt
+from vla_host.det_npz import load_npz
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TOK_DIR = REPO / "golden" / "tokenizer"
 
 
@@ -138,7 +138,7 @@ def test_missing_special_token_is_named(wte):
 def test_cli_reproduces_bundle_tables(tmp_path, bundle, grid):
     manifest = json.loads((REPO / "golden" / "bundles" / bundle / "bundle.json").read_text())["molmoact2"]
     out = tmp_path / "prompt_tables.npz"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "build_prompt_tables.py"),
+    subprocess.run([sys.executable, "-m", "vla_host.build_prompt_tables",
                     "--tokenizer", str(TOK_DIR / "tokenizer.json"), "--wte", str(TOK_DIR / "wte.npy"),
                     "--instructions", str(TOK_DIR / "instructions.json"), "--grid", grid,
                     "--state-dims", "8", "--seq-len", str(manifest["seq_len"]),
@@ -157,9 +157,9 @@ def test_template_is_the_pack_steps_for_every_checkpoint_setting():
     import json
     from pathlib import Path
 
-    import build_prompt_tables as bpt
+    from vla_host import build_prompt_tables as bpt
 
-    cases = json.loads((Path(__file__).resolve().parents[2] / "golden" / "upstream" / "prompt_text.json")
+    cases = json.loads((Path(__file__).resolve().parents[3] / "golden" / "upstream" / "prompt_text.json")
                        .read_text())["cases"]
     assert len(cases) == 288
     for c in cases:

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reference as ref
-from det_npz import load_npz
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz
 
-G = Path(__file__).resolve().parents[2] / "golden" / "upstream-fastwam"
+G = Path(__file__).resolve().parents[3] / "golden" / "upstream-fastwam"
 
 
 def bits_equal(a, b):

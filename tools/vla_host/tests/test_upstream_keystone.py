@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reference as ref
+from vla_host import reference as ref
 
-G = Path(__file__).resolve().parents[2] / "golden" / "upstream" / "keystone_edges.npz"
+G = Path(__file__).resolve().parents[3] / "golden" / "upstream" / "keystone_edges.npz"
 DIST, AGG = ["l2", "l1", "cosine"], ["guarded_medoid", "medoid", "cluster_medoid"]
 
 

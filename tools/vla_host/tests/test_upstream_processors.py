@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-import build_prompt_tables as bpt
+from vla_host import build_prompt_tables as bpt
 
-UP = Path(__file__).resolve().parents[2] / "golden" / "upstream"
+UP = Path(__file__).resolve().parents[3] / "golden" / "upstream"
 PROC = UP / "processors"
 MANIFEST = json.loads((PROC / "manifest.json").read_text())
 STATE_BASE = 441  # golden/upstream/manifest.json state_token_base
@@ -226,7 +226,7 @@ def test_an_instruction_laid_out_otherwise_than_the_version_pads_it_is_refused(t
 def test_the_versions_the_builder_knows_are_the_ones_vlad_accepts():
     # vlad refuses prompt tables naming a version outside vla_policy::UPSTREAMS: the two
     # lists must be the same, and each has its pack golden.
-    rust = (Path(__file__).resolve().parents[2] / "runtime" / "crates" / "vla-policy" / "src" / "prompt.rs").read_text()
+    rust = (Path(__file__).resolve().parents[3] / "runtime" / "crates" / "vla-policy" / "src" / "prompt.rs").read_text()
     line = next(ln for ln in rust.splitlines() if ln.startswith("pub const UPSTREAMS"))
     assert sorted(re.findall(r'"([^"]+)"', line)) == sorted(bpt.UPSTREAMS)
     for version in bpt.UPSTREAMS:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-import build_prompt_tables as bpt
+from vla_host import build_prompt_tables as bpt
 
-UP = Path(__file__).resolve().parents[2] / "golden" / "upstream"
+UP = Path(__file__).resolve().parents[3] / "golden" / "upstream"
 MANIFEST = json.loads((UP / "manifest.json").read_text())
 STATE_DIMS = 8
 # config name -> (golden file, array prefix, pooled grid per camera, <im_col> tokens)

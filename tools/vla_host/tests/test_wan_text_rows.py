@@ -5,16 +5,14 @@ scripts/export_upstream_fastwam.py): instructions with HTML entities, odd whites
 and more than 128 tokens; and the fastwam-upstream bundle's rows."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-import build_umt5_rows as rows  # noqa: E402
-from det_npz import load_npz  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
+from vla_host import build_umt5_rows as rows
+from vla_host.det_npz import load_npz
 
 TINY = REPO / "golden" / "upstream-fastwam" / "tiny"
 CKPT = TINY / "checkpoint"

@@ -51,8 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from det_npz import save_npz  # noqa: E402
+from vla_host.det_npz import save_npz
 
 # LIBERO's setup and control text (the checkpoint's norm-stats metadata `setup_type`,
 # `control_mode`).

@@ -25,13 +25,11 @@ import html
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from det_npz import save_npz  # noqa: E402
+from vla_host.det_npz import save_npz
 
 DEFAULT_PROMPT = "A video recorded from a robot's point of view executing the following instruction: {task}"
 
@@ -123,7 +121,6 @@ def wan_tokenizer(tokenizer_dir: Path, seq_len: int):
 
 def read_safetensors(path: Path) -> dict:
     """Every tensor of a safetensors file as f32 (bf16 widened), by name."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
     from vla_import.checkpoint import _header, read_tensor
 
     header, _ = _header(path)

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from det_npz import load_npz, save_npz
+from vla_host.det_npz import load_npz, save_npz
 
 
 # Control timing for the Fast-WAM fixture on the emulator, where it infers in about 0.5 s:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from det_npz import load_npz  # noqa: E402
+from vla_host.det_npz import load_npz
 
 U64 = (1 << 64) - 1
 

@@ -4,16 +4,14 @@ scripts/upstream_lerobot_norm.py from lerobot 0.6.1's own pipeline steps and the
 blocks, and the reference pipeline computes both conventions bit for bit. numpy only."""
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import reference as ref
+from vla_host import reference as ref
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[3]
 from vla_import import lerobot  # noqa: E402
 from vla_import.checkpoint import normalization as hf_normalization  # noqa: E402
 from vla_import.errors import ImportRefused  # noqa: E402

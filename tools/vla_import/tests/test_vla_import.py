@@ -4,15 +4,13 @@ naming file and key, and leaves nothing behind."""
 
 import json
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[3]
 from vla_import.__main__ import main  # noqa: E402
 from vla_import import checkpoint as ck  # noqa: E402
 
@@ -542,8 +540,8 @@ def fastwam_release(root: Path) -> Path:
     """A release as the public Fast-WAM one is laid out: the action_step context, its golden, the
     video prefill's golden and the converter's report beside it, the ONNX graph (rebuilt from the
     fixture's seed: it is the graph the committed binary was compiled from)."""
-    import make_golden as mg
-    import fixture_graphs as fg
+    from vla_goldens import make_golden as mg
+    from vla_goldens import fixture_graphs as fg
     import onnx
 
     (root / "ctx").mkdir(parents=True)
@@ -577,7 +575,6 @@ def fastwam_checkpoint(root: Path) -> Path:
 @pytest.fixture
 def fastwam_copies(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
     return fastwam_release(tmp_path / "release"), fastwam_checkpoint(tmp_path / "checkpoint"), tmp_path / "bundle"
 
 
@@ -850,8 +847,7 @@ def test_fastwam_closed_loop_import_is_the_hand_built_bundle_and_passes_parity(t
 
 def test_make_upstream_fastwam_golden_writes_the_committed_manifest(monkeypatch):
     """The hand-built bundle's bundle.json is what the importer's manifest gives for the export."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import make_upstream_fastwam_golden as mk
+    from vla_goldens import make_upstream_fastwam_golden as mk
 
     report = json.loads((UPFW / "export_report.json").read_text())
     trace = json.loads((UPFW / "release" / "golden" / "trace.json").read_text())

@@ -5,16 +5,14 @@ both action modes, column tokens on and off, and the same refusals."""
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import build_prompt_tables as bpt
+from vla_host import build_prompt_tables as bpt
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
+REPO = Path(__file__).resolve().parents[3]
 from vla_import import prompt as vp  # noqa: E402
 from vla_import.errors import ImportRefused  # noqa: E402
 

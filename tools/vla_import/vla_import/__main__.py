@@ -14,13 +14,11 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "scripts"))
 
 from . import bundle, checkpoint, contract, fastwam, fastwam_chain, gates, lerobot, prompt, release, sources  # noqa: E402
 from .errors import ImportRefused, expect  # noqa: E402
 
-import build_prompt_tables as bpt  # noqa: E402
+from vla_host import build_prompt_tables as bpt
 
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")

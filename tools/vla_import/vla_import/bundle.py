@@ -12,8 +12,8 @@ import numpy as np
 
 from .errors import ImportRefused, expect
 
-import reference as ref  # noqa: E402
-from det_npz import save_npz  # noqa: E402
+from vla_host import reference as ref
+from vla_host.det_npz import save_npz
 
 FORMAT = 1
 CONTEXT_COSINE = 0.9999

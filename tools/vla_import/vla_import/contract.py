@@ -5,7 +5,7 @@ import math
 
 from .errors import ImportRefused, expect
 
-import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
+from vla_host import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
 
 COMPONENT_IO = {
     "vision": (["pixel_values"], ["image_embeds"]),

@@ -96,7 +96,7 @@ def end_to_end(stage, comps: dict, man: dict, world: dict, seed: int) -> dict:
     seed used is in the result."""
     from .bundle import cpu_runners
 
-    import reference as ref  # noqa: E402  (scripts/ is on the path: see __main__)
+    from vla_host import reference as ref  # noqa: E402  (scripts/ is on the path: see __main__)
 
     runners = cpu_runners(comps, ["action_step"])
     f = man["fastwam"]

@@ -202,7 +202,7 @@ def text_encoder(root: Path, d: dict) -> tuple:
 def text_rows(instructions: list, enc: Path, tok: Path, text_tokens: int) -> tuple:
     """Upstream's `encode_prompt` per instruction (scripts/build_umt5_rows.py's Wan path):
     rows [n, text_tokens, E] f32, lengths [n] i32."""
-    import build_umt5_rows
+    from vla_host import build_umt5_rows
 
     rows, lengths = build_umt5_rows.wan_text_rows(instructions, enc, tok, text_tokens)
     return rows.astype(np.float32), lengths
@@ -260,7 +260,7 @@ def synthetic_observation(chain: dict, seed: int) -> dict:
 def end_to_end(stage, comps: dict, order: list, man: dict, obs: dict) -> tuple:
     """The release's ONNX graphs on ONNX Runtime's CPU through scripts/reference.py; with a
     binarized gripper also the smallest distance of the pre-binarize gripper from 0."""
-    import reference as ref
+    from vla_host import reference as ref
 
     from .bundle import cpu_runners
 

@@ -13,10 +13,10 @@ import numpy as np
 
 from .errors import ImportRefused, expect
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
-import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
-import reference as ref  # noqa: E402
+from vla_host import build_prompt_tables as bpt  # noqa: E402  (scripts/ is on the path: see __main__)
+from vla_host import reference as ref
 
 
 def vlad_binary() -> Path:

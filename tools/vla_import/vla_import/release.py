@@ -36,7 +36,7 @@ def vlad_command(explicit: str | None) -> str:
         return explicit
     # The newest build: a release binary left from an older checkout must not win over
     # the debug one `cargo test` just built (it may refuse fields the bundle now has).
-    target = Path(__file__).resolve().parents[2] / "target"
+    target = Path(__file__).resolve().parents[3] / "target"
     built = [b for b in (target / "release" / "vlad", target / "debug" / "vlad") if b.is_file()]
     if built:
         return str(max(built, key=lambda b: b.stat().st_mtime))

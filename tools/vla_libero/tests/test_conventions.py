@@ -8,12 +8,10 @@ without torch."""
 import hashlib
 import json
 import re
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
 
 from vla_libero import conventions, sim  # noqa: E402
 

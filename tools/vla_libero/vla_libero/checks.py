@@ -10,7 +10,6 @@ LeRobot's own env and processor steps (golden/libero/molmoact2-first-observation
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 from . import conventions as cv
 from .recording import Recording
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # vlad's state conversion in f32 against upstream's f64 (docs/bundle-format.md, step 2).
 STATE_TOLERANCE = 2e-6
 
@@ -35,8 +34,7 @@ class Check:
 
 
 def _reference():
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reference  # noqa: E402  (the project's numpy host glue)
+    from vla_host import reference  # noqa: E402  (the project's numpy host glue)
     return reference
 
 

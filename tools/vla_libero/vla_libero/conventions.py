@@ -188,8 +188,8 @@ def lerobot_state(obs: dict) -> np.ndarray:
                            np.asarray(obs["robot0_gripper_qpos"], np.float32)])
 
 
-FIXTURE = Path(__file__).resolve().parents[2] / "golden" / "bundles" / "fastwam-closed-loop"
-MOLMOACT2_FIXTURE = Path(__file__).resolve().parents[2] / "golden" / "bundles" / "molmoact2-upstream-sd"
+FIXTURE = Path(__file__).resolve().parents[3] / "golden" / "bundles" / "fastwam-closed-loop"
+MOLMOACT2_FIXTURE = Path(__file__).resolve().parents[3] / "golden" / "bundles" / "molmoact2-upstream-sd"
 
 
 def fixture_bundle(dst: Path) -> Path:
