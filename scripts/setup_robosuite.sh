@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates build/robosuite-venv for scripts/robosuite_quat_goldens.py: robosuite 1.4.0 (the
+# Creates build/robosuite-venv for tools/goldens/vla_goldens/robosuite_quat_goldens.py: robosuite 1.4.0 (the
 # version LIBERO pins) with its runtime dependencies, pinned, so that the goldens come from
 # `robosuite.utils.transform_utils.quat2axisangle` imported the ordinary way (the package's
 # __init__ imports MuJoCo and numba, hence the full install; termcolor is imported by its

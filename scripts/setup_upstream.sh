@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates build/upstream-venv: the pinned upstream MolmoAct2 code (PyPI wheel lerobot==0.6.1) and
-# only what its imported modules need, for scripts/upstream_molmoact2.py. Separate from the
+# only what its imported modules need, for tools/goldens/vla_goldens/upstream_molmoact2.py. Separate from the
 # project .venv and not used by CI (torch's PyPI wheel pulls ~4 GB of CUDA libraries that the
 # wheel needs just to import, even on CPU).
 #

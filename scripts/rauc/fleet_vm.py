@@ -121,7 +121,7 @@ def main() -> int:
         f"VLAD={vlad}", f"RAUC={RAUC.resolve()}", f"VLAD_CONFIG={config}",
         f"VLA_QNN_LIB_DIR={os.environ['VLA_QNN_LIB_DIR']}", "VLA_RAUC_WAIT=120",
         f"OTA_ROOT={ota_root}", f"RAUC_REPO={rauc_repo}", "RAUC_DATA=/run/vla-check/rauc-data",
-        "RAUC_MOUNT=/run/vla-check/mnt", f"FLEET_PYTHON={py}", f"PYTHONPATH={REPO / 'tools' / 'vla_fleet'}",
+        "RAUC_MOUNT=/run/vla-check/mnt", f"FLEET_PYTHON={py}",
         f"PORT={port}", f"TARGET={TARGET}", f"COMPATIBLE={check.COMPATIBLE}"]) + "\n")
 
     image, modules = vm.initramfs(KERNEL, work, out, check.RAUC_MODULES + ["virtio_net"])

@@ -54,7 +54,7 @@ vlad_x86="$target_dir/x86_64-unknown-linux-gnu/release/vlad"
 vlad_arm="$target_dir/aarch64-unknown-linux-gnu/release/vlad"
 qnn_dir="$(scripts/qnn_lib_dir.sh)"
 python="$repo_root/.venv/bin/python"
-"$python" -c 'import matplotlib' 2>/dev/null || scripts/setup_python.sh >/dev/null
+"$python" -c 'import matplotlib, vla_host, vla_goldens' 2>/dev/null || scripts/setup_python.sh >/dev/null
 
 # --- sshd on loopback ---------------------------------------------------------------------
 tmp="$(mktemp -d /tmp/vla-bringup-test.XXXXXX)"

@@ -1,10 +1,8 @@
-"""The LP-VTP-SD stand-in's sampler (scripts/fixture_graphs.py `grid_sample_matrix`): its
+"""The LP-VTP-SD stand-in's sampler (tools/goldens/vla_goldens/fixture_graphs.py `grid_sample_matrix`): its
 bilinear weights are what ONNX GridSample computes with align_corners=0 and zero padding,
 which is `torch.nn.functional.grid_sample(align_corners=False, mode="bilinear",
 padding_mode="zeros")`, the upstream grid token sampler's call (the ONNX op mirrors torch's;
 the LP-VTP-SD card reports ORT's GridSample against PyTorch at cosine 0.99999999)."""
-
-from pathlib import Path
 
 import numpy as np
 import onnx

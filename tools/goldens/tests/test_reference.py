@@ -173,7 +173,7 @@ def _from_upstream(name: str) -> bool:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in BUNDLES.iterdir() if _from_upstream(p.name)))
 def test_upstream_bundle_goldens_are_upstreams(name):
-    """A bundle made from upstream's model (scripts/make_upstream_fastwam_golden.py): its
+    """A bundle made from upstream's model (tools/goldens/vla_goldens/make_upstream_fastwam_golden.py): its
     goldens are upstream's own tensors, its binaries the release's, and the release's fp32
     graphs through the reference reproduce upstream's actions on every observation."""
     bundle = BUNDLES / name

@@ -32,6 +32,13 @@ class Venv:
     setup: tuple
     setup_env: tuple = ()
 
+    @property
+    def python(self) -> str:
+        """The venv's python through the venv's real directory (a checkout's .venv may be a
+        link to a shared one): the interpreter path is part of the compiling child's heap
+        layout (vla_host.qnn_ctx), so every checkout sharing a venv compiles the same bytes."""
+        return str((REPO / self.path).resolve() / "bin" / "python")
+
 
 PROJECT = Venv(".venv", ("scripts/setup_python.sh",))
 ROBOSUITE = Venv("build/robosuite-venv", ("scripts/setup_robosuite.sh",))
@@ -165,7 +172,7 @@ def versions(venv: Venv) -> str:
             "for p in sys.argv[1:]:\n"
             "    try: print(p, m.version(p))\n"
             "    except m.PackageNotFoundError: print(p, 'absent')")
-    run = subprocess.run([str(REPO / venv.path / "bin" / "python"), "-c", code, *PACKAGES[venv]],
+    run = subprocess.run([venv.python, "-c", code, *PACKAGES[venv]],
                          capture_output=True, text=True, check=True)
     return ", ".join(line for line in run.stdout.split("\n") if line)
 
@@ -190,7 +197,7 @@ def make(s: GoldenSet, opts: dict) -> int:
     for step in s.steps:
         args = [opts[a[1:-1]] if a.startswith("{") else a for a in step.args]
         if step.module:
-            cmd = [str(REPO / step.venv.path / "bin" / "python"), "-m", f"vla_goldens.{step.module}", *args]
+            cmd = [step.venv.python, "-m", f"vla_goldens.{step.module}", *args]
         else:
             cmd = [*step.command, *args]
         print("goldens: " + " ".join(str(c) for c in cmd), flush=True)

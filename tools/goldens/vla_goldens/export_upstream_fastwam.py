@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds a tiny Fast-WAM from the real upstream model code, exports its world-model chain at the
 bundle contract's boundaries and captures upstream's own LIBERO inference as goldens (phase 1 of
-2: the torch side; phase 2 is scripts/make_upstream_fastwam_golden.py).
+2: the torch side; phase 2 is tools/goldens/vla_goldens/make_upstream_fastwam_golden.py).
 
 Upstream = github yuantianyuan01/FastWAM at the commit of the checkout passed with
 --fastwam-src (recorded; never copied here). No model code is re-implemented: the model is
@@ -42,10 +42,10 @@ What the wrappers rewrite, each checked in torch against the unmodified module o
     Conv2d, `RMS_norm` as x / max(||x||, 1e-12) over channels, the attention block in 4-D.
 
     TORCH_VENV=build/upstream-venv scripts/setup_upstream_fastwam.sh
-    build/fastwam-venv/bin/python scripts/export_upstream_fastwam.py --fastwam-src DIR
-    .venv/bin/python scripts/make_upstream_fastwam_golden.py      # phase 2, project venv
+    build/fastwam-venv/bin/python -m vla_goldens.export_upstream_fastwam --fastwam-src DIR
+    .venv/bin/python -m vla_goldens.make_upstream_fastwam_golden      # phase 2, project venv
 
-Deterministic: fixed seeds, one torch thread, stored npz (scripts/det_npz.py).
+Deterministic: fixed seeds, one torch thread, stored npz (tools/vla_host/vla_host/det_npz.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Builds a tiny MolmoAct2 from the real upstream model code, exports it like the releases and
 captures upstream's own inference as goldens (phase 1 of 2: the torch side; phase 2 is
-scripts/make_upstream_golden.py).
+tools/goldens/vla_goldens/make_upstream_golden.py).
 
 Upstream = the pinned PyPI wheel lerobot==0.6.1, its vendored Hugging Face remote code
 `molmoact2_hf_model/` (`MolmoAct2ForConditionalGeneration`, `MolmoAct2Processor`,
@@ -24,13 +24,13 @@ Writes under --out (default build/upstream-molmoact2):
 Each ONNX wrapper calls the upstream submodules; what it rewrites (fixed-shape index instead of
 the boolean filter, RoPE cos/sin as constants, the velocity mask as a multiply) is checked in
 torch against the unmodified upstream forward and the bound stated in export_report.json.
-Phase 2 (`scripts/make_upstream_golden.py`, project venv) compiles the graphs to v73 / soc 77
+Phase 2 (`tools/goldens/vla_goldens/make_upstream_golden.py`, project venv) compiles the graphs to v73 / soc 77
 contexts and imports the releases into bundles.
 
     scripts/setup_upstream.sh
-    build/upstream-venv/bin/python scripts/export_upstream_molmoact2.py --keystone-src DIR
+    build/upstream-venv/bin/python -m vla_goldens.export_upstream_molmoact2 --keystone-src DIR
 
-Deterministic: fixed seeds, one torch thread, stored npz (scripts/det_npz.py).
+Deterministic: fixed seeds, one torch thread, stored npz (tools/vla_host/vla_host/det_npz.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ task's name, its language as LIBERO's own `grab_language_from_filename` gives it
 that checkout's benchmark/__init__.py, not from the project's code), and the SHA-256 of its
 bddl file and init-states file. tools/vla_libero's tests hold the installed stack to it.
 
-Usage: python scripts/libero_task_golden.py LIBERO_CHECKOUT COMMIT > golden/libero/tasks.json"""
+Usage: python -m vla_goldens.libero_task_golden LIBERO_CHECKOUT COMMIT > golden/libero/tasks.json"""
 
 import ast
 import hashlib

@@ -2,13 +2,13 @@
 """The stand-in for the LP-VTP-SD release's vision parity miss: two vision context binaries
 that replace the one in golden/bundles/molmoact2-lp-vtp-sd (same weights, same golden).
 
-    .venv/bin/python scripts/make_gate_standin.py
+    .venv/bin/python -m vla_goldens.make_gate_standin
 
 The release's card reports its vision context at cosine 0.99843835 against the PyTorch golden
 and blames the grid sampler: `F.grid_sample(align_corners=False, bilinear)` against QNN's
 GridSample. The tiny fixture's vision golden already samples as torch does
 (`fixture_graphs.grid_sample_matrix`, checked against ONNX GridSample in
-scripts/tests/test_gate_standin.py). Here the context is built with the same weights but a
+tools/goldens/tests/test_gate_standin.py). Here the context is built with the same weights but a
 coarser interpolation, its pixel coordinates rounded to 1/16 of a patch before the bilinear
 weights (the kind of fixed-point coordinate an accelerator's sampler uses), which lands near
 the card's figure:

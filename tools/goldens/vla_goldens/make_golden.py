@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates golden/: tiny fixture bundles for every MolmoAct2 variant and Fast-WAM.
 
-    scripts/setup_python.sh && .venv/bin/python scripts/make_golden.py
+    scripts/setup_python.sh && .venv/bin/python -m vla_goldens.make_golden
 
 Deterministic: weights and inputs come from seeded numpy Generators, npz files are written
 with fixed zip metadata, and context binaries are compiled one per fresh ASLR-off child with
@@ -321,7 +321,7 @@ def keystone_margins_ok(candidates: np.ndarray, keystone: dict) -> bool:
         return True
     if spread <= keystone["spread_threshold"]:
         return False
-    assign = ref.two_means(pts)
+    assign = ref.k_means(pts, 2)
     sizes = np.bincount(assign, minlength=2)
     if sizes[0] == sizes[1]:
         return False
@@ -663,7 +663,9 @@ def main():
         if not ok:
             sys.exit("make_golden: a parity gate failed")
         return
-    for owned in (golden / "bundles", golden / "tokenizer", golden / "contexts", BUILD):
+    # Only this set's bundles: golden/bundles also holds the upstream sets' (goldens list).
+    own = [golden / "bundles" / n for n in (*MOLMO_VARIANTS, "fastwam", "fastwam-closed-loop")]
+    for owned in (*own, golden / "tokenizer", golden / "contexts", BUILD):
         shutil.rmtree(owned, ignore_errors=True)
     (golden / "tokenizer").mkdir(parents=True)
     tok, wte = fixture_tokenizer(MOLMO_BASE)

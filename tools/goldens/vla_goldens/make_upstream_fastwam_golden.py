@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
 """Phase 2 of the tiny upstream Fast-WAM, in the project venv: compiles the release
-that scripts/export_upstream_fastwam.py wrote to v73 / soc 77 contexts, checks each context on
+that tools/goldens/vla_goldens/export_upstream_fastwam.py wrote to v73 / soc 77 contexts, checks each context on
 the HTP emulator against upstream's fp32 golden, commits release, checkpoint and upstream
 goldens to golden/upstream-fastwam/tiny/ and writes the bundle golden/bundles/fastwam-upstream.
 
-    build/fastwam-venv/bin/python scripts/export_upstream_fastwam.py --fastwam-src DIR
-    .venv/bin/python scripts/make_upstream_fastwam_golden.py
+    build/fastwam-venv/bin/python -m vla_goldens.export_upstream_fastwam --fastwam-src DIR
+    .venv/bin/python -m vla_goldens.make_upstream_fastwam_golden
 
-The bundle is written here with the importer's own manifest (tools/vla_import/fastwam_chain.py),
+The bundle is written here with the importer's own manifest (tools/vla_import/vla_import/fastwam_chain.py),
 not by running scripts/vla-import, so that its tables and end-to-end golden are upstream's own:
 tables.npz (upstream's encode_prompt rows and the checkpoint's proprio Linear) and upstream's
 run on observation 0. Every field comes from the export (trace.json, export_report.json's
 statistics, the graphs' shapes). scripts/vla-import on the committed release and checkpoint
 gives the same bundle but for its text rows (numpy, within 5e-7), its end-to-end golden (the
 fp32 graphs on ONNX Runtime, within 5e-6) and the graph names it reads from the binaries
-(scripts/tests/test_vla_import.py). Before writing anything it checks that the contract is
+(tools/vla_import/tests/test_vla_import.py). Before writing anything it checks that the contract is
 upstream's in fp32: the release's ONNX graphs through the project's numpy host glue
-(scripts/reference.py) give upstream's own `_predict_action_chunk` actions on every
+(tools/vla_host/vla_host/reference.py) give upstream's own `_predict_action_chunk` actions on every
 observation (cosine >= 0.99999).
 """
 
@@ -151,9 +151,9 @@ def main():
                                                                            "proprio_weight", "proprio_bias")})
     for c in COMPONENTS:
         shutil.copyfile(src / "release" / "golden" / f"{c}_io.npz", BUNDLE / "golden" / f"{c}_io.npz")
-    # Where the bundle came from (not read by vlad; scripts/tests/test_reference.py checks it).
+    # Where the bundle came from (not read by vlad; tools/goldens/tests/test_reference.py checks it).
     (BUNDLE / "upstream.json").write_text(json.dumps({
-        "made_by": "scripts/make_upstream_fastwam_golden.py", "release": str((OUT / "release").relative_to(REPO)),
+        "made_by": "tools/goldens/vla_goldens/make_upstream_fastwam_golden.py", "release": str((OUT / "release").relative_to(REPO)),
         "upstream": str((OUT / "upstream.npz").relative_to(REPO)), "end_to_end_observation": 0,
         "upstream_commit": report["commit"]}, indent=2) + "\n")
     # End-to-end golden: upstream's run on observation 0 (its stages are upstream's tensors).

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Phase 2 of the tiny upstream MolmoAct2, in the project venv: compiles the
-releases that scripts/export_upstream_molmoact2.py wrote to v73 / soc 77 contexts, checks each
+releases that tools/goldens/vla_goldens/export_upstream_molmoact2.py wrote to v73 / soc 77 contexts, checks each
 context on the HTP emulator against upstream's fp32 golden, commits releases, checkpoint and
 upstream goldens to golden/upstream-molmoact2/, and imports each variant into a bundle with the
 release importer (scripts/vla-import), exactly as a user would.
 
-    build/upstream-venv/bin/python scripts/export_upstream_molmoact2.py --keystone-src DIR
-    .venv/bin/python scripts/make_upstream_golden.py            # needs target/release/vlad
+    build/upstream-venv/bin/python -m vla_goldens.export_upstream_molmoact2 --keystone-src DIR
+    .venv/bin/python -m vla_goldens.make_upstream_golden            # needs target/release/vlad
 
 Before writing anything it also checks that the contract is upstream's in fp32: the release's
-ONNX graphs through the project's numpy host glue (scripts/reference.py) give upstream's own
+ONNX graphs through the project's numpy host glue (tools/vla_host/vla_host/reference.py) give upstream's own
 predict_action actions on every upstream observation (cosine >= 0.99999).
 """
 

@@ -2,13 +2,13 @@
 """Pillow's own `Image.resize((w, h), Image.BILINEAR)` on seeded RGB8 frames, the goldens
 for the Rust resize (tests/upstream_fastwam.rs): golden/upstream-fastwam/pillow_resize_<version>.npz.
 
-Pillow 12.0.0 (upstream Fast-WAM's pin; scripts/upstream_fastwam.py writes that file in its
+Pillow 12.0.0 (upstream Fast-WAM's pin; tools/goldens/vla_goldens/upstream_fastwam.py writes that file in its
 venv) always runs the horizontal pass first; Pillow 13.0.0 (this project's pin, .venv) runs
 the vertical pass first when the height shrinks by more than twice as many pixels as the
 width does. The cases cover both: LIBERO's 256x256 -> 224x224, mixed shrink/grow, upscale,
 and three shrinks that Pillow 13 runs vertical first.
 
-    .venv/bin/python scripts/pillow_goldens.py
+    .venv/bin/python -m vla_goldens.pillow_goldens
 """
 
 from pathlib import Path

@@ -15,7 +15,7 @@ place. Stored: `quat` [N,4] f32 (x, y, z, w), `axisangle_f64` [N,3] (robosuite's
 names in the .json.
 
     scripts/setup_robosuite.sh
-    build/robosuite-venv/bin/python scripts/robosuite_quat_goldens.py
+    build/robosuite-venv/bin/python -m vla_goldens.robosuite_quat_goldens
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main():
         "robosuite": robosuite.__version__,
         "numpy": np.__version__,
         "python": sys.version.split()[0],
-        "script": "scripts/robosuite_quat_goldens.py",
+        "script": "tools/goldens/vla_goldens/robosuite_quat_goldens.py",
         "cases": names,
     }
     (OUT / "quat2axisangle.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Runs the public Fast-WAM code itself on synthetic inputs and writes small goldens to
-golden/upstream-fastwam/ for the Rust host glue and scripts/reference.py.
+golden/upstream-fastwam/ for the Rust host glue and tools/vla_host/vla_host/reference.py.
 
 Upstream = github yuantianyuan01/FastWAM at the commit of the checkout passed with
 `--fastwam-src DIR` (recorded in manifest.json; never copied into this repo). Every golden
@@ -17,7 +17,7 @@ array is the output of an upstream function; nothing here re-implements its math
 - `SingleFieldLinearNormalizer` through `_normalize_proprio` / `_denormalize_action` for
   every mode the LIBERO config can select (`min/max`, `q01/q99`, `z-score`).
 - `_center_crop_resize` on non-square frames, and Pillow's `Image.resize(BILINEAR)` (what it
-  calls; upstream pins pillow==12.0.0, checked here) on scripts/pillow_goldens.py's cases.
+  calls; upstream pins pillow==12.0.0, checked here) on tools/goldens/vla_goldens/pillow_goldens.py's cases.
 
 Imports the called functions do not use are stubbed, and only those: `libero` (robosuite /
 MuJoCo; used by `get_libero_env` and `benchmark`) and
@@ -25,9 +25,9 @@ MuJoCo; used by `get_libero_env` and `benchmark`) and
 just its `DEFAULT_PROMPT`, which the stub reads from that file's source with `ast`).
 
     TORCH_VENV=<venv with torch 2.11.0> scripts/setup_upstream_fastwam.sh
-    build/fastwam-venv/bin/python scripts/upstream_fastwam.py --fastwam-src DIR
+    build/fastwam-venv/bin/python -m vla_goldens.upstream_fastwam --fastwam-src DIR
 
-Deterministic: seeded inputs, one torch thread, npz written by scripts/det_npz.py.
+Deterministic: seeded inputs, one torch thread, npz written by tools/vla_host/vla_host/det_npz.py.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ x executed_steps (all, 4) x thresholds (0.1, 0.3, 1.0) x cluster counts (2, 3), 
 `aggregate_actions` with a `SelfConsistencyConfig`, as the policy calls it, on float32 candidates
 as the policy hands them. Also upstream's own f32 distance matrices (`_pairwise_distances`).
 
-    build/upstream-venv/bin/python scripts/upstream_keystone.py --keystone-src DIR
+    build/upstream-venv/bin/python -m vla_goldens.upstream_keystone --keystone-src DIR
 
 Writes golden/upstream/keystone_edges.npz. Deterministic (seeded, one torch thread, det_npz).
 """

@@ -4,7 +4,7 @@ matrix-product form there (pairwise and k-means), which is not 0 on the diagonal
 golden/upstream/keystone_mm.npz from upstream's own `selection.py` (dywsjtu/keystone 29a15a6,
 --keystone-src) in the venv of scripts/setup_upstream.sh:
 
-    build/upstream-venv/bin/python scripts/upstream_keystone_mm.py --keystone-src DIR
+    build/upstream-venv/bin/python -m vla_goldens.upstream_keystone_mm --keystone-src DIR
 
 Arrays: `candidates` f32 [S, 48, 10, 8] (7 real dims, dim 7 noise; zero past `k`), `k` [S],
 `dist_l2` f32 [S, 48, 48] (`_pairwise_distances(..., "l2", 7)`), `chosen_{medoid,guarded,cluster}`

@@ -25,9 +25,9 @@ processor/pipeline.py, `class DataProcessorPipeline[TInput, TOutput](HubMixin):`
 3.11 cannot compile), is loaded as `class DataProcessorPipeline(HubMixin, Generic[TInput,
 TOutput]):` (its TypeVars are the module's own); nothing else is changed.
 
-    build/upstream-venv/bin/python scripts/upstream_lerobot_norm.py [--out golden/upstream/lerobot_norm]
+    build/upstream-venv/bin/python -m vla_goldens.upstream_lerobot_norm [--out golden/upstream/lerobot_norm]
 
-Deterministic: fixed inputs, one torch thread, npz written by scripts/det_npz.py.
+Deterministic: fixed inputs, one torch thread, npz written by tools/vla_host/vla_host/det_npz.py.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ order (lerobot 0.6.1, the pinned wheel of scripts/setup_upstream.sh):
 
 The lerobot package itself cannot be imported in this venv (lerobot/utils/__init__.py needs
 draccus, gymnasium is absent); the files are loaded from the wheel unchanged with the lerobot
-names they import at module level stood in (scripts/upstream_molmoact2.py's loaders).
+names they import at module level stood in (tools/goldens/vla_goldens/upstream_molmoact2.py's loaders).
 
-    MUJOCO_GL=egl PYTHONPATH=tools build/libero-molmoact2-venv/bin/python -m vla_libero demo \
+    MUJOCO_GL=egl build/libero-molmoact2-venv/bin/vla-libero demo \
         --policy molmoact2 --out /tmp/mm-demo
-    build/upstream-venv/bin/python scripts/upstream_libero_molmoact2.py --episode /tmp/mm-demo/episode
+    build/upstream-venv/bin/python -m vla_goldens.upstream_libero_molmoact2 --episode /tmp/mm-demo/episode
 """
 
 from __future__ import annotations

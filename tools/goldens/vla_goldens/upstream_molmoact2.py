@@ -11,9 +11,9 @@ made here from seeded generators. Where this script derives something from an up
 Run it in the separate venv made by scripts/setup_upstream.sh (CPython 3.11, torch CPU use):
 
     scripts/setup_upstream.sh
-    build/upstream-venv/bin/python scripts/upstream_molmoact2.py --keystone-src DIR
+    build/upstream-venv/bin/python -m vla_goldens.upstream_molmoact2 --keystone-src DIR
 
-Deterministic: fixed seeds, single-threaded torch, npz written by scripts/det_npz.py.
+Deterministic: fixed seeds, single-threaded torch, npz written by tools/vla_host/vla_host/det_npz.py.
 """
 
 from __future__ import annotations

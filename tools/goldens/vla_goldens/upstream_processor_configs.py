@@ -25,12 +25,12 @@ allows.
    a checkout of huggingface/lerobot, loaded in the same venv the same way).
 
 Upstream is the pinned lerobot==0.6.1 wheel in the venv of scripts/setup_upstream.sh, loaded as
-scripts/upstream_lerobot_norm.py loads it (files unchanged but one PEP 695 class header);
+tools/goldens/vla_goldens/upstream_lerobot_norm.py loads it (files unchanged but one PEP 695 class header);
 `_hf_token`, which processor_molmoact2 imports from the policy's modeling module (not loaded), is
 given as `lambda: None` (offline, no Hub token).
 
-    build/upstream-venv/bin/python scripts/upstream_processor_configs.py [--out golden/upstream/processors]
-    build/upstream-venv/bin/python scripts/upstream_processor_configs.py \
+    build/upstream-venv/bin/python -m vla_goldens.upstream_processor_configs [--out golden/upstream/processors]
+    build/upstream-venv/bin/python -m vla_goldens.upstream_processor_configs \
         --lerobot-src <lerobot at 7427f31>/src/lerobot --label lerobot-main-c13d79e
 
 Deterministic: fixed inputs and seeds.

@@ -14,7 +14,7 @@ positions are found here with the bilinear taps in f64 (a selection only: a miss
 hash mismatch in the test, never as a pass). Frames: stored, except LIBERO's 256x256 pair, which is
 images.npz's `frames_256x256`. Deterministic: seeded frames, det_npz.
 
-    build/upstream-venv/bin/python scripts/upstream_resize.py
+    build/upstream-venv/bin/python -m vla_goldens.upstream_resize
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 imported with (golden/upstream-molmoact2/upstream/text_actions.npz), for `vlad run-once
 --instruction-text`.
 
-The model is the tiny upstream MolmoAct2 of scripts/export_upstream_molmoact2.py, rebuilt the
+The model is the tiny upstream MolmoAct2 of tools/goldens/vla_goldens/export_upstream_molmoact2.py, rebuilt the
 same way (its `tiny_config`, seed and `randomize`; f32, as the release was exported from), and
 checked first: on the bundle's observation 0 with its imported instruction it must give the
 committed `original.npz` actions (max abs <= 1e-6; 2.4e-7 seen). Then each new text runs on the same observation with
@@ -11,7 +11,7 @@ vlad's noise for its seed. Texts are kept only if upstream's processor renders t
 exported length (the contexts bake RoPE positions for it); one longer text is recorded with
 its length, for the refusal.
 
-    build/upstream-venv/bin/python scripts/upstream_text_actions.py
+    build/upstream-venv/bin/python -m vla_goldens.upstream_text_actions
 """
 
 from __future__ import annotations

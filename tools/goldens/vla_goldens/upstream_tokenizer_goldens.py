@@ -6,15 +6,15 @@ the class lerobot's `_load_local_molmoact2_processor` loads) in the venv made by
 scripts/setup_upstream.sh. The tokenizer's data is synthetic but shaped like Molmo2's: the 256
 byte symbols, merges learned by `tokenizers`' own BPE trainer on a fixed corpus (so words,
 digits, code and multi-byte scripts merge), then MolmoAct2's special tokens with their real
-names and roles (as scripts/upstream_molmoact2.py makes them). Every id in `cases.json` is
+names and roles (as tools/goldens/vla_goldens/upstream_molmoact2.py makes them). Every id in `cases.json` is
 upstream's output: `tokenizer(text)["input_ids"]`, as the processor calls it; `normalized` is
-lerobot's `_normalize_question_text(text)` (loaded as scripts/upstream_molmoact2.py loads it).
+lerobot's `_normalize_question_text(text)` (loaded as tools/goldens/vla_goldens/upstream_molmoact2.py loads it).
 
 The script also checks the rule vla-text follows: transformers 5 builds Qwen2Tokenizer's
 normalizer, split and byte-level steps itself, whatever tokenizer.json says. A copy of the file
 with a lowercasing normalizer and a whitespace pre-tokenizer must give the same ids.
 
-    build/upstream-venv/bin/python scripts/upstream_tokenizer_goldens.py
+    build/upstream-venv/bin/python -m vla_goldens.upstream_tokenizer_goldens
 
 Deterministic: seeded generator, sorted JSON.
 """
@@ -35,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "golden" / "tokenizer-qwen2"
 
-# MolmoAct2's special tokens (names and roles as in scripts/upstream_molmoact2.py).
+# MolmoAct2's special tokens (names and roles as in tools/goldens/vla_goldens/upstream_molmoact2.py).
 SPECIAL_HEAD = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 IMAGE_SPECIALS = ["<im_patch>", "<im_col>", "<im_start>", "<low_res_im_start>", "<frame_start>", "<im_end>",
                   "<frame_end>", "<im_low>", "<|image|>", "<|video|>"]

@@ -1,4 +1,4 @@
-"""The export scripts' contract check (scripts/export_contract.py): a component whose I/O
+"""The export scripts' contract check (tools/vla_host/vla_host/export_contract.py): a component whose I/O
 does not match the contract is refused with the component, tensor, expected and found."""
 
 import numpy as np

@@ -58,7 +58,7 @@ def test_text_rows_are_zeroed_past_the_text_and_padded():
 
 def test_quat2axisangle_equals_robosuites_own_outputs():
     """golden/robosuite/ is robosuite 1.4.0's quat2axisangle itself
-    (scripts/robosuite_quat_goldens.py); the reference's must give the same f32 bits."""
+    (tools/goldens/vla_goldens/robosuite_quat_goldens.py); the reference's must give the same f32 bits."""
     import json
     from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""scripts/reference.py's Fast-WAM host glue against golden/upstream-fastwam/, the outputs of
-the public Fast-WAM code itself (scripts/upstream_fastwam.py): bit for bit, everything
+"""tools/vla_host/vla_host/reference.py's Fast-WAM host glue against golden/upstream-fastwam/, the outputs of
+the public Fast-WAM code itself (tools/goldens/vla_goldens/upstream_fastwam.py): bit for bit, everything
 (uint8 images, the f32 scaling, normalizer, gripper post-processing)."""
 
 from pathlib import Path

@@ -1,6 +1,6 @@
-"""The reference pipeline's KeyStone (scripts/reference.py, f32 as KeyStone's selection.py) on
+"""The reference pipeline's KeyStone (tools/vla_host/vla_host/reference.py, f32 as KeyStone's selection.py) on
 upstream's own picks and distance matrices for the edge sets of golden/upstream/keystone_edges.npz
-(scripts/upstream_keystone.py). The same exceptions as vlad's test (tests/upstream.rs): the guard at
+(tools/goldens/vla_goldens/upstream_keystone.py). The same exceptions as vlad's test (tests/upstream.rs): the guard at
 its threshold in set 7 (torch's vectorized mean), and cosine near-ties (torch's norm and BLAS bmm)."""
 
 from pathlib import Path

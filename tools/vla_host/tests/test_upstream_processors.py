@@ -1,5 +1,5 @@
 """build_prompt_tables.py against upstream's processor as a checkpoint configures it
-(golden/upstream/processors/, made by scripts/upstream_processor_configs.py): saved
+(golden/upstream/processors/, made by tools/goldens/vla_goldens/upstream_processor_configs.py): saved
 processor_config.json files loaded back by lerobot's own loader, and instructions holding
 special-token text. Exact: token ids, image block, state rows, encoder masks."""
 
@@ -162,7 +162,7 @@ def test_the_tokenizer_is_loaded_as_qwen2tokenizer_loads_it(tmp_path, wte, name)
 
 
 PACKS = {v: json.loads((PROC / f"pack_{v}.json").read_text()) for v in bpt.UPSTREAMS}
-PACK_STATE = [0.1, -0.5, 1.0, -1.0, 0.0, 0.25, 0.9, -0.2]  # scripts/upstream_processor_configs.py
+PACK_STATE = [0.1, -0.5, 1.0, -1.0, 0.0, 0.25, 0.9, -0.2]  # tools/goldens/vla_goldens/upstream_processor_configs.py
 
 
 @pytest.mark.parametrize("version", sorted(PACKS))

@@ -1,5 +1,5 @@
 """build_prompt_tables.py against the upstream processor's own output (golden/upstream/,
-made by scripts/upstream_molmoact2.py running LeRobot's MolmoAct2 code): token ids, the
+made by tools/goldens/vla_goldens/upstream_molmoact2.py running LeRobot's MolmoAct2 code): token ids, the
 image block (token_type_ids), patch positions, padding and the encoder mask, exact."""
 
 import json

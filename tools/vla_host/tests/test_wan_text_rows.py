@@ -1,7 +1,7 @@
-"""Fast-WAM's text rows (scripts/build_umt5_rows.py, the Wan path) against upstream's own
+"""Fast-WAM's text rows (tools/vla_host/vla_host/build_umt5_rows.py, the Wan path) against upstream's own
 `HuggingfaceTokenizer(clean="whitespace")` and `FastWAM.encode_prompt` on the tiny random Wan
 text encoder of golden/upstream-fastwam/tiny (text_encoder.{json,npz}, made by
-scripts/export_upstream_fastwam.py): instructions with HTML entities, odd whitespace, unicode
+tools/goldens/vla_goldens/export_upstream_fastwam.py): instructions with HTML entities, odd whitespace, unicode
 and more than 128 tokens; and the fastwam-upstream bundle's rows."""
 
 import json

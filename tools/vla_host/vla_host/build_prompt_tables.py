@@ -3,7 +3,7 @@
 
 The importer renders instructions with `vlad prompt` (vla-text, the renderer the device uses for
 run-time text) and passes them in (`build_tables(rendered=...)`); the Python rendering below is
-kept as the oracle that Rust renderer is tested against (scripts/tests/test_vlad_prompt.py), and
+kept as the oracle that Rust renderer is tested against (tools/vla_import/tests/test_vlad_prompt.py), and
 for the stand-in fixtures' word-level tokenizers.
 
 Each instruction is rendered exactly as the upstream processor does it (LeRobot's
@@ -34,7 +34,7 @@ template's state clause (not every `<state_0>`), an `<action_start>` span is mas
 action expert as upstream masks it, and an instruction whose `<im_patch>` text would leave
 upstream with more patch rows than image features is refused, as upstream refuses it.
 
-    .venv/bin/python scripts/build_prompt_tables.py --tokenizer CKPT/tokenizer.json \
+    .venv/bin/python -m vla_host.build_prompt_tables --tokenizer CKPT/tokenizer.json \
         --processor-config CKPT/processor_config.json --wte wte.npy \
         --instructions instructions.json --state-dims 8 \
         --seq-len 488 --rope-left-pad 0 --action-mode both --out prompt/prompt_tables.npz

@@ -7,7 +7,7 @@ Fast-WAM's context is `[1, text_tokens + 1, E]`: Wan's UMT5 encoding (`WanTextEn
 proprio row the device adds. The text part is constant per instruction, so it is computed here
 offline, like MolmoAct2's prompt scaffolds, and the device only indexes a table.
 
-    .venv/bin/python scripts/build_umt5_rows.py \
+    .venv/bin/python -m vla_host.build_umt5_rows \
         --encoder models_t5_umt5-xxl-enc-bf16.safetensors --tokenizer google/umt5-xxl \
         --tasks tasks.json --text-tokens 128 --out inputs/context_tables.npz
 
@@ -16,8 +16,8 @@ with `clean="whitespace"` (HTML entities unescaped twice, whitespace runs collap
 `text_tokens` keeping `</s>`, the encoder in f32 on the bf16 weights (the safetensors form
 upstream's loader downloads by default; Wan's state-dict names). Checked against upstream's
 own tokenizer and `encode_prompt` on the tiny random encoder of golden/upstream-fastwam/tiny
-(scripts/tests/test_wan_text_rows.py). The fixture bundles use `fixture_encoder` +
-`byte_tokenize` through `build_text_rows`, tested in scripts/tests/test_fastwam_host.py.
+(tools/vla_host/tests/test_wan_text_rows.py). The fixture bundles use `fixture_encoder` +
+`byte_tokenize` through `build_text_rows`, tested in tools/vla_host/tests/test_fastwam_host.py.
 """
 
 import argparse

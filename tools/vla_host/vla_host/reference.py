@@ -6,7 +6,7 @@ checks, as any callable taking and returning {tensor name: ndarray}); everything
 follows docs/bundle-format.md "Host glue" step by step. make_golden.py uses this to write
 golden/end_to_end.npz; run directly it recomputes a bundle's end-to-end golden:
 
-    .venv/bin/python scripts/reference.py golden/bundles/molmoact2-original \
+    .venv/bin/python -m vla_host.reference golden/bundles/molmoact2-original \
         --onnx-dir /tmp/vla-golden-build/molmoact2-original/onnx
 """
 

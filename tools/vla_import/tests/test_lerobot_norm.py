@@ -1,5 +1,5 @@
 """The two normalizers a MolmoAct2 checkpoint is run with (golden/upstream/lerobot_norm/, made by
-scripts/upstream_lerobot_norm.py from lerobot 0.6.1's own pipeline steps and the HF
+tools/goldens/vla_goldens/upstream_lerobot_norm.py from lerobot 0.6.1's own pipeline steps and the HF
 `_FeatureNormalizer`): the importer reads the processor files LeRobot itself saved into the bundle
 blocks, and the reference pipeline computes both conventions bit for bit. numpy only."""
 

@@ -7,10 +7,10 @@ goldens, `onnx/`) and `golden/trace.json` (`camera`, `frame`, `rotate_180`, the 
 (`mot`, `proprio_encoder`: read without torch, `torch_zip`), `*_dataset_stats.json`, and Wan's
 text encoder (`models_t5_umt5-xxl-enc-bf16.safetensors`, the tokenizer directory
 `google/umt5-xxl/`), from which the per-instruction text rows are computed
-(scripts/build_umt5_rows.py, upstream's tokenizer and `encode_prompt`). The tables are proved
+(tools/vla_host/vla_host/build_umt5_rows.py, upstream's tokenizer and `encode_prompt`). The tables are proved
 against the release: the traced instruction's rows must reproduce wm_embed's golden `context`,
 and that context's proprio row must be the checkpoint's Linear of a state in the normalizer's
-range. `manifest` is also what scripts/make_upstream_fastwam_golden.py writes its bundle with.
+range. `manifest` is also what tools/goldens/vla_goldens/make_upstream_fastwam_golden.py writes its bundle with.
 """
 
 import json
@@ -200,7 +200,7 @@ def text_encoder(root: Path, d: dict) -> tuple:
 
 
 def text_rows(instructions: list, enc: Path, tok: Path, text_tokens: int) -> tuple:
-    """Upstream's `encode_prompt` per instruction (scripts/build_umt5_rows.py's Wan path):
+    """Upstream's `encode_prompt` per instruction (tools/vla_host/vla_host/build_umt5_rows.py's Wan path):
     rows [n, text_tokens, E] f32, lengths [n] i32."""
     from vla_host import build_umt5_rows
 
@@ -258,7 +258,7 @@ def synthetic_observation(chain: dict, seed: int) -> dict:
 
 
 def end_to_end(stage, comps: dict, order: list, man: dict, obs: dict) -> tuple:
-    """The release's ONNX graphs on ONNX Runtime's CPU through scripts/reference.py; with a
+    """The release's ONNX graphs on ONNX Runtime's CPU through tools/vla_host/vla_host/reference.py; with a
     binarized gripper also the smallest distance of the pre-binarize gripper from 0."""
     from vla_host import reference as ref
 

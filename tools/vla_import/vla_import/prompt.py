@@ -1,5 +1,5 @@
 """The prompt tables (rendered by `vlad prompt`, the device's own renderer, and embedded by
-scripts/build_prompt_tables.py), and the proof that they are the release's own: the traced prompt recovered from the llm_split0 golden must be
+tools/vla_host/vla_host/build_prompt_tables.py), and the proof that they are the release's own: the traced prompt recovered from the llm_split0 golden must be
 what the builder renders for one of the instructions, with the same attention bias and the
 same encoder mask."""
 

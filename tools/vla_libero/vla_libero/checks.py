@@ -2,7 +2,7 @@
 the policy's upstream LIBERO eval feeds for the same simulator state (the robot's log:
 Fast-WAM's eval code, LeRobot's env for MolmoAct2), and the lockstep protocol (rows, order,
 no-op steps, gripper values). Each check is a line `PASS|FAIL name: detail`. On every
-inference, vlad's Fast-WAM image glue is stood for by scripts/reference.py, the numpy
+inference, vlad's Fast-WAM image glue is stood for by tools/vla_host/vla_host/reference.py, the numpy
 pipeline its parity tests hold it to (docs/bundle-format.md); on the first one, `vlad_glue`
 reruns vlad's own code (`run-once --stages`) and holds its inputs to upstream's: Fast-WAM's
 image and state to FastWAM's eval preprocessing, MolmoAct2's pixel values and state to
@@ -193,7 +193,7 @@ def run_once_chunk(vlad: Path, bundle: Path, obs: Path) -> np.ndarray:
 
 
 # LeRobot's own env and MolmoAct2 processor steps on the MolmoAct2 test episode's first
-# observation (scripts/upstream_libero_molmoact2.py, run in the upstream venv).
+# observation (tools/goldens/vla_goldens/upstream_libero_molmoact2.py, run in the upstream venv).
 MOLMOACT2_GOLDEN = REPO / "golden" / "libero" / "molmoact2-first-observation.npz"
 # LeRobot's state is torch f32 (acos, sqrt, division), the robot's numpy f32: last-bit
 # differences (measured 2.4e-7, one ulp at pi).

@@ -195,7 +195,7 @@ MOLMOACT2_FIXTURE = Path(__file__).resolve().parents[3] / "golden" / "bundles" /
 def fixture_bundle(dst: Path) -> Path:
     """The closed-loop Fast-WAM fixture as a LIBERO robot drives it: the raw 9-value state
     (`state_input: eef_pos_quat_gripper`), gated by its quaternion golden (the same
-    observation with the quaternion, scripts/make_golden.py). Two cameras at 40 x 48, two
+    observation with the quaternion, tools/goldens/vla_goldens/make_golden.py). Two cameras at 40 x 48, two
     instructions that are no LIBERO task's (hence `--instruction-id`)."""
     import shutil
     dst = Path(dst)
