@@ -56,6 +56,8 @@ pub struct FastWam {
     prefix: PrefixBuffers,
     /// action_step's I/O in an HTP shared buffer ([`FastWam::use_shared_buffers`]).
     shared: Option<SharedIo>,
+    /// Bytes the host has copied between buffers ([`FastWam::host_copy_bytes`]).
+    host_copied: u64,
 }
 
 /// action_step's inputs and output registered in one shared buffer.
@@ -228,6 +230,7 @@ impl FastWam {
             chain,
             settings: f,
             shared: None,
+            host_copied: 0,
         })
     }
 
@@ -268,6 +271,14 @@ impl FastWam {
         Ok(())
     }
 
+    /// Bytes the host has copied from one buffer into another since load, in all: on a
+    /// shared buffer the latents and the timestep into it before each step (the world-model
+    /// tensors once, at the move, are not counted). What QNN copies is action_step's
+    /// `client_buffer_bytes`.
+    pub fn host_copy_bytes(&self) -> u64 {
+        self.host_copied
+    }
+
     /// Whether action_step runs on an HTP shared buffer.
     pub fn on_shared_buffers(&self) -> bool {
         self.shared.is_some()
@@ -297,6 +308,7 @@ impl FastWam {
         let bytes = s.buffer.as_bytes_mut();
         bytes[s.latents.clone()].copy_from_slice(self.latents.as_bytes());
         bytes[s.timestep.clone()].copy_from_slice(self.timestep.as_bytes());
+        self.host_copied += (s.latents.len() + s.timestep.len()) as u64;
         graph.execute_shared(&mut s.buffer)
     }
 

@@ -330,21 +330,15 @@ impl Policy {
     }
 
     /// Moves the policy's NPU I/O into HTP shared buffers from `rpc` (registered with the
-    /// contexts: no copies by QNN around each execute). So far only Fast-WAM's open-loop
-    /// form can; the others, and a backend that refuses the registration, return the error
-    /// and stay on client buffers.
+    /// contexts: no copies by QNN around each execute; chained contexts share regions).
+    /// MolmoAct2 and Fast-WAM's open-loop form can; Fast-WAM's world-model chain, and a
+    /// backend that refuses the registration, return the error and stay on client buffers.
     pub fn use_shared_buffers(
         &mut self,
         rpc: &std::sync::Arc<vla_qnn::RpcMem>,
     ) -> Result<(), PolicyError> {
         match self {
-            Policy::MolmoAct2(_) => Err(PolicyError::Qnn {
-                component: "molmoact2".into(),
-                error: vla_qnn::QnnError::NotAvailable {
-                    what: "shared buffers",
-                    reason: "the MolmoAct2 pipeline does not run on registered memory yet".into(),
-                },
-            }),
+            Policy::MolmoAct2(p) => p.use_shared_buffers(rpc),
             Policy::FastWam(p) => p.use_shared_buffers(rpc),
         }
     }
@@ -352,8 +346,18 @@ impl Policy {
     /// Whether the policy's NPU I/O is in HTP shared buffers.
     pub fn on_shared_buffers(&self) -> bool {
         match self {
-            Policy::MolmoAct2(_) => false,
+            Policy::MolmoAct2(p) => p.on_shared_buffers(),
             Policy::FastWam(p) => p.on_shared_buffers(),
+        }
+    }
+
+    /// Bytes the host glue has copied from one buffer into another since load, in all (see
+    /// [`MolmoAct2::host_copy_bytes`], [`FastWam::host_copy_bytes`]). With each graph's
+    /// `client_buffer_bytes` (QNN's copies), what an inference copies.
+    pub fn host_copy_bytes(&self) -> u64 {
+        match self {
+            Policy::MolmoAct2(p) => p.host_copy_bytes(),
+            Policy::FastWam(p) => p.host_copy_bytes(),
         }
     }
 

@@ -1,7 +1,7 @@
-//! Fast-WAM's action_step on an HTP shared buffer: refused by the bare emulator (it
-//! registers no memory) and left on client buffers; through `vla-test-support`'s memory
-//! shim (a test-only memRegister in front of the emulator) the actions are bit-identical to
-//! the client-buffer ones.
+//! The policies on HTP shared buffers: refused by the bare emulator (it registers no
+//! memory) and left on client buffers; through `vla-test-support`'s memory shim (a
+//! test-only memRegister in front of the emulator) the actions are bit-identical to the
+//! client-buffer ones: Fast-WAM's action_step, and MolmoAct2's whole chain in one arena.
 
 mod common;
 
@@ -97,5 +97,60 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
     let mut policy = Policy::load(&closed, &b).unwrap();
     let e = policy.use_shared_buffers(&rpc).unwrap_err().to_string();
     assert!(e.contains("world-model chain"), "{e}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dir) = qnn_lib_dir() else { return };
+    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-m-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let Some(standin) = rpcmem_standin(&tmp) else {
+        return;
+    };
+    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
+        return;
+    };
+    let rpc = RpcMem::load(&standin).unwrap();
+    let bundle = Bundle::open(common::fixture("molmoact2-original")).unwrap();
+    let shimmed = backend(&shim);
+    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
+    let client = actions(&mut policy, &bundle);
+    let client_bytes = |p: &mut Policy| -> u64 {
+        p.graphs_mut()
+            .iter()
+            .map(|g| g.graph.client_buffer_bytes())
+            .sum()
+    };
+    let counted = client_bytes(&mut policy);
+    assert!(counted > 0, "client buffers are counted");
+    policy.use_shared_buffers(&rpc).unwrap();
+    assert!(policy.on_shared_buffers());
+    assert!(
+        policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
+        "every context on registered memory"
+    );
+    let copied = policy.host_copy_bytes();
+    let shared = actions(&mut policy, &bundle);
+    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
+    assert_eq!(
+        client_bytes(&mut policy),
+        counted,
+        "no client buffer was handed to QNN"
+    );
+    // Two inferences of one instruction: the scaffold, bias and mask once, then only the
+    // candidate rows.
+    let g = policy.geometry();
+    let rows = (g.chunk_len * g.action_dims * 4) as u64;
+    let m = match &policy {
+        Policy::MolmoAct2(m) => m,
+        Policy::FastWam(_) => unreachable!(),
+    };
+    let s = m.settings.seq_len as u64;
+    let once = s * m.settings.hidden as u64 * 4 + s * s * 4 + s * 4;
+    assert_eq!(policy.host_copy_bytes() - copied, once + 2 * rows);
+    drop(policy);
+    drop(shimmed);
     let _ = std::fs::remove_dir_all(&tmp);
 }
