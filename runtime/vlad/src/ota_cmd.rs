@@ -599,7 +599,7 @@ fn status(store: &Store) -> Result<(), Failure> {
         );
     }
     for l in &s.leftovers {
-        println!("leftover: bundles/{l} (removed at the next start or `vlad ota recover`)");
+        println!("leftover: {l} (removed at the next start or `vlad ota recover`)");
     }
     Ok(())
 }

@@ -37,6 +37,8 @@ pub struct Status {
     pub previous_link: Option<PathBuf>,
     /// Every installed bundle.
     pub bundles: Vec<BundleInfo>,
+    /// Every installed instruction pack: `name` and `version` are the bundle it goes with.
+    pub packs: Vec<BundleInfo>,
     /// Staging or trash directories present (an operation in progress or interrupted).
     pub leftovers: Vec<String>,
     /// Healthy inferences a trial needs (from the settings).
@@ -85,12 +87,36 @@ impl Store {
                 bytes: dir_bytes(&dir),
             });
         }
+        let pack_scan = {
+            let packs = self.packs_dir();
+            maps::scan(
+                &self.proc_root,
+                &std::fs::canonicalize(&packs).unwrap_or(packs),
+            )
+        };
+        let mut packs = Vec::new();
+        for hash in self.installed_packs()? {
+            let (name, version) = match Self::read_manifest(&self.packs_dir().join(&hash)) {
+                Ok(m) => (m.name, m.version),
+                Err(_) => ("(unreadable manifest)".into(), String::new()),
+            };
+            packs.push(BundleInfo {
+                mapped: pack_scan.mapped.contains(&hash),
+                bytes: self.pack_bytes(&hash),
+                hash,
+                name,
+                version,
+            });
+        }
         let mut leftovers = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(self.bundles_dir()) {
+        for (home, dir) in [("bundles", self.bundles_dir()), ("packs", self.packs_dir())] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if name.starts_with(STAGING_PREFIX) || name.starts_with(TRASH_PREFIX) {
-                    leftovers.push(name);
+                    leftovers.push(format!("{home}/{name}"));
                 }
             }
         }
@@ -100,6 +126,7 @@ impl Store {
             current_link: durable::read_link(&self.current_link())?,
             previous_link: durable::read_link(&self.previous_link())?,
             bundles,
+            packs,
             leftovers,
             trial_inferences: self.settings.trial_inferences,
             max_trial_starts: self.settings.max_trial_starts,
