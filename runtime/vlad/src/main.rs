@@ -23,6 +23,7 @@ mod notify;
 mod npu_io;
 mod observe;
 mod ota_cmd;
+mod packs;
 mod parity;
 mod plan_cmd;
 mod prompt_cmd;

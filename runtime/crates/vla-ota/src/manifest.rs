@@ -228,10 +228,14 @@ impl OtaManifest {
         }
     }
 
-    /// Whether this manifest (a pack's) names the bundle of manifest `bundle`: the same
-    /// name, version and policy.
-    pub fn goes_with(&self, bundle: &OtaManifest) -> bool {
-        (&self.name, &self.version, &self.policy) == (&bundle.name, &bundle.version, &bundle.policy)
+    /// `(name, version, policy)`: what a pack names its bundle by.
+    pub fn names(&self) -> (&str, &str, &str) {
+        (&self.name, &self.version, &self.policy)
+    }
+
+    /// Whether this manifest (a pack's) names the bundle `(name, version, policy)`.
+    pub fn goes_with(&self, bundle: (&str, &str, &str)) -> bool {
+        self.names() == bundle
     }
 
     /// The canonical bytes `pack` writes (and signs over).

@@ -85,13 +85,15 @@ fn a_pack_installs_beside_its_bundle_is_listed_and_found_only_for_it() {
     assert_eq!(status.state, state_before);
 
     // Taken for its bundle (verified again), not for another; never activated.
-    let scan = store.packs_for(&a).unwrap();
+    let scan = store.packs_for(a.names()).unwrap();
     assert_eq!(scan.packs.len(), 1);
     assert!(scan.refused.is_empty());
     assert_eq!(scan.packs[0].content_hash, installed.hash);
-    let mut other = a.clone();
-    other.version = "0.2.0".into();
-    assert!(store.packs_for(&other).unwrap().packs.is_empty());
+    assert!(store
+        .packs_for(("synthetic-a", "0.2.0", "molmoact2"))
+        .unwrap()
+        .packs
+        .is_empty());
     assert!(matches!(
         store.activate(&installed.hash, &mut pass),
         Err(OtaError::NotInstalled { .. })
@@ -104,7 +106,7 @@ fn a_pack_installs_beside_its_bundle_is_listed_and_found_only_for_it() {
     perms.set_readonly(false);
     std::fs::set_permissions(&rows, perms).unwrap();
     std::fs::write(&rows, "rows of extrb").unwrap();
-    let scan = store.packs_for(&a).unwrap();
+    let scan = store.packs_for(a.names()).unwrap();
     assert!(scan.packs.is_empty());
     let msg = scan.refused[0].to_string();
     assert!(msg.contains("rows.npy") && !msg.contains('\n'), "{msg}");
@@ -136,12 +138,12 @@ fn a_pack_is_refused_for_a_bad_signature_another_bundle_or_below_the_floor() {
             && !msg.contains('\n'),
         "{msg}"
     );
-    let e = store.verify_pack_for(&pack, &a).unwrap_err();
+    let e = store.verify_pack_for(&pack, a.names()).unwrap_err();
     assert!(matches!(e, OtaError::PackForOtherBundle { .. }), "{e}");
     assert_eq!(snapshot(&root), untouched);
     // A bundle is not a pack.
     let e = store
-        .verify_pack_for(&src.join("synthetic-a"), &a)
+        .verify_pack_for(&src.join("synthetic-a"), a.names())
         .unwrap_err();
     assert!(matches!(e, OtaError::WrongKind { .. }), "{e}");
 

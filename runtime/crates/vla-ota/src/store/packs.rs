@@ -20,9 +20,9 @@ pub struct PackScan {
     pub refused: Vec<OtaError>,
 }
 
-/// `name version (policy)` of a manifest, for messages.
-fn names(m: &OtaManifest) -> String {
-    format!("{} {} ({})", m.name, m.version, m.policy)
+/// `name version (policy)`, for messages.
+fn names((name, version, policy): (&str, &str, &str)) -> String {
+    format!("{name} {version} ({policy})")
 }
 
 impl Store {
@@ -56,11 +56,12 @@ impl Store {
     }
 
     /// Full verification of the pack at `dir` (as [`Store::verify`]) and that it goes with
-    /// `bundle`: a bundle, or a pack for another bundle, is refused in one line.
+    /// `bundle` (`name, version, policy`): a bundle, or a pack for another bundle, is
+    /// refused in one line.
     pub fn verify_pack_for(
         &self,
         dir: &Path,
-        bundle: &OtaManifest,
+        bundle: (&str, &str, &str),
     ) -> Result<VerifiedBundle, OtaError> {
         let verified = self.verify(dir)?;
         if !verified.manifest.is_pack() {
@@ -73,19 +74,19 @@ impl Store {
         if !verified.manifest.goes_with(bundle) {
             return Err(OtaError::PackForOtherBundle {
                 pack: dir.to_owned(),
-                names: names(&verified.manifest),
+                names: names(verified.manifest.names()),
                 bundle: names(bundle),
             });
         }
         Ok(verified)
     }
 
-    /// The installed packs that name `bundle`, each verified again (signature, every
+    /// The installed packs that name `bundle` (`name, version, policy`), each verified again (signature, every
     /// file): what the daemon takes at start and at every reload. Packs of other bundles
     /// are skipped; a pack of this bundle that fails is returned in `refused`. Neither
     /// expiry nor the floor is judged here: they refuse installs, and a bundle that runs
     /// keeps running with the packs installed for it.
-    pub fn packs_for(&self, bundle: &OtaManifest) -> Result<PackScan, OtaError> {
+    pub fn packs_for(&self, bundle: (&str, &str, &str)) -> Result<PackScan, OtaError> {
         let mut scan = PackScan::default();
         for hash in self.installed_packs()? {
             let dir = self.packs_dir().join(&hash);
@@ -113,17 +114,17 @@ impl Store {
         let mut installed = Vec::new();
         for hash in self.installed_hashes()? {
             if let Ok(m) = Self::read_manifest(&self.bundle_dir(&hash)) {
-                if pack.manifest.goes_with(&m) {
+                if pack.manifest.goes_with(m.names()) {
                     return Ok(());
                 }
-                installed.push(names(&m));
+                installed.push(names(m.names()));
             }
         }
         installed.sort();
         installed.dedup();
         Err(OtaError::PackForOtherBundle {
             pack: pack.dir.clone(),
-            names: names(&pack.manifest),
+            names: names(pack.manifest.names()),
             bundle: match installed.is_empty() {
                 true => "any installed bundle (none is installed)".into(),
                 false => format!("the installed {}", installed.join(", ")),
