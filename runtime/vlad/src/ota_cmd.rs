@@ -20,9 +20,11 @@ use vla_ota::{
 
 const HELP: &str = "usage: vlad ota <command> [--config FILE] [--root DIR] [--trusted-key HEX]...
 commands:
-  status                 state, links, installed bundles, leftovers
+  status                 state, links, installed bundles and instruction packs, leftovers
   install <bundle-dir> [--link]
-                         verify (signature, target, every file) and stage into <root>/bundles/<hash>;
+                         verify (signature, target, every file) and stage into <root>/bundles/<hash>
+                         (an instruction pack, pack.json: into <root>/packs/<hash>, only for an
+                         installed bundle; for the current one the daemon is signalled to reload);
                          --link hard-links files on the same filesystem instead of copying
                          (for read-only, content-addressed sources such as a RAUC artifact)
   activate <hash> [--wait SECS]
@@ -311,6 +313,9 @@ fn install(store: &Store, dir: &Path, link: bool) -> Result<(), Failure> {
         Placement::Copy
     };
     let installed = store.install_with(dir, placement)?;
+    if installed.dir.starts_with(store.packs_dir()) {
+        return crate::packs::installed(store, &installed);
+    }
     if installed.already_installed {
         println!("already installed: {}", installed.hash);
     } else {
@@ -598,6 +603,7 @@ fn status(store: &Store) -> Result<(), Failure> {
             roles.join(",")
         );
     }
+    crate::packs::print_status(&s, state.current.as_deref());
     for l in &s.leftovers {
         println!("leftover: {l} (removed at the next start or `vlad ota recover`)");
     }

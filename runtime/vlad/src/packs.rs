@@ -47,3 +47,65 @@ pub fn attach_installed(store: &Store, bundle: &Bundle, policy: &mut Policy) -> 
     }
     added
 }
+
+/// `vlad ota install` of a pack (installed under `packs/`): says so and, when the pack
+/// goes with the current bundle, asks the running daemon to reload (SIGHUP), which
+/// attaches it; with no daemon running it is attached at the next start.
+pub fn installed(store: &Store, installed: &vla_ota::Installed) -> Result<(), crate::Failure> {
+    if installed.already_installed {
+        println!("instruction pack already installed: {}", installed.hash);
+    } else {
+        println!(
+            "installed instruction pack {} in {}",
+            installed.hash,
+            installed.dir.display()
+        );
+    }
+    let pack = store.verify(&installed.dir)?;
+    let current = match store.current()? {
+        Some((_, dir)) => Some(store.verify(&dir)?),
+        None => None,
+    };
+    match current {
+        Some(bundle) if pack.manifest.goes_with(bundle.manifest.names()) => {
+            let mut gate = vla_ota::SignalDaemon::new(store, "vlad");
+            vla_ota::Activation::reload_and_gate(&mut gate, &bundle.dir)
+                .map_err(|e| crate::Failure::Error(format!("signalling the daemon: {e}")))?;
+            println!(
+                "it goes with the current bundle; {}",
+                gate.outcome.unwrap_or_default()
+            );
+        }
+        _ => {
+            let (name, version, _) = pack.manifest.names();
+            println!("it goes with {name} {version}, not the current bundle: attached when that bundle runs");
+        }
+    }
+    Ok(())
+}
+
+/// `vlad ota status`'s lines for the installed packs.
+pub fn print_status(status: &vla_ota::Status, current: Option<&str>) {
+    println!("instruction packs:");
+    if status.packs.is_empty() {
+        println!("  (none)");
+    }
+    let current = current.and_then(|h| status.bundles.iter().find(|b| b.hash == h));
+    for p in &status.packs {
+        let with_current =
+            current.is_some_and(|b| (b.name.as_str(), b.version.as_str()) == (&p.name, &p.version));
+        println!(
+            "  {}  for {:<28} {:<10} {:>12} bytes  {}",
+            &p.hash[..12.min(p.hash.len())],
+            p.name,
+            p.version,
+            p.bytes,
+            match (with_current, p.mapped) {
+                (true, true) => "current,mapped",
+                (true, false) => "current",
+                (false, true) => "mapped",
+                (false, false) => "",
+            }
+        );
+    }
+}
