@@ -6,6 +6,9 @@
 //! other packs.
 
 use vla_ota::Store;
+
+// The ring's naming of pack instruction ids is the policy's.
+const _: () = assert!(vla_policy::PACK_INSTRUCTION_FLAG == vla_ring::PACK_ID_FLAG);
 use vla_policy::{Bundle, Policy, PolicyKind};
 
 /// `(name, version, policy)` of `bundle`: what a pack names it by.
