@@ -39,7 +39,8 @@ daemon is alive and loading or gating the bundle, then SECS plus twice the gate'
 inference time for the first healthy inference; SECS alone while no daemon runs.
   commit                 mark the bundle on trial good
   rollback [--reason T]  return to the previous bundle; signal the daemon to reload
-  gc                     delete bundles that are not current, previous, on trial or mapped
+  gc                     delete bundles that are not current, previous, on trial or mapped,
+                         and instruction packs of no installed bundle
   recover                start-up recovery (what the daemon does before loading)
 <hash> is a content hash or a unique prefix of one (at least 4 characters).
 --config FILE       vlad configuration with the `ota` section (default /etc/vla/vlad.json)

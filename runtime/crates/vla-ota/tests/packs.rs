@@ -178,3 +178,25 @@ fn a_directory_with_both_identity_files_is_neither() {
     let e = vla_ota::pack(&dir).unwrap_err();
     assert!(e.to_string().contains("not both"), "{e}");
 }
+
+#[test]
+fn gc_removes_the_packs_of_bundles_it_removes_and_keeps_the_others() {
+    let tmp = TempDir::new("packs-gc");
+    let root = tmp.join("root");
+    let src = tmp.join("src");
+    let (store, _) = with_a(&root, &src);
+    let b = Spec::new("b").build_signed(&src, DEV_SECRET);
+    let b_hash = store.install(&b).unwrap().hash;
+    let for_a = store
+        .install(&build_pack(&src, "pa", "synthetic-a", "0.1.0", DEV_SECRET))
+        .unwrap()
+        .hash;
+    let for_b = store
+        .install(&build_pack(&src, "pb", "synthetic-b", "0.1.0", DEV_SECRET))
+        .unwrap()
+        .hash;
+    let report = store.gc().unwrap();
+    assert!(report.removed.contains(&b_hash), "{report:?}");
+    assert!(report.removed.contains(&for_b), "{report:?}");
+    assert_eq!(store.installed_packs().unwrap(), vec![for_a]);
+}

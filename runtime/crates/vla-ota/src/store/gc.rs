@@ -140,7 +140,7 @@ impl Store {
     }
 
     /// Deletes installed bundles that are not current, previous or on trial and that no
-    /// process maps. Processes whose maps cannot be read (another user's without root, or
+    /// process maps, then the instruction packs of no remaining bundle that no process maps. Processes whose maps cannot be read (another user's without root, or
     /// a container's init) are counted in [`GcReport::unchecked_processes`]: run gc as
     /// the daemon's user or root so that the daemon is always among the checked ones.
     pub fn gc(&self) -> Result<GcReport, OtaError> {
@@ -163,6 +163,37 @@ impl Store {
                 continue;
             }
             report.freed_bytes += self.discard(&self.bundle_dir(&hash), &hash)?;
+            report.removed.push(hash);
+        }
+        // Packs go with the bundles: those of no installed bundle go too (unless mapped).
+        let names: Vec<(String, String, String)> = self
+            .installed_hashes()?
+            .iter()
+            .filter_map(|h| Self::read_manifest(&self.bundle_dir(h)).ok())
+            .map(|m| (m.name, m.version, m.policy))
+            .collect();
+        let packs = self.packs_dir();
+        let pack_maps = maps::scan(
+            &self.proc_root,
+            &std::fs::canonicalize(&packs).unwrap_or(packs),
+        );
+        for hash in self.installed_packs()? {
+            let dir = self.packs_dir().join(&hash);
+            let wanted = Self::read_manifest(&dir).is_ok_and(|m| {
+                names
+                    .iter()
+                    .any(|(n, v, p)| m.goes_with((n.as_str(), v.as_str(), p.as_str())))
+            });
+            if wanted {
+                continue;
+            }
+            if pack_maps.mapped.contains(&hash) {
+                report
+                    .kept
+                    .push((hash, "a pack still mapped by a running process".into()));
+                continue;
+            }
+            report.freed_bytes += self.discard(&dir, &hash)?;
             report.removed.push(hash);
         }
         Ok(report)
