@@ -252,6 +252,9 @@ struct Source {
     bundle_dir: PathBuf,
     ota_root: PathBuf,
     store: Option<Arc<Store>>,
+    /// The store over `ota.root` whose instruction packs of the loaded bundle are
+    /// attached (OTA in use or not: a pack is verified with the configured keys).
+    packs: Arc<Store>,
 }
 
 impl Source {
@@ -267,12 +270,13 @@ impl Source {
         let ota_root = PathBuf::from(config.ota.root.as_str());
         // The configured keys are checked at every start, with OTA in use or not.
         let settings = crate::cmd::ota::ota_settings(&config.ota)?;
-        let store = (!overridden && bundle_dir == ota_root.join("current"))
-            .then(|| Arc::new(Store::new(settings)));
+        let packs = Arc::new(Store::new(settings));
+        let store = (!overridden && bundle_dir == ota_root.join("current")).then(|| packs.clone());
         Ok(Self {
             bundle_dir,
             ota_root,
             store,
+            packs,
         })
     }
 }
@@ -291,6 +295,7 @@ struct Started {
 fn load_options(
     rt: &vla_config::RealtimeConfig,
     npu: crate::npu_io::NpuPlan,
+    packs: Arc<Store>,
 ) -> crate::gate::LoadSettings {
     // The inference thread waits on the policy's helper (the non-finite scans): it runs
     // pinned and prioritised as the inference thread, or it could be starved by anything
@@ -308,6 +313,7 @@ fn load_options(
             })),
         },
         npu,
+        packs: Some(packs),
     }
 }
 
@@ -428,7 +434,7 @@ fn start_engine(
         idle: config.qnn.performance_idle_release(),
     };
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
-    let load_options = load_options(&config.realtime, npu);
+    let load_options = load_options(&config.realtime, npu, source.packs.clone());
     let t = Instant::now();
     let Started {
         dir: good,

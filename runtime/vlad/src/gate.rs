@@ -233,6 +233,9 @@ pub struct LoadSettings {
     pub policy: vla_policy::LoadOptions,
     /// `npu.shared_buffers`, resolved at start.
     pub npu: crate::npu_io::NpuPlan,
+    /// The OTA store whose instruction packs of a loaded bundle are attached after its
+    /// gate (`crate::packs`); `None`: none are.
+    pub packs: Option<std::sync::Arc<vla_ota::Store>>,
 }
 
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
@@ -292,6 +295,10 @@ pub fn load_gated(
         );
     }
     crate::dsp_plan::set_running(plan);
+    // After the gate, which proves the bundle as it was signed: packs add instructions.
+    if let Some(store) = &options.packs {
+        crate::packs::attach_installed(store, &bundle, &mut policy);
+    }
     let gated = Gated {
         cosine: report.end_to_end.comparison.cosine,
         actions: report.end_to_end.actions,

@@ -16,6 +16,7 @@ mod memory;
 mod notify;
 mod npu_io;
 mod observe;
+mod packs;
 mod qnn_setup;
 
 use std::process::ExitCode;

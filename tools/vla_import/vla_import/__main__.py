@@ -7,6 +7,8 @@
     scripts/vla-import --release DIR|owner/name --checkpoint DIR|owner/name --out BUNDLE
     Fast-WAM with the world-model contexts (CLOSED LOOP; --tag: the dataset statistics' key):
     scripts/vla-import --release DIR --checkpoint DIR [--tag default] --instruction "..." --out BUNDLE
+    Fast-WAM instruction packs (new instructions for a chain bundle, signed and installed beside it):
+    scripts/vla-import pack --bundle BUNDLE --checkpoint DIR --instruction "..." --out PACK
 """
 
 import argparse
@@ -419,6 +421,11 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pack"]:
+        from . import pack  # Fast-WAM instruction packs for a bundle already built
+
+        return pack.main(argv[1:])
     a = arguments(argv)
     try:
         report = run(a)

@@ -71,6 +71,13 @@ pub enum PolicyError {
         /// Why, as one line.
         reason: String,
     },
+    /// A Fast-WAM instruction pack that cannot be attached to the running bundle.
+    Pack {
+        /// The pack directory.
+        pack: String,
+        /// Why, as one line.
+        reason: String,
+    },
     /// Reading an npz of the bundle (golden, tables, world model, observation) failed.
     Npz(vla_npz::NpzError),
     /// Loading or executing a context failed.
@@ -165,6 +172,7 @@ impl core::fmt::Display for PolicyError {
                 let more = if short.len() < text.len() { "..." } else { "" };
                 write!(f, "instruction {:?}: {reason}", format!("{short}{more}"))
             }
+            PolicyError::Pack { pack, reason } => write!(f, "instruction pack {pack}: {reason}"),
             PolicyError::Npz(e) => e.fmt(f),
             PolicyError::Qnn { component, error } => write!(f, "component `{component}`: {error}"),
             PolicyError::Observation { field, expected, found } => {

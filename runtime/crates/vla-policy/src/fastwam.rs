@@ -39,6 +39,9 @@ const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "conte
 pub struct FastWam {
     /// The bundle's `fastwam` block.
     pub settings: FastWamSettings,
+    /// The bundle's name and version, which an instruction pack must name.
+    bundle_name: String,
+    bundle_version: String,
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
     io: ([usize; 6], [usize; 1]),
@@ -229,6 +232,8 @@ impl FastWam {
             action_step: g,
             chain,
             settings: f,
+            bundle_name: bundle.manifest.name.clone(),
+            bundle_version: bundle.manifest.version.clone(),
             shared: None,
             host_copied: 0,
         })
@@ -318,6 +323,60 @@ impl FastWam {
             Some(s) => bytemuck::cast_slice_mut(&mut s.buffer.as_bytes_mut()[s.pred.clone()]),
             None => self.pred.as_f32_mut(),
         }
+    }
+
+    /// The instruction id of `text`: a fixed instruction of the same normalized text, else
+    /// an attached pack's (see the `pack` module); refused in one line otherwise (Fast-WAM
+    /// has no text encoder on the device) and for an open-loop bundle.
+    pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
+        match &self.chain {
+            Some(c) => crate::text::pack_lookup(&c.packs, &self.settings_instructions(), text),
+            None => Err(PolicyError::Instruction {
+                text: String::from_utf8_lossy(text).into_owned(),
+                reason: "an open-loop Fast-WAM bundle takes no instruction".into(),
+            }),
+        }
+    }
+
+    fn settings_instructions(&self) -> Vec<String> {
+        self.settings
+            .chain
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.instructions.clone())
+    }
+
+    /// A lookup of texts in the fixed list and the attached packs, to run off the
+    /// inference thread; `None` for an open-loop bundle.
+    pub fn text_renderer(&self) -> Option<crate::TextRenderer> {
+        let chain = self.chain.as_ref()?;
+        Some(crate::TextRenderer::packs(
+            chain.packs.clone(),
+            Arc::new(self.settings_instructions()),
+        ))
+    }
+
+    /// Attaches the instruction pack in `dir` (see [`crate::Policy::attach_pack`]).
+    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+        let refused = |reason: &str| PolicyError::Pack {
+            pack: dir.display().to_string(),
+            reason: reason.into(),
+        };
+        let Some(chain) = self.chain.as_mut() else {
+            return Err(refused("an open-loop Fast-WAM bundle takes no instruction"));
+        };
+        let settings = self
+            .settings
+            .chain
+            .as_ref()
+            .expect("a chain has its settings");
+        let packs = Arc::get_mut(&mut chain.packs)
+            .ok_or_else(|| refused("packs are attached before any text renderer is handed out"))?;
+        packs.attach(dir, (&self.bundle_name, &self.bundle_version), settings)
+    }
+
+    /// The attached instruction packs (chain bundles).
+    pub fn packs(&self) -> Option<&crate::InstructionPacks> {
+        self.chain.as_ref().map(|c| &*c.packs)
     }
 
     /// Every resident graph in pipeline order.

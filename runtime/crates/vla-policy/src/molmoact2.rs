@@ -45,6 +45,7 @@ use crate::preprocess::Preprocessor;
 use crate::prompt::Instruction;
 use crate::prompt::PromptTables;
 use crate::text::TextPrompt;
+use crate::text::TextRenderer;
 use crate::TEXT_INSTRUCTION_FLAG;
 use crate::{LoadOptions, Observation};
 use std::sync::Arc;
@@ -121,22 +122,6 @@ pub const TEXT_SLOTS: usize = 4;
 /// A text slot's text and rendered instruction, as [`MolmoAct2::install_text`] hands back
 /// the one it replaced.
 pub type TextSlot = (Vec<u8>, Instruction);
-
-/// Renders instructions given as text for one policy, on any thread: shares the bundle's
-/// tokenizer, template and mapped embedding table with it. Rendering allocates; hand the
-/// result to [`MolmoAct2::install_text`] on the inference thread.
-#[derive(Clone)]
-pub struct TextRenderer {
-    prompt: Arc<TextPrompt>,
-    settings: Arc<MolmoAct2Settings>,
-}
-
-impl TextRenderer {
-    /// Renders `text` (UTF-8 bytes) or refuses it in one line ([`PolicyError::Instruction`]).
-    pub fn render(&self, text: &[u8]) -> Result<Instruction, PolicyError> {
-        self.prompt.render(text, &self.settings)
-    }
-}
 
 /// The state-token id of every state value: normalize, clip, quantize (step 2).
 pub fn state_token_ids(norm: &Normalizer, state: &[f32], ids: &mut [usize]) {
@@ -530,10 +515,10 @@ impl MolmoAct2 {
     /// A renderer of instructions given as text for this policy, to run off the inference
     /// thread; `None` for a bundle without a `text` block.
     pub fn text_renderer(&self) -> Option<TextRenderer> {
-        Some(TextRenderer {
-            prompt: self.text.clone()?,
-            settings: Arc::new(self.settings.clone()),
-        })
+        Some(TextRenderer::prompt(
+            self.text.clone()?,
+            Arc::new(self.settings.clone()),
+        ))
     }
 
     /// Puts `instruction`, rendered from `text` by this policy's [`TextRenderer`], into a
@@ -604,7 +589,12 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        obs.check_state_and_instruction(m.state_dims, m.instructions.len(), self.text_slots.len())?;
+        obs.check_state_and_instruction(
+            m.state_dims,
+            m.instructions.len(),
+            self.text_slots.len(),
+            None,
+        )?;
         // LeRobot's pipeline raises on such a gripper ("set normalize_gripper=True"): no
         // action from it, so none from vlad either (the loop holds), never a clipped one.
         if let Some((i, x)) = self.state_norm.refused(obs.state) {

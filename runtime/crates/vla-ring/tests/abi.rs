@@ -129,6 +129,10 @@ fn c_header_constants_match_rust() {
         define("VLA_RING_TEXT_ID_FLAG"),
         format!("{TEXT_ID_FLAG:#x}u")
     );
+    assert_eq!(
+        define("VLA_RING_PACK_ID_FLAG"),
+        format!("{:#x}u", vla_ring::PACK_ID_FLAG)
+    );
     assert_eq!(define("VLA_RING_ABI_MAJOR"), format!("{ABI_MAJOR}u"));
     assert_eq!(define("VLA_RING_ABI_VERSION"), format!("{ABI_VERSION}u"));
     assert_eq!(

@@ -20,9 +20,11 @@ use vla_ota::{
 
 const HELP: &str = "usage: vlad ota <command> [--config FILE] [--root DIR] [--trusted-key HEX]...
 commands:
-  status                 state, links, installed bundles, leftovers
+  status                 state, links, installed bundles and instruction packs, leftovers
   install <bundle-dir> [--link]
-                         verify (signature, target, every file) and stage into <root>/bundles/<hash>;
+                         verify (signature, target, every file) and stage into <root>/bundles/<hash>
+                         (an instruction pack, pack.json: into <root>/packs/<hash>, only for an
+                         installed bundle; for the current one the daemon is signalled to reload);
                          --link hard-links files on the same filesystem instead of copying
                          (for read-only, content-addressed sources such as a RAUC artifact)
   activate <hash> [--wait SECS]
@@ -37,7 +39,8 @@ daemon is alive and loading or gating the bundle, then SECS plus twice the gate'
 inference time for the first healthy inference; SECS alone while no daemon runs.
   commit                 mark the bundle on trial good
   rollback [--reason T]  return to the previous bundle; signal the daemon to reload
-  gc                     delete bundles that are not current, previous, on trial or mapped
+  gc                     delete bundles that are not current, previous, on trial or mapped,
+                         and instruction packs of no installed bundle
   recover                start-up recovery (what the daemon does before loading)
 <hash> is a content hash or a unique prefix of one (at least 4 characters).
 --config FILE       vlad configuration with the `ota` section (default /etc/vla/vlad.json)
@@ -311,6 +314,9 @@ fn install(store: &Store, dir: &Path, link: bool) -> Result<(), Failure> {
         Placement::Copy
     };
     let installed = store.install_with(dir, placement)?;
+    if installed.dir.starts_with(store.packs_dir()) {
+        return crate::packs::installed(store, &installed);
+    }
     if installed.already_installed {
         println!("already installed: {}", installed.hash);
     } else {
@@ -598,8 +604,9 @@ fn status(store: &Store) -> Result<(), Failure> {
             roles.join(",")
         );
     }
+    crate::packs::print_status(&s, state.current.as_deref());
     for l in &s.leftovers {
-        println!("leftover: bundles/{l} (removed at the next start or `vlad ota recover`)");
+        println!("leftover: {l} (removed at the next start or `vlad ota recover`)");
     }
     Ok(())
 }

@@ -144,13 +144,23 @@ impl Engine for PolicyEngine {
     }
 
     fn instruction_ready(&mut self, obs: &vla_ring::Observation) -> bool {
-        match &mut self.text {
+        let resolved = match &mut self.text {
             Some(text) => {
                 text.take(self.policy.as_mut());
-                text.resolve(obs.instruction_id).is_some()
+                text.resolve(obs.instruction_id)
             }
             // No instruction segment: a text id names nothing.
-            None => vla_ring::text_id_of(obs.instruction_id).is_none(),
+            None => Some(obs.instruction_id).filter(|&id| vla_ring::text_id_of(id).is_none()),
+        };
+        // A pack instruction (by id) holds until a pack of the running bundle has it, as
+        // an unrendered text does: never an inference error counted towards a fault.
+        match resolved {
+            Some(id) if id & vla_policy::PACK_INSTRUCTION_FLAG != 0 => self
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.has_pack_instruction(id)),
+            Some(_) => true,
+            None => false,
         }
     }
 
