@@ -223,6 +223,9 @@ pub struct LoadSettings {
     pub policy: vla_policy::LoadOptions,
     /// `npu.shared_buffers`, resolved at start.
     pub npu: crate::npu_io::NpuPlan,
+    /// Under OTA, the store: every load verifies the bundle with its keys, each context
+    /// binary hashed as QNN's copy of it is read ([`crate::verified`]).
+    pub store: Option<std::sync::Arc<vla_ota::Store>>,
 }
 
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
@@ -232,7 +235,10 @@ pub fn load_gated(
     dir: &Path,
     options: &LoadSettings,
 ) -> Result<(Bundle, Policy, Gated), LoadError> {
-    let bundle = Bundle::open(dir)?;
+    let mut bundle = Bundle::open(dir)?;
+    if let Some(store) = &options.store {
+        bundle = crate::verified::verify_for_load(store, bundle)?;
+    }
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
         LoadError::Placement {

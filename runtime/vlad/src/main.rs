@@ -29,6 +29,7 @@ mod prompt_cmd;
 mod qnn_setup;
 mod replay;
 mod simulate;
+mod verified;
 
 use std::process::ExitCode;
 
