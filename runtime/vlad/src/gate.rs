@@ -28,7 +28,9 @@ pub enum LoadError {
     /// every file's hash) at the moment it is loaded.
     Unverified {
         dir: PathBuf,
-        source: Box<vla_ota::OtaError>,
+        /// The store's error, or the policy's refusal of a context binary whose bytes
+        /// did not hash to the manifest's digest as they were read.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// `npu.shared_buffers` is on and the policy cannot run on shared buffers.
     Npu { dir: PathBuf, why: String },
@@ -73,7 +75,7 @@ impl std::error::Error for LoadError {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
             LoadError::Backend(e) => Some(e),
-            LoadError::Unverified { source, .. } => Some(&**source),
+            LoadError::Unverified { source, .. } => Some(source.as_ref()),
             LoadError::Gate { .. }
             | LoadError::Npu { .. }
             | LoadError::Geometry { .. }
@@ -256,7 +258,15 @@ pub fn load_gated(
             dir: dir.to_owned(),
             why,
         })?;
-    let mut policy = Policy::load_with(&bundle, &placed, &options.policy)?;
+    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(|e| match e {
+        // A binary that changed since it was signed: refused as the bundle's
+        // verification, not as a load failure (a retry does not repair it).
+        e @ PolicyError::Unverified { .. } => LoadError::Unverified {
+            dir: dir.to_owned(),
+            source: Box::new(e),
+        },
+        e => LoadError::Policy(e),
+    })?;
     // Before the gate, so the gate checks the I/O the policy will run on.
     let io = options
         .npu

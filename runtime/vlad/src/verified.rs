@@ -57,20 +57,34 @@ impl OpenBinary for HashedBinaries {
         rel: &str,
     ) -> Result<ContextBinary, PolicyError> {
         let path = dir.join(rel);
-        let refused = |source: Box<dyn std::error::Error + Send + Sync>| PolicyError::Unverified {
-            component: component.to_owned(),
-            path: path.clone(),
-            source,
-        };
-        let (file, mut check) = self.digests.open(rel).map_err(|e| refused(Box::new(e)))?;
-        // Shorter or longer than signed while read: a changed file, refused as such.
-        let image = BinaryImage::read(file, check.size(), &path, |chunk| check.update(chunk))
-            .map_err(|e| refused(Box::new(e)))?;
-        check.finish().map_err(|e| refused(Box::new(e)))?;
+        let image = self
+            .read(dir, rel)
+            .map_err(|source| PolicyError::Unverified {
+                component: component.to_owned(),
+                path: path.clone(),
+                source,
+            })?;
         ContextBinary::from_image(lib, image, &path).map_err(|error| PolicyError::Qnn {
             component: component.to_owned(),
             error,
         })
+    }
+}
+
+impl HashedBinaries {
+    /// File `rel` of `dir` in private memory, its bytes the signed manifest's.
+    fn read(
+        &self,
+        dir: &Path,
+        rel: &str,
+    ) -> Result<BinaryImage, Box<dyn std::error::Error + Send + Sync>> {
+        let (file, mut check) = self.digests.open(rel)?;
+        // Shorter or longer than signed while read: a changed file, refused as such.
+        let image = BinaryImage::read(file, check.size(), &dir.join(rel), |chunk| {
+            check.update(chunk)
+        })?;
+        check.finish()?;
+        Ok(image)
     }
 }
 
@@ -153,6 +167,109 @@ mod tests {
         assert!(
             line.contains("SHA-256") && line.contains(rel) && !line.contains('\n'),
             "{line}"
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// What verifying at load costs, the way it was (every file hashed by path, then the
+    /// binaries mapped and every page of them read, as QNN does) and the way it is (the
+    /// binaries hashed as they are read into private memory): wall time over a fixture
+    /// bundle, with a large padding file standing in for a GB-sized binary. Prints figures.
+    #[test]
+    #[ignore = "benchmark: prints figures (cargo test -p vlad --bin vlad load_verification_cost -- --ignored --nocapture)"]
+    fn load_verification_cost() {
+        use std::time::Instant;
+        let Some(lib_dir) = vla_test_support::qnn_lib_dir() else {
+            return;
+        };
+        let name = std::env::var("VLA_BENCH_BUNDLE").unwrap_or("molmoact2-original".into());
+        let pad_mib: usize = std::env::var("VLA_BENCH_PAD_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256);
+        let tmp = std::env::temp_dir().join(format!("vlad-verify-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let b = tmp.join("bundle");
+        vla_test_support::copy_dir(
+            &vla_test_support::repo_root()
+                .join("golden/bundles")
+                .join(&name),
+            &b,
+        );
+        let pad: Vec<u8> = (0..pad_mib << 20)
+            .map(|i| (i * 2654435761usize >> 13) as u8)
+            .collect();
+        std::fs::write(b.join("pad.bin"), &pad).unwrap();
+        drop(pad);
+        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
+        let key = tmp.join("signing.key");
+        let public = vla_ota::keygen(&key).unwrap();
+        vla_ota::sign(&b, &key).unwrap();
+        let target = vla_ota::DeviceTarget {
+            soc_model: 77,
+            htp_arch: 73,
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let bundle = Bundle::open(&b).unwrap();
+        let mut rels: Vec<String> = bundle.binary_paths().into_iter().collect();
+        let binary_bytes: u64 = rels
+            .iter()
+            .map(|r| std::fs::metadata(b.join(r)).unwrap().len())
+            .sum();
+        rels.push("pad.bin".into());
+        let defer: BTreeSet<String> = rels.iter().cloned().collect();
+        let common = crate::cli::Common {
+            lib_dir: Some(lib_dir),
+            log_level: None,
+        };
+        let (lib, _backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
+        let touch = |bytes: &[u8]| bytes.iter().step_by(4096).fold(0u8, |a, &x| a ^ x);
+        let before = || {
+            let t = Instant::now();
+            vla_ota::verify(&b, &[public], &target).unwrap();
+            let mut seen = 0u8;
+            for rel in &rels {
+                let path = b.join(rel);
+                // The stand-in is no context binary: its mapping is not counted (page
+                // faults on a warm page cache, small next to hashing it).
+                if rel != "pad.bin" {
+                    let bin = ContextBinary::open(&lib, &path).unwrap();
+                    seen ^= touch(bin.bytes().unwrap());
+                }
+            }
+            std::hint::black_box(seen);
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let after = || {
+            let t = Instant::now();
+            let (_, digests) =
+                vla_ota::verify_deferring(&b, &[public], 1, &target, &defer).unwrap();
+            let hashed = HashedBinaries { digests };
+            for rel in &rels {
+                let image = hashed.read(&b, rel).unwrap();
+                if rel != "pad.bin" {
+                    let bin = ContextBinary::from_image(&lib, image, b.join(rel)).unwrap();
+                    std::hint::black_box(bin.size());
+                }
+            }
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        before();
+        after();
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            old.push(before());
+            new.push(after());
+        }
+        old.sort_by(f64::total_cmp);
+        new.sort_by(f64::total_cmp);
+        println!(
+            "bundle {name}: {} binaries, {binary_bytes} bytes, plus a {pad_mib} MiB stand-in binary; \
+             median of 5 (min-max), page cache warm:\n  \
+             verify all by path, then map and read every page (stand-in not mapped): {:.1} ms ({:.1}-{:.1})\n  \
+             verify the rest, hash each binary as it is read into private memory: {:.1} ms ({:.1}-{:.1})",
+            rels.len() - 1,
+            old[2], old[0], old[4], new[2], new[0], new[4]
         );
         let _ = std::fs::remove_dir_all(&tmp);
     }
