@@ -197,7 +197,7 @@ mod tests {
             &b,
         );
         let pad: Vec<u8> = (0..pad_mib << 20)
-            .map(|i| (i * 2654435761usize >> 13) as u8)
+            .map(|i| ((i * 2654435761usize) >> 13) as u8)
             .collect();
         std::fs::write(b.join("pad.bin"), &pad).unwrap();
         drop(pad);
