@@ -800,3 +800,50 @@ impl ContextBinary {
         self.size
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::BinaryImage;
+    use std::path::Path;
+
+    /// A reader handing out a few bytes per call, as a pipe or a slow file would.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0.len()).min(7);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_image_holds_exactly_the_bytes_its_inspector_saw() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut seen = Vec::new();
+        let image = BinaryImage::read(Trickle(&data), 1000, Path::new("x.bin"), |c| {
+            seen.extend_from_slice(c)
+        })
+        .unwrap();
+        assert_eq!(seen, data);
+        assert_eq!(image.bytes(), &data[..]);
+    }
+
+    #[test]
+    fn a_reader_shorter_or_longer_than_declared_is_refused() {
+        let data = [1u8; 100];
+        let short = BinaryImage::read(&data[..], 101, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(
+            short.to_string().contains("ended after 100 of 101 bytes"),
+            "{short}"
+        );
+        let long = BinaryImage::read(&data[..], 99, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(
+            long.to_string().contains("longer than its 99 bytes"),
+            "{long}"
+        );
+        let empty = BinaryImage::read(&data[..0], 0, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(empty.to_string().contains("x.bin: empty file"), "{empty}");
+    }
+}
