@@ -193,6 +193,14 @@ check_hawkbit() {
     status=$?
     echo "${out:-no findings}"
     [[ $status -eq 0 && -z "$out" ]] || return 1
+    # The fleet's CA alone: the directory the bbappend installs VLA_HAWKBIT_CA into, as
+    # ca-certificates.crt, read-only over oe-core curl's compiled-in bundle directory
+    # (check_recipe_install.py checks the file lands there).
+    grep -qx 'BindReadOnlyPaths=/etc/rauc-hawkbit-updater/fleet-ca:/etc/ssl/certs' \
+        "$units/rauc-hawkbit-updater.service.d/50-vla.conf" || {
+        echo "check_layer: the drop-in does not bind the fleet CA over /etc/ssl/certs" >&2
+        return 1
+    }
     # The agent is the device's one network-facing process: its sandbox may not regress
     # past 3.0 (vlad's own units score 1.8-3.0).
     local exposure

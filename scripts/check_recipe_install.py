@@ -78,6 +78,7 @@ EXPECTED = {
     ],
     "rauc-hawkbit-updater": [
         "etc/rauc-hawkbit-updater/config.conf",
+        "etc/rauc-hawkbit-updater/fleet-ca/ca-certificates.crt",
         "usr/lib/systemd/system/rauc-hawkbit-updater.service.d/50-vla.conf",
         "usr/lib/tmpfiles.d/vla-hawkbit.conf",
         "usr/libexec/vla/vla-hawkbit-config",
@@ -243,7 +244,8 @@ def install(pn: str, recipe: Path, pv: str, work: Path, vlad_binary: Path, extra
     unpackdir.mkdir(parents=True)
     image.mkdir()
     unpack(d, unpackdir, recipe.parent)
-    script = ["set -e"]
+    # bitbake's shell logging: bbfatal prints an error and fails the task.
+    script = ["set -e", 'bbfatal() { echo "ERROR: $*" >&2; exit 1; }']
     if " cargo" in " " + values.get("__inherits", ""):
         # cargo.bbclass's do_install: the built binaries into ${bindir}.
         for binary in re.findall(r"--bin\s+(\S+)", d.getVar("CARGO_BUILD_FLAGS") or ""):
@@ -306,9 +308,14 @@ def main() -> int:
     failed = False
     ordinary = "a74a3b7188acd4bb7b44c6f9e91907bb950546cb7aceb0657a6bf602dff1573d"
     root = "5e1c0f1b4f3a1d8f0e2b6c7a9d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e"
+    scratch = Path(tempfile.mkdtemp(prefix="vla-install-ca-"))
+    fleet_ca = scratch / "fleet-ca.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-keyout", str(scratch / "ca.key"), "-out", str(fleet_ca), "-days", "1",
+                    "-subj", "/CN=check_recipe_install fleet CA"], check=True, capture_output=True)
     for pn, extra in (("vlad", {"VLA_OTA_TRUSTED_KEYS": ordinary, "VLA_OTA_ROOT_KEYS": root,
                                 "VLA_ADSP_LIBRARY_PATH": "/usr/lib/dsp"}),
-                      ("vla-rauc", None), ("rauc-hawkbit-updater", None)):
+                      ("vla-rauc", None), ("rauc-hawkbit-updater", {"VLA_HAWKBIT_CA": str(fleet_ca)})):
         try:
             problems = check(pn, args.vlad, extra)
         except subprocess.CalledProcessError as e:
@@ -325,7 +332,30 @@ def main() -> int:
         ok = "published" in str(e)
         print(f"{'PASS' if ok else 'FAIL'}  vlad: a published key is refused at build time ({e})")
         failed |= not ok
+    # The agent trusts the fleet's CA alone: an image without one is refused at build time.
+    for value, what in (("", "no VLA_HAWKBIT_CA"), (str(scratch / "ca.key"), "a VLA_HAWKBIT_CA without a certificate")):
+        try:
+            check("rauc-hawkbit-updater", args.vlad, {"VLA_HAWKBIT_CA": value})
+            print(f"FAIL  rauc-hawkbit-updater: {what} was accepted")
+            failed = True
+        except subprocess.CalledProcessError:
+            print(f"PASS  rauc-hawkbit-updater: {what} is refused at build time")
+    if not failed:
+        installed = check_ca(args.vlad, fleet_ca)
+        print(f"{'PASS' if installed else 'FAIL'}  rauc-hawkbit-updater: the fleet CA installed is VLA_HAWKBIT_CA's")
+        failed |= not installed
+    shutil.rmtree(scratch, ignore_errors=True)
     return 1 if failed else 0
+
+
+def check_ca(vlad_binary: Path, fleet_ca: Path) -> bool:
+    """The file the drop-in binds over /etc/ssl/certs holds VLA_HAWKBIT_CA's bytes."""
+    recipe, pv = RECIPES["rauc-hawkbit-updater"]
+    with tempfile.TemporaryDirectory(prefix="vla-install-ca-") as tmp:
+        d, image = install("rauc-hawkbit-updater", recipe, pv, Path(tmp), vlad_binary,
+                           {"VLA_HAWKBIT_CA": str(fleet_ca)})
+        installed = image / d.getVar("sysconfdir").lstrip("/") / "rauc-hawkbit-updater/fleet-ca/ca-certificates.crt"
+        return installed.read_bytes() == fleet_ca.read_bytes()
 
 
 if __name__ == "__main__":

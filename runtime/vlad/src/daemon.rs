@@ -291,11 +291,13 @@ struct Started {
     ota: Option<OtaLink>,
 }
 
-/// The policy's helper threads set up as the inference thread is.
+/// The policy's helper threads set up as the inference thread is; under OTA, every load
+/// verified with `store`'s keys.
 fn load_options(
     rt: &vla_config::RealtimeConfig,
     npu: crate::npu_io::NpuPlan,
     packs: Arc<Store>,
+    store: Option<Arc<Store>>,
 ) -> crate::gate::LoadSettings {
     // The inference thread waits on the policy's helper (the non-finite scans): it runs
     // pinned and prioritised as the inference thread, or it could be starved by anything
@@ -314,6 +316,7 @@ fn load_options(
         },
         npu,
         packs: Some(packs),
+        store,
     }
 }
 
@@ -434,7 +437,12 @@ fn start_engine(
         idle: config.qnn.performance_idle_release(),
     };
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
-    let load_options = load_options(&config.realtime, npu, source.packs.clone());
+    let load_options = load_options(
+        &config.realtime,
+        npu,
+        source.packs.clone(),
+        source.store.clone(),
+    );
     let t = Instant::now();
     let Started {
         dir: good,

@@ -28,7 +28,9 @@ pub enum LoadError {
     /// every file's hash) at the moment it is loaded.
     Unverified {
         dir: PathBuf,
-        source: Box<vla_ota::OtaError>,
+        /// The store's error, or the policy's refusal of a context binary whose bytes
+        /// did not hash to the manifest's digest as they were read.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// `npu.shared_buffers` is on and the policy cannot run on shared buffers.
     Npu { dir: PathBuf, why: String },
@@ -73,7 +75,7 @@ impl std::error::Error for LoadError {
             LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
             LoadError::Backend(e) => Some(e),
-            LoadError::Unverified { source, .. } => Some(&**source),
+            LoadError::Unverified { source, .. } => Some(source.as_ref()),
             LoadError::Gate { .. }
             | LoadError::Npu { .. }
             | LoadError::Geometry { .. }
@@ -236,6 +238,9 @@ pub struct LoadSettings {
     /// The OTA store whose instruction packs of a loaded bundle are attached after its
     /// gate (`crate::packs`); `None`: none are.
     pub packs: Option<std::sync::Arc<vla_ota::Store>>,
+    /// Under OTA, the store: every load verifies the bundle with its keys, each context
+    /// binary hashed as QNN's copy of it is read ([`crate::verified`]).
+    pub store: Option<std::sync::Arc<vla_ota::Store>>,
 }
 
 /// Loads a bundle and gates it: every context against its golden and the end-to-end
@@ -245,7 +250,10 @@ pub fn load_gated(
     dir: &Path,
     options: &LoadSettings,
 ) -> Result<Loaded, LoadError> {
-    let bundle = Bundle::open(dir)?;
+    let mut bundle = Bundle::open(dir)?;
+    if let Some(store) = &options.store {
+        bundle = crate::verified::verify_for_load(store, bundle)?;
+    }
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
         LoadError::Placement {
@@ -263,7 +271,15 @@ pub fn load_gated(
             dir: dir.to_owned(),
             why,
         })?;
-    let mut policy = Policy::load_with(&bundle, &placed, &options.policy)?;
+    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(|e| match e {
+        // A binary that changed since it was signed: refused as the bundle's
+        // verification, not as a load failure (a retry does not repair it).
+        e @ PolicyError::Unverified { .. } => LoadError::Unverified {
+            dir: dir.to_owned(),
+            source: Box::new(e),
+        },
+        e => LoadError::Policy(e),
+    })?;
     // Before the gate, so the gate checks the I/O the policy will run on.
     let io = options
         .npu

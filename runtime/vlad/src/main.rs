@@ -18,6 +18,7 @@ mod npu_io;
 mod observe;
 mod packs;
 mod qnn_setup;
+mod verified;
 
 use std::process::ExitCode;
 

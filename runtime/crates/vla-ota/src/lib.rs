@@ -83,7 +83,9 @@ pub use store::{
     PID_FILE, STATE_FILE,
 };
 pub use trial::{TrialRecorder, TrialView, FLUSH_INTERVAL};
-pub use verify::{verify, verify_threshold, VerifiedBundle};
+pub use verify::{
+    verify, verify_deferring, verify_threshold, DeferredDigests, DigestCheck, VerifiedBundle,
+};
 
 /// What a bundle must be built for to run here.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -152,6 +152,18 @@ impl Store {
         verify_threshold(dir, &keys, threshold, &self.settings.target)
     }
 
+    /// [`Store::verify`] leaving the SHA-256 of the files in `defer` to their reader
+    /// (see [`crate::verify_deferring`]): what a load that takes those files' bytes into
+    /// memory checks as it reads them, in one pass.
+    pub fn verify_deferring(
+        &self,
+        dir: &Path,
+        defer: &std::collections::BTreeSet<String>,
+    ) -> Result<(VerifiedBundle, crate::DeferredDigests), OtaError> {
+        let (keys, threshold) = self.trust()?;
+        crate::verify_deferring(dir, &keys, threshold, &self.settings.target, defer)
+    }
+
     /// The keys bundles verify against and how many must have signed: the stored key
     /// list's (its revoked keys removed) when there is one, else the settings'.
     pub fn trust(&self) -> Result<(Vec<PublicKey>, usize), OtaError> {

@@ -4,18 +4,24 @@
 //! The order is deliberate: nothing unsigned is interpreted beyond parsing, cheap checks
 //! (target, file set, sizes) come before hashing gigabytes of context binaries, and
 //! `bundle.json` is cross-checked against the manifest only once its hash is proven.
+//!
+//! A file about to be used can have its hash left to the reader that takes its bytes
+//! into memory ([`verify_deferring`], [`DeferredDigests`]): hashed there, in one pass,
+//! the bytes checked are the bytes used, and a writer of the file after that changes
+//! nothing. Everything else is checked here as for [`verify`].
 
 use crate::durable;
 use crate::error::OtaError;
 use crate::hex;
 use crate::manifest::{
-    hash_reader, BundleIdentity, OtaManifest, MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE,
+    hash_reader, BundleIdentity, FileEntry, OtaManifest, MANIFEST_FILE, MAX_MANIFEST_BYTES,
+    SIGNATURE_FILE,
 };
 use crate::signing::{parse_signatures, signers, PublicKey, MAX_SIGNATURE_BYTES};
 use crate::version::Version;
 use crate::DeviceTarget;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -159,6 +165,28 @@ pub fn verify_threshold(
     threshold: usize,
     target: &DeviceTarget,
 ) -> Result<VerifiedBundle, OtaError> {
+    let (verified, _none) = verify_deferring(
+        bundle_dir,
+        trusted_keys,
+        threshold,
+        target,
+        &BTreeSet::new(),
+    )?;
+    Ok(verified)
+}
+
+/// [`verify_threshold`], except that the SHA-256 of the listed files named in `defer`
+/// is not computed: it is returned, to be checked by whoever reads them
+/// ([`DeferredDigests::open`]). Their sizes, the signature, the target, the file set,
+/// every other hash and `bundle.json` are checked as usual. A name in `defer` that the
+/// manifest does not list is refused (whoever reads it expects it to be checked).
+pub fn verify_deferring(
+    bundle_dir: &Path,
+    trusted_keys: &[PublicKey],
+    threshold: usize,
+    target: &DeviceTarget,
+    defer: &BTreeSet<String>,
+) -> Result<(VerifiedBundle, DeferredDigests), OtaError> {
     if trusted_keys.is_empty() {
         return Err(OtaError::NoTrustedKeys);
     }
@@ -169,17 +197,159 @@ pub fn verify_threshold(
     check_target(bundle, &manifest, target)?;
     check_file_set(bundle, &manifest)?;
     check_sizes(bundle, &manifest)?;
-    check_hashes(bundle, &manifest)?;
+    let mut deferred = DeferredDigests {
+        bundle: bundle.to_owned(),
+        files: BTreeMap::new(),
+    };
+    for rel in defer {
+        let entry = manifest
+            .files
+            .iter()
+            .find(|f| &f.path == rel)
+            .ok_or_else(|| OtaError::MissingFile {
+                bundle: bundle.to_owned(),
+                path: rel.clone(),
+            })?;
+        deferred.files.insert(rel.clone(), entry.clone());
+    }
+    check_hashes(bundle, &manifest, defer)?;
     check_identity(bundle, &manifest)?;
     let content_hash = hex::encode(&Sha256::digest(&manifest_bytes));
-    Ok(VerifiedBundle {
+    let verified = VerifiedBundle {
         dir: bundle.to_owned(),
         manifest,
         manifest_bytes,
         content_hash,
         signed_by,
         signers,
-    })
+    };
+    Ok((verified, deferred))
+}
+
+impl VerifiedBundle {
+    /// `bytes` are those the manifest lists for `rel` (e.g. a file parsed from what was
+    /// read before or after this verification): the same error as a changed file.
+    pub fn check_bytes(&self, rel: &str, bytes: &[u8]) -> Result<(), OtaError> {
+        let entry = self
+            .manifest
+            .files
+            .iter()
+            .find(|f| f.path == rel)
+            .ok_or_else(|| OtaError::MissingFile {
+                bundle: self.dir.clone(),
+                path: rel.to_owned(),
+            })?;
+        let mut check = DigestCheck::new(&self.dir, entry);
+        check.update(bytes);
+        check.finish()
+    }
+}
+
+/// The files of a verified bundle whose SHA-256 [`verify_deferring`] left to their
+/// reader, with what the signed manifest says of each.
+#[derive(Clone, Debug)]
+pub struct DeferredDigests {
+    bundle: PathBuf,
+    files: BTreeMap<String, FileEntry>,
+}
+
+impl DeferredDigests {
+    /// Opens deferred file `rel` (never through a link), refusing it unless it is a
+    /// regular file of the size the manifest lists, with the check its bytes must pass
+    /// as they are read: read the file once, [`DigestCheck::update`] with each chunk of
+    /// what was read, [`DigestCheck::finish`] before using any of it.
+    pub fn open(&self, rel: &str) -> Result<(std::fs::File, DigestCheck), OtaError> {
+        let entry = self.files.get(rel).ok_or_else(|| OtaError::MissingFile {
+            bundle: self.bundle.clone(),
+            path: rel.to_owned(),
+        })?;
+        let path = self.bundle.join(rel);
+        let file = durable::open_no_follow(&path)?;
+        let meta = file
+            .metadata()
+            .map_err(|e| OtaError::io("reading", &path, e))?;
+        if !meta.is_file() {
+            return Err(OtaError::NotRegular {
+                bundle: self.bundle.clone(),
+                path: rel.to_owned(),
+            });
+        }
+        if meta.len() != entry.size {
+            return Err(OtaError::SizeMismatch {
+                bundle: self.bundle.clone(),
+                path: rel.to_owned(),
+                expected: entry.size,
+                found: meta.len(),
+            });
+        }
+        Ok((file, DigestCheck::new(&self.bundle, entry)))
+    }
+
+    /// The deferred files, relative to the bundle directory.
+    pub fn files(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
+    }
+}
+
+/// The SHA-256 of one file's bytes as they are read, against the signed manifest's.
+pub struct DigestCheck {
+    bundle: PathBuf,
+    entry: FileEntry,
+    hasher: Sha256,
+    seen: u64,
+}
+
+impl core::fmt::Debug for DigestCheck {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DigestCheck")
+            .field("path", &self.entry.path)
+            .field("seen", &self.seen)
+            .finish()
+    }
+}
+
+impl DigestCheck {
+    fn new(bundle: &Path, entry: &FileEntry) -> Self {
+        Self {
+            bundle: bundle.to_owned(),
+            entry: entry.clone(),
+            hasher: Sha256::new(),
+            seen: 0,
+        }
+    }
+
+    /// The size the manifest lists.
+    pub fn size(&self) -> u64 {
+        self.entry.size
+    }
+
+    /// Adds the next bytes read.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+        self.seen = self.seen.saturating_add(bytes.len() as u64);
+    }
+
+    /// Whether the bytes given were exactly the manifest's: its size and its SHA-256.
+    pub fn finish(self) -> Result<(), OtaError> {
+        if self.seen != self.entry.size {
+            return Err(OtaError::SizeMismatch {
+                bundle: self.bundle,
+                path: self.entry.path,
+                expected: self.entry.size,
+                found: self.seen,
+            });
+        }
+        let found = hex::encode(&self.hasher.finalize());
+        if found != self.entry.sha256 {
+            return Err(OtaError::HashMismatch {
+                bundle: self.bundle,
+                path: self.entry.path,
+                expected: self.entry.sha256,
+                found,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The manifest, its bytes and the (at least `threshold`, never none) keys that signed
@@ -314,9 +484,14 @@ fn check_sizes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
     Ok(())
 }
 
-/// Every file's SHA-256, and its size as read (it may have changed since it was listed).
-fn check_hashes(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
-    for entry in &manifest.files {
+/// Every file's SHA-256 but those in `defer`, and its size as read (it may have changed
+/// since it was listed).
+fn check_hashes(
+    bundle: &Path,
+    manifest: &OtaManifest,
+    defer: &BTreeSet<String>,
+) -> Result<(), OtaError> {
+    for entry in manifest.files.iter().filter(|f| !defer.contains(&f.path)) {
         let path = bundle.join(&entry.path);
         let (size, digest) = hash_reader(
             durable::open_no_follow(&path)?,

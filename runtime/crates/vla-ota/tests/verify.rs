@@ -366,3 +366,48 @@ fn keys_keygen_and_permissions() {
     );
     assert!(PublicKey::from_hex("abc").is_err());
 }
+
+/// A file whose hash is deferred is checked by its reader, over the bytes it read: the
+/// verification passes with the file changed (it did not hash it), the reader's check
+/// refuses it; every other file is still hashed; a deferred name the manifest does not
+/// list is refused.
+#[test]
+fn a_deferred_file_is_hashed_by_its_reader_and_the_rest_as_before() {
+    use std::collections::BTreeSet;
+    use std::io::Read;
+    let tmp = TempDir::new("verify-deferred");
+    let rel = "ctx/vision_socid77_archv73.bin";
+    let dir = Spec::new("a").build_signed(tmp.path(), DEV_SECRET);
+    let defer = BTreeSet::from([rel.to_owned()]);
+    let read_back = |digests: &vla_ota::DeferredDigests| {
+        let (mut file, mut check) = digests.open(rel).unwrap();
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).unwrap();
+        check.update(&bytes);
+        check.finish()
+    };
+    let (_, digests) = vla_ota::verify_deferring(&dir, &trusted(), 1, &target(), &defer).unwrap();
+    assert_eq!(digests.files().collect::<Vec<_>>(), [rel]);
+    read_back(&digests).unwrap();
+
+    let mut bytes = std::fs::read(dir.join(rel)).unwrap();
+    bytes[1234] ^= 0x40;
+    std::fs::write(dir.join(rel), &bytes).unwrap();
+    let (_, digests) = vla_ota::verify_deferring(&dir, &trusted(), 1, &target(), &defer).unwrap();
+    let e = read_back(&digests).unwrap_err();
+    assert!(
+        matches!(e, OtaError::HashMismatch { ref path, .. } if path == rel),
+        "{e}"
+    );
+    // Not deferred: refused by the verification itself, as before.
+    let e = check(&dir).unwrap_err();
+    assert!(matches!(e, OtaError::HashMismatch { .. }), "{e}");
+    let other = BTreeSet::from(["ctx/action_step_socid77_archv73.bin".to_owned()]);
+    assert!(matches!(
+        vla_ota::verify_deferring(&dir, &trusted(), 1, &target(), &other),
+        Err(OtaError::HashMismatch { .. })
+    ));
+    let unlisted = BTreeSet::from(["ctx/missing.bin".to_owned()]);
+    let e = vla_ota::verify_deferring(&dir, &trusted(), 1, &target(), &unlisted).unwrap_err();
+    assert!(matches!(e, OtaError::MissingFile { .. }), "{e}");
+}

@@ -31,7 +31,25 @@ pub struct Bundle {
     pub dir: PathBuf,
     /// The parsed and validated `bundle.json`.
     pub manifest: Manifest,
+    /// The `bundle.json` bytes `manifest` was parsed from.
+    manifest_bytes: Arc<[u8]>,
+    /// How the context binaries are opened; `None`: mapped by path.
+    binaries: Option<Arc<dyn OpenBinary>>,
     _in_use: Arc<File>,
+}
+
+/// Opens the context binaries of a bundle for a caller that checks their bytes (the
+/// daemon, against a signed manifest's digests): the [`ContextBinary`] returned holds
+/// the bytes QNN will get.
+pub trait OpenBinary: Send + Sync + core::fmt::Debug {
+    /// The binary of `component`, at `rel` in bundle directory `dir`.
+    fn open(
+        &self,
+        lib: &vla_qnn::QnnLibrary,
+        dir: &Path,
+        component: &str,
+        rel: &str,
+    ) -> Result<ContextBinary, PolicyError>;
 }
 
 impl Bundle {
@@ -74,6 +92,8 @@ impl Bundle {
         let bundle = Self {
             dir,
             manifest,
+            manifest_bytes: bytes.into(),
+            binaries: None,
             _in_use: Arc::new(file),
         };
         for name in bundle.manifest.required_components() {
@@ -94,6 +114,27 @@ impl Bundle {
             }
         }
         Ok(bundle)
+    }
+
+    /// The exact `bundle.json` bytes [`Bundle::manifest`] was parsed from.
+    pub fn manifest_bytes(&self) -> &[u8] {
+        &self.manifest_bytes
+    }
+
+    /// The bundle with its context binaries opened by `binaries` instead of mapped by
+    /// path.
+    pub fn with_binaries(mut self, binaries: Arc<dyn OpenBinary>) -> Self {
+        self.binaries = Some(binaries);
+        self
+    }
+
+    /// The context binaries of every component of the manifest, relative to the bundle.
+    pub fn binary_paths(&self) -> std::collections::BTreeSet<String> {
+        self.manifest
+            .components
+            .values()
+            .map(|c| c.binary.clone())
+            .collect()
     }
 
     /// `rel` inside the bundle.
@@ -145,8 +186,11 @@ impl Bundle {
         let mut binaries = Vec::with_capacity(components.len());
         for &component in components {
             let c = &self.manifest.components[component];
-            let binary = ContextBinary::open(backend.library(), self.path(&c.binary))
-                .map_err(qnn(component))?;
+            let binary = match &self.binaries {
+                Some(open) => open.open(backend.library(), &self.dir, component, &c.binary)?,
+                None => ContextBinary::open(backend.library(), self.path(&c.binary))
+                    .map_err(qnn(component))?,
+            };
             if let Some(soc) = binary.info().soc_model {
                 if soc != self.manifest.soc_model {
                     return Err(PolicyError::Target {

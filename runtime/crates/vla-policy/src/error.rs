@@ -80,6 +80,16 @@ pub enum PolicyError {
     },
     /// Reading an npz of the bundle (golden, tables, world model, observation) failed.
     Npz(vla_npz::NpzError),
+    /// A context binary's bytes are not the ones its bundle's checker expects (e.g. a
+    /// signed manifest's digest): nothing of them reached QNN.
+    Unverified {
+        /// The manifest component whose binary was refused.
+        component: String,
+        /// The binary file.
+        path: PathBuf,
+        /// The checker's error.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// Loading or executing a context failed.
     Qnn {
         /// The manifest component whose context failed.
@@ -175,6 +185,11 @@ impl core::fmt::Display for PolicyError {
             PolicyError::Pack { pack, reason } => write!(f, "instruction pack {pack}: {reason}"),
             PolicyError::Npz(e) => e.fmt(f),
             PolicyError::Qnn { component, error } => write!(f, "component `{component}`: {error}"),
+            PolicyError::Unverified { component, path, source } => write!(
+                f,
+                "component `{component}`: context binary {} refused before QNN saw it: {source}",
+                path.display()
+            ),
             PolicyError::Observation { field, expected, found } => {
                 write!(f, "observation {field}: expected {expected}, found {found}")
             }
@@ -193,6 +208,7 @@ impl std::error::Error for PolicyError {
         match self {
             PolicyError::Npz(e) => Some(e),
             PolicyError::Qnn { error, .. } => Some(error),
+            PolicyError::Unverified { source, .. } => Some(source.as_ref()),
             PolicyError::Helper { error, .. } => Some(error),
             _ => None,
         }

@@ -6,6 +6,10 @@
 //! RAM (a process under `mlockall` would otherwise pin gigabytes of page cache) and is
 //! dropped once a context exists: contexts are created without QNN's persistent-binary
 //! option, so the backend keeps its own copy of what it needs.
+//!
+//! A caller that must know the bytes QNN gets (a signed bundle's digest) reads them once
+//! into a [`BinaryImage`] instead, checking each chunk as it arrives, and hands the image
+//! to [`ContextBinary::from_image`]: what it checked is what QNN receives.
 
 // FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
 #![allow(unsafe_code)]
@@ -528,6 +532,98 @@ impl QnnLibrary {
     }
 }
 
+/// Chunk size of [`BinaryImage::read`]: large enough that the reads cost nothing next to
+/// the hashing, small enough that a caller's per-chunk work stays in cache.
+const IMAGE_CHUNK: usize = 4 << 20;
+
+/// A context binary's bytes in private, read-only anonymous memory, read from an open
+/// file (or any reader) once.
+///
+/// Unlike a mapping of the file, no other process can change these bytes (a write to
+/// the file, or a truncation, after the read changes nothing here), so what the caller
+/// inspected while they were read is what QNN gets ([`ContextBinary::from_image`]). The
+/// memory costs the binary's size until its context exists (contexts are created
+/// without the persistent-binary option: the bytes are freed then), and is never
+/// locked by `mlockall`. It is not the heap: GB-sized binaries get their own mapping,
+/// returned to the system at once when freed.
+pub struct BinaryImage {
+    map: memmap2::Mmap,
+}
+
+impl core::fmt::Debug for BinaryImage {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("BinaryImage")
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
+impl BinaryImage {
+    /// Reads exactly `len` bytes of `reader` into fresh anonymous memory, handing each
+    /// chunk to `each` as it lies there once read (so `each` sees the very bytes that
+    /// are kept, not a copy the reader could still change), then makes the memory
+    /// read-only. A reader shorter or longer than `len` (a file changed since its size
+    /// was taken) is an error naming `path`.
+    pub fn read(
+        mut reader: impl std::io::Read,
+        len: u64,
+        path: &Path,
+        mut each: impl FnMut(&[u8]),
+    ) -> Result<Self, QnnError> {
+        let err = |reason: String| QnnError::Binary {
+            path: path.to_owned(),
+            reason,
+        };
+        if len == 0 {
+            return Err(err("empty file".into()));
+        }
+        let size = usize::try_from(len).map_err(|_| err(format!("{len} bytes")))?;
+        let mut anon = memmap2::MmapMut::map_anon(size)
+            .map_err(|e| err(format!("anonymous map of {len} bytes: {e}")))?;
+        // Transient memory: never locked by mlockall(MCL_FUTURE) (see `ContextBinary::open`).
+        anon.unlock().map_err(|e| err(format!("munlock: {e}")))?;
+        let mut at = 0usize;
+        while at < size {
+            let end = size.min(at + IMAGE_CHUNK);
+            match reader.read(&mut anon[at..end]) {
+                Ok(0) => {
+                    return Err(err(format!(
+                        "ended after {at} of {len} bytes (changed while read)"
+                    )))
+                }
+                Ok(n) => {
+                    each(&anon[at..at + n]);
+                    at += n;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(err(e.to_string())),
+            }
+        }
+        let mut more = [0u8; 1];
+        loop {
+            match reader.read(&mut more) {
+                Ok(0) => break,
+                Ok(_) => {
+                    return Err(err(format!(
+                        "longer than its {len} bytes (changed while read)"
+                    )))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(err(e.to_string())),
+            }
+        }
+        let map = anon
+            .make_read_only()
+            .map_err(|e| err(format!("mprotect: {e}")))?;
+        Ok(Self { map })
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+}
+
 /// A context binary file, mapped read-only, with its metadata.
 pub struct ContextBinary {
     path: PathBuf,
@@ -645,21 +741,22 @@ impl ContextBinary {
         meta: std::fs::Metadata,
         path: PathBuf,
     ) -> Result<Self, QnnError> {
-        let err = |reason: String| QnnError::Binary {
-            path: path.clone(),
-            reason,
-        };
-        let mut heap = memmap2::MmapMut::map_anon(meta.len() as usize)
-            .map_err(|e| err(format!("anonymous map: {e}")))?;
-        // Transient memory: never locked by mlockall(MCL_FUTURE) (see `open`).
-        heap.unlock().map_err(|e| err(format!("munlock: {e}")))?;
-        // A file shrunk meanwhile fails here (short read), never faults.
-        std::io::Read::read_exact(&mut file, &mut heap).map_err(|e| err(e.to_string()))?;
-        let map = heap
-            .make_read_only()
-            .map_err(|e| err(format!("mprotect: {e}")))?;
-        let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self::new(path, map, info, false))
+        let image = BinaryImage::read(&mut file, meta.len(), &path, |_| {})?;
+        Self::from_image(lib, image, path)
+    }
+
+    /// A context binary from bytes already taken into private memory ([`BinaryImage`]):
+    /// the bytes the caller checked (e.g. hashed as they were read) are the bytes
+    /// libQnnSystem describes and `contextCreateFromBinary` receives; nothing changes
+    /// them after, whatever happens to the file. `path` names the binary in errors.
+    pub fn from_image(
+        lib: &QnnLibrary,
+        image: BinaryImage,
+        path: impl AsRef<Path>,
+    ) -> Result<Self, QnnError> {
+        let path = path.as_ref().to_owned();
+        let info = read_binary_info(lib, &image.map, &path)?;
+        Ok(Self::new(path, image.map, info, false))
     }
 
     fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo, maps_the_file: bool) -> Self {
@@ -701,5 +798,52 @@ impl ContextBinary {
     /// Size of the file in bytes (also after unmapping).
     pub fn size(&self) -> usize {
         self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BinaryImage;
+    use std::path::Path;
+
+    /// A reader handing out a few bytes per call, as a pipe or a slow file would.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0.len()).min(7);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_image_holds_exactly_the_bytes_its_inspector_saw() {
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut seen = Vec::new();
+        let image = BinaryImage::read(Trickle(&data), 1000, Path::new("x.bin"), |c| {
+            seen.extend_from_slice(c)
+        })
+        .unwrap();
+        assert_eq!(seen, data);
+        assert_eq!(image.bytes(), &data[..]);
+    }
+
+    #[test]
+    fn a_reader_shorter_or_longer_than_declared_is_refused() {
+        let data = [1u8; 100];
+        let short = BinaryImage::read(&data[..], 101, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(
+            short.to_string().contains("ended after 100 of 101 bytes"),
+            "{short}"
+        );
+        let long = BinaryImage::read(&data[..], 99, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(
+            long.to_string().contains("longer than its 99 bytes"),
+            "{long}"
+        );
+        let empty = BinaryImage::read(&data[..0], 0, Path::new("x.bin"), |_| {}).unwrap_err();
+        assert!(empty.to_string().contains("x.bin: empty file"), "{empty}");
     }
 }

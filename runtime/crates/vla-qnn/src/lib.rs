@@ -44,7 +44,9 @@ mod release;
 pub mod rpcmem;
 
 pub use backend::{Backend, ContextPlacement};
-pub use binary::{data_type_name, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind};
+pub use binary::{
+    data_type_name, BinaryImage, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind,
+};
 pub use context::{Context, Graph, IoBuffers, SharedLayout};
 pub use error::{error_meaning, HtpRefusal, QnnError};
 pub use group::{

@@ -317,16 +317,15 @@ impl PolicyEngine {
     /// SIGHUP under OTA: load what `current` names now; a bundle that fails to load or
     /// to pass its gate is rolled back by the store (which reloads the previous one here).
     fn reload_from_store(&mut self, store: &Arc<Store>) -> Result<String, ReloadError> {
-        let previous = self.ota.as_ref().map(|o| o.trial.running_hash());
         let (hash, dir) = store
             .current()
             .map_err(ReloadError::Store)?
             .ok_or(ReloadError::NoCurrent)?;
         self.policy = None;
-        // Verified here, with the daemon's own keys, whatever the CLI that installed and
-        // activated it trusted (`--trusted-key`): a reload never widens what drives.
-        let loaded =
-            verify_stored(store, &dir, &hash).and_then(|()| self.try_load_through_restart(&dir));
+        // Verified as it loads (`load_gated`), with the daemon's own keys, whatever the CLI
+        // that installed and activated it trusted (`--trusted-key`): a reload never widens
+        // what drives.
+        let loaded = self.try_load_through_restart(&dir);
         match loaded {
             Ok(()) => {
                 if let Some(o) = &self.ota {
@@ -343,7 +342,7 @@ impl PolicyEngine {
                 if let (Some(o), Some((h, _))) = (&self.ota, &running) {
                     o.trial.running(h.clone(), false);
                 }
-                if let Err(again) = self.load_previous_if_none(previous.as_deref()) {
+                if let Err(again) = self.load_previous_if_none() {
                     return Err(ReloadError::PreviousFailed {
                         rejected: Box::new(rejected),
                         previous: Box::new(again),
@@ -366,14 +365,11 @@ impl PolicyEngine {
 
 impl PolicyEngine {
     /// Not on trial (no rollback target) or the rollback failed: load what ran before
-    /// (`hash` under OTA, verified again with the store's keys first), whatever the
-    /// store says.
-    fn load_previous_if_none(&mut self, hash: Option<&str>) -> Result<(), LoadError> {
+    /// (under OTA verified again with the store's keys as it loads), whatever the store
+    /// says.
+    fn load_previous_if_none(&mut self) -> Result<(), LoadError> {
         if self.policy.is_none() {
             let good = self.good.clone();
-            if let (Some(o), Some(hash)) = (&self.ota, hash) {
-                verify_stored(&o.store, &good, hash)?;
-            }
             self.try_load(&good)?;
         }
         Ok(())
@@ -388,26 +384,6 @@ impl PolicyEngine {
                 p.timings().total + self.extra_latency,
             );
         }
-    }
-}
-
-/// Whether `dir` verifies with the store's keys (the daemon's own, whatever the CLI that
-/// installed it trusted) and its manifest hashes to `hash`: checked before every load from
-/// the store, so a load never widens what drives and files changed since are refused.
-pub(super) fn verify_stored(store: &Store, dir: &Path, hash: &str) -> Result<(), LoadError> {
-    match store.verify(dir) {
-        Ok(v) if v.content_hash == hash => Ok(()),
-        Ok(v) => Err(LoadError::Unverified {
-            dir: dir.to_owned(),
-            source: Box::new(vla_ota::OtaError::InUseCorrupt {
-                hash: hash.to_owned(),
-                reason: format!("its manifest hashes to {}", v.content_hash),
-            }),
-        }),
-        Err(source) => Err(LoadError::Unverified {
-            dir: dir.to_owned(),
-            source: Box::new(source),
-        }),
     }
 }
 

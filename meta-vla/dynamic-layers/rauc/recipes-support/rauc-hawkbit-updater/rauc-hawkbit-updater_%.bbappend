@@ -14,6 +14,14 @@
 # nooelint: oelint.vars.noncoreoverride
 VLA_HAWKBIT_DIR ??= "${localstatedir}/lib/rauc-hawkbit-updater"
 
+# The fleet's CA certificate (PEM; a path on the build host, as the signing keys' files):
+# the one CA the agent trusts for the update server. rauc-hawkbit-updater has no CA-file
+# option (curl's compiled-in bundle, oe-core's curl: ${sysconfdir}/ssl/certs/
+# ca-certificates.crt), so the drop-in mounts the directory this CA is installed in over
+# /etc/ssl/certs in the agent's namespace. Required with DISTRO_FEATURES "vla-rauc".
+# nooelint: oelint.vars.noncoreoverride
+VLA_HAWKBIT_CA ??= ""
+
 # nooelint: oelint.vars.noncoreoverride
 FILESEXTRAPATHS:prepend := "${THISDIR}/files:"
 # nooelint: oelint.vars.noncoreoverride
@@ -40,15 +48,25 @@ do_install:append() {
         install -d ${D}${systemd_system_unitdir}/${BPN}.service.d
         sed 's|@VLA_HAWKBIT_DIR@|${VLA_HAWKBIT_DIR}|g' ${UNPACKDIR}/vla-hawkbit.service.conf > ${D}${systemd_system_unitdir}/${BPN}.service.d/50-vla.conf
         chmod 0644 ${D}${systemd_system_unitdir}/${BPN}.service.d/50-vla.conf
+        if [ -z "${VLA_HAWKBIT_CA}" ] || [ ! -f "${VLA_HAWKBIT_CA}" ]; then
+            bbfatal "VLA_HAWKBIT_CA must name the fleet's CA certificate (PEM), the one CA the agent trusts; it is '${VLA_HAWKBIT_CA}'"
+        fi
+        grep -q -- '-----BEGIN CERTIFICATE-----' "${VLA_HAWKBIT_CA}" ||
+            bbfatal "VLA_HAWKBIT_CA (${VLA_HAWKBIT_CA}) holds no PEM certificate"
+        install -d ${D}${sysconfdir}/${BPN}/fleet-ca
+        install -m 0644 "${VLA_HAWKBIT_CA}" ${D}${sysconfdir}/${BPN}/fleet-ca/ca-certificates.crt
         install -d ${D}${nonarch_libdir}/tmpfiles.d
         sed 's|@VLA_HAWKBIT_DIR@|${VLA_HAWKBIT_DIR}|g' ${UNPACKDIR}/vla-hawkbit-tmpfiles.conf > ${D}${nonarch_libdir}/tmpfiles.d/vla-hawkbit.conf
         chmod 0644 ${D}${nonarch_libdir}/tmpfiles.d/vla-hawkbit.conf
     fi
 }
-do_install[vardeps] += "VLA_HAWKBIT_DIR VLA_HAWKBIT_VLA"
+do_install[vardeps] += "VLA_HAWKBIT_DIR VLA_HAWKBIT_VLA VLA_HAWKBIT_CA"
+# A new CA in the same file installs again.
+do_install[file-checksums] += "${@(d.getVar('VLA_HAWKBIT_CA') + ':True') if d.getVar('VLA_HAWKBIT_CA') else ''}"
 
 # nooelint: oelint.vars.noncoreoverride
 FILES:${PN} += "\
+    ${sysconfdir}/${BPN}/fleet-ca/ca-certificates.crt \
     ${libexecdir}/vla/vla-hawkbit-config \
     ${systemd_system_unitdir}/${BPN}.service.d/50-vla.conf \
     ${nonarch_libdir}/tmpfiles.d/vla-hawkbit.conf \
