@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vla_host import safetensors_f32
 from vla_host.det_npz import save_npz
 
 DEFAULT_PROMPT = "A video recorded from a robot's point of view executing the following instruction: {task}"
@@ -121,10 +122,7 @@ def wan_tokenizer(tokenizer_dir: Path, seq_len: int):
 
 def read_safetensors(path: Path) -> dict:
     """Every tensor of a safetensors file as f32 (bf16 widened), by name."""
-    from vla_import.checkpoint import _header, read_tensor
-
-    header, _ = _header(path)
-    return {k: read_tensor(path, k) for k in header if k != "__metadata__"}
+    return safetensors_f32.read_all(path)
 
 
 def _gelu_tanh(x):

@@ -16,11 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-
-from . import bundle, checkpoint, contract, fastwam, fastwam_chain, gates, lerobot, prompt, release, sources  # noqa: E402
-from .errors import ImportRefused, expect  # noqa: E402
-
 from vla_host import build_prompt_tables as bpt
+
+from . import bundle, checkpoint, contract, fastwam, fastwam_chain, gates, lerobot, prompt, release, sources
+from .errors import ImportRefused, expect
 
 KEYSTONE_SELECTORS = ("medoid", "guarded_medoid", "cluster_medoid")
 DISTANCES = ("l2", "l1", "cosine")

@@ -3,11 +3,11 @@ tokenizer, the text embedding from safetensors, norm_stats.json), or a LeRobot p
 (`lerobot`) on top of the Hugging Face checkpoint its config names."""
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from vla_host import safetensors_f32
 
 from .errors import ImportRefused, expect
 
@@ -24,29 +24,15 @@ def read_json(path: Path) -> dict:
         raise ImportRefused(str(path), f"not JSON: {exc}") from exc
 
 
-def _header(path: Path) -> tuple[dict, int]:
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n)), 8 + n
+_header = safetensors_f32.header  # the name the importer's modules and tests call it by
 
 
 def read_tensor(path: Path, key: str) -> np.ndarray:
-    """One tensor as f32. F32/F16 through the safetensors library; BF16 from the file's
-    own layout (safetensors' numpy backend has no bfloat16): the upper half of an f32."""
-    header, start = _header(path)
-    meta = header[key]
-    dtype, shape, (lo, hi) = meta["dtype"], meta["shape"], meta["data_offsets"]
-    if dtype == "BF16":
-        with open(path, "rb") as f:
-            f.seek(start + lo)
-            raw = np.frombuffer(f.read(hi - lo), dtype="<u2")
-        return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    if dtype not in ("F32", "F16"):
-        raise ImportRefused(f"{path} {key}", f"dtype: expected BF16, F16 or F32, found {dtype}")
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as f:
-        return f.get_tensor(key).astype(np.float32)
+    """One tensor as f32 (vla_host.safetensors_f32); another dtype is refused naming it."""
+    try:
+        return safetensors_f32.read_tensor(path, key)
+    except safetensors_f32.DtypeRefused as exc:
+        raise ImportRefused(f"{path} {key}", str(exc)) from None
 
 
 def _locate(root: Path) -> dict:

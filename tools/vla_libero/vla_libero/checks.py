@@ -34,7 +34,7 @@ class Check:
 
 
 def _reference():
-    from vla_host import reference  # noqa: E402  (the project's numpy host glue)
+    from vla_host import reference  # the project's numpy host glue
     return reference
 
 
