@@ -7,7 +7,8 @@
 #   4. scripts/gen_crates_inc.py --check (vlad-crates.inc matches Cargo.lock) and its tests;
 #   5. the fleet agent's files (dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater):
 #      its service drop-in verified on a stand-in of meta-rauc's unit next to vlad.service,
-#      its tmpfiles.d into a scratch root, its configuration script's tests;
+#      its tmpfiles.d into a scratch root, its configuration script's tests, and its fleet-CA
+#      bind made in a private mount namespace in front of this machine's curl;
 #   6. scripts/check_recipe_install.py: the recipes' real do_install into a scratch ${D}
 #      (every SYSTEMD_SERVICE unit installed, the installed tree as expected, a published
 #      signing key refused at build time); builds target/release/vlad first.
@@ -227,7 +228,8 @@ check_hawkbit() {
     }
     stat -c '%A %u:%g %n' "$root$hawkbit_dir" "$root$hawkbit_dir/download" | sed "s|$root||"
 
-    .venv/bin/python -m pytest -q -p no:cacheprovider scripts/tests/test_vla_hawkbit_config.py
+    .venv/bin/python -m pytest -q -p no:cacheprovider scripts/tests/test_vla_hawkbit_config.py \
+        scripts/tests/test_hawkbit_fleet_ca.py
 }
 
 check_crates() {
