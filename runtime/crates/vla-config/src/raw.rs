@@ -6,7 +6,9 @@
 //! parser error. Strings and lists are bounded here, with their own messages; every
 //! object rejects unknown keys and is read through [`Section`], which enters each key
 //! into the path; [`List`] enters each index. Each value type notes what it expects
-//! before the parser reads it, for the message when the parser refuses the value.
+//! before the parser reads it, for the message when the parser refuses the value: a new
+//! field is a [`Number`], [`Flag`], [`Text`], [`List`] or [`Section`], never a bare
+//! `f64` or `bool` (whose wrong value would be reported as "expected a value").
 
 use core::fmt;
 use core::marker::PhantomData;
