@@ -26,6 +26,9 @@ use vla_qnn::ContextBinary;
 const HELP: &str = "\
 usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE]
                          [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]
+                         [--shared-buffers [--rpcmem LIB]]
+--shared-buffers moves the policy onto HTP shared buffers (rpcmem from libcdsprpc.so, or
+LIB) before timing, as the daemon does under npu.shared_buffers: on.
 The HTP performance vote of the run (default burst, the daemon's default); latency
 p50/p99, execute sum, host overhead (us and %) and per-component times over the
 bundle's golden observation; load time and RSS/PSS of every context, mapped and read into
@@ -73,6 +76,8 @@ struct Options {
     json: Option<PathBuf>,
     probe: Option<LoadMode>,
     performance: vla_qnn::PerformanceMode,
+    /// `--shared-buffers`, with `--rpcmem LIB` when given.
+    shared: Option<Option<PathBuf>>,
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
@@ -80,6 +85,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
+    let (mut shared, mut rpcmem) = (false, None);
     let mut p = cli::parser(args);
     while let Some(arg) = p.next().map_err(cli::usage)? {
         match arg {
@@ -91,6 +97,8 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             Long("iterations") => iterations = cli::number(&mut p, "--iterations")?,
             Long("warmup") => warmup = cli::number(&mut p, "--warmup")?,
             Long("json") => json = Some(cli::value(&mut p)?.into()),
+            Long("shared-buffers") => shared = true,
+            Long("rpcmem") => rpcmem = Some(cli::value(&mut p)?.into()),
             Long("load-probe") => probe = Some(LoadMode::parse(&cli::string(&mut p)?)?),
             Long("performance") => {
                 performance = qnn_setup::performance_mode(&cli::string(&mut p)?)?
@@ -114,6 +122,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         json,
         probe,
         performance,
+        shared: shared.then_some(rpcmem),
     }))
 }
 
@@ -233,6 +242,13 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     let votes = qnn_setup::start_votes(&backend, &[0], o.performance, crate::bench::IDLE_RELEASE);
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
+    if let Some(lib) = &o.shared {
+        let rpc = match lib {
+            Some(path) => vla_qnn::RpcMem::load(path)?,
+            None => vla_qnn::RpcMem::load_default()?,
+        };
+        policy.use_shared_buffers(&rpc)?;
+    }
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
     let memory = Memory::read()?;
     let obs = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end))?;
@@ -255,6 +271,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
             .sum()
     };
     let client_bytes_before = client_bytes(&mut policy);
+    let host_bytes_before = policy.host_copy_bytes();
     let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
     let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.iterations {
@@ -272,6 +289,8 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     }
     let client_bytes_per_inference =
         (client_bytes(&mut policy) - client_bytes_before) / o.iterations as u64;
+    let host_bytes_per_inference =
+        (policy.host_copy_bytes() - host_bytes_before) / o.iterations as u64;
     let mut host_share: Vec<f64> = hosts
         .iter()
         .zip(&executes)
@@ -310,7 +329,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         "host_overhead_samples_us": hosts,
         "components": components,
         "policy_load_ms": load_ms,
+        "npu_io": if policy.on_shared_buffers() { "shared" } else { "client" },
         "npu_client_buffer_bytes_per_inference": client_bytes_per_inference,
+        "host_copy_bytes_per_inference": host_bytes_per_inference,
         "rss_after_policy_load": memory.rss,
         "pss_after_policy_load": memory.pss,
         "binaries_bytes": binaries_bytes(bundle)?,
@@ -360,6 +381,12 @@ fn render(r: &Value) -> String {
         "  NPU I/O in client buffers per inference {} bytes ({:.1} MiB; QNN copies them to and from DSP-visible memory)\n",
         r["npu_client_buffer_bytes_per_inference"],
         mib(&r["npu_client_buffer_bytes_per_inference"])
+    );
+    s += &format!(
+        "  host copies per inference {} bytes ({:.3} MiB; buffer to buffer in the host glue; NPU I/O in {} buffers)\n",
+        r["host_copy_bytes_per_inference"],
+        mib(&r["host_copy_bytes_per_inference"]),
+        r["npu_io"].as_str().unwrap_or("?")
     );
     s += &format!(
         "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB\n",
