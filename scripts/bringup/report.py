@@ -311,7 +311,7 @@ def parse_bench(doc: dict) -> Bench:
     memory: dict[str, float] = {}
     # Shown in "Shared buffers (end to end)".
     used.update(("npu_io", "npu_client_buffer_bytes_per_inference",
-                 "host_copy_bytes_per_inference"))
+                 "host_copy_bytes_per_inference", "rss_after_inferences", "pss_after_inferences"))
     for key, label in (("rss_after_policy_load", "RSS after the policy is loaded"),
                        ("pss_after_policy_load", "PSS after the policy is loaded"),
                        ("binaries_bytes", "context binaries on disk")):
@@ -812,12 +812,16 @@ def shared_end_to_end(directory: Path) -> list[str]:
             ("execute sum p50 ms", "execute_p50_us", 1e-3, ".3f"),
             ("RSS after policy load MiB", "rss_after_policy_load", 1 / (MIB * MIB), ".1f"),
             ("PSS after policy load MiB", "pss_after_policy_load", 1 / (MIB * MIB), ".1f"),
+            ("RSS after the inferences MiB", "rss_after_inferences", 1 / (MIB * MIB), ".1f"),
+            ("PSS after the inferences MiB", "pss_after_inferences", 1 / (MIB * MIB), ".1f"),
             ("NPU I/O in client buffers per inference, bytes",
              "npu_client_buffer_bytes_per_inference", 1, ".0f"),
             ("host copies per inference, bytes", "host_copy_bytes_per_inference", 1, ".0f"))
     lines += ["`vlad bench-bundle` on the bundle's golden observation with client buffers"
               " (bench.json) and with `--shared-buffers` (every context's I/O in registered"
-              " memory, chained contexts sharing it).", "",
+              " memory, chained contexts sharing it). Client buffers become resident in the"
+              " first inference, the arena when the policy moves onto it: compare memory"
+              " after the inferences.", "",
               "| figure | client buffers | shared buffers |", "|---|---:|---:|"]
     for label, key, scale, spec in rows:
         cells = []

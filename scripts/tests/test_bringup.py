@@ -364,7 +364,7 @@ def test_shared_buffer_ab_is_tabled_with_a_verdict(tmp_path):
 def test_rss_pss_and_copies_per_mode_are_tabled_end_to_end(tmp_path):
     client = bench_doc()
     client.update(npu_io="client", npu_client_buffer_bytes_per_inference=3103536,
-                  host_copy_bytes_per_inference=280)
+                  host_copy_bytes_per_inference=280, rss_after_inferences=80 * 1024 * 1024)
     shared = bench_doc()
     shared.update(npu_io="shared", total_p50_us=1200.0, execute_p50_us=1100.0,
                   rss_after_policy_load=70 * 1024 * 1024, pss_after_policy_load=45 * 1024 * 1024,
@@ -377,6 +377,7 @@ def test_rss_pss_and_copies_per_mode_are_tabled_end_to_end(tmp_path):
     assert "| end to end p50 ms | 1.500 | 1.200 |" in md
     assert "| RSS after policy load MiB | 64.0 | 70.0 |" in md
     assert "| PSS after policy load MiB | 42.0 | 45.0 |" in md
+    assert "| RSS after the inferences MiB | 80.0 | n/a |" in md
     assert "| NPU I/O in client buffers per inference, bytes | 3103536 | 0 |" in md
     assert "| host copies per inference, bytes | 280 | 280 |" in md
     assert "not `shared`" not in md

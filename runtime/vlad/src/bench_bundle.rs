@@ -291,6 +291,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         (client_bytes(&mut policy) - client_bytes_before) / o.iterations as u64;
     let host_bytes_per_inference =
         (policy.host_copy_bytes() - host_bytes_before) / o.iterations as u64;
+    // Client buffers are touched (made resident) by the first inference, an arena at the
+    // move: compare the modes here.
+    let memory_after = Memory::read()?;
     let mut host_share: Vec<f64> = hosts
         .iter()
         .zip(&executes)
@@ -334,6 +337,8 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         "host_copy_bytes_per_inference": host_bytes_per_inference,
         "rss_after_policy_load": memory.rss,
         "pss_after_policy_load": memory.pss,
+        "rss_after_inferences": memory_after.rss,
+        "pss_after_inferences": memory_after.pss,
         "binaries_bytes": binaries_bytes(bundle)?,
         "load": load,
     }))
@@ -389,10 +394,12 @@ fn render(r: &Value) -> String {
         r["npu_io"].as_str().unwrap_or("?")
     );
     s += &format!(
-        "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB\n",
+        "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB; after the inferences RSS {:.1} MiB, PSS {:.1} MiB\n",
         mib(&r["binaries_bytes"]),
         mib(&r["rss_after_policy_load"]),
-        mib(&r["pss_after_policy_load"])
+        mib(&r["pss_after_policy_load"]),
+        mib(&r["rss_after_inferences"]),
+        mib(&r["pss_after_inferences"])
     );
     for (mode, l) in r["load"].as_object().into_iter().flatten() {
         s += &format!(
