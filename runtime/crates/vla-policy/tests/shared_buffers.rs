@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use vla_policy::{Bundle, ObservationFile, Policy};
+use vla_policy::{Bundle, ObservationFile, Policy, PolicyError};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary, RpcMem};
 use vla_test_support::{qnn_lib_dir, qnn_mem_shim, rpcmem_standin};
 
@@ -150,6 +150,31 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let s = m.settings.seq_len as u64;
     let once = s * m.settings.hidden as u64 * 4 + s * s * 4 + s * 4;
     assert_eq!(policy.host_copy_bytes() - copied, once + 2 * rows);
+
+    // The guard's scans read regions while the next context runs: a NaN in a split's
+    // hidden_out (scanned during the next split) and in v_ctx (during the flow loop) is
+    // found and named, no action is written, and the next inference recovers.
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let mut obs = file.observation();
+    obs.seed = 0; // `client` starts with seed 0's actions
+    let mut a = vec![0f32; g.chunk_len * g.action_dims];
+    for (component, tensor) in [("llm_split1", "hidden_out"), ("action_context", "v_ctx")] {
+        policy.inject_non_finite(Some(component));
+        let e = policy.infer(&obs, &mut a).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
+                if c == component && t == tensor),
+            "{component}: {e}"
+        );
+        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
+    }
+    policy.inject_non_finite(None);
+    policy.infer(&obs, &mut a).unwrap();
+    assert_eq!(
+        bits(&a),
+        bits(&client[..a.len()]),
+        "recovered, bit-identical"
+    );
     drop(policy);
     drop(shimmed);
     let _ = std::fs::remove_dir_all(&tmp);
