@@ -138,11 +138,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         println!("{probe}");
         return Ok(());
     }
+    // Before the load probes: without rpcmem the run stops at once.
+    let rpc = match &o.shared {
+        None => None,
+        Some(Some(path)) => Some(vla_qnn::RpcMem::load(path)?),
+        Some(None) => Some(vla_qnn::RpcMem::load_default()?),
+    };
     let mut load = serde_json::Map::new();
     for mode in [LoadMode::Mmap, LoadMode::MmapLocked, LoadMode::Heap] {
         load.insert(mode.name().into(), spawn_probe(&o, mode)?);
     }
-    let report = bench(&o, &bundle, Value::Object(load))?;
+    let report = bench(&o, &bundle, Value::Object(load), rpc.as_ref())?;
     print!("{}", render(&report));
     if let Some(path) = &o.json {
         let text = serde_json::to_string_pretty(&report).expect("JSON of plain values");
@@ -237,17 +243,18 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
     }
 }
 
-fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
+fn bench(
+    o: &Options,
+    bundle: &Bundle,
+    load: Value,
+    rpc: Option<&std::sync::Arc<vla_qnn::RpcMem>>,
+) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
     let votes = qnn_setup::start_votes(&backend, &[0], o.performance, crate::bench::IDLE_RELEASE);
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
-    if let Some(lib) = &o.shared {
-        let rpc = match lib {
-            Some(path) => vla_qnn::RpcMem::load(path)?,
-            None => vla_qnn::RpcMem::load_default()?,
-        };
-        policy.use_shared_buffers(&rpc)?;
+    if let Some(rpc) = rpc {
+        policy.use_shared_buffers(rpc)?;
     }
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
     let memory = Memory::read()?;
