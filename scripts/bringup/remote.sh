@@ -218,7 +218,8 @@ run() {
 
 # Each context with client buffers and with HTP shared buffers (`vlad bench-context
 # --shared-buffers`: rpcmem from libcdsprpc.so, outputs checked bit for bit against client
-# buffers), into results/shared-ab/<context>.{client,shared}.log; report.py compares them.
+# buffers), into results/shared-ab/<context>.{client,shared}.log, and the whole bundle on
+# shared buffers (results/shared-ab/bench-shared.json); report.py compares them.
 shared_ab() {
     [ "$shared_ab_mode" = on ] || return 0
     ./vlad bench-context --help 2>&1 | grep -q -- --shared-buffers || return 0
@@ -233,6 +234,12 @@ shared_ab() {
         ./vlad bench-context "$@" > "results/shared-ab/$c.client.log" 2>&1
         ./vlad bench-context "$@" --shared-buffers > "results/shared-ab/$c.shared.log" 2>&1
     done
+    # End to end on shared buffers: latency, RSS/PSS after load and the bytes copied, next
+    # to results/bench.json (client buffers).
+    if ./vlad bench-bundle --help 2>&1 | grep -q -- --shared-buffers; then
+        ./vlad bench-bundle --bundle bundle --iterations "$iterations" --shared-buffers \
+            --json results/shared-ab/bench-shared.json > results/shared-ab/bench-shared.log 2>&1
+    fi
     return 0
 }
 

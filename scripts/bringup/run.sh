@@ -31,7 +31,8 @@
 #                           places them; default 20, 0 skips it)
 #   --shared-ab on|off      also run every context with client buffers and with HTP shared
 #                           buffers (`vlad bench-context [--shared-buffers]`, N iterations
-#                           each) for the report's A/B (default on)
+#                           each), and the whole bundle with `vlad bench-bundle
+#                           --shared-buffers`, for the report's A/B (default on)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail

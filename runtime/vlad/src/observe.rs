@@ -56,7 +56,7 @@ pub struct BundleFacts {
     pub expires: Option<u64>,
     /// `shared` or `client`: the NPU I/O this bundle got.
     pub npu_io: &'static str,
-    /// Its NPU I/O in one line (the recordings' `npu_io_detail`).
+    /// Its NPU I/O in one line (the recordings' `npu_io_detail`, following reloads).
     pub npu_io_detail: String,
 }
 
@@ -195,6 +195,8 @@ impl Observability {
             ("bundle_version".to_owned(), b.version.clone()),
             ("bundle_hash".to_owned(), b.hash.clone()),
             ("bundle_path".to_owned(), b.path.display().to_string()),
+            ("npu_io".to_owned(), b.npu_io.to_owned()),
+            ("npu_io_detail".to_owned(), b.npu_io_detail.clone()),
         ]);
         let f = &mut self.facts;
         f.bundle_name = b.name;

@@ -296,6 +296,9 @@ check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastw
 check "shared-buffer A/B says client buffers, naming libcdsprpc" grep -q \
     '^\*\*Use client buffers\*\* .*failed for 1 of 1 contexts; first, action_step: vlad: error: cannot load QNN library libcdsprpc.so' \
     "$tmp/report-fastwam/report.md"
+check "end-to-end shared run names libcdsprpc" grep -q \
+    '^`vlad bench-bundle --shared-buffers` wrote no figures: vlad: error: cannot load QNN library libcdsprpc.so' \
+    "$tmp/report-fastwam/report.md"
 check "default cache is ~/.cache/vla-bringup of the login user" test -d "$user_home/.cache/vla-bringup/blobs"
 check "plain user's workspace removed" no_workspace_left "$user_home/.cache/vla-bringup"
 

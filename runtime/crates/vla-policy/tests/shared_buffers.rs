@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use vla_policy::{Bundle, ObservationFile, Policy};
+use vla_policy::{Bundle, ObservationFile, Policy, PolicyError};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary, RpcMem};
 use vla_test_support::{qnn_lib_dir, qnn_mem_shim, rpcmem_standin};
 
@@ -21,10 +21,15 @@ fn backend(dir: &Path) -> Backend {
 
 /// Two inferences' actions (different seeds) of `policy` on the bundle's golden observation.
 fn actions(policy: &mut Policy, bundle: &Bundle) -> Vec<f32> {
+    actions_of(policy, bundle, &[0, 7])
+}
+
+/// The actions of one inference per seed, concatenated.
+fn actions_of(policy: &mut Policy, bundle: &Bundle, seeds: &[u64]) -> Vec<f32> {
     let obs = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
     let g = policy.geometry();
     let mut all = Vec::new();
-    for seed in [0u64, 7] {
+    for &seed in seeds {
         let mut o = obs.observation();
         o.seed = seed;
         let mut a = vec![0f32; g.chunk_len * g.action_dims];
@@ -116,7 +121,9 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let bundle = Bundle::open(common::fixture("molmoact2-original")).unwrap();
     let shimmed = backend(&shim);
     let mut policy = Policy::load(&bundle, &shimmed).unwrap();
-    let client = actions(&mut policy, &bundle);
+    // One inference per mode here (the emulator takes seconds each); the recovery below is
+    // the second one on shared buffers.
+    let client = actions_of(&mut policy, &bundle, &[0]);
     let client_bytes = |p: &mut Policy| -> u64 {
         p.graphs_mut()
             .iter()
@@ -132,15 +139,15 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
         "every context on registered memory"
     );
     let copied = policy.host_copy_bytes();
-    let shared = actions(&mut policy, &bundle);
+    let shared = actions_of(&mut policy, &bundle, &[0]);
     assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
     assert_eq!(
         client_bytes(&mut policy),
         counted,
         "no client buffer was handed to QNN"
     );
-    // Two inferences of one instruction: the scaffold, bias and mask once, then only the
-    // candidate rows.
+    // The first inference of an instruction: its scaffold, bias and mask, and the
+    // candidate's rows.
     let g = policy.geometry();
     let rows = (g.chunk_len * g.action_dims * 4) as u64;
     let m = match &policy {
@@ -149,7 +156,32 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     };
     let s = m.settings.seq_len as u64;
     let once = s * m.settings.hidden as u64 * 4 + s * s * 4 + s * 4;
-    assert_eq!(policy.host_copy_bytes() - copied, once + 2 * rows);
+    assert_eq!(policy.host_copy_bytes() - copied, once + rows);
+
+    // The guard's scans read regions while the next context runs: a NaN in a split's
+    // hidden_out (scanned during the next split) and in v_ctx (during the flow loop) is
+    // found and named, no action is written, and the next inference recovers.
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let mut obs = file.observation();
+    obs.seed = 0; // `client` starts with seed 0's actions
+    let mut a = vec![0f32; g.chunk_len * g.action_dims];
+    for (component, tensor) in [("llm_split1", "hidden_out"), ("action_context", "v_ctx")] {
+        policy.inject_non_finite(Some(component));
+        let e = policy.infer(&obs, &mut a).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
+                if c == component && t == tensor),
+            "{component}: {e}"
+        );
+        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
+    }
+    policy.inject_non_finite(None);
+    policy.infer(&obs, &mut a).unwrap();
+    assert_eq!(
+        bits(&a),
+        bits(&client[..a.len()]),
+        "recovered, bit-identical"
+    );
     drop(policy);
     drop(shimmed);
     let _ = std::fs::remove_dir_all(&tmp);

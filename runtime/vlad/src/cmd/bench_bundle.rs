@@ -26,6 +26,9 @@ use vla_qnn::ContextBinary;
 const HELP: &str = "\
 usage: vlad bench-bundle --bundle DIR [--iterations 50] [--warmup 3] [--json FILE]
                          [--performance burst|high_performance|balanced|power_saver|off] [--lib-dir DIR]
+                         [--shared-buffers [--rpcmem LIB]]
+--shared-buffers moves the policy onto HTP shared buffers (rpcmem from libcdsprpc.so, or
+LIB) before timing, as the daemon does under npu.shared_buffers: on.
 The HTP performance vote of the run (default burst, the daemon's default); latency
 p50/p99, execute sum, host overhead (us and %) and per-component times over the
 bundle's golden observation; load time and RSS/PSS of every context, mapped and read into
@@ -73,12 +76,15 @@ struct Options {
     json: Option<PathBuf>,
     probe: Option<LoadMode>,
     performance: vla_qnn::PerformanceMode,
+    /// `--shared-buffers`, with `--rpcmem LIB` when given.
+    shared: Option<Option<PathBuf>>,
 }
 
 fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
     let (mut dir, mut json, mut probe) = (None, None, None);
     let (mut iterations, mut warmup) = (50usize, 3usize);
     let mut performance = vla_qnn::PerformanceMode::Burst;
+    let (mut shared, mut rpcmem) = (false, None);
     let mut p = cli::Parser::new(args, HELP);
     while let Some(arg) = p.next()? {
         match arg {
@@ -86,6 +92,8 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
             Long("iterations") => iterations = p.number("--iterations")?,
             Long("warmup") => warmup = p.number("--warmup")?,
             Long("json") => json = Some(p.path()?),
+            Long("shared-buffers") => shared = true,
+            Long("rpcmem") => rpcmem = Some(p.path()?),
             Long("load-probe") => probe = Some(LoadMode::parse(&p.string()?)?),
             Long("performance") => performance = qnn_setup::performance_mode(&p.string()?)?,
             other => return Err(cli::unexpected(other)),
@@ -106,6 +114,7 @@ fn parse(args: Vec<OsString>) -> Result<Option<Options>, Failure> {
         json,
         probe,
         performance,
+        shared: shared.then_some(rpcmem),
     }))
 }
 
@@ -121,11 +130,17 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         println!("{probe}");
         return Ok(());
     }
+    // Before the load probes: without rpcmem the run stops at once.
+    let rpc = match &o.shared {
+        None => None,
+        Some(Some(path)) => Some(vla_qnn::RpcMem::load(path)?),
+        Some(None) => Some(vla_qnn::RpcMem::load_default()?),
+    };
     let mut load = serde_json::Map::new();
     for mode in [LoadMode::Mmap, LoadMode::MmapLocked, LoadMode::Heap] {
         load.insert(mode.name().into(), spawn_probe(&o, mode)?);
     }
-    let report = bench(&o, &bundle, Value::Object(load))?;
+    let report = bench(&o, &bundle, Value::Object(load), rpc.as_ref())?;
     print!("{}", render(&report));
     if let Some(path) = &o.json {
         let text = serde_json::to_string_pretty(&report).expect("JSON of plain values");
@@ -220,7 +235,12 @@ fn spawn_probe(o: &Options, mode: LoadMode) -> Result<Value, Failure> {
     }
 }
 
-fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
+fn bench(
+    o: &Options,
+    bundle: &Bundle,
+    load: Value,
+    rpc: Option<&std::sync::Arc<vla_qnn::RpcMem>>,
+) -> Result<Value, Failure> {
     let (_, backend) = qnn_setup::load_backend(&o.common)?;
     let votes = qnn_setup::start_votes(
         &backend,
@@ -230,6 +250,9 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     );
     let t = Instant::now();
     let mut policy = Policy::load(bundle, &backend)?;
+    if let Some(rpc) = rpc {
+        policy.use_shared_buffers(rpc)?;
+    }
     let load_ms = t.elapsed().as_secs_f64() * 1e3;
     let memory = Memory::read()?;
     let obs = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end))?;
@@ -252,6 +275,7 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
             .sum()
     };
     let client_bytes_before = client_bytes(&mut policy);
+    let host_bytes_before = policy.host_copy_bytes();
     let mut per_component = vec![Vec::with_capacity(o.iterations); names.len()];
     let (mut totals, mut executes, mut hosts) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..o.iterations {
@@ -269,6 +293,11 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
     }
     let client_bytes_per_inference =
         (client_bytes(&mut policy) - client_bytes_before) / o.iterations as u64;
+    let host_bytes_per_inference =
+        (policy.host_copy_bytes() - host_bytes_before) / o.iterations as u64;
+    // Client buffers are touched (made resident) by the first inference, an arena at the
+    // move: compare the modes here.
+    let memory_after = Memory::read()?;
     let mut host_share: Vec<f64> = hosts
         .iter()
         .zip(&executes)
@@ -307,9 +336,13 @@ fn bench(o: &Options, bundle: &Bundle, load: Value) -> Result<Value, Failure> {
         "host_overhead_samples_us": hosts,
         "components": components,
         "policy_load_ms": load_ms,
+        "npu_io": if policy.on_shared_buffers() { "shared" } else { "client" },
         "npu_client_buffer_bytes_per_inference": client_bytes_per_inference,
+        "host_copy_bytes_per_inference": host_bytes_per_inference,
         "rss_after_policy_load": memory.rss,
         "pss_after_policy_load": memory.pss,
+        "rss_after_inferences": memory_after.rss,
+        "pss_after_inferences": memory_after.pss,
         "binaries_bytes": binaries_bytes(bundle)?,
         "load": load,
     }))
@@ -359,10 +392,18 @@ fn render(r: &Value) -> String {
         mib(&r["npu_client_buffer_bytes_per_inference"])
     );
     s += &format!(
-        "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB\n",
+        "  host copies per inference {} bytes ({:.3} MiB; buffer to buffer in the host glue; NPU I/O in {} buffers)\n",
+        r["host_copy_bytes_per_inference"],
+        mib(&r["host_copy_bytes_per_inference"]),
+        r["npu_io"].as_str().unwrap_or("?")
+    );
+    s += &format!(
+        "  binaries {:.2} MiB; RSS after policy load {:.1} MiB, PSS {:.1} MiB; after the inferences RSS {:.1} MiB, PSS {:.1} MiB\n",
         mib(&r["binaries_bytes"]),
         mib(&r["rss_after_policy_load"]),
-        mib(&r["pss_after_policy_load"])
+        mib(&r["pss_after_policy_load"]),
+        mib(&r["rss_after_inferences"]),
+        mib(&r["pss_after_inferences"])
     );
     for (mode, l) in r["load"].as_object().into_iter().flatten() {
         s += &format!(
