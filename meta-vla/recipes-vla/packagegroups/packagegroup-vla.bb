@@ -15,6 +15,9 @@ RDEPENDS:${PN} = "\
     vla-bundle \
     vlad \
 "
+# Bring-up tools (VLA_BRINGUP_PACKAGES, conf/vla-defaults.inc): the ring client library and
+# vla-ring-bridge.
+RDEPENDS:${PN} += "${VLA_BRINGUP_PACKAGES}"
 # (oelint's dependsordered reads the inline expression's text as one entry.)
 # nooelint: oelint.vars.dependsordered
 RDEPENDS:${PN} += "${@bb.utils.contains('DISTRO_FEATURES', 'vla-rauc', '${VLA_UPDATE_AGENT} vla-rauc', '', d)}"

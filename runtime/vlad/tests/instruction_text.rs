@@ -1,9 +1,10 @@
 //! `vlad run` on the tiny upstream MolmoAct2 bundle (it carries the `text` block) with
 //! instructions given as text by a C firmware stand-in (`ring_peer write-text`, built
-//! against `vla_ring.h` alone) over the instruction segment, on the real QNN emulator:
-//! the robot switches instructions mid-run, no step computed for the old one is published
-//! once the switch shows, bad texts are refused (one log line each, counted) while the
-//! daemon holds, and it drives again on the next good text. Prints the switch latency
+//! against `vla_ring.h` and the C ring client library, `runtime/ring-c`) over the
+//! instruction segment, on the real QNN emulator: the robot switches instructions
+//! mid-run, no step computed for the old one is published once the switch shows, bad
+//! texts are refused (one log line each, counted) while the daemon holds, and it drives
+//! again on the next good text. Prints the switch latency
 //! (text written -> first ok step computed for it) as a figure, not a bound.
 
 mod common;
@@ -48,33 +49,11 @@ fn geometry() -> Geometry {
     }
 }
 
-/// Builds the C firmware stand-in of vla-ring's tests, or says why not (loudly in CI).
+/// Builds the C firmware stand-in of vla-ring's tests against the C ring client library,
+/// or says why not (loudly in CI).
 fn build_c_peer(dir: &Path) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let source = repo_root().join("runtime/crates/vla-ring/tests/c/ring_peer.c");
-    let exe = dir.join("ring_peer");
-    let out = match Command::new(&cc)
-        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(repo_root().join("runtime/include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            vla_test_support::cannot_run(&format!(
-                "instruction text test: no C compiler `{cc}`: {e}"
-            ));
-            return None;
-        }
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
+    vla_test_support::compile_ring_client_program(&source, &dir.join("ring_peer"))
 }
 
 /// The C firmware writes one text; returns the CLOCK_MONOTONIC ns it was written at.
