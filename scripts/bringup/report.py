@@ -542,6 +542,7 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
                        ("mem_total_kib", "memory (KiB)"), ("vlad_version", "vlad"),
                        ("qnn_lib_dir", "QAIRT library dir"),
                        ("adsp_library_path", "ADSP_LIBRARY_PATH"),
+                       ("ring_check", "rings in /dev/shm (vla-ring-bridge: poll, publish, refusal)"),
                        ("started_utc", "started (UTC)"), ("finished_utc", "finished (UTC)")):
         if t.get(key):
             lines.append(f"| {label} | `{t[key]}` |")

@@ -99,6 +99,14 @@ def is_png(path):
     return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_the_targets_ring_check_is_a_fact_of_the_target(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc(),
+                             env={"ring_check": "failed: /dev/shm is missing or not writable"})
+    md = build(raw, out)
+    assert ("| rings in /dev/shm (vla-ring-bridge: poll, publish, refusal) |"
+            " `failed: /dev/shm is missing or not writable` |") in md
+
+
 def test_full_report_has_every_section_and_histograms(tmp_path):
     raw, out = write_results(tmp_path, parity_doc(), bench_doc())
     md = build(raw, out)

@@ -1,9 +1,10 @@
 //! `vlad run` on the tiny upstream MolmoAct2 bundle (it carries the `text` block) with
 //! instructions given as text by a C firmware stand-in (`ring_peer write-text`, built
-//! against `vla_ring.h` alone) over the instruction segment, on the real QNN emulator:
-//! the robot switches instructions mid-run, no step computed for the old one is published
-//! once the switch shows, bad texts are refused (one log line each, counted) while the
-//! daemon holds, and it drives again on the next good text. Prints the switch latency
+//! against `vla_ring.h` and the C ring client library, `runtime/ring-c`) over the
+//! instruction segment, on the real QNN emulator: the robot switches instructions
+//! mid-run, no step computed for the old one is published once the switch shows, bad
+//! texts are refused (one log line each, counted) while the daemon holds, and it drives
+//! again on the next good text. Prints the switch latency
 //! (text written -> first ok step computed for it) as a figure, not a bound.
 
 mod common;

@@ -180,6 +180,9 @@ else
     check "missing bench-bundle is explained in the report" grep -q 'No benchmark' "$report/report.md"
 fi
 check "logs came back" test -s "$report/raw/parity.log"
+check "the ring check passed on the target (vla-ring-bridge in /dev/shm) and is in the report" \
+    bash -c 'grep -qx "ring_check=ok" "$1/raw/target.env" && grep -q "^| rings in /dev/shm .* | \`ok\` |" "$1/report.md"' _ "$report"
+check "the ring check left no ring in /dev/shm" bash -c '! compgen -G "/dev/shm/vla-bringup-*" >/dev/null'
 check "the DSP memory probe came back and is in the report" \
     bash -c 'grep -q "\"probe\":\"outcome\"" "$1/raw/dsp-probe.jsonl" && grep -q "^## DSP memory" "$1/report.md" && grep -q "^\*\*Placement to use:" "$1/report.md"' _ "$report"
 check "remote workspace removed" no_workspace_left "$root_base"

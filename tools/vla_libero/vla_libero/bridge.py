@@ -1,5 +1,5 @@
 """The robot's ring ends on another machine (a board): the same interface as `ring.py`'s,
-through `vla-ring-bridge` (vla_ring_bridge.c, built by scripts/setup_libero.sh) running next
+through `vla-ring-bridge` (runtime/ring-c, built by scripts/setup_libero.sh) running next
 to the rings and spoken to over its stdin/stdout, e.g. `ssh root@board
 /tmp/vla-ring-bridge`. Every request's round trip is timed, so the latency the bridge adds
 is reported apart from the policy's."""

@@ -1,6 +1,7 @@
 """The robot's ring ends: the observation writer and the action reader, through the ring's
-C ABI (runtime/include/vla_ring.h) compiled into a small shared object at set-up
-(vla_ring_shim.c, scripts/setup_libero.sh) and loaded with ctypes. No layout lives here."""
+C ABI (runtime/include/vla_ring.h) and the C ring client library (runtime/ring-c), whose
+shared object scripts/setup_libero.sh installs into the venv, loaded with ctypes. No layout
+lives here."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def shim_path() -> Path:
     if env:
         return Path(env)
     import sys
-    return Path(sys.prefix) / "lib" / "libvla_ring_shim.so"
+    return Path(sys.prefix) / "lib" / "libvla_ring_client.so"
 
 
 _LIB = None

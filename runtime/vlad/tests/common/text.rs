@@ -8,33 +8,11 @@ use std::time::{Duration, Instant};
 use vla_ring::{Action, ActionStatus, Geometry, RingReader};
 use vla_test_support::repo_root;
 
-/// Builds the C firmware stand-in of vla-ring's tests, or says why not (loudly in CI).
+/// Builds the C firmware stand-in of vla-ring's tests against the C ring client library,
+/// or says why not (loudly in CI).
 pub fn build_c_peer(dir: &Path) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let source = repo_root().join("runtime/crates/vla-ring/tests/c/ring_peer.c");
-    let exe = dir.join("ring_peer");
-    let out = match Command::new(&cc)
-        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(repo_root().join("runtime/include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            vla_test_support::cannot_run(&format!(
-                "instruction text test: no C compiler `{cc}`: {e}"
-            ));
-            return None;
-        }
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
+    vla_test_support::compile_ring_client_program(&source, &dir.join("ring_peer"))
 }
 
 /// The C firmware writes one text; returns the CLOCK_MONOTONIC ns it was written at.

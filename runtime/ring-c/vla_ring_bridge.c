@@ -1,5 +1,5 @@
-/* The board side of the LIBERO robot's thin bridge: both ring ends on the board (the shim's
- * functions, vla_ring_shim.c), driven over stdin/stdout, so that `ssh board vla-ring-bridge
+/* vla-ring-bridge: the robot's two ring ends of the ring client library (vla_ring_client.h)
+ * on the board, driven over stdin/stdout, so that `ssh board vla-ring-bridge
  * ...` carries a simulator's observations in and the actions out. Native byte order; one
  * request, one reply:
  *   'O' u32 instruction, u64 seed, u64 state_len, u64 frames_len, f32 state[], u8 frames[]
@@ -12,18 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "vla_ring.h"
-
-struct vlr_writer;
-struct vlr_reader;
-struct vlr_writer *vlr_writer_open(const char *, const struct vla_ring_geometry *, uint32_t, char *, size_t);
-uint64_t vlr_writer_publish(struct vlr_writer *, uint32_t, uint64_t, uint64_t, const float *, uint64_t,
-                            const uint8_t *, uint64_t, char *, size_t);
-void vlr_writer_heartbeat(struct vlr_writer *);
-struct vlr_reader *vlr_reader_open(const char *, const struct vla_ring_geometry *, int *, char *, size_t);
-uint64_t vlr_reader_published(const struct vlr_reader *);
-int vlr_reader_read_seq(struct vlr_reader *, uint64_t, struct vla_ring_action_step *, float *);
-uint64_t vlr_now_ns(void);
+#include "vla_ring_client.h"
 
 static int get(void *p, size_t n) { return fread(p, 1, n, stdin) == n; }
 static void put(const void *p, size_t n) { fwrite(p, 1, n, stdout); }
