@@ -2,10 +2,12 @@
 //!
 //! The signature, the target, the file set, the sizes and every small file are checked
 //! with the store's keys (the daemon's own), and the `bundle.json` the policy parsed is
-//! the signed one. Each context binary's SHA-256 is not computed then, but while its one
-//! open file is read into private memory ([`vla_qnn::BinaryImage`]): the bytes hashed are
-//! the bytes QNN receives, and a write to the file after that changes nothing. One pass
-//! over each file; the cost is memory: a binary's size until its context exists.
+//! the signed one. Each context binary's SHA-256 is not computed then, but immediately
+//! before its context is created, while its one open file is read into private memory
+//! ([`vla_qnn::BinaryImage`]): the bytes hashed are the bytes QNN receives, and a write
+//! to the file after that changes nothing. The load plans with metadata read by path
+//! first, and each binary's verified bytes must describe the same. One hashing pass over
+//! each file; the cost in memory: one binary's size at a time, until its context exists.
 
 use crate::gate::LoadError;
 use std::path::Path;
@@ -40,9 +42,13 @@ pub(crate) fn verify_for_load(store: &Store, bundle: Bundle) -> Result<Bundle, L
     Ok(bundle.with_binaries(Arc::new(HashedBinaries { digests })))
 }
 
-/// Opens context binaries of a verified bundle: each file read once into private memory,
-/// hashed chunk by chunk as it lands there, and handed to QNN only if the digest is the
-/// signed manifest's.
+/// Opens context binaries of a verified bundle for a load planned from their metadata
+/// and fed one context at a time: the metadata is first read from a mapping by path, an
+/// unverified description the load only plans with; immediately before each context is
+/// created its file is read once into private memory, hashed chunk by chunk as it lands
+/// there, compared with the signed manifest's digest, its metadata compared with the
+/// description, and only then handed to QNN, which frees it once the context exists
+/// ([`ContextBinary::with_bytes_at_creation`]). A group holds one binary at a time.
 #[derive(Debug)]
 pub(crate) struct HashedBinaries {
     pub(crate) digests: DeferredDigests,
@@ -57,35 +63,39 @@ impl OpenBinary for HashedBinaries {
         rel: &str,
     ) -> Result<ContextBinary, PolicyError> {
         let path = dir.join(rel);
-        let image = self
-            .read(dir, rel)
-            .map_err(|source| PolicyError::Unverified {
-                component: component.to_owned(),
-                path: path.clone(),
-                source,
-            })?;
-        ContextBinary::from_image(lib, image, &path).map_err(|error| PolicyError::Qnn {
-            component: component.to_owned(),
-            error,
-        })
+        let planned = match ContextBinary::open(lib, &path) {
+            Ok(planned) => planned,
+            // A file that changed since signing may not even parse: its digest is the
+            // answer then (a refusal that holds), else the metadata error is.
+            Err(error) => {
+                return Err(match read_hashed(&self.digests, dir, rel) {
+                    Err(source) => PolicyError::Unverified {
+                        component: component.to_owned(),
+                        path,
+                        source,
+                    },
+                    Ok(_) => PolicyError::of_qnn(component.to_owned(), error),
+                })
+            }
+        };
+        let (digests, dir, rel) = (self.digests.clone(), dir.to_owned(), rel.to_owned());
+        Ok(planned.with_bytes_at_creation(Box::new(move || read_hashed(&digests, &dir, &rel))))
     }
 }
 
-impl HashedBinaries {
-    /// File `rel` of `dir` in private memory, its bytes the signed manifest's.
-    fn read(
-        &self,
-        dir: &Path,
-        rel: &str,
-    ) -> Result<BinaryImage, Box<dyn std::error::Error + Send + Sync>> {
-        let (file, mut check) = self.digests.open(rel)?;
-        // Shorter or longer than signed while read: a changed file, refused as such.
-        let image = BinaryImage::read(file, check.size(), &dir.join(rel), |chunk| {
-            check.update(chunk)
-        })?;
-        check.finish()?;
-        Ok(image)
-    }
+/// File `rel` of `dir` in private memory, its bytes the signed manifest's.
+fn read_hashed(
+    digests: &DeferredDigests,
+    dir: &Path,
+    rel: &str,
+) -> Result<BinaryImage, Box<dyn std::error::Error + Send + Sync>> {
+    let (file, mut check) = digests.open(rel)?;
+    // Shorter or longer than signed while read: a changed file, refused as such.
+    let image = BinaryImage::read(file, check.size(), &dir.join(rel), |chunk| {
+        check.update(chunk)
+    })?;
+    check.finish()?;
+    Ok(image)
 }
 
 #[cfg(test)]
@@ -129,45 +139,152 @@ mod tests {
         let signed = std::fs::read(b.join(rel)).unwrap();
         let binaries = HashedBinaries { digests };
 
-        let hashed = binaries.open(&lib, &b, "action_step", rel).unwrap();
+        // The load plans with this (nothing taken yet), and takes the bytes at creation.
+        let planned = binaries.open(&lib, &b, "action_step", rel).unwrap();
+        assert!(planned.bytes().is_none(), "no bytes held while planning");
         // How the binary reached QNN before: a mapping of the file.
         let mapped = ContextBinary::open(&lib, b.join(rel)).unwrap();
-        let middle = signed.len() as u64 / 2;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(b.join(rel))
-            .unwrap();
-        file.write_at(&[signed[middle as usize] ^ 0x01], middle)
-            .unwrap();
-        drop(file);
-
+        let flip = {
+            let (path, signed) = (b.join(rel), signed.clone());
+            move || {
+                let middle = signed.len() / 2;
+                let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                file.write_at(&[signed[middle] ^ 0x01], middle as u64)
+                    .unwrap();
+            }
+        };
+        // The bytes taken and hashed as the load takes them; the file written in place
+        // after that and before QNN creates the context.
+        let (digests, dir, kept) = (binaries.digests.clone(), b.clone(), signed.clone());
+        let hashed = ContextBinary::open(&lib, b.join(rel))
+            .unwrap()
+            .with_bytes_at_creation(Box::new(move || {
+                let image = read_hashed(&digests, &dir, rel)?;
+                flip();
+                assert_eq!(image.bytes(), &kept[..], "the hashed bytes are kept");
+                Ok(image)
+            }));
+        let context = Context::create(&backend, hashed).expect("context from the hashed bytes");
         assert_ne!(
             mapped.bytes().unwrap(),
             &signed[..],
             "a mapping of the file shows the write: QNN would get bytes nobody hashed"
         );
-        assert_eq!(
-            hashed.bytes().unwrap(),
-            &signed[..],
-            "the hashed bytes are kept"
-        );
         drop(mapped);
-        let context = Context::create(&backend, hashed).expect("context from the hashed bytes");
         let mut graph = context.graph(None).expect("graph");
         let mut io = graph.allocate_io();
         graph.execute_io(&mut io).expect("execute");
 
-        // The changed file, loaded again, is refused before QNN sees any of it.
-        let refused = binaries.open(&lib, &b, "action_step", rel).unwrap_err();
-        assert!(
-            matches!(refused, PolicyError::Unverified { .. }),
-            "{refused}"
+        // Planned before the file changed, loaded after: refused before QNN sees any of it.
+        let error = Context::create(&backend, planned).err().expect("refused");
+        let refused = PolicyError::of_qnn("action_step".into(), error);
+        // And so is the changed file loaded again.
+        let again = Bundle::open(&b)
+            .unwrap()
+            .with_binaries(Arc::new(binaries))
+            .load_component(&backend, "action_step")
+            .err()
+            .expect("refused");
+        for refused in [refused, again] {
+            assert!(
+                matches!(refused, PolicyError::Unverified { .. }),
+                "{refused}"
+            );
+            let line = refused.to_string();
+            assert!(
+                line.contains("SHA-256") && line.contains(rel) && !line.contains('\n'),
+                "{line}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// The signed fixture bundle `name` in a fresh directory, with the binaries' digests
+    /// deferred to their reads, and the QNN backend.
+    fn signed_bundle(
+        name: &str,
+        tag: &str,
+    ) -> Option<(
+        std::path::PathBuf,
+        Bundle,
+        DeferredDigests,
+        std::sync::Arc<QnnLibrary>,
+        vla_qnn::Backend,
+    )> {
+        let lib_dir = vla_test_support::qnn_lib_dir()?;
+        let tmp = std::env::temp_dir().join(format!("vlad-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let b = tmp.join("bundle");
+        vla_test_support::copy_dir(
+            &vla_test_support::repo_root()
+                .join("golden/bundles")
+                .join(name),
+            &b,
         );
-        let line = refused.to_string();
-        assert!(
-            line.contains("SHA-256") && line.contains(rel) && !line.contains('\n'),
-            "{line}"
+        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
+        let key = tmp.join("signing.key");
+        let public = vla_ota::keygen(&key).unwrap();
+        vla_ota::sign(&b, &key).unwrap();
+        let target = vla_ota::DeviceTarget {
+            soc_model: 77,
+            htp_arch: 73,
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let bundle = Bundle::open(&b).unwrap();
+        let (_, digests) =
+            vla_ota::verify_deferring(&b, &[public], 1, &target, &bundle.binary_paths()).unwrap();
+        let common = crate::cli::Common {
+            lib_dir: Some(lib_dir),
+            log_level: None,
+        };
+        let (lib, backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
+        Some((tmp, bundle, digests, lib, backend))
+    }
+
+    /// A bundle's binaries loaded together (MolmoAct2's: one spill-fill group of every
+    /// binary) are each read, hashed and handed to QNN one after the other: at most one
+    /// binary's private image is alive at a time, and none once the contexts exist.
+    #[test]
+    fn a_group_load_holds_one_binary_in_private_memory_at_a_time() {
+        let Some((tmp, bundle, digests, _lib, backend)) =
+            signed_bundle("molmoact2-original", "one-image")
+        else {
+            return;
+        };
+        let sizes: Vec<u64> = bundle
+            .binary_paths()
+            .iter()
+            .map(|r| std::fs::metadata(bundle.path(r)).unwrap().len())
+            .collect();
+        assert!(sizes.len() > 1, "a group of binaries");
+        let largest = *sizes.iter().max().unwrap();
+        let bundle = bundle.with_binaries(Arc::new(HashedBinaries { digests }));
+        let names: Vec<&str> = bundle
+            .manifest
+            .components
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            BinaryImage::census().live,
+            0,
+            "a fresh thread holds no image"
         );
+        BinaryImage::reset_census_peak();
+        let graphs = bundle
+            .load_components(&backend, &names)
+            .expect("the group loads");
+        assert_eq!(graphs.len(), names.len());
+        let census = BinaryImage::census();
+        assert_eq!(census.live, 0, "every image freed once its context exists");
+        assert_eq!(
+            (census.peak, census.peak_bytes),
+            (1, largest),
+            "one binary in private memory at a time ({} binaries, {} bytes in all)",
+            sizes.len(),
+            sizes.iter().sum::<u64>()
+        );
+        drop(graphs);
         let _ = std::fs::remove_dir_all(&tmp);
     }
 
@@ -244,9 +361,14 @@ mod tests {
             let t = Instant::now();
             let (_, digests) =
                 vla_ota::verify_deferring(&b, &[public], 1, &target, &defer).unwrap();
-            let hashed = HashedBinaries { digests };
             for rel in &rels {
-                let image = hashed.read(&b, rel).unwrap();
+                // The load's planning read by path (the stand-in is no context binary),
+                // then the bytes taken at creation, their metadata read again.
+                if rel != "pad.bin" {
+                    let planned = ContextBinary::open(&lib, b.join(rel)).unwrap();
+                    std::hint::black_box(planned.info().graphs.len());
+                }
+                let image = read_hashed(&digests, &b, rel).unwrap();
                 if rel != "pad.bin" {
                     let bin = ContextBinary::from_image(&lib, image, b.join(rel)).unwrap();
                     std::hint::black_box(bin.size());
@@ -278,7 +400,7 @@ mod tests {
             "bundle {name}: {} binaries, {binary_bytes} bytes, plus a {pad_mib} MiB stand-in binary; \
              median of 5 (min-max), page cache warm:\n  \
              verify all by path, then map and read every page (stand-in not mapped): {:.1} ms ({:.1}-{:.1})\n  \
-             verify the rest, hash each binary as it is read into private memory: {:.1} ms ({:.1}-{:.1})\n  \
+             verify the rest, plan from a mapping, hash each binary as it is read into private memory: {:.1} ms ({:.1}-{:.1})\n  \
              of which reading the stand-in into private memory, unhashed: {:.1} ms ({:.1}-{:.1})",
             rels.len() - 1,
             old[2], old[0], old[4], new[2], new[0], new[4], copy[2], copy[0], copy[4]

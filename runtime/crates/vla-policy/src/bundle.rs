@@ -181,7 +181,7 @@ impl Bundle {
     ) -> Result<Vec<LoadedGraph>, PolicyError> {
         let qnn = |component: &str| {
             let component = component.to_owned();
-            move |error| PolicyError::Qnn { component, error }
+            move |error| PolicyError::of_qnn(component, error)
         };
         let mut binaries = Vec::with_capacity(components.len());
         for &component in components {
@@ -204,10 +204,8 @@ impl Bundle {
             binaries.push(binary);
         }
         // vla-qnn logs a shared buffer or a refusal; the outcome changes nothing here.
-        let group = create_contexts(backend, binaries).map_err(|(i, error)| PolicyError::Qnn {
-            component: components[i].into(),
-            error,
-        })?;
+        let group = create_contexts(backend, binaries)
+            .map_err(|(i, error)| PolicyError::of_qnn(components[i].into(), error))?;
         components
             .iter()
             .zip(group.contexts)

@@ -203,6 +203,22 @@ impl core::fmt::Display for PolicyError {
     }
 }
 
+impl PolicyError {
+    /// The QNN binding's `error` for `component`: bytes refused before QNN saw them are
+    /// [`PolicyError::Unverified`] (the checker's verdict), anything else
+    /// [`PolicyError::Qnn`].
+    pub fn of_qnn(component: String, error: vla_qnn::QnnError) -> Self {
+        match error {
+            vla_qnn::QnnError::Refused { path, source } => PolicyError::Unverified {
+                component,
+                path,
+                source,
+            },
+            error => PolicyError::Qnn { component, error },
+        }
+    }
+}
+
 impl std::error::Error for PolicyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

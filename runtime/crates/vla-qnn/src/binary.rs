@@ -9,7 +9,9 @@
 //!
 //! A caller that must know the bytes QNN gets (a signed bundle's digest) reads them once
 //! into a [`BinaryImage`] instead, checking each chunk as it arrives, and hands the image
-//! to [`ContextBinary::from_image`]: what it checked is what QNN receives.
+//! to [`ContextBinary::from_image`]: what it checked is what QNN receives. For a group
+//! of binaries it describes each from its metadata first and gives its bytes only as its
+//! context is created ([`ContextBinary::with_bytes_at_creation`]): one image at a time.
 
 // FFI: calls into the QNN libraries, each block with its `SAFETY:` invariant.
 #![allow(unsafe_code)]
@@ -543,11 +545,47 @@ const IMAGE_CHUNK: usize = 4 << 20;
 /// the file, or a truncation, after the read changes nothing here), so what the caller
 /// inspected while they were read is what QNN gets ([`ContextBinary::from_image`]). The
 /// memory costs the binary's size until its context exists (contexts are created
-/// without the persistent-binary option: the bytes are freed then), and is never
+/// without the persistent-binary option: the bytes are freed then; [`ImageCensus`]
+/// counts it), and is never
 /// locked by `mlockall`. It is not the heap: GB-sized binaries get their own mapping,
 /// returned to the system at once when freed.
 pub struct BinaryImage {
     map: memmap2::Mmap,
+    /// The census of the thread that read the image, told when the image is freed.
+    census: std::sync::Arc<std::sync::Mutex<ImageCensus>>,
+}
+
+/// The private images ([`BinaryImage`]) one thread has read: how many are alive and how
+/// many bytes they hold, and the most of each at once since the last
+/// [`BinaryImage::reset_census_peak`]. What a load costs in anonymous memory beyond what
+/// QNN keeps; an image freed on another thread still counts against its reader's census.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ImageCensus {
+    /// Images alive now.
+    pub live: usize,
+    /// Their bytes.
+    pub live_bytes: u64,
+    /// The most images alive at once.
+    pub peak: usize,
+    /// The most bytes alive at once.
+    pub peak_bytes: u64,
+}
+
+thread_local! {
+    static CENSUS: std::sync::Arc<std::sync::Mutex<ImageCensus>> = Default::default();
+}
+
+/// The census, also after a panic of a thread that held its lock (plain counters).
+fn census_of(c: &std::sync::Mutex<ImageCensus>) -> std::sync::MutexGuard<'_, ImageCensus> {
+    c.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Drop for BinaryImage {
+    fn drop(&mut self) {
+        let mut c = census_of(&self.census);
+        c.live -= 1;
+        c.live_bytes -= self.map.len() as u64;
+    }
 }
 
 impl core::fmt::Debug for BinaryImage {
@@ -615,20 +653,66 @@ impl BinaryImage {
         let map = anon
             .make_read_only()
             .map_err(|e| err(format!("mprotect: {e}")))?;
-        Ok(Self { map })
+        let census = CENSUS.with(std::sync::Arc::clone);
+        {
+            let mut c = census_of(&census);
+            c.live += 1;
+            c.live_bytes += len;
+            c.peak = c.peak.max(c.live);
+            c.peak_bytes = c.peak_bytes.max(c.live_bytes);
+        }
+        Ok(Self { map, census })
     }
 
     /// The bytes.
     pub fn bytes(&self) -> &[u8] {
         &self.map
     }
+
+    /// The census of the images the calling thread read.
+    pub fn census() -> ImageCensus {
+        CENSUS.with(|c| *census_of(c))
+    }
+
+    /// Starts the calling thread's census peaks over from what is alive now.
+    pub fn reset_census_peak() {
+        CENSUS.with(|c| {
+            let mut c = census_of(c);
+            c.peak = c.live;
+            c.peak_bytes = c.live_bytes;
+        });
+    }
 }
+
+/// A binary's bytes while held: a mapping of its file, or a private image.
+enum Held {
+    File(memmap2::Mmap),
+    Image(BinaryImage),
+}
+
+impl Held {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Held::File(map) => map,
+            Held::Image(image) => image.bytes(),
+        }
+    }
+}
+
+/// Gives a binary's bytes when its context is about to be created; its error says why
+/// they were refused (e.g. not the digest a signed manifest lists).
+pub type TakeBytes = Box<
+    dyn FnOnce() -> Result<BinaryImage, Box<dyn std::error::Error + Send + Sync>> + Send + Sync,
+>;
 
 /// A context binary file, mapped read-only, with its metadata.
 pub struct ContextBinary {
     path: PathBuf,
-    /// `None` once a context was created from it.
-    map: Option<memmap2::Mmap>,
+    /// `None` once a context was created from it, or until `take` gave them.
+    held: Option<Held>,
+    /// Gives the bytes immediately before the context is created (see
+    /// [`ContextBinary::with_bytes_at_creation`]); `None` once called.
+    take: Option<TakeBytes>,
     /// The bytes map the file (one link); otherwise they are a private copy.
     maps_the_file: bool,
     size: usize,
@@ -640,7 +724,8 @@ impl core::fmt::Debug for ContextBinary {
         f.debug_struct("ContextBinary")
             .field("path", &self.path)
             .field("size", &self.size)
-            .field("mapped", &self.map.is_some())
+            .field("mapped", &self.held.is_some())
+            .field("deferred", &self.take.is_some())
             .finish()
     }
 }
@@ -703,7 +788,7 @@ impl ContextBinary {
         // QNN reads; the binary is page cache the kernel may drop, never pinned memory.
         map.unlock().map_err(|e| err(format!("munlock: {e}")))?;
         let info = read_binary_info(lib, &map, &path)?;
-        Ok(Self::new(path, map, info, true))
+        Ok(Self::new(path, Held::File(map), info, true))
     }
 
     /// [`ContextBinary::open`] of a file whose inode other names share: a private copy.
@@ -756,17 +841,53 @@ impl ContextBinary {
     ) -> Result<Self, QnnError> {
         let path = path.as_ref().to_owned();
         let info = read_binary_info(lib, &image.map, &path)?;
-        Ok(Self::new(path, image.map, info, false))
+        Ok(Self::new(path, Held::Image(image), info, false))
     }
 
-    fn new(path: PathBuf, map: memmap2::Mmap, info: BinaryInfo, maps_the_file: bool) -> Self {
+    fn new(path: PathBuf, held: Held, info: BinaryInfo, maps_the_file: bool) -> Self {
         Self {
             path,
-            size: map.len(),
-            map: Some(map),
+            size: held.bytes().len(),
+            held: Some(held),
+            take: None,
             info,
             maps_the_file,
         }
+    }
+
+    /// This binary, described by the metadata already read (a planning description),
+    /// with its bytes dropped now and taken from `take` only immediately before its
+    /// context is created, then freed once it exists: a group of binaries loaded one
+    /// context after the other holds one binary's bytes at a time. The metadata of the
+    /// bytes `take` gives must equal this description, else the context is refused
+    /// ([`QnnError::Refused`]), as it is when `take` fails.
+    pub fn with_bytes_at_creation(mut self, take: TakeBytes) -> Self {
+        self.held = None;
+        self.take = Some(take);
+        self.maps_the_file = false;
+        self
+    }
+
+    /// Takes the bytes from `take` if they are still to be taken, checked as
+    /// [`ContextBinary::with_bytes_at_creation`] says. Nothing once they are held.
+    pub(crate) fn take_bytes(&mut self, lib: &QnnLibrary) -> Result<(), QnnError> {
+        let Some(take) = self.take.take() else {
+            return Ok(());
+        };
+        let refused = |source| QnnError::Refused {
+            path: self.path.clone(),
+            source,
+        };
+        let image = take().map_err(refused)?;
+        let info = read_binary_info(lib, image.bytes(), &self.path)?;
+        if info != self.info || image.bytes().len() != self.size {
+            return Err(refused(
+                "its metadata or size differs from the description its load was planned with"
+                    .into(),
+            ));
+        }
+        self.held = Some(Held::Image(image));
+        Ok(())
     }
 
     /// Whether the bytes are a mapping of the file (else a private copy in memory).
@@ -776,7 +897,7 @@ impl ContextBinary {
 
     /// Unmaps the bytes (the context made from them no longer needs them).
     pub(crate) fn release_bytes(&mut self) {
-        self.map = None;
+        self.held = None;
     }
 
     /// The file's path.
@@ -789,11 +910,11 @@ impl ContextBinary {
     }
     /// The binary's bytes; `None` once a context was created from them (unmapped).
     pub fn bytes(&self) -> Option<&[u8]> {
-        self.map.as_deref()
+        self.held.as_ref().map(Held::bytes)
     }
     /// Whether the bytes are still held (see [`ContextBinary::bytes`]).
     pub fn is_mapped(&self) -> bool {
-        self.map.is_some()
+        self.held.is_some()
     }
     /// Size of the file in bytes (also after unmapping).
     pub fn size(&self) -> usize {

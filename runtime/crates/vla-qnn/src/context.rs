@@ -77,6 +77,11 @@ impl Context {
         configs: &[&ffi::ContextConfig],
     ) -> Result<Self, Box<(QnnError, ContextBinary)>> {
         let b = &backend.inner;
+        // Bytes given only now (one binary of a group at a time); a refusal hands the
+        // binary back without bytes, and a caller's retry gets the "already used" error.
+        if let Err(e) = binary.take_bytes(&b.lib) {
+            return Err(Box::new((e, binary)));
+        }
         let Some(bytes) = binary.bytes() else {
             let e = QnnError::Binary {
                 path: binary.path().to_owned(),

@@ -122,6 +122,15 @@ pub enum QnnError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Whoever gave a binary's bytes at its context's creation refused them (e.g. not
+    /// the digest a signed manifest lists), or they are not what the load was planned
+    /// with: nothing of them reached `contextCreateFromBinary`.
+    Refused {
+        /// The binary file.
+        path: PathBuf,
+        /// Why.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// The library returned metadata we cannot represent safely.
     Metadata {
         /// The binary the metadata describes.
@@ -233,6 +242,11 @@ impl core::fmt::Display for QnnError {
             QnnError::Metadata { path, reason } => {
                 write!(f, "context binary {}: unusable metadata: {reason}", path.display())
             }
+            QnnError::Refused { path, source } => write!(
+                f,
+                "context binary {}: bytes refused before QNN saw them: {source}",
+                path.display()
+            ),
             QnnError::GraphInUse { path, graph } => write!(
                 f,
                 "context binary {}: graph `{graph}` is already retrieved (one executable handle per graph; drop the other first)",
@@ -312,6 +326,7 @@ impl std::error::Error for QnnError {
                 source: Some(cause),
                 ..
             } => Some(cause),
+            QnnError::Refused { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

@@ -189,6 +189,10 @@ pub fn create_contexts_sharing(
             Ok(c) => contexts.push(c),
             Err(failed) => {
                 let (grouped_error, binary) = *failed;
+                // No bytes: they were refused before QNN saw them, not the group.
+                if !binary.is_mapped() {
+                    return Err((i, grouped_error));
+                }
                 // Without the config: success means the group was what was refused.
                 let c = Context::create(backend, binary).map_err(|e| (i, e))?;
                 log::warn!(

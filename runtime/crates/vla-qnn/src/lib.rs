@@ -45,7 +45,8 @@ pub mod rpcmem;
 
 pub use backend::{Backend, ContextPlacement};
 pub use binary::{
-    data_type_name, BinaryImage, BinaryInfo, ContextBinary, GraphInfo, TensorInfo, TensorKind,
+    data_type_name, BinaryImage, BinaryInfo, ContextBinary, GraphInfo, ImageCensus, TakeBytes,
+    TensorInfo, TensorKind,
 };
 pub use context::{Context, Graph, IoBuffers, SharedLayout};
 pub use error::{error_meaning, HtpRefusal, QnnError};

@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
-    ApiVersion, Backend, Context, ContextBinary, LoadOptions, QnnError, QnnLibrary, TensorKind,
+    ApiVersion, Backend, BinaryImage, Context, ContextBinary, LoadOptions, QnnError, QnnLibrary,
+    TensorKind,
 };
 use vla_tensor::{compare, ElementType};
 use vla_test_support::qnn_lib_dir;
@@ -36,6 +37,45 @@ fn scratch(name: &str) -> PathBuf {
 
 fn load(dir: &Path) -> Arc<QnnLibrary> {
     Arc::new(QnnLibrary::load(&LoadOptions::htp(dir)).expect("load QNN"))
+}
+
+/// A binary planned from one description and given bytes whose metadata differ at its
+/// context's creation is refused before QNN sees them; matching bytes make the context.
+#[test]
+fn bytes_taken_at_creation_must_match_the_planned_description() {
+    let _turn = turn();
+    let Some(dir) = qnn_lib_dir() else { return };
+    let lib = load(&dir);
+    let backend = Backend::new(lib.clone()).unwrap();
+    let read = |path: PathBuf| {
+        move || -> Result<BinaryImage, Box<dyn std::error::Error + Send + Sync>> {
+            let file = std::fs::File::open(&path)?;
+            let len = file.metadata()?.len();
+            Ok(BinaryImage::read(file, len, &path, |_| {})?)
+        }
+    };
+    let planned = || ContextBinary::open(&lib, vision_bin()).unwrap();
+    let same = planned().with_bytes_at_creation(Box::new(read(vision_bin())));
+    assert!(
+        same.bytes().is_none(),
+        "nothing held until the context is created"
+    );
+    let context = Context::create(&backend, same).expect("the bytes it was planned with");
+    assert!(
+        !context.binary().is_mapped(),
+        "freed once the context exists"
+    );
+    let other = bundle().join("ctx/action_step_socid77_archv73.bin");
+    let swapped = planned().with_bytes_at_creation(Box::new(read(other)));
+    let e = Context::create(&backend, swapped).err().expect("refused");
+    assert!(matches!(e, QnnError::Refused { .. }), "{e}");
+    let line = e.to_string();
+    assert!(
+        line.contains("vision_socid77_archv73.bin")
+            && line.contains("differs from the description")
+            && !line.contains('\n'),
+        "{line}"
+    );
 }
 
 #[test]

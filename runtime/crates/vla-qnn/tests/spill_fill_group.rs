@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vla_qnn::{
-    create_contexts, create_contexts_sharing, Backend, Context, ContextBinary, LoadOptions,
-    QnnLibrary, SpillFillSharing,
+    create_contexts, create_contexts_sharing, Backend, BinaryImage, Context, ContextBinary,
+    LoadOptions, QnnError, QnnLibrary, SpillFillSharing,
 };
 use vla_tensor::compare;
 use vla_test_support::qnn_lib_dir;
@@ -108,4 +108,39 @@ fn spill_fill_group_decision_refusal_and_fallback() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
+
+    // Bytes given at each context's creation: one binary's image alive at a time, and a
+    // refusal of the first (tried with the group, then would be retried without) is the
+    // error returned, not "already used".
+    let deferred = |refuse: bool| -> Vec<ContextBinary> {
+        binaries(&lib)
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let path = b.path().to_owned();
+                b.with_bytes_at_creation(Box::new(move || {
+                    if refuse && i == 0 {
+                        return Err("not the bytes signed".into());
+                    }
+                    let file = std::fs::File::open(&path)?;
+                    let len = file.metadata()?.len();
+                    Ok(BinaryImage::read(file, len, &path, |_| {})?)
+                }))
+            })
+            .collect()
+    };
+    BinaryImage::reset_census_peak();
+    let g = create_contexts_sharing(&backend, deferred(false), Some(1 << 20))
+        .map_err(|e| e.1)
+        .unwrap();
+    let census = BinaryImage::census();
+    assert_eq!((census.live, census.peak), (0, 1), "{census:?}");
+    vision_parity(&g.contexts);
+    drop(g);
+    let (index, e) = create_contexts_sharing(&backend, deferred(true), Some(1 << 20))
+        .err()
+        .expect("refused");
+    assert_eq!(index, 0);
+    assert!(matches!(e, QnnError::Refused { .. }), "{e}");
+    assert!(e.to_string().contains("not the bytes signed"), "{e}");
 }
