@@ -100,11 +100,21 @@ pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
     }
 }
 
-fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> String {
+/// Where the publish rate `STATUS=` reports is measured from: the last status's time and
+/// tick count.
+struct RateBase {
+    at: Instant,
+    ticks: u64,
+}
+
+fn status_line(h: &Health, s: &LoopSettings, last: &mut RateBase) -> String {
     let ticks = Health::get(&h.ticks);
-    let dt = last.0.elapsed().as_secs_f64().max(1e-9);
-    let rate = (ticks - last.1) as f64 / dt;
-    *last = (Instant::now(), ticks);
+    let dt = last.at.elapsed().as_secs_f64().max(1e-9);
+    let rate = (ticks - last.ticks) as f64 / dt;
+    *last = RateBase {
+        at: Instant::now(),
+        ticks,
+    };
     let point = vla_control::operating_point(s, &vla_control::measured(h)).map_or_else(
         || "operating point: no latency yet".to_owned(),
         |p| p.describe(),
@@ -562,7 +572,7 @@ struct Supervisor<'a> {
     stalled: bool,
     npu: NpuStatus,
     last_status: Instant,
-    rate_base: (Instant, u64),
+    rate_base: RateBase,
     /// How the NPU's I/O is handed over (STATUS carries its line).
     npu_io: crate::npu_io::NpuStatus,
 }
@@ -571,23 +581,32 @@ struct Supervisor<'a> {
 /// an NPU session re-creation) may take before the supervisor takes it for a blocked call.
 const REPAIR_DEADLINES: u32 = 4;
 
-/// How long the inference thread has been away at `now`, the deadline that applies and
-/// what it has not done: a repair in progress (`repairing_since` not 0: a reload or an NPU
-/// session re-creation, loads and gates) is bounded by [`REPAIR_DEADLINES`] deadlines
-/// from its start, anything else by the deadline from the thread's last pass.
-fn inference_away(
-    now: u64,
-    alive: u64,
-    repairing_since: u64,
+/// How long the inference thread has been away, against which deadline.
+struct Away {
+    /// Nanoseconds since its last pass, or since the repair in progress began.
+    ns: u64,
+    /// The deadline that applies.
     deadline: Duration,
-) -> (u64, Duration, &'static str) {
+    /// What it has not done meanwhile (for the log line).
+    what: &'static str,
+}
+
+/// How long the inference thread has been away at `now`: a repair in progress
+/// (`repairing_since` not 0: a reload or an NPU session re-creation, loads and gates) is
+/// bounded by [`REPAIR_DEADLINES`] deadlines from its start, anything else by the deadline
+/// from the thread's last pass.
+fn inference_away(now: u64, alive: u64, repairing_since: u64, deadline: Duration) -> Away {
     match repairing_since {
-        0 => (now.saturating_sub(alive), deadline, "come back"),
-        since => (
-            now.saturating_sub(since),
-            deadline * REPAIR_DEADLINES,
-            "finished its reload or NPU session re-creation",
-        ),
+        0 => Away {
+            ns: now.saturating_sub(alive),
+            deadline,
+            what: "come back",
+        },
+        since => Away {
+            ns: now.saturating_sub(since),
+            deadline: deadline * REPAIR_DEADLINES,
+            what: "finished its reload or NPU session re-creation",
+        },
     }
 }
 
@@ -639,7 +658,11 @@ impl Supervisor<'_> {
         // An inference may take seconds on a slow backend; one past the deadline is a
         // blocked QNN call. Its thread cannot be abandoned (QNN may still write into its
         // buffers, and its session is the process's): systemd restarts vlad instead.
-        let (away, deadline, what) = inference_away(
+        let Away {
+            ns: away,
+            deadline,
+            what,
+        } = inference_away(
             now,
             Health::get(&h.inference_alive_ns),
             Health::get(&h.repairing_since_ns),
@@ -740,7 +763,7 @@ pub fn run(mut args: RunArgs) -> Result<(), Failure> {
         stalled: false,
         npu,
         last_status: now,
-        rate_base: (now, 0),
+        rate_base: RateBase { at: now, ticks: 0 },
         npu_io,
     }
     .run(&signals, &usr1, args.duration);
@@ -774,15 +797,27 @@ mod tests {
     fn a_repair_is_bounded_by_its_own_longer_deadline_from_its_start() {
         let deadline = Duration::from_secs(5);
         // No repair: the deadline from the last pass.
-        let (away, d, _) = inference_away(100 * S, 94 * S, 0, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            ..
+        } = inference_away(100 * S, 94 * S, 0, deadline);
         assert_eq!((away, d), (6 * S, deadline));
         assert!(away >= d.as_nanos() as u64);
         // A repair that began 6 s ago (its last pass as old) is within its limit...
-        let (away, d, what) = inference_away(100 * S, 94 * S, 94 * S, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            what,
+        } = inference_away(100 * S, 94 * S, 94 * S, deadline);
         assert_eq!(d, deadline * REPAIR_DEADLINES);
         assert!(away < d.as_nanos() as u64, "{what}");
         // ...and one that went on past it is a blocked call.
-        let (away, d, _) = inference_away(100 * S, 70 * S, 70 * S, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            ..
+        } = inference_away(100 * S, 70 * S, 70 * S, deadline);
         assert!(away >= d.as_nanos() as u64);
     }
 }

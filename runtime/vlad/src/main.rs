@@ -72,8 +72,11 @@ impl<E: std::error::Error + 'static> From<E> for Failure {
 
 /// `error` and its causes as the one line vlad prints: the error's own message, then each
 /// cause down its `source()` chain that the line does not name yet. This workspace's
-/// errors already name their cause in their message (`bundle X: component `vision`: ...`)
-/// and also hand it out through `source()` for code that matches on it; an error of
+/// errors name their cause in their message (`bundle X: component `vision`: ...`) and
+/// most leave `source()` empty; the few that also hand their cause out are those whose
+/// cause code matches on (the failed QNN call under a load or an inference, which the NPU
+/// fault handling looks for; the gate's error under an OTA refusal; the loader's error
+/// under a QNN library load), and those causes are already in the line. An error of
 /// another crate may leave its cause to `source()` alone, and it is still printed.
 pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();

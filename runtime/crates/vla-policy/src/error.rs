@@ -137,14 +137,7 @@ struct FromFile<'a>(&'a str);
 
 impl core::fmt::Display for FromFile<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        for c in self.0.chars() {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                core::fmt::Write::write_char(f, c)?;
-            }
-        }
-        Ok(())
+        core::fmt::Write::write_str(&mut vla_oneline::OneLine(f), self.0)
     }
 }
 
@@ -222,10 +215,11 @@ impl PolicyError {
 impl std::error::Error for PolicyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            PolicyError::Npz(e) => Some(e),
+            // The npz error is this error's whole message: its causes are this error's.
+            PolicyError::Npz(e) => e.source(),
+            // Named in the message too: the daemon walks the chain down to the failed QNN
+            // call (its NPU fault handling).
             PolicyError::Qnn { error, .. } => Some(error),
-            PolicyError::Unverified { source, .. } => Some(source.as_ref()),
-            PolicyError::Helper { error, .. } => Some(error),
             _ => None,
         }
     }
