@@ -33,6 +33,8 @@ static const void *provider_list[1] = { provider };
 static E (*real_execute)(void *, const void *, uint32_t, void *, uint32_t, void *, void *);
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long live;
+/* memRegister calls left before the shim refuses one (-1: never), set by tests. */
+static long calls_left = -1;
 
 static uint64_t bytes_of(uint32_t data_type, uint32_t rank, const uint32_t *dims) {
     uint32_t bits = ((data_type >> 4) & 0xf) * 10 + (data_type & 0xf);
@@ -45,6 +47,11 @@ static E mem_register(void *context, const MemDesc *d, uint32_t n, Handle **out)
     (void)context;
     if (!d || !out) return 8000;
     for (uint32_t i = 0; i < n; i++) out[i] = 0;
+    pthread_mutex_lock(&lock);
+    int refuse = calls_left == 0;
+    if (calls_left > 0) calls_left--;
+    pthread_mutex_unlock(&lock);
+    if (refuse) return 1000;
     for (uint32_t i = 0; i < n; i++) {
         const HtpDesc *h = d[i].custom;
         if (d[i].mem_type != 2 || !h || h->type != 1 || h->fd < 0) return 8005;
@@ -161,4 +168,13 @@ long qnn_mem_shim_live(void) {
     long n = live;
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+/* Not QNN's: the memRegister call after the next `n` is refused with 1000, as the bare
+ * emulator refuses every one (n < 0: none is), for tests of a registration failing
+ * part-way through a chain. */
+void qnn_mem_shim_refuse_after(long n) {
+    pthread_mutex_lock(&lock);
+    calls_left = n < 0 ? -1 : n;
+    pthread_mutex_unlock(&lock);
 }

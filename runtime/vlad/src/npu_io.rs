@@ -2,8 +2,8 @@
 //! over, said once in the log and carried by STATUS, the metrics and the recordings.
 //!
 //! Shared buffers need rpcmem (libcdsprpc.so, opened at run time: absent on the emulator
-//! and in CI) and a policy that runs on them (`Policy::use_shared_buffers`: Fast-WAM's
-//! open-loop form so far). [`resolve`] runs before anything loads: `off`, or no rpcmem
+//! and in CI) and a backend that registers them (`Policy::use_shared_buffers`: every
+//! policy, each on one chained arena). [`resolve`] runs before anything loads: `off`, or no rpcmem
 //! under `auto`, is client buffers; `on` without rpcmem is refused there. [`NpuPlan::apply`]
 //! runs on every loaded policy before its parity gate (so the gate checks what will run):
 //! a policy or backend that refuses is client buffers under `auto`, a failed load under

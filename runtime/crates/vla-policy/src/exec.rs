@@ -71,6 +71,13 @@ impl Buf {
     }
 }
 
+/// Moves `old`'s contents into `region` and puts the region in its place (the move onto
+/// registered memory, at load).
+pub(crate) fn move_buf(old: &mut Buf, mut region: Region) {
+    region.as_bytes_mut().copy_from_slice(old.as_bytes());
+    *old = Buf::Shared(region);
+}
+
 impl crate::guard::Scanned for Buf {
     fn values(&self) -> &[f32] {
         self.as_f32()
@@ -129,27 +136,6 @@ pub(crate) fn execute<const N: usize, const M: usize>(
         Dst::Shared(r) => r.as_bytes_mut(),
     });
     graph.execute(&ins, &mut outs)
-}
-
-/// Puts `bufs` (in the pipeline's order) at the graph positions `idx`.
-pub fn ordered<const N: usize>(idx: [usize; N], bufs: [&[u8]; N]) -> [&[u8]; N] {
-    let mut out: [&[u8]; N] = [&[]; N];
-    for (k, &i) in idx.iter().enumerate() {
-        out[i] = bufs[k];
-    }
-    out
-}
-
-/// As [`ordered`], for output buffers. `idx` is a permutation (checked at load).
-pub fn ordered_mut<'a, const N: usize>(
-    idx: [usize; N],
-    bufs: [&'a mut [u8]; N],
-) -> [&'a mut [u8]; N] {
-    let mut out: [Option<&'a mut [u8]>; N] = [const { None }; N];
-    for (k, b) in bufs.into_iter().enumerate() {
-        out[idx[k]] = Some(b);
-    }
-    out.map(|o| o.expect("graph positions are a permutation"))
 }
 
 /// 1 when `x` is NaN or Inf, else 0. Their exponent bits are all ones, so with the sign

@@ -6,11 +6,14 @@
 //!
 //! All buffers are allocated at load; one inference allocates nothing.
 //!
-//! In the open-loop form the action_step inputs and output can live in one HTP shared
-//! buffer ([`FastWam::use_shared_buffers`]): the world-model tensors (the video KV cache,
-//! tens of MB) are registered once and never copied again, where QNN copies client buffers
-//! in before every execute; per step only the latents and the timestep (under a KiB) are
-//! written into it, and the prediction is read where the NPU wrote it.
+//! On HTP shared buffers ([`FastWam::use_shared_buffers`]) every buffer a context reads or
+//! writes is a region of one registered arena allocated at load, and each context is bound
+//! where the buffers already chain: the world-model chain's splits write the video KV
+//! cache at their layer slices of action_step's input regions, wm_embed reads the context
+//! region action_step reads too, the flow update writes the latents in their input region
+//! and the prediction is read where the NPU wrote it. QNN copies nothing around an
+//! execute, and the host copies nothing between buffers but an instruction's text rows.
+//! In the open-loop form the world-model tensors are moved in once, at that move.
 
 mod chain;
 pub mod image;
@@ -19,18 +22,17 @@ pub mod state;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Timings};
 use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
 use crate::Observation;
 pub use chain::{proprio_row, WorldModel};
 use norm::FastWamNormalizer;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
-use vla_qnn::{Backend, RpcMem, SharedBuffer};
+use vla_qnn::{align_region, Backend, Region, RpcMem, SharedBuffer};
 use vla_tensor::AlignedBuf;
 
 const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "context_mask"];
@@ -45,30 +47,18 @@ pub struct FastWam {
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
     io: ([usize; 6], [usize; 1]),
-    latents: AlignedBuf,
-    timestep: AlignedBuf,
+    latents: Buf,
+    timestep: Buf,
     /// action_step's video_keys, video_values, context, context_mask: written by the
     /// chain in place, or loaded once from the world-model npz.
-    pub(crate) world: [AlignedBuf; 4],
-    pred: AlignedBuf,
+    pub(crate) world: [Buf; 4],
+    pred: Buf,
     /// sigma_0..sigma_N (sigma_N = 0), f64 as in the reference.
     sigmas: Vec<f64>,
     action_norm: FastWamNormalizer,
     pub(crate) timings: Timings,
     pub(crate) fault: Option<String>,
     prefix: PrefixBuffers,
-    /// action_step's I/O in an HTP shared buffer ([`FastWam::use_shared_buffers`]).
-    shared: Option<SharedIo>,
-    /// Bytes the host has copied between buffers ([`FastWam::host_copy_bytes`]).
-    host_copied: u64,
-}
-
-/// action_step's inputs and output registered in one shared buffer.
-struct SharedIo {
-    buffer: SharedBuffer,
-    latents: Range<usize>,
-    timestep: Range<usize>,
-    pred: Range<usize>,
 }
 
 /// The Wan shifted schedule: `u = linspace(1, 0, N+1)[:N]`, `sigma = s*u / (1 + (s-1)*u)`.
@@ -152,6 +142,7 @@ impl FastWam {
         let (la, _) = g.input("latents_action", Some(&latent_shape))?;
         let (ts, _) = g.input("timestep", Some(&[1]))?;
         let mut world: [AlignedBuf; 4] = Default::default();
+        // Built as host memory here, then held as `Buf`s below.
         let mut world_idx = [0usize; 4];
         let mut shapes: [Vec<usize>; 4] = Default::default();
         for (k, name) in WORLD_INPUTS.iter().enumerate() {
@@ -220,10 +211,10 @@ impl FastWam {
                 ],
                 [pn],
             ),
-            latents: AlignedBuf::zeroed(n * 4),
-            timestep: AlignedBuf::zeroed(4),
-            world,
-            pred: AlignedBuf::zeroed(n * 4),
+            latents: Buf::Host(AlignedBuf::zeroed(n * 4)),
+            timestep: Buf::Host(AlignedBuf::zeroed(4)),
+            world: world.map(Buf::Host),
+            pred: Buf::Host(AlignedBuf::zeroed(n * 4)),
             sigmas: wan_sigmas(f.flow_steps, f.shift),
             action_norm: FastWamNormalizer::new(&f.action_norm, f.action_dims),
             timings: Timings::new(&names),
@@ -234,95 +225,124 @@ impl FastWam {
             settings: f,
             bundle_name: bundle.manifest.name.clone(),
             bundle_version: bundle.manifest.version.clone(),
-            shared: None,
-            host_copied: 0,
         })
     }
 
-    /// Moves action_step's inputs and output into one HTP shared buffer from `rpc`,
-    /// registered with its context: the world-model tensors are copied in once, here.
-    /// Open-loop form only (the world-model chain writes those tensors through client
-    /// buffers). On error the policy stays on client buffers.
+    /// Moves every context's inputs and outputs into one HTP shared buffer from `rpc`,
+    /// a region per buffer, each context registered where the buffers chain (see the
+    /// module doc). The buffers' contents move over once, here (the open-loop form's
+    /// world-model tensors included). On error every registration is dropped and the
+    /// policy stays on client buffers.
     pub fn use_shared_buffers(&mut self, rpc: &Arc<RpcMem>) -> Result<(), PolicyError> {
-        let qnn = |error| PolicyError::Qnn {
-            component: "action_step".into(),
-            error,
+        if self.on_shared_buffers() {
+            return Ok(());
+        }
+        let qnn = |component: &str| {
+            let component = component.to_string();
+            move |error| PolicyError::Qnn { component, error }
         };
-        if self.chain.is_some() {
-            return Err(qnn(vla_qnn::QnnError::NotAvailable {
-                what: "shared buffers",
-                reason: "the world-model chain's outputs are not registered memory yet".into(),
-            }));
+        // One region per buffer: action_step's six inputs and its output, then the
+        // chain's own buffers.
+        let mut lens = vec![
+            self.latents.as_bytes().len(),
+            self.timestep.as_bytes().len(),
+            self.world[0].as_bytes().len(),
+            self.world[1].as_bytes().len(),
+            self.world[2].as_bytes().len(),
+            self.world[3].as_bytes().len(),
+            self.pred.as_bytes().len(),
+        ];
+        if let Some(c) = &self.chain {
+            lens.extend(c.buffer_lens());
         }
-        let graph = &mut self.action_step.graph;
-        let layout = graph.shared_layout(0);
-        let mut buffer = SharedBuffer::allocate(rpc, layout.end).map_err(qnn)?;
-        let (ii, oi) = self.io;
-        let region = |offset: usize, len: usize| offset..offset + len;
-        for (k, w) in self.world.iter().enumerate() {
-            let r = region(layout.inputs[ii[2 + k]], w.len());
-            buffer
-                .bytes_mut(r)
-                .expect("the layout holds every input")
-                .copy_from_slice(w.as_bytes());
-        }
-        graph.bind_shared(&buffer, &layout).map_err(qnn)?;
-        self.shared = Some(SharedIo {
-            latents: region(layout.inputs[ii[0]], self.latents.len()),
-            timestep: region(layout.inputs[ii[1]], self.timestep.len()),
-            pred: region(layout.outputs[oi[0]], self.pred.len()),
-            buffer,
+        let mut at = 0;
+        let ranges: Vec<_> = lens
+            .iter()
+            .map(|&n| {
+                let r = at..at + n;
+                at += align_region(n);
+                r
+            })
+            .collect();
+        let component = if self.chain.is_some() {
+            "fastwam"
+        } else {
+            "action_step"
+        };
+        let arena = SharedBuffer::allocate(rpc, at).map_err(qnn(component))?;
+        let mut regions = arena.into_regions(&ranges).map_err(qnn(component))?;
+        let own: Option<[Region; 5]> = self.chain.as_ref().map(|_| {
+            regions
+                .split_off(7)
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("five chain regions"))
         });
+        let step: [Region; 7] = regions
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("seven action_step regions"));
+        let [lat, ts, k, v, ctx, mask, pred] = &step;
+        let (ii, oi) = self.io;
+        let mut bound = self
+            .action_step
+            .graph
+            .bind_regions(
+                &permute(ii, [(lat, 0), (ts, 0), (k, 0), (v, 0), (ctx, 0), (mask, 0)]),
+                &permute(oi, [(pred, 0)]),
+            )
+            .map_err(qnn("action_step"));
+        if let (Ok(()), Some(c), Some([im, la, t0, t1, em])) = (&bound, &mut self.chain, &own) {
+            bound = c.bind_regions([im, la, t0, t1, em], ctx, k, v);
+        }
+        if let Err(e) = bound {
+            for g in self.graphs_mut() {
+                g.graph.unbind_shared();
+            }
+            return Err(e);
+        }
+        let [lat, ts, k, v, ctx, mask, pred] = step;
+        move_buf(&mut self.latents, lat);
+        move_buf(&mut self.timestep, ts);
+        for (old, region) in self.world.iter_mut().zip([k, v, ctx, mask]) {
+            move_buf(old, region);
+        }
+        move_buf(&mut self.pred, pred);
+        if let (Some(c), Some(own)) = (&mut self.chain, own) {
+            c.move_into(own);
+        }
         Ok(())
     }
 
-    /// Bytes the host has copied from one buffer into another since load, in all: on a
-    /// shared buffer the latents and the timestep into it before each step (the world-model
-    /// tensors once, at the move, are not counted). What QNN copies is action_step's
-    /// `client_buffer_bytes`.
+    /// Bytes the host has copied from one buffer into another since load, in all: an
+    /// instruction's text rows into the context when the instruction changes (the
+    /// world-model chain). Nothing else: the noise, the flow update and the timestep are
+    /// computed into their buffers, the prediction is read in place. What QNN copies is
+    /// each graph's `client_buffer_bytes`.
     pub fn host_copy_bytes(&self) -> u64 {
-        self.host_copied
+        self.chain.as_ref().map_or(0, |c| c.text_copied)
     }
 
-    /// Whether action_step runs on an HTP shared buffer.
+    /// Whether the contexts run on HTP shared buffers.
     pub fn on_shared_buffers(&self) -> bool {
-        self.shared.is_some()
+        self.action_step.graph.is_shared()
     }
 
     /// One action_step execute of the flow loop on the current latents and timestep; the
-    /// prediction lands in `self.pred` (client buffers) or the shared buffer.
+    /// prediction lands in `self.pred`.
     fn execute_step(&mut self) -> Result<(), vla_qnn::QnnError> {
-        let graph = &mut self.action_step.graph;
-        let Some(s) = &mut self.shared else {
-            let (ii, oi) = self.io;
-            return graph.execute(
-                &ordered(
-                    ii,
-                    [
-                        self.latents.as_bytes(),
-                        self.timestep.as_bytes(),
-                        self.world[0].as_bytes(),
-                        self.world[1].as_bytes(),
-                        self.world[2].as_bytes(),
-                        self.world[3].as_bytes(),
-                    ],
-                ),
-                &mut ordered_mut(oi, [self.pred.as_bytes_mut()]),
-            );
-        };
-        let bytes = s.buffer.as_bytes_mut();
-        bytes[s.latents.clone()].copy_from_slice(self.latents.as_bytes());
-        bytes[s.timestep.clone()].copy_from_slice(self.timestep.as_bytes());
-        self.host_copied += (s.latents.len() + s.timestep.len()) as u64;
-        graph.execute_shared(&mut s.buffer)
-    }
-
-    /// The last action_step prediction, writable (fault injection poisons it).
-    fn pred_mut(&mut self) -> &mut [f32] {
-        match &mut self.shared {
-            Some(s) => bytemuck::cast_slice_mut(&mut s.buffer.as_bytes_mut()[s.pred.clone()]),
-            None => self.pred.as_f32_mut(),
-        }
+        let [k, v, ctx, mask] = &self.world;
+        execute(
+            &mut self.action_step.graph,
+            self.io,
+            [
+                self.latents.src(),
+                self.timestep.src(),
+                k.src(),
+                v.src(),
+                ctx.src(),
+                mask.src(),
+            ],
+            [self.pred.dst()],
+        )
     }
 
     /// The instruction id of `text`: a fixed instruction of the same normalized text, else
@@ -491,12 +511,9 @@ impl FastWam {
             })?;
             self.timings.add(step_slot, t.elapsed());
             if cfg!(feature = "fault-injection") && self.fault.as_deref() == Some("action_step") {
-                self.pred_mut()[0] = f32::INFINITY;
+                self.pred.as_f32_mut()[0] = f32::INFINITY;
             }
-            let pred: &[f32] = match &self.shared {
-                Some(s) => bytemuck::cast_slice(&s.buffer.as_bytes()[s.pred.clone()]),
-                None => self.pred.as_f32(),
-            };
+            let pred = self.pred.as_f32();
             let bad = count_non_finite(pred);
             if bad > 0 {
                 return Err(PolicyError::NonFinite {

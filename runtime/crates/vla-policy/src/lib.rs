@@ -374,8 +374,8 @@ impl Policy {
 
     /// Moves the policy's NPU I/O into HTP shared buffers from `rpc` (registered with the
     /// contexts: no copies by QNN around each execute; chained contexts share regions).
-    /// MolmoAct2 and Fast-WAM's open-loop form can; Fast-WAM's world-model chain, and a
-    /// backend that refuses the registration, return the error and stay on client buffers.
+    /// Both policies can, in every form; a backend that refuses the registration returns
+    /// the error and the policy stays on client buffers.
     pub fn use_shared_buffers(
         &mut self,
         rpc: &std::sync::Arc<vla_qnn::RpcMem>,

@@ -34,7 +34,7 @@
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, permute, Buf, Src, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Src, Timings};
 use crate::guard::{ScanGuard, Verdict};
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
@@ -448,10 +448,7 @@ impl MolmoAct2 {
             return Err(e);
         }
         let [pv, ie, ph, h0, h1, k, v, kc, vc, tr, so, ts, pad, bias, mask] = regions;
-        let moved = |old: &mut Buf, mut region: Region| {
-            region.as_bytes_mut().copy_from_slice(old.as_bytes());
-            *old = Buf::Shared(region);
-        };
+        let moved = move_buf;
         moved(&mut self.pixel_values, pv);
         moved(&mut self.image_embeds, ie);
         moved(&mut self.prompt_hidden, ph);

@@ -77,7 +77,7 @@ fn steady_state_inference_allocates_nothing() {
     let rpc = RpcMem::load(&standin).unwrap();
     let lib = Arc::new(QnnLibrary::load(&LoadOptions::htp(shim)).expect("load QNN"));
     let backend = Backend::new(lib).expect("QNN backend");
-    for name in ["molmoact2-drift-keystone", "fastwam"] {
+    for name in ["molmoact2-drift-keystone", "fastwam", "fastwam-closed-loop"] {
         let bundle = Bundle::open(common::fixture(name)).unwrap();
         let mut policy = Policy::load(&bundle, &backend).unwrap();
         policy.use_shared_buffers(&rpc).unwrap();

@@ -1,7 +1,8 @@
 //! The policies on HTP shared buffers: refused by the bare emulator (it registers no
 //! memory) and left on client buffers; through `vla-test-support`'s memory shim (a
 //! test-only memRegister in front of the emulator) the actions are bit-identical to the
-//! client-buffer ones: Fast-WAM's action_step, and MolmoAct2's whole chain in one arena.
+//! client-buffer ones: Fast-WAM's open-loop action_step, Fast-WAM's world-model chain and
+//! MolmoAct2's whole chain, each in one arena.
 
 mod common;
 
@@ -37,6 +38,32 @@ fn actions_of(policy: &mut Policy, bundle: &Bundle, seeds: &[u64]) -> Vec<f32> {
         all.extend(a);
     }
     all
+}
+
+/// The shim's own `libQnnHtp.so` in `shim_dir` (already loaded by this process).
+fn shim(shim_dir: &Path) -> libloading::Library {
+    // SAFETY: the shim built by vla-test-support; loading it runs no initializer.
+    unsafe { libloading::Library::new(shim_dir.join("libQnnHtp.so")) }.unwrap()
+}
+
+/// Makes the shim refuse the memRegister call after the next `n` (n < 0: none).
+fn refuse_registrations_after(shim_dir: &Path, n: std::ffi::c_long) {
+    let lib = shim(shim_dir);
+    // SAFETY: `void qnn_mem_shim_refuse_after(long)` in qnn_mem_shim.c.
+    let f: libloading::Symbol<unsafe extern "C" fn(std::ffi::c_long)> =
+        unsafe { lib.get(b"qnn_mem_shim_refuse_after\0") }.unwrap();
+    // SAFETY: sets a counter under the shim's lock.
+    unsafe { f(n) }
+}
+
+/// Registrations the shim holds.
+fn shim_registrations(shim_dir: &Path) -> std::ffi::c_long {
+    let lib = shim(shim_dir);
+    // SAFETY: `long qnn_mem_shim_live(void)` in qnn_mem_shim.c.
+    let f: libloading::Symbol<unsafe extern "C" fn() -> std::ffi::c_long> =
+        unsafe { lib.get(b"qnn_mem_shim_live\0") }.unwrap();
+    // SAFETY: no arguments; reads a counter under the shim's lock.
+    unsafe { f() }
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -95,13 +122,104 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
     assert!(bundle.parity(&mut policy).unwrap().passed());
     drop(policy);
     drop(shimmed);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
 
-    // The closed-loop form (its world-model chain writes through client buffers) says so.
-    let closed = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
-    let b = backend(&shim);
-    let mut policy = Policy::load(&closed, &b).unwrap();
+#[test]
+fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(dir) = qnn_lib_dir() else { return };
+    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-c-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let Some(standin) = rpcmem_standin(&tmp) else {
+        return;
+    };
+    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
+        return;
+    };
+    let rpc = RpcMem::load(&standin).unwrap();
+    let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
+    let shimmed = backend(&shim);
+    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
+    let client_bytes = |p: &mut Policy| -> u64 {
+        p.graphs_mut()
+            .iter()
+            .map(|g| g.graph.client_buffer_bytes())
+            .sum()
+    };
+    // One inference per mode (the emulator takes seconds each); the recovery below is the
+    // second one on shared buffers.
+    let client = actions_of(&mut policy, &bundle, &[0]);
+    // The first inference of an instruction copies its text rows into the context, and
+    // nothing else is copied buffer to buffer.
+    let c = match &policy {
+        Policy::FastWam(f) => f.settings.chain.clone().expect("the closed-loop form"),
+        Policy::MolmoAct2(_) => unreachable!(),
+    };
+    let text = (c.text_tokens * c.context_width * 4) as u64;
+    assert_eq!(policy.host_copy_bytes(), text);
+    let counted = client_bytes(&mut policy);
+    assert!(counted > 0, "client buffers are counted");
+
+    // A registration refused part-way (action_step, wm_vae_enc and wm_embed registered,
+    // wm_prefill_split0 refused): every graph goes back to client buffers and nothing
+    // stays registered; a later move succeeds.
+    // (memRegister is called once per tensor.)
+    let tensors = |g: &vla_policy::LoadedGraph| g.graph.inputs().len() + g.graph.outputs().len();
+    let graphs = policy.graphs_mut(); // wm_vae_enc, wm_embed, the splits, action_step
+    let before_split0 = tensors(graphs[graphs.len() - 1]) + tensors(graphs[0]) + tensors(graphs[1]);
+    refuse_registrations_after(&shim, before_split0 as std::ffi::c_long);
     let e = policy.use_shared_buffers(&rpc).unwrap_err().to_string();
-    assert!(e.contains("world-model chain"), "{e}");
+    refuse_registrations_after(&shim, -1);
+    assert!(e.contains("wm_prefill_split0") && e.contains("1000"), "{e}");
+    assert!(!policy.on_shared_buffers());
+    assert!(policy.graphs_mut().iter().all(|g| !g.graph.is_shared()));
+    assert_eq!(shim_registrations(&shim), 0, "every registration dropped");
+
+    policy.use_shared_buffers(&rpc).unwrap();
+    assert!(policy.on_shared_buffers());
+    assert_eq!(policy.graphs_mut().len(), 2 + c.prefill_layers.len() + 1);
+    assert!(
+        policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
+        "every context on registered memory"
+    );
+    let shared = actions_of(&mut policy, &bundle, &[0]);
+    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
+    assert_eq!(
+        client_bytes(&mut policy),
+        counted,
+        "no client buffer was handed to QNN"
+    );
+    // The text rows moved over with the context region: nothing copied this time.
+    assert_eq!(policy.host_copy_bytes(), text, "no host copy on the arena");
+
+    // The NaN/Inf scans read the regions the next context reads: a NaN in split 0's
+    // tokens and an Inf in action_step's prediction are found and named, no action is
+    // written, and the next inference recovers bit-identically.
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let mut obs = file.observation();
+    obs.seed = 0;
+    let g = policy.geometry();
+    let mut a = vec![0f32; g.chunk_len * g.action_dims];
+    for (component, tensor) in [
+        ("wm_prefill_split0", "video_tokens_out"),
+        ("action_step", "pred_noise"),
+    ] {
+        policy.inject_non_finite(Some(component));
+        let e = policy.infer(&obs, &mut a).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
+                if c == component && t == tensor),
+            "{component}: {e}"
+        );
+        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
+    }
+    policy.inject_non_finite(None);
+    policy.infer(&obs, &mut a).unwrap();
+    assert_eq!(bits(&a), bits(&client), "recovered, bit-identical");
+    drop(policy);
+    assert_eq!(shim_registrations(&shim), 0, "deregistered at drop");
+    drop(shimmed);
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

@@ -18,14 +18,14 @@ use super::norm::FastWamNormalizer;
 use super::state::build_state;
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Dst, Src, Timings};
 use crate::manifest::FastWamChain;
 use crate::pack::InstructionPacks;
 use crate::Observation;
 use std::sync::Arc;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
-use vla_qnn::Backend;
+use vla_qnn::{Backend, Region};
 use vla_tensor::AlignedBuf;
 
 /// A prefill split's graph positions: inputs (tokens, context embedding), outputs
@@ -64,10 +64,12 @@ pub struct WorldModel {
     /// Byte offset and length of each split's layer slice of video_keys/video_values.
     split_kv: Vec<(usize, usize)>,
     pre: FastWamImage,
-    pub(crate) image: AlignedBuf,
-    pub(crate) latents: AlignedBuf,
-    tokens: [AlignedBuf; 2],
-    context_embedding: AlignedBuf,
+    pub(crate) image: Buf,
+    pub(crate) latents: Buf,
+    /// The video tokens, ping-ponged: wm_embed writes `tokens[0]`, split i reads
+    /// `tokens[i % 2]` and writes the other.
+    pub(crate) tokens: [Buf; 2],
+    pub(crate) context_embedding: Buf,
     state_norm: FastWamNormalizer,
     /// The policy's state (`state_dims`) built from the accepted observation's raw state.
     pub(crate) state: Vec<f32>,
@@ -81,6 +83,8 @@ pub struct WorldModel {
     /// Instruction packs attached to this bundle (rows mapped, looked up by id): shared
     /// with the text renderers handed out, which look texts up in them.
     pub(crate) packs: Arc<InstructionPacks>,
+    /// Bytes of text rows copied into the context since load (on instruction changes).
+    pub(crate) text_copied: u64,
 }
 
 fn contract(component: &str, tensor: &str, expected: String, found: String) -> PolicyError {
@@ -219,7 +223,7 @@ impl WorldModel {
             offset += bytes;
             splits.push(g);
         }
-        let f32s = |n: usize| AlignedBuf::zeroed(n * 4);
+        let f32s = |n: usize| Buf::Host(AlignedBuf::zeroed(n * 4));
         let pre = FastWamImage::new(
             c.cameras,
             (c.frame_height, c.frame_width),
@@ -243,6 +247,7 @@ impl WorldModel {
             proprio_bias,
             text_instruction: None,
             packs: Arc::new(InstructionPacks::default()),
+            text_copied: 0,
             pre,
             vae,
             embed,
@@ -305,6 +310,7 @@ impl WorldModel {
                 context[..text].copy_from_slice(&self.text_rows[i * text..(i + 1) * text]);
             }
             self.text_instruction = Some(id);
+            self.text_copied += (text * 4) as u64;
         }
         proprio_row(
             &self.state_norm,
@@ -321,9 +327,9 @@ impl WorldModel {
     pub fn run(
         &mut self,
         obs: &Observation<'_>,
-        context: &mut AlignedBuf,
-        keys: &mut AlignedBuf,
-        values: &mut AlignedBuf,
+        context: &mut Buf,
+        keys: &mut Buf,
+        values: &mut Buf,
         timings: &mut Timings,
         fault: Option<&str>,
     ) -> Result<(), PolicyError> {
@@ -334,14 +340,13 @@ impl WorldModel {
                 error,
             }
         };
-        let poison = |name: &str, buf: &mut AlignedBuf| {
+        let poison = |name: &str, buf: &mut Buf| {
             if cfg!(feature = "fault-injection") && fault == Some(name) {
                 buf.as_f32_mut()[0] = f32::NAN;
             }
         };
-        let finite = |component: &str, tensor: &str, buf: &AlignedBuf| match count_non_finite(
-            buf.as_f32(),
-        ) {
+        let finite = |component: &str, tensor: &str, buf: &Buf| match count_non_finite(buf.as_f32())
+        {
             0 => Ok(()),
             count => Err(PolicyError::NonFinite {
                 component: component.into(),
@@ -351,32 +356,27 @@ impl WorldModel {
         };
         self.pre.run(obs.frames, self.image.as_f32_mut());
         let t = Instant::now();
-        let (vi, vo) = self.vae_io;
-        self.vae
-            .graph
-            .execute(
-                &ordered(vi, [self.image.as_bytes()]),
-                &mut ordered_mut(vo, [self.latents.as_bytes_mut()]),
-            )
-            .map_err(qnn("wm_vae_enc"))?;
+        execute(
+            &mut self.vae.graph,
+            self.vae_io,
+            [self.image.src()],
+            [self.latents.dst()],
+        )
+        .map_err(qnn("wm_vae_enc"))?;
         timings.add(0, t.elapsed());
         poison("wm_vae_enc", &mut self.latents);
         finite("wm_vae_enc", "latents", &self.latents)?;
 
         self.write_context(obs, context.as_f32_mut());
         let t = Instant::now();
-        let (ei, eo) = self.embed_io;
         let (a, b) = self.tokens.split_at_mut(1);
-        self.embed
-            .graph
-            .execute(
-                &ordered(ei, [self.latents.as_bytes(), context.as_bytes()]),
-                &mut ordered_mut(
-                    eo,
-                    [a[0].as_bytes_mut(), self.context_embedding.as_bytes_mut()],
-                ),
-            )
-            .map_err(qnn("wm_embed"))?;
+        execute(
+            &mut self.embed.graph,
+            self.embed_io,
+            [self.latents.src(), context.src()],
+            [a[0].dst(), self.context_embedding.dst()],
+        )
+        .map_err(qnn("wm_embed"))?;
         timings.add(1, t.elapsed());
         poison("wm_embed", &mut a[0]);
         finite("wm_embed", "video_tokens", &a[0])?;
@@ -390,18 +390,19 @@ impl WorldModel {
                 (&b[0], &mut a[0])
             };
             let (off, len) = self.split_kv[i];
-            let k = &mut keys.as_bytes_mut()[off..off + len];
-            let v = &mut values.as_bytes_mut()[off..off + len];
-            let inputs = ordered(*si, [src.as_bytes(), self.context_embedding.as_bytes()]);
+            // On registered memory the split was bound at its layer slice of the regions.
+            let k: Dst<'_> = keys.part_mut(off..off + len);
+            let v: Dst<'_> = values.part_mut(off..off + len);
+            let inputs: [Src<'_>; 2] = [src.src(), self.context_embedding.src()];
             let t = Instant::now();
             match so {
-                Some(o) => {
-                    let mut outs = ordered_mut([*o, *sk, *sv], [dst.as_bytes_mut(), k, v]);
-                    split.graph.execute(&inputs, &mut outs)
-                }
-                None => split
-                    .graph
-                    .execute(&inputs, &mut ordered_mut([*sk, *sv], [k, v])),
+                Some(o) => execute(
+                    &mut split.graph,
+                    (*si, [*o, *sk, *sv]),
+                    inputs,
+                    [dst.dst(), k, v],
+                ),
+                None => execute(&mut split.graph, (*si, [*sk, *sv]), inputs, [k, v]),
             }
             .map_err(|error| PolicyError::Qnn {
                 component: split.component.clone(),
@@ -431,6 +432,86 @@ impl WorldModel {
             }
         }
         Ok(())
+    }
+
+    /// Byte lengths of the chain's own buffers, in the order [`WorldModel::bind_regions`]
+    /// and [`WorldModel::move_into`] take their regions: image, latents, the two token
+    /// buffers, the context embedding.
+    pub(crate) fn buffer_lens(&self) -> [usize; 5] {
+        [
+            self.image.as_bytes().len(),
+            self.latents.as_bytes().len(),
+            self.tokens[0].as_bytes().len(),
+            self.tokens[1].as_bytes().len(),
+            self.context_embedding.as_bytes().len(),
+        ]
+    }
+
+    /// Registers every chain context at the regions its buffers chain through: the VAE's
+    /// latents are wm_embed's input, wm_embed reads `context` (action_step's input too)
+    /// and writes the tokens split 0 reads, the tokens ping-pong between the splits, and
+    /// each split writes its keys/values at its layer slice of action_step's
+    /// `keys`/`values` regions. `own` are the regions of [`WorldModel::buffer_lens`]. On
+    /// error the graphs bound so far stay bound (the caller unbinds every graph).
+    pub(crate) fn bind_regions(
+        &mut self,
+        own: [&Region; 5],
+        context: &Region,
+        keys: &Region,
+        values: &Region,
+    ) -> Result<(), PolicyError> {
+        let [image, latents, t0, t1, emb] = own;
+        let qnn = |component: &str| {
+            let component = component.to_string();
+            move |error| PolicyError::Qnn { component, error }
+        };
+        let (vi, vo) = self.vae_io;
+        self.vae
+            .graph
+            .bind_regions(&permute(vi, [(image, 0)]), &permute(vo, [(latents, 0)]))
+            .map_err(qnn("wm_vae_enc"))?;
+        let (ei, eo) = self.embed_io;
+        self.embed
+            .graph
+            .bind_regions(
+                &permute(ei, [(latents, 0), (context, 0)]),
+                &permute(eo, [(t0, 0), (emb, 0)]),
+            )
+            .map_err(qnn("wm_embed"))?;
+        for (i, (split, (si, (so, sk, sv)))) in
+            self.splits.iter_mut().zip(&self.split_io).enumerate()
+        {
+            let (src, dst) = if i % 2 == 0 { (t0, t1) } else { (t1, t0) };
+            let off = self.split_kv[i].0;
+            let inputs = permute(*si, [(src, 0), (emb, 0)]);
+            match so {
+                Some(o) => split.graph.bind_regions(
+                    &inputs,
+                    &permute([*o, *sk, *sv], [(dst, 0), (keys, off), (values, off)]),
+                ),
+                None => split
+                    .graph
+                    .bind_regions(&inputs, &permute([*sk, *sv], [(keys, off), (values, off)])),
+            }
+            .map_err(qnn(&split.component))?;
+        }
+        Ok(())
+    }
+
+    /// Moves the chain's buffers into `own` (bound by [`WorldModel::bind_regions`]),
+    /// contents included.
+    pub(crate) fn move_into(&mut self, own: [Region; 5]) {
+        let [image, latents, t0, t1, emb] = own;
+        let [a, b] = &mut self.tokens;
+        for (old, region) in [
+            (&mut self.image, image),
+            (&mut self.latents, latents),
+            (a, t0),
+            (b, t1),
+            (&mut self.context_embedding, emb),
+        ] {
+            move_buf(old, region);
+        }
     }
 
     /// Byte ranges of each split's keys/values in action_step's inputs (parity stages).
