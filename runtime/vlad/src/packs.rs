@@ -83,10 +83,12 @@ pub fn attach_new(
         );
     }
     let mut sets = Vec::new();
+    let mut tried = !scan.refused.is_empty();
     for pack in &scan.packs {
         if attacher.packs().holds_dir(&pack.dir) || refused.contains(&pack.dir) {
             continue;
         }
+        tried = true;
         match attacher.attach(&pack.dir) {
             Ok((set, label, n)) => {
                 log::info!(
@@ -101,7 +103,7 @@ pub fn attach_new(
             }
         }
     }
-    if sets.is_empty() && scan.refused.is_empty() {
+    if !tried {
         log::info!("instruction packs of {name} {version}: none new to attach");
     }
     sets

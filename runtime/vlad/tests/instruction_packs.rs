@@ -290,6 +290,7 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
         &key,
         &[(PACK_ID_FLAG | 7, "close the drawer", 1)],
     );
+    let installing = Instant::now();
     let out = vlad_ok(&["ota", "install", more.to_str().unwrap(), "--config", config]);
     assert!(
         out.contains("sent SIGUSR2") && out.contains("without a reload"),
@@ -299,6 +300,12 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
         &mut actions,
         "the hot-attached pack's id (the observations named it before: they held)",
         PACK_ID_FLAG | 7,
+    );
+    // A figure, not a bound: install (verify, stage, signal) to the first ok step of the
+    // new id, one inference included.
+    eprintln!(
+        "pack installed while running: first ok step of its id {:.2} s after `vlad ota install` began",
+        installing.elapsed().as_secs_f64()
     );
     write_text(&peer, &txt_path, &g, 3, b"close the drawer");
     drives(
