@@ -395,6 +395,7 @@ impl FastWam {
                 // The instructions attached before keep their ids and rows: the context
                 // written for the current instruction stays valid.
                 std::mem::swap(&mut chain.packs, &mut set.packs);
+                // `base` and `packs` are now the same set: this frees nothing here.
                 set.base = set.packs.clone();
                 Ok(set)
             }
