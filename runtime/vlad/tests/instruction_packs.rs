@@ -282,6 +282,13 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A text the robot sends before its pack is installed: refused (the robot still names
+    // the pack id meanwhile); looked up again once the pack is attached.
+    write_text(&peer, &txt_path, &g, 3, b"close the drawer");
+    while !daemon.stderr_so_far().contains("instruction text 3:") {
+        assert!(running(pid) && Instant::now() < end, "text 3 never refused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let more = dir.join("pack-more");
     signed_pack(
         &more,
@@ -307,10 +314,9 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
         "pack installed while running: first ok step of its id {:.2} s after `vlad ota install` began",
         installing.elapsed().as_secs_f64()
     );
-    write_text(&peer, &txt_path, &g, 3, b"close the drawer");
     drives(
         &mut actions,
-        "the hot-attached pack's text",
+        "the hot-attached pack's text, sent before the install (not sent again)",
         text_instruction_id(3).unwrap(),
     );
 

@@ -347,13 +347,16 @@ impl TextThread {
                 // The new policy has none of the texts: the newest is rendered again.
                 last.1 = last.1.saturating_sub(1);
             }
-            if packs_changed.swap(false, Ordering::AcqRel) {
-                self.attach_packs(
+            if packs_changed.swap(false, Ordering::AcqRel)
+                && self.attach_packs(
                     attacher.as_mut(),
                     &mut renderer,
                     &mut refused_packs,
                     (generation, stop),
-                );
+                )
+            {
+                // The newest text may name what was just attached: looked up again.
+                last.1 = last.1.saturating_sub(1);
             }
             let Some(path) = &self.path else {
                 std::thread::sleep(Duration::from_millis(20));
@@ -451,24 +454,27 @@ impl TextThread {
     }
 
     /// SIGUSR2: attaches the store's new packs of the running bundle without a reload
-    /// (see the module doc); the renderer then looks their texts up too.
+    /// (see the module doc); the renderer then looks their texts up too. True when a set
+    /// was sent.
     fn attach_packs(
         &self,
         attacher: Option<&mut PackAttacher>,
         renderer: &mut Option<TextRenderer>,
         refused: &mut Vec<PathBuf>,
         (generation, stop): (u64, &AtomicBool),
-    ) {
-        let Some(store) = &self.packs else { return };
+    ) -> bool {
+        let Some(store) = &self.packs else {
+            return false;
+        };
         let Some(attacher) = attacher else {
             log::warn!(
                 "SIGUSR2: instruction packs changed, but the running bundle takes none (not a Fast-WAM chain bundle); nothing attached"
             );
-            return;
+            return false;
         };
         let sets = crate::packs::attach_new(store, attacher, refused);
         if sets.is_empty() {
-            return;
+            return false;
         }
         for set in sets {
             self.send(Message::Packs { generation, set }, stop);
@@ -476,6 +482,7 @@ impl TextThread {
         // After the packs in the channel: a text the renderer finds there is installed
         // before its id reaches the inference thread.
         *renderer = Some(attacher.renderer());
+        true
     }
 
     fn render(
