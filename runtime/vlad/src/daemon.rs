@@ -6,8 +6,9 @@
 //! `READY=1`, with the loop's operating point (latency in steps against the horizon) in
 //! the log and in `STATUS=`; a latency that leaves every chunk spent on arrival is a
 //! warning at start-up. SIGHUP reloads the bundle (the publisher holds meanwhile; a bundle that
-//! fails to load or to pass its gate is replaced by the previous one); SIGTERM stops
-//! after a final `hold`.
+//! fails to load or to pass its gate is replaced by the previous one); SIGUSR2 says
+//! instruction packs were installed (attached while running, see `text`); SIGUSR1 asks
+//! for a recording; SIGTERM stops after a final `hold`.
 
 mod engine;
 mod npu;
@@ -611,7 +612,14 @@ fn inference_away(now: u64, alive: u64, repairing_since: u64, deadline: Duration
 }
 
 impl Supervisor<'_> {
-    fn run(&mut self, signals: &Signals, usr1: &AtomicBool, duration: Option<f64>) {
+    /// `usr2`: SIGUSR2's flag when no text thread takes it (packs then attach by reload).
+    fn run(
+        &mut self,
+        signals: &Signals,
+        usr1: &AtomicBool,
+        usr2: Option<&AtomicBool>,
+        duration: Option<f64>,
+    ) {
         let started = Instant::now();
         loop {
             std::thread::sleep(Duration::from_millis(20));
@@ -625,6 +633,14 @@ impl Supervisor<'_> {
             }
             if let Some(o) = self.observability.as_mut() {
                 o.tick(self.lp.health(), false);
+            }
+            if usr2.is_some_and(|f| f.swap(false, Ordering::Relaxed)) {
+                log::info!(
+                    "SIGUSR2: instruction packs changed; this bundle cannot attach them while running: reloading {}",
+                    self.bundle_dir.display()
+                );
+                self.systemd.notify("STATUS=reloading bundle");
+                self.lp.request_reload();
             }
             if signals.hup.swap(false, Ordering::Relaxed) {
                 log::info!("SIGHUP: reloading bundle {}", self.bundle_dir.display());
@@ -712,6 +728,9 @@ pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let config = args.load_config()?;
     let systemd = Systemd::new(&config);
     let signals = Signals::register()?;
+    // Caught from the start: `vlad ota install` sends it only to a daemon that catches it
+    // (its default action ends the process), else SIGHUP.
+    let usr2 = signal_flag(signal_hook::consts::SIGUSR2)?;
     // Before anything large is allocated: reloads then give their buffers back.
     vla_control::fix_large_allocations();
     if config.realtime.mlockall {
@@ -726,9 +745,16 @@ pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let (mut engine, gate_latency) = start_engine(&config, &args.common, &source, npu)?;
     let settings = loop_settings(&config, engine.geometry, Some(gate_latency));
     let npu_io = engine.load_options.npu.status();
+    // The text thread follows the instruction segment and attaches packs installed while
+    // running (Fast-WAM chain bundles, with or without the segment).
     let text_thread = match (&config.rings.instruction_path, &engine.policy) {
-        (Some(path), Some(policy)) => {
-            let (link, thread) = text::link(PathBuf::from(path.as_str()), engine.geometry, policy);
+        (path, Some(policy)) if path.is_some() || policy.pack_attacher().is_some() => {
+            let (link, thread) = text::link(
+                path.as_ref().map(|p| PathBuf::from(p.as_str())),
+                engine.geometry,
+                policy,
+                engine.load_options.packs.clone(),
+            );
             engine.text = Some(link);
             Some(thread)
         }
@@ -740,9 +766,10 @@ pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let tap = observability.as_ref().map(|o| o.observer.tap());
     let lp = ControlLoop::start_with_tap(settings.clone(), Box::new(engine), tap)?;
     let text_stop = Arc::new(AtomicBool::new(false));
+    let text_running = text_thread.is_some();
     let text_thread = match text_thread {
         Some(t) => Some(
-            t.start(lp.shared_health(), text_stop.clone())
+            t.start(lp.shared_health(), text_stop.clone(), usr2.clone())
                 .map_err(|e| Failure::Error(format!("cannot start the text thread: {e}")))?,
         ),
         None => None,
@@ -766,7 +793,12 @@ pub fn run(mut args: RunArgs) -> Result<(), Failure> {
         rate_base: RateBase { at: now, ticks: 0 },
         npu_io,
     }
-    .run(&signals, &usr1, args.duration);
+    .run(
+        &signals,
+        &usr1,
+        (!text_running).then_some(&*usr2),
+        args.duration,
+    );
 
     systemd.notify("STOPPING=1");
     if let Some(o) = observability.as_mut() {

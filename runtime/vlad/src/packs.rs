@@ -1,15 +1,15 @@
 //! The Fast-WAM instruction packs of the bundle vlad runs: at every load (start, SIGHUP
-//! reload, and so after `vlad ota install` of a pack for the current bundle, which
-//! signals the reload), the OTA store's packs naming the bundle are verified again and
-//! attached to the policy (rows mapped, never copied onto the heap). A pack that fails is
-//! skipped with one warning line; the bundle runs with its fixed instructions and the
-//! other packs.
+//! reload) the OTA store's packs naming the bundle are verified again and attached to the
+//! policy (rows mapped, never copied onto the heap); `vlad ota install` of a pack for the
+//! current bundle sends SIGUSR2 and the daemon attaches the new ones while it runs, without
+//! a reload (the text thread, see `daemon::text`). A pack that fails is skipped with one
+//! warning line; the bundle runs with its fixed instructions and the other packs.
 
 use vla_ota::Store;
 
 // The ring's naming of pack instruction ids is the policy's.
 const _: () = assert!(vla_policy::PACK_INSTRUCTION_FLAG == vla_ring::PACK_ID_FLAG);
-use vla_policy::{Bundle, Policy, PolicyKind};
+use vla_policy::{AttachedPacks, Bundle, PackAttacher, Policy, PolicyKind};
 
 /// `(name, version, policy)` of `bundle`: what a pack names it by.
 pub fn names(bundle: &Bundle) -> (&str, &str, &'static str) {
@@ -51,9 +51,68 @@ pub fn attach_installed(store: &Store, bundle: &Bundle, policy: &mut Policy) -> 
     added
 }
 
+/// Attaches the store's packs of the bundle `attacher` runs that it does not hold yet
+/// (the daemon's SIGUSR2, on the text thread: never the inference thread), each verified
+/// again with the store's keys and checked against the bundle; returns the new sets of
+/// packs in order, for the inference thread to install. A pack that fails is one warning
+/// line and is not attached (the ones attached before stay); one the bundle refused is
+/// added to `refused` and not tried again (its directory is named by its content).
+pub fn attach_new(
+    store: &Store,
+    attacher: &mut PackAttacher,
+    refused: &mut Vec<std::path::PathBuf>,
+) -> Vec<AttachedPacks> {
+    let (name, version) = {
+        let (n, v) = attacher.bundle();
+        (n.to_owned(), v.to_owned())
+    };
+    let scan = match store.packs_for((&name, &version, "fastwam")) {
+        Ok(scan) => scan,
+        Err(e) => {
+            log::warn!(
+                "instruction packs: {}; nothing attached",
+                crate::error_line(&e)
+            );
+            return Vec::new();
+        }
+    };
+    for e in &scan.refused {
+        log::warn!(
+            "instruction pack refused: {}; not attached",
+            crate::error_line(e)
+        );
+    }
+    let mut sets = Vec::new();
+    let mut tried = !scan.refused.is_empty();
+    for pack in &scan.packs {
+        if attacher.packs().holds_dir(&pack.dir) || refused.contains(&pack.dir) {
+            continue;
+        }
+        tried = true;
+        match attacher.attach(&pack.dir) {
+            Ok((set, label, n)) => {
+                log::info!(
+                    "instruction pack {} ({label}): {n} instructions of {name} {version}, attached while running (no reload)",
+                    &pack.content_hash[..12]
+                );
+                sets.push(set);
+            }
+            Err(e) => {
+                log::warn!("{}; not attached", crate::error_line(&e));
+                refused.push(pack.dir.clone());
+            }
+        }
+    }
+    if !tried {
+        log::info!("instruction packs of {name} {version}: none new to attach");
+    }
+    sets
+}
+
 /// `vlad ota install` of a pack (installed under `packs/`): says so and, when the pack
-/// goes with the current bundle, asks the running daemon to reload (SIGHUP), which
-/// attaches it; with no daemon running it is attached at the next start.
+/// goes with the current bundle, tells the running daemon (SIGUSR2: attached without a
+/// reload; SIGHUP to an older daemon); with no daemon running it is attached at the next
+/// start.
 pub fn installed(store: &Store, installed: &vla_ota::Installed) -> Result<(), crate::Failure> {
     if installed.already_installed {
         println!("instruction pack already installed: {}", installed.hash);
@@ -72,7 +131,7 @@ pub fn installed(store: &Store, installed: &vla_ota::Installed) -> Result<(), cr
     match current {
         Some(bundle) if pack.manifest.goes_with(bundle.manifest.names()) => {
             let mut gate = vla_ota::SignalDaemon::new(store, "vlad");
-            vla_ota::Activation::reload_and_gate(&mut gate, &bundle.dir)
+            gate.packs_changed()
                 .map_err(|e| crate::Failure::Error(format!("signalling the daemon: {e}")))?;
             println!(
                 "it goes with the current bundle; {}",

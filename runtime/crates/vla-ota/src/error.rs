@@ -567,10 +567,12 @@ pub enum SignalError {
         /// What the file holds (trimmed).
         text: String,
     },
-    /// `kill(pid, SIGHUP)` failed.
+    /// `kill(pid, signal)` failed.
     Kill {
         /// The pid signalled.
         pid: i32,
+        /// The signal's name (SIGHUP, SIGUSR2).
+        signal: &'static str,
         /// The error `kill` returned.
         source: nix::errno::Errno,
     },
@@ -585,7 +587,11 @@ impl fmt::Display for SignalError {
             SignalError::NotAPid { path, text } => {
                 write!(f, "{}: `{text}` is not a pid", path.display())
             }
-            SignalError::Kill { pid, source } => write!(f, "sending SIGHUP to pid {pid}: {source}"),
+            SignalError::Kill {
+                pid,
+                signal,
+                source,
+            } => write!(f, "sending {signal} to pid {pid}: {source}"),
         }
     }
 }

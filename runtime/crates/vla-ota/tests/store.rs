@@ -693,6 +693,85 @@ fn cli_gate_signals_the_daemon_named_in_the_pid_file() {
     assert!(gate.outcome.unwrap().contains("next start"));
 }
 
+/// Waits until process `pid` runs `comm` and (if `catching`) has a handler for SIGUSR2.
+fn wait_for_stand_in(pid: u32, comm: &str, catching: bool) {
+    let started = std::time::Instant::now();
+    loop {
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let has = |key: &str, sig: i32| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+                .is_some_and(|m| m & (1 << (sig - 1)) != 0)
+        };
+        if name.trim() == comm && (has("SigCgt:", nix::libc::SIGUSR2) || !catching) {
+            for sig in [nix::libc::SIGUSR2, nix::libc::SIGHUP] {
+                assert!(
+                    !has("SigBlk:", sig),
+                    "signal {sig} is blocked in the mask this test inherited; run it unblocked"
+                );
+            }
+            return;
+        }
+        assert!(
+            started.elapsed() < vla_test_support::HANG_GUARD,
+            "the stand-in daemon never ran {comm}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_pack_install_sends_sigusr2_only_to_a_daemon_that_catches_it_else_sighup() {
+    use std::os::unix::process::ExitStatusExt;
+    let tmp = TempDir::new("store-packs-signal");
+    let root = tmp.join("root");
+    let (store, _a) = with_committed(&root, &tmp.join("src"));
+
+    // A daemon that catches SIGUSR2 (its handler exits 7): it gets SIGUSR2. Dispositions
+    // reset explicitly, whatever this test inherited.
+    let mut catching = std::process::Command::new("env")
+        .args([
+            "--default-signal=HUP,USR2",
+            "sh",
+            "-c",
+            "trap 'exit 7' USR2; while :; do sleep 0.05; done",
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_stand_in(catching.id(), "sh", true);
+    std::fs::write(root.join(vla_ota::PID_FILE), format!("{}\n", catching.id())).unwrap();
+    let mut gate = vla_ota::SignalDaemon::new(&store, "sh");
+    gate.packs_changed().unwrap();
+    let outcome = gate.outcome.clone().unwrap();
+    assert!(outcome.contains("sent SIGUSR2"), "{outcome}");
+    assert_eq!(catching.wait().unwrap().code(), Some(7));
+
+    // One that does not (an older daemon): SIGHUP, never SIGUSR2 (its default ends it).
+    let mut older = std::process::Command::new("env")
+        .args(["--default-signal=HUP,USR2", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    wait_for_stand_in(older.id(), "sleep", false);
+    std::fs::write(root.join(vla_ota::PID_FILE), format!("{}\n", older.id())).unwrap();
+    let mut gate = vla_ota::SignalDaemon::new(&store, "sleep");
+    gate.packs_changed().unwrap();
+    let outcome = gate.outcome.clone().unwrap();
+    assert!(
+        outcome.contains("does not catch SIGUSR2") && outcome.contains("sent SIGHUP"),
+        "{outcome}"
+    );
+    assert_eq!(older.wait().unwrap().signal(), Some(nix::libc::SIGHUP));
+
+    // No daemon: nothing signalled, attached at the next start.
+    std::fs::remove_file(root.join(vla_ota::PID_FILE)).unwrap();
+    let mut gate = vla_ota::SignalDaemon::new(&store, "vlad");
+    gate.packs_changed().unwrap();
+    assert!(gate.outcome.unwrap().contains("next start"));
+}
+
 #[test]
 fn the_daemon_record_names_this_process_in_this_boot_and_replaces_the_old_one() {
     let tmp = TempDir::new("store-record");

@@ -394,6 +394,35 @@ impl FastWam {
         packs.attach(dir, (&self.bundle_name, &self.bundle_version), settings)
     }
 
+    /// An attacher of packs to this policy while it runs (chain bundles; see the `pack`
+    /// module).
+    pub fn pack_attacher(&self) -> Option<crate::PackAttacher> {
+        let chain = self.chain.as_ref()?;
+        Some(crate::PackAttacher::new(
+            chain.packs.clone(),
+            (self.bundle_name.clone(), self.bundle_version.clone()),
+            self.settings.chain.clone()?,
+        ))
+    }
+
+    /// Installs `set` (see [`crate::Policy::install_packs`]).
+    pub fn install_packs(
+        &mut self,
+        mut set: crate::AttachedPacks,
+    ) -> Result<crate::AttachedPacks, crate::AttachedPacks> {
+        match self.chain.as_mut() {
+            Some(chain) if Arc::ptr_eq(&chain.packs, &set.base) => {
+                // The instructions attached before keep their ids and rows: the context
+                // written for the current instruction stays valid.
+                std::mem::swap(&mut chain.packs, &mut set.packs);
+                // `base` and `packs` are now the same set: this frees nothing here.
+                set.base = set.packs.clone();
+                Ok(set)
+            }
+            _ => Err(set),
+        }
+    }
+
     /// The attached instruction packs (chain bundles).
     pub fn packs(&self) -> Option<&crate::InstructionPacks> {
         self.chain.as_ref().map(|c| &*c.packs)

@@ -44,7 +44,10 @@ pub use molmoact2::{
 };
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
-pub use pack::{normalize_pack_text, InstructionPacks, PACK_FILE, PACK_INSTRUCTION_FLAG};
+pub use pack::{
+    normalize_pack_text, AttachedPacks, InstructionPacks, PackAttacher, PACK_FILE,
+    PACK_INSTRUCTION_FLAG,
+};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
 pub use prefix::{prefix_mask, ActionPrefix, PrefixMethod};
 pub use preprocess::Preprocessor;
@@ -299,6 +302,26 @@ impl Policy {
                 reason: "instruction packs are for Fast-WAM bundles (MolmoAct2 renders text)"
                     .into(),
             }),
+        }
+    }
+
+    /// An attacher of instruction packs to this policy while it runs, for a non-real-time
+    /// thread (see the `pack` module); `None` but for a Fast-WAM chain bundle.
+    pub fn pack_attacher(&self) -> Option<PackAttacher> {
+        match self {
+            Policy::FastWam(p) => p.pack_attacher(),
+            Policy::MolmoAct2(_) => None,
+        }
+    }
+
+    /// Installs packs a [`PackAttacher`] of this policy attached, between inferences: `Ok`
+    /// with the set it replaced, `Err` with `set` when the policy's packs are not the ones
+    /// it was built on (another policy, or another install came first). Either way the
+    /// returned set is to be dropped off the inference thread. No allocation, no file I/O.
+    pub fn install_packs(&mut self, set: AttachedPacks) -> Result<AttachedPacks, AttachedPacks> {
+        match self {
+            Policy::FastWam(p) => p.install_packs(set),
+            Policy::MolmoAct2(_) => Err(set),
         }
     }
 

@@ -9,6 +9,13 @@
 //! (0..n) nor with a text id of the instruction segment. The importer numbers them; two
 //! packs of one bundle may not share an id or a text (the later one is refused whole).
 //!
+//! Hot attach: a pack installed while the policy runs is attached without a reload. A
+//! [`PackAttacher`] (from [`crate::Policy::pack_attacher`], on a non-real-time thread)
+//! checks it against the running bundle and maps its rows into a new [`AttachedPacks`]
+//! (the attached packs' mappings shared, the new one's added); the inference thread swaps
+//! it in with [`crate::Policy::install_packs`] (two `Arc`s exchanged: no allocation, no
+//! file I/O) and hands back the set it replaced, to be dropped off its critical path.
+//!
 //! Texts: matched exactly after the whitespace normalization upstream's tokenizer applies
 //! (`clean="whitespace"`: stripped, every run of Unicode white space one space), against
 //! both the text the importer was given and the text its encoder saw (HTML entities
@@ -19,6 +26,7 @@ use crate::manifest::FastWamChain;
 use half::f16;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use vla_npz::{DType, MappedNpy};
 
 /// Set in a pack instruction's id (bit 30); bit 31 stays clear (that is a text id).
@@ -67,15 +75,18 @@ struct PackEntry {
 
 /// One attached pack.
 struct Pack {
+    /// The directory it was attached from.
+    dir: PathBuf,
     label: String,
     rows: MappedNpy,
     f16: bool,
 }
 
-/// Every pack attached to a Fast-WAM policy, looked up by id or text.
-#[derive(Default)]
+/// Every pack attached to a Fast-WAM policy, looked up by id or text. A clone shares the
+/// packs' mappings.
+#[derive(Clone, Default)]
 pub struct InstructionPacks {
-    packs: Vec<Pack>,
+    packs: Vec<Arc<Pack>>,
     /// (id, pack, row), sorted by id.
     ids: Vec<(u32, usize, usize)>,
     /// (normalized text, id): both texts of each instruction.
@@ -273,11 +284,12 @@ impl InstructionPacks {
         }
         let pack_label = file.label.clone();
         self.row_len = m * e;
-        self.packs.push(Pack {
+        self.packs.push(Arc::new(Pack {
+            dir: dir.to_owned(),
             label: pack_label.clone(),
             rows,
             f16,
-        });
+        }));
         self.ids.extend(ids);
         self.ids.sort_unstable_by_key(|e| e.0);
         self.texts.extend(texts);
@@ -287,6 +299,83 @@ impl InstructionPacks {
     /// The labels of the attached packs, in attach order.
     pub fn labels(&self) -> impl Iterator<Item = &str> {
         self.packs.iter().map(|p| p.label.as_str())
+    }
+
+    /// Whether the pack in `dir` (as it was given to attach) is attached.
+    pub fn holds_dir(&self, dir: &Path) -> bool {
+        self.packs.iter().any(|p| p.dir == dir)
+    }
+}
+
+/// A set of attached packs built off the inference thread, for
+/// [`crate::Policy::install_packs`]; or the set an install replaced (or refused), whose drop
+/// frees lookup tables and may unmap rows: drop it off the inference thread.
+pub struct AttachedPacks {
+    pub(crate) packs: Arc<InstructionPacks>,
+    /// The set it was built on: installed only over that one (the policy did not change
+    /// meanwhile).
+    pub(crate) base: Arc<InstructionPacks>,
+}
+
+impl AttachedPacks {
+    /// The packs of this set.
+    pub fn packs(&self) -> &InstructionPacks {
+        &self.packs
+    }
+}
+
+/// Attaches packs to a running Fast-WAM policy from another thread (see the module doc):
+/// holds the policy's packs as last handed out, the bundle's identity and its chain's
+/// shape. Made by [`crate::Policy::pack_attacher`].
+#[derive(Clone)]
+pub struct PackAttacher {
+    packs: Arc<InstructionPacks>,
+    bundle: (String, String),
+    chain: FastWamChain,
+    fixed: Arc<Vec<String>>,
+}
+
+impl PackAttacher {
+    pub(crate) fn new(
+        packs: Arc<InstructionPacks>,
+        bundle: (String, String),
+        chain: FastWamChain,
+    ) -> Self {
+        let fixed = Arc::new(chain.instructions.clone());
+        Self {
+            packs,
+            bundle,
+            chain,
+            fixed,
+        }
+    }
+
+    /// The bundle's name and version (what its packs name).
+    pub fn bundle(&self) -> (&str, &str) {
+        (&self.bundle.0, &self.bundle.1)
+    }
+
+    /// The packs attached so far (at load and by this attacher).
+    pub fn packs(&self) -> &InstructionPacks {
+        &self.packs
+    }
+
+    /// Checks the pack in `dir` (verified by the caller's store) as
+    /// [`crate::Policy::attach_pack`] does and maps its rows into a new set holding the
+    /// attached packs and it, to hand to [`crate::Policy::install_packs`]; later attaches
+    /// build on it. Returns the set, the pack's label and its instruction count; a refusal
+    /// changes nothing. Allocates and reads files: never on the inference thread.
+    pub fn attach(&mut self, dir: &Path) -> Result<(AttachedPacks, String, usize), PolicyError> {
+        let mut next = InstructionPacks::clone(&self.packs);
+        let (label, n) = next.attach(dir, self.bundle(), &self.chain)?;
+        let next = Arc::new(next);
+        let base = std::mem::replace(&mut self.packs, next.clone());
+        Ok((AttachedPacks { packs: next, base }, label, n))
+    }
+
+    /// A text renderer over the fixed list and the packs attached so far.
+    pub fn renderer(&self) -> crate::TextRenderer {
+        crate::TextRenderer::packs(self.packs.clone(), self.fixed.clone())
     }
 }
 

@@ -1,6 +1,8 @@
 //! Fast-WAM instruction packs on the HTP emulator: a pack instruction, selected by id or by
 //! text, gives bit for bit the actions of the same rows used as a fixed instruction; a text
-//! in no pack, an id no pack holds and a pack that does not fit are refused in one line.
+//! in no pack, an id no pack holds and a pack that does not fit are refused in one line; a
+//! pack attached while the policy runs (another thread builds the set, the policy swaps it
+//! in) adds its ids and texts and keeps the others'.
 
 mod common;
 
@@ -198,5 +200,53 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
     let mut actions = vec![0f32; g.chunk_len * g.action_dims];
     let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
     assert!(msg.contains("pack instructions"), "{msg}");
+
+    // While running (renderers handed out): attach_pack refuses, an attacher on another
+    // thread builds the new set and install_packs swaps it in; the packs attached before
+    // keep their ids; a set built on packs the policy no longer has is refused.
+    const HOT: u32 = PACK_INSTRUCTION_FLAG | 99;
+    let hot = temp("hot");
+    write_pack(
+        &hot,
+        &name,
+        &version,
+        [m, e],
+        &[(HOT, "close the drawer", row(1))],
+    );
+    let renderer = policy.text_renderer().unwrap();
+    let msg = policy.attach_pack(&hot).unwrap_err().to_string();
+    assert!(msg.contains("before any text renderer"), "{msg}");
+    let mut attacher = policy.pack_attacher().unwrap();
+    let msg = attacher.attach(&dir).err().unwrap().to_string();
+    assert!(msg.contains("already taken"), "{msg}");
+    let stale = {
+        let mut other = policy.pack_attacher().unwrap();
+        other.attach(&hot).unwrap().0
+    };
+    let hot_dir = hot.clone();
+    let (attacher, (set, label, n)) = std::thread::spawn(move || {
+        let attached = attacher.attach(&hot_dir).unwrap();
+        (attacher, attached)
+    })
+    .join()
+    .unwrap();
+    assert_eq!((label.as_str(), n), ("extra", 1));
+    assert!(attacher.packs().holds_dir(&hot) && attacher.packs().holds_dir(&dir));
+    assert!(!policy.has_pack_instruction(HOT));
+    let Ok(replaced) = policy.install_packs(set) else {
+        panic!("not installed over the set it was built on");
+    };
+    assert_eq!(replaced.packs().instructions(), 2);
+    assert!(policy.has_pack_instruction(HOT) && policy.has_pack_instruction(EXTRA));
+    let looked_up = attacher.renderer().render(b"close  the drawer").unwrap();
+    assert!(matches!(looked_up, RenderedText::Existing(HOT)));
+    // Built on the packs before the install: not installed, handed back whole.
+    let Err(refused) = policy.install_packs(stale) else {
+        panic!("a set built on packs the policy no longer has was installed");
+    };
+    assert_eq!(refused.packs().instructions(), 3);
+    // The renderer handed out before the attach still sees the packs it was made with.
+    assert!(renderer.render(b"close the drawer").is_err());
+    let _ = std::fs::remove_dir_all(&hot);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,6 +7,14 @@
 //! (no allocation: their room is reserved at load) and sends what that replaced back to
 //! be freed here; it says whether the instruction an observation names is ready. The
 //! tokenizer, the template and the embedding gather never run on the inference thread.
+//!
+//! The same thread attaches Fast-WAM instruction packs installed while the policy runs
+//! (`vlad ota install` sends SIGUSR2): it verifies the store's packs of the running bundle
+//! again with the daemon's keys, checks and maps each new one ([`PackAttacher`]) and sends
+//! the new set of packs down the same channel, ahead of any text it names; the inference
+//! thread swaps it in between inferences ([`Policy::install_packs`]: no allocation, no file
+//! I/O, no log line) and sends the replaced set back to be dropped here. No reload: the
+//! contexts and the control loop keep running.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,7 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vla_control::Health;
-use vla_policy::{Policy, RenderedText, TextRenderer, TextSlot, TEXT_SLOTS};
+use vla_ota::Store;
+use vla_policy::{
+    AttachedPacks, PackAttacher, Policy, RenderedText, TextRenderer, TextSlot, TEXT_SLOTS,
+};
 use vla_ring::{text_id_of, InstructionReader, InstructionText, ReadError};
 
 /// Messages in flight at most (text thread -> inference thread).
@@ -41,6 +52,19 @@ enum Message {
         generation: u64,
         text_id: u32,
     },
+    /// A new set of instruction packs, built on the policy's current one.
+    Packs {
+        generation: u64,
+        set: AttachedPacks,
+    },
+}
+
+/// What goes back to the text thread to be dropped there.
+enum Retired {
+    /// A text slot's replaced text and prompt.
+    Text(TextSlot),
+    /// A set of packs the inference thread replaced (`installed`) or did not take.
+    Packs { set: AttachedPacks, installed: bool },
 }
 
 /// What an id stands for on the inference thread.
@@ -66,12 +90,14 @@ struct Entry {
 struct Shared {
     generation: AtomicU64,
     renderer: Mutex<Option<TextRenderer>>,
+    /// Attaches packs to the running policy (Fast-WAM chain bundles).
+    attacher: Mutex<Option<PackAttacher>>,
 }
 
 /// The inference thread's end: lives in the engine.
 pub(super) struct TextLink {
     rx: Receiver<Message>,
-    retire: SyncSender<TextSlot>,
+    retire: SyncSender<Retired>,
     entries: [Entry; ENTRIES],
     stamp: u64,
     shared: Arc<Shared>,
@@ -79,24 +105,29 @@ pub(super) struct TextLink {
 
 /// The text thread, to be started once the loop runs.
 pub(super) struct TextThread {
-    path: PathBuf,
+    /// The instruction segment (`None`: packs only).
+    path: Option<PathBuf>,
     geometry: vla_ring::Geometry,
     tx: SyncSender<Message>,
-    retired: Receiver<TextSlot>,
+    retired: Receiver<Retired>,
     shared: Arc<Shared>,
+    /// The store whose packs of the running bundle are attached on SIGUSR2.
+    packs: Option<Arc<Store>>,
 }
 
 /// The two ends for a policy (its renderer may be `None`: every text is then refused).
 pub(super) fn link(
-    path: PathBuf,
+    path: Option<PathBuf>,
     geometry: vla_ring::Geometry,
     policy: &Policy,
+    packs: Option<Arc<Store>>,
 ) -> (TextLink, TextThread) {
     let (tx, rx) = sync_channel(CHANNEL);
     let (retire, retired) = sync_channel(CHANNEL);
     let shared = Arc::new(Shared {
         generation: AtomicU64::new(1),
         renderer: Mutex::new(policy.text_renderer()),
+        attacher: Mutex::new(policy.pack_attacher()),
     });
     let free = Entry {
         text_id: 0,
@@ -117,6 +148,7 @@ pub(super) fn link(
             tx,
             retired,
             shared,
+            packs,
         },
     )
 }
@@ -132,6 +164,11 @@ impl TextLink {
             .renderer
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = renderer;
+        *self
+            .shared
+            .attacher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = policy.and_then(Policy::pack_attacher);
         self.shared.generation.fetch_add(1, Ordering::AcqRel);
         for e in &mut self.entries {
             e.state = State::Free;
@@ -212,12 +249,34 @@ impl TextLink {
                     ..
                 } => self.retire_later((text, instruction)),
                 Message::Ready { .. } => {}
+                Message::Packs { generation: g, set } => {
+                    // Between inferences: two Arcs exchanged, nothing freed here.
+                    let installed = match policy.as_deref_mut() {
+                        Some(p) if g == generation => p.install_packs(set),
+                        _ => Err(set),
+                    };
+                    let retired = match installed {
+                        Ok(set) => Retired::Packs {
+                            set,
+                            installed: true,
+                        },
+                        Err(set) => Retired::Packs {
+                            set,
+                            installed: false,
+                        },
+                    };
+                    self.send_back(retired);
+                }
                 Message::Pending { .. } | Message::Refused { .. } => {}
             }
         }
     }
 
     fn retire_later(&self, old: TextSlot) {
+        self.send_back(Retired::Text(old));
+    }
+
+    fn send_back(&self, old: Retired) {
         // Bounded: when full (the text thread is stopping), it is freed here after all.
         if let Err(TrySendError::Full(old) | TrySendError::Disconnected(old)) =
             self.retire.try_send(old)
@@ -242,28 +301,33 @@ impl TextLink {
 }
 
 impl TextThread {
-    /// Starts following the instruction segment; `health` counts renders and refusals.
+    /// Starts following the instruction segment and `packs_changed` (set on SIGUSR2);
+    /// `health` counts renders and refusals.
     pub(super) fn start(
         self,
         health: Arc<Health>,
         stop: Arc<AtomicBool>,
+        packs_changed: Arc<AtomicBool>,
     ) -> std::io::Result<JoinHandle<()>> {
         std::thread::Builder::new()
             .name("vla-text".into())
-            .spawn(move || self.run(&health, &stop))
+            .spawn(move || self.run(&health, &stop, &packs_changed))
     }
 
-    fn run(self, health: &Health, stop: &AtomicBool) {
+    fn run(self, health: &Health, stop: &AtomicBool, packs_changed: &AtomicBool) {
         vla_control::block_signals();
         let mut reader: Option<InstructionReader> = None;
         let mut last_error = String::new();
         let mut generation = 0;
         let mut renderer: Option<TextRenderer> = None;
+        let mut attacher: Option<PackAttacher> = None;
+        // Packs the running bundle refused (not tried again until a reload).
+        let mut refused_packs = Vec::new();
         // (writer epoch, seq) of the last text taken.
         let mut last = (0u64, 0u64);
         let mut buf = InstructionText::new();
         while !stop.load(Ordering::Acquire) {
-            while self.retired.try_recv().is_ok() {}
+            self.drop_retired();
             let g = self.shared.generation.load(Ordering::Acquire);
             if g != generation {
                 generation = g;
@@ -273,13 +337,35 @@ impl TextThread {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
+                attacher = self
+                    .shared
+                    .attacher
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                refused_packs.clear();
                 // The new policy has none of the texts: the newest is rendered again.
                 last.1 = last.1.saturating_sub(1);
             }
+            if packs_changed.swap(false, Ordering::AcqRel)
+                && self.attach_packs(
+                    attacher.as_mut(),
+                    &mut renderer,
+                    &mut refused_packs,
+                    (generation, stop),
+                )
+            {
+                // The newest text may name what was just attached: looked up again.
+                last.1 = last.1.saturating_sub(1);
+            }
+            let Some(path) = &self.path else {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            };
             let Some(ring) = &reader else {
-                match InstructionReader::open(&self.path, self.geometry) {
+                match InstructionReader::open(path, self.geometry) {
                     Ok(r) => {
-                        log::info!("instruction segment {} open", self.path.display());
+                        log::info!("instruction segment {} open", path.display());
                         reader = Some(r);
                         // Another file may start its epochs and seqs over: take its newest.
                         last = (0, 0);
@@ -306,7 +392,7 @@ impl TextThread {
                 if matches!(ring.is_replaced(), Ok(true)) || ring.is_truncated() {
                     log::warn!(
                         "instruction segment {} was replaced or truncated; reopening",
-                        self.path.display()
+                        path.display()
                     );
                     reader = None;
                 }
@@ -342,12 +428,61 @@ impl TextThread {
                     if stop.load(Ordering::Acquire) {
                         return;
                     }
-                    while self.retired.try_recv().is_ok() {}
+                    self.drop_retired();
                     message = m;
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }
         }
+    }
+
+    /// Drops what the inference thread sent back (here, off its critical path).
+    fn drop_retired(&self) {
+        while let Ok(retired) = self.retired.try_recv() {
+            match retired {
+                Retired::Text(slot) => drop(slot),
+                Retired::Packs {
+                    set,
+                    installed: false,
+                } => log::warn!(
+                    "instruction packs ({} instructions) not attached: the policy changed (a reload attaches the installed packs)",
+                    set.packs().instructions()
+                ),
+                Retired::Packs { .. } => {}
+            }
+        }
+    }
+
+    /// SIGUSR2: attaches the store's new packs of the running bundle without a reload
+    /// (see the module doc); the renderer then looks their texts up too. True when a set
+    /// was sent.
+    fn attach_packs(
+        &self,
+        attacher: Option<&mut PackAttacher>,
+        renderer: &mut Option<TextRenderer>,
+        refused: &mut Vec<PathBuf>,
+        (generation, stop): (u64, &AtomicBool),
+    ) -> bool {
+        let Some(store) = &self.packs else {
+            return false;
+        };
+        let Some(attacher) = attacher else {
+            log::warn!(
+                "SIGUSR2: instruction packs changed, but the running bundle takes none (not a Fast-WAM chain bundle); nothing attached"
+            );
+            return false;
+        };
+        let sets = crate::packs::attach_new(store, attacher, refused);
+        if sets.is_empty() {
+            return false;
+        }
+        for set in sets {
+            self.send(Message::Packs { generation, set }, stop);
+        }
+        // After the packs in the channel: a text the renderer finds there is installed
+        // before its id reaches the inference thread.
+        *renderer = Some(attacher.renderer());
+        true
     }
 
     fn render(

@@ -1,6 +1,9 @@
 //! The CLI's activation gate: verify the bundle again and ask the running daemon to
 //! reload it (SIGHUP), which runs the real parity gate; and the pid file that names the
-//! daemon to it.
+//! daemon to it. An instruction pack installed for the running bundle is announced with
+//! SIGUSR2 instead (the daemon attaches it without a reload), but only to a daemon that
+//! catches SIGUSR2 (`SigCgt` in `/proc/<pid>/status`): its default action ends a process,
+//! so an older daemon gets SIGHUP (a reload, which attaches the pack too).
 //!
 //! The pid file lives under the OTA root, on storage that survives reboots, and SIGHUP
 //! ends most programs, so a pid is only signalled when it provably still is the daemon
@@ -187,33 +190,84 @@ impl<'a> SignalDaemon<'a> {
         }
     }
 
-    fn signal(&self) -> Result<String, SignalError> {
-        let pid = match self.store.daemon(&self.expected_comm)? {
-            Daemon::Absent => {
-                return Ok(format!(
-                    "no {}: the daemon loads the bundle at its next start",
-                    self.store.root().join(PID_FILE).display()
-                ))
-            }
-            Daemon::Gone { why, .. } if why.ends_with("stale pid file") => {
-                return Ok(format!(
-                    "{why}, not signalled; the daemon loads the bundle at its next start"
-                ))
-            }
-            Daemon::Gone { why, .. } => {
-                return Ok(format!(
-                    "{why}: the daemon loads the bundle at its next start"
-                ))
-            }
-            Daemon::Alive { pid, .. } => pid,
+    /// Tells the running daemon that an instruction pack of its bundle was installed:
+    /// SIGUSR2 (attached without a reload) when it catches that signal, SIGHUP (a full
+    /// reload) otherwise; nothing when no daemon runs. The outcome says which.
+    pub fn packs_changed(&mut self) -> Result<(), SignalError> {
+        let Some(pid) = self.alive()? else {
+            return Ok(());
         };
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGHUP)
-            .map_err(|source| SignalError::Kill { pid, source })?;
+        let outcome = if catches(pid, nix::sys::signal::SIGUSR2) {
+            self.kill(pid, nix::sys::signal::SIGUSR2)?;
+            format!(
+                "sent SIGUSR2 to {} (pid {pid}): it attaches the pack without a reload",
+                self.expected_comm
+            )
+        } else {
+            self.kill(pid, nix::sys::signal::SIGHUP)?;
+            format!(
+                "{} (pid {pid}) does not catch SIGUSR2 (an older daemon): sent SIGHUP, it reloads and attaches the pack",
+                self.expected_comm
+            )
+        };
+        self.outcome = Some(outcome);
+        Ok(())
+    }
+
+    fn kill(&self, pid: i32, signal: nix::sys::signal::Signal) -> Result<(), SignalError> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).map_err(|source| {
+            SignalError::Kill {
+                pid,
+                signal: signal.as_str(),
+                source,
+            }
+        })
+    }
+
+    fn signal(&mut self) -> Result<String, SignalError> {
+        let Some(pid) = self.alive()? else {
+            return Ok(self.outcome.take().unwrap_or_default());
+        };
+        self.kill(pid, nix::sys::signal::SIGHUP)?;
         Ok(format!(
             "sent SIGHUP to {} (pid {pid}): it reloads and runs the parity gate",
             self.expected_comm
         ))
     }
+
+    /// The daemon's pid when it provably runs; otherwise `None` with the outcome saying why.
+    fn alive(&mut self) -> Result<Option<i32>, SignalError> {
+        let none = match self.store.daemon(&self.expected_comm)? {
+            Daemon::Absent => {
+                format!(
+                    "no {}: the daemon loads the bundle at its next start",
+                    self.store.root().join(PID_FILE).display()
+                )
+            }
+            Daemon::Gone { why, .. } if why.ends_with("stale pid file") => {
+                format!("{why}, not signalled; the daemon loads the bundle at its next start")
+            }
+            Daemon::Gone { why, .. } => {
+                format!("{why}: the daemon loads the bundle at its next start")
+            }
+            Daemon::Alive { pid, .. } => return Ok(Some(pid)),
+        };
+        self.outcome = Some(none);
+        Ok(None)
+    }
+}
+
+/// Whether process `pid` has a handler for `signal` (`SigCgt` of `/proc/<pid>/status`);
+/// false when that cannot be read.
+fn catches(pid: i32, signal: nix::sys::signal::Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal as i32 - 1)) != 0)
 }
 
 impl Activation for SignalDaemon<'_> {
