@@ -258,15 +258,18 @@ pub fn load_gated(
             dir: dir.to_owned(),
             why,
         })?;
-    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(|e| match e {
-        // A binary that changed since it was signed: refused as the bundle's
-        // verification, not as a load failure (a retry does not repair it).
-        e @ PolicyError::Unverified { .. } => LoadError::Unverified {
-            dir: dir.to_owned(),
-            source: Box::new(e),
-        },
+    // A file that changed since it was signed: refused as the bundle's verification, not
+    // as a load failure (a retry does not repair it).
+    let refused = |e| match e {
+        e @ (PolicyError::Unverified { .. } | PolicyError::UnverifiedFile { .. }) => {
+            LoadError::Unverified {
+                dir: dir.to_owned(),
+                source: Box::new(e),
+            }
+        }
         e => LoadError::Policy(e),
-    })?;
+    };
+    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(refused)?;
     // Before the gate, so the gate checks the I/O the policy will run on.
     let io = options
         .npu
@@ -276,7 +279,7 @@ pub fn load_gated(
             why,
         })?;
     log::info!("bundle {}: {}", dir.display(), io.describe());
-    let report = bundle.parity(&mut policy)?;
+    let report = bundle.parity(&mut policy).map_err(refused)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {
             dir: dir.to_owned(),

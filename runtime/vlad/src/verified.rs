@@ -8,12 +8,17 @@
 //! to the file after that changes nothing. The load plans with metadata read by path
 //! first, and each binary's verified bytes must describe the same. One hashing pass over
 //! each file; the cost in memory: one binary's size at a time, until its context exists.
+//! Every other file the load and its gate read (goldens, prompt and context tables,
+//! world-model inputs, the tokenizer files, the embedding table) is hashed the same way as
+//! it is read, once, and parsed from exactly those bytes ([`HashedFiles`]); the embedding
+//! table is kept in private memory (its size, for as long as the policy lives) instead of
+//! being mapped by path.
 
 use crate::gate::LoadError;
 use std::path::Path;
 use std::sync::Arc;
 use vla_ota::{DeferredDigests, OtaError, Store};
-use vla_policy::{Bundle, OpenBinary, PolicyError};
+use vla_policy::{Bundle, CheckedRead, OpenBinary, OpenFile, PolicyError};
 use vla_qnn::{BinaryImage, ContextBinary, QnnLibrary};
 
 /// `bundle` (opened from a directory of `store`) verified against the store's keys as
@@ -25,8 +30,10 @@ pub(crate) fn verify_for_load(store: &Store, bundle: Bundle) -> Result<Bundle, L
         dir: dir.clone(),
         source: Box::new(source),
     };
+    let mut deferred = bundle.binary_paths();
+    deferred.extend(bundle.data_paths());
     let (verified, digests) = store
-        .verify_deferring(&dir, &bundle.binary_paths())
+        .verify_deferring(&dir, &deferred)
         .map_err(unverified)?;
     let named = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
     if verified.content_hash != named {
@@ -39,7 +46,86 @@ pub(crate) fn verify_for_load(store: &Store, bundle: Bundle) -> Result<Bundle, L
     verified
         .check_bytes("bundle.json", bundle.manifest_bytes())
         .map_err(unverified)?;
-    Ok(bundle.with_binaries(Arc::new(HashedBinaries { digests })))
+    Ok(hashed(bundle, digests))
+}
+
+/// `bundle` with every file it reads hashed as it is read (`digests` defers at least
+/// [`Bundle::binary_paths`] and [`Bundle::data_paths`]).
+pub(crate) fn hashed(bundle: Bundle, digests: DeferredDigests) -> Bundle {
+    bundle
+        .with_binaries(Arc::new(HashedBinaries {
+            digests: digests.clone(),
+        }))
+        .with_files(Arc::new(HashedFiles { digests }))
+}
+
+/// Opens the other files of a verified bundle: each open file is hashed as it is read,
+/// over the reader's own buffer (the bytes the policy parses), and the reader's caller
+/// ([`Bundle::read`], [`Bundle::table`]) calls `finish` before using them; nothing is
+/// read again by path.
+#[derive(Debug)]
+pub(crate) struct HashedFiles {
+    pub(crate) digests: DeferredDigests,
+}
+
+/// A file of a verified bundle, hashing what it hands out.
+struct HashingReader {
+    file: std::fs::File,
+    check: vla_ota::DigestCheck,
+    path: std::path::PathBuf,
+    what: String,
+}
+
+impl std::io::Read for HashingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read(buf)?;
+        self.check.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl CheckedRead for HashingReader {
+    fn size(&self) -> u64 {
+        self.check.size()
+    }
+
+    fn finish(self: Box<Self>) -> Result<(), PolicyError> {
+        let Self {
+            check, path, what, ..
+        } = *self;
+        check
+            .finish()
+            .map_err(|source| PolicyError::UnverifiedFile {
+                what,
+                path,
+                source: Box::new(source),
+            })
+    }
+}
+
+impl OpenFile for HashedFiles {
+    fn open(
+        &self,
+        dir: &Path,
+        what: &str,
+        rel: &str,
+    ) -> Result<Box<dyn CheckedRead + Send>, PolicyError> {
+        let path = dir.join(rel);
+        let (file, check) =
+            self.digests
+                .open(rel)
+                .map_err(|source| PolicyError::UnverifiedFile {
+                    what: what.to_owned(),
+                    path: path.clone(),
+                    source: Box::new(source),
+                })?;
+        Ok(Box::new(HashingReader {
+            file,
+            check,
+            path,
+            what: what.to_owned(),
+        }))
+    }
 }
 
 /// Opens context binaries of a verified bundle for a load planned from their metadata
@@ -231,8 +317,10 @@ mod tests {
             runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
         let bundle = Bundle::open(&b).unwrap();
-        let (_, digests) =
-            vla_ota::verify_deferring(&b, &[public], 1, &target, &bundle.binary_paths()).unwrap();
+        // What a load under OTA defers: every file it reads.
+        let mut deferred = bundle.binary_paths();
+        deferred.extend(bundle.data_paths());
+        let (_, digests) = vla_ota::verify_deferring(&b, &[public], 1, &target, &deferred).unwrap();
         let common = crate::cli::Common {
             lib_dir: Some(lib_dir),
             log_level: None,
@@ -285,6 +373,194 @@ mod tests {
             sizes.iter().sum::<u64>()
         );
         drop(graphs);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// Byte `at` of `rel` in `dir` flipped in place (same inode, same size), as a writer
+    /// of the store's files could; returns the signed bytes.
+    fn flip(dir: &Path, rel: &str, at: usize) -> Vec<u8> {
+        let signed = std::fs::read(dir.join(rel)).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(rel))
+            .unwrap();
+        file.write_at(&[signed[at] ^ 0x01], at as u64).unwrap();
+        signed
+    }
+
+    /// The signed bytes written back in place.
+    fn restore(dir: &Path, rel: &str, signed: &[u8]) {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(rel))
+            .unwrap();
+        file.write_all_at(signed, 0).unwrap();
+    }
+
+    /// The error names SHA-256 and the file, on one line, and is a refusal of the
+    /// bundle's verification (which the daemon holds on instead of retrying).
+    fn assert_refused(error: PolicyError, rel: &str) {
+        let line = error.to_string();
+        assert!(
+            matches!(error, PolicyError::UnverifiedFile { .. }),
+            "{rel}: {line}"
+        );
+        assert!(
+            line.contains("SHA-256") && line.contains(rel) && !line.contains('\n'),
+            "{line}"
+        );
+    }
+
+    /// The daemon's file opener, counting what it opens.
+    #[derive(Debug)]
+    struct Counting {
+        inner: HashedFiles,
+        opened: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl OpenFile for Counting {
+        fn open(
+            &self,
+            dir: &Path,
+            what: &str,
+            rel: &str,
+        ) -> Result<Box<dyn CheckedRead + Send>, PolicyError> {
+            self.opened.lock().unwrap().push(rel.to_owned());
+            self.inner.open(dir, what, rel)
+        }
+    }
+
+    /// `bundle` with the daemon's openers, the file opener counting what it opens.
+    fn counted(bundle: Bundle, digests: DeferredDigests) -> (Bundle, Arc<Counting>) {
+        let files = Arc::new(Counting {
+            inner: HashedFiles {
+                digests: digests.clone(),
+            },
+            opened: Default::default(),
+        });
+        let bundle = bundle
+            .with_binaries(Arc::new(HashedBinaries { digests }))
+            .with_files(files.clone());
+        (bundle, files)
+    }
+
+    fn opened(files: &Counting) -> Vec<String> {
+        let mut opened = std::mem::take(&mut *files.opened.lock().unwrap());
+        opened.sort();
+        opened
+    }
+
+    /// Under OTA a policy's load reads its prompt tables and text files (tokenizer, its
+    /// config, the embedding table) once, through the daemon's hashing opener, none by
+    /// path: prompt tables changed after the bundle was verified are refused in one line,
+    /// naming SHA-256 and the file, and nothing parsed from the changed bytes runs.
+    #[test]
+    fn prompt_tables_changed_after_verification_are_refused_in_one_line() {
+        let Some((tmp, bundle, digests, _lib, backend)) =
+            signed_bundle("molmoact2-upstream-original", "prompt-files")
+        else {
+            return;
+        };
+        let b = bundle.dir.clone();
+        let (bundle, files) = counted(bundle, digests);
+        let m = bundle.manifest.molmoact2.clone().unwrap();
+        let text = m.text.clone().expect("a text block");
+        drop(vla_policy::Policy::load(&bundle, &backend).expect("signed bytes load"));
+        let mut every = vec![
+            m.prompt.clone(),
+            text.tokenizer,
+            text.tokenizer_config.expect("a tokenizer config"),
+            text.embedding,
+        ];
+        every.sort();
+        assert_eq!(opened(&files), every, "each read once, through the opener");
+
+        let size = std::fs::metadata(b.join(&m.prompt)).unwrap().len() as usize;
+        flip(&b, &m.prompt, size / 2);
+        let error = vla_policy::Policy::load(&bundle, &backend)
+            .err()
+            .expect("changed prompt tables: loaded");
+        assert_refused(error, &m.prompt);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// Under OTA a load and its parity gate read every file they use once, through the
+    /// daemon's hashing opener: a context's golden or the end-to-end golden changed after
+    /// the bundle was verified is refused in one line, naming SHA-256 and the file.
+    #[test]
+    fn a_golden_changed_after_verification_is_refused_in_one_line() {
+        let Some((tmp, bundle, digests, _lib, backend)) =
+            signed_bundle("fastwam-closed-loop", "golden-files")
+        else {
+            return;
+        };
+        let b = bundle.dir.clone();
+        let (bundle, files) = counted(bundle, digests);
+        let mut policy = vla_policy::Policy::load(&bundle, &backend).expect("signed bytes load");
+        let report = bundle.parity(&mut policy).expect("signed goldens");
+        assert!(report.failure_summary().is_none(), "the gate passes");
+        let every: Vec<String> = bundle.data_paths().into_iter().collect();
+        assert_eq!(opened(&files), every, "each read once, through the opener");
+
+        let golden = bundle
+            .manifest
+            .components
+            .values()
+            .next()
+            .unwrap()
+            .golden
+            .clone();
+        for rel in [&golden, &bundle.manifest.end_to_end] {
+            let size = std::fs::metadata(b.join(rel)).unwrap().len() as usize;
+            let signed = flip(&b, rel, size / 2);
+            let error = bundle
+                .parity(&mut policy)
+                .expect_err("changed golden: gated");
+            assert_refused(error, rel);
+            restore(&b, rel, &signed);
+        }
+        drop(policy);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
+    /// The embedding table of a verified bundle is the bytes hashed, in private memory:
+    /// a write to the file afterwards shows in a mapping of it (how the table was read
+    /// before) and not in the table the policy renders from.
+    #[test]
+    fn the_embedding_table_is_the_bytes_hashed_whatever_the_file_becomes() {
+        let Some((tmp, bundle, digests, _lib, _backend)) =
+            signed_bundle("molmoact2-upstream-original", "table")
+        else {
+            return;
+        };
+        let b = bundle.dir.clone();
+        let bundle = hashed(bundle, digests);
+        let rel = bundle
+            .manifest
+            .molmoact2
+            .as_ref()
+            .unwrap()
+            .text
+            .as_ref()
+            .unwrap()
+            .embedding
+            .clone();
+        let table = bundle
+            .table("embedding table", &rel)
+            .expect("verified table");
+        assert!(!table.is_mapped(), "a private copy");
+        let mapped = vla_npz::MappedNpy::open(b.join(&rel)).unwrap();
+        assert!(mapped.is_mapped());
+        let size = std::fs::metadata(b.join(&rel)).unwrap().len() as usize;
+        let signed = flip(&b, &rel, size - 1);
+        let data = &signed[size - table.data().len()..];
+        assert_eq!(table.data(), data, "the table keeps the hashed bytes");
+        assert_ne!(mapped.data(), data, "a mapping shows the write");
+        let error = bundle
+            .table("embedding table", &rel)
+            .err()
+            .expect("refused");
+        assert_refused(error, &rel);
         let _ = std::fs::remove_dir_all(&tmp);
     }
 

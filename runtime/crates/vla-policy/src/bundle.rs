@@ -35,6 +35,8 @@ pub struct Bundle {
     manifest_bytes: Arc<[u8]>,
     /// How the context binaries are opened; `None`: mapped by path.
     binaries: Option<Arc<dyn OpenBinary>>,
+    /// How the other files are read; `None`: by path.
+    files: Option<Arc<dyn OpenFile>>,
     _in_use: Arc<File>,
 }
 
@@ -50,6 +52,30 @@ pub trait OpenBinary: Send + Sync + core::fmt::Debug {
         component: &str,
         rel: &str,
     ) -> Result<ContextBinary, PolicyError>;
+}
+
+/// One file of a bundle opened by a caller that checks its bytes as they are read (the
+/// daemon: hashes what it hands out): a reader of the file's [`CheckedRead::size`] bytes,
+/// and [`CheckedRead::finish`] after the last one, before anything parsed from them is
+/// used.
+pub trait CheckedRead: std::io::Read {
+    /// The number of bytes the checker expects.
+    fn size(&self) -> u64;
+    /// Whether the bytes read (every one, in order) are the ones the checker expects.
+    fn finish(self: Box<Self>) -> Result<(), PolicyError>;
+}
+
+/// Opens the bundle's files other than context binaries (goldens, tables, tokenizer
+/// files, the embedding table) for a caller that checks their bytes: each is read once
+/// through it and parsed from those bytes, never read again by path.
+pub trait OpenFile: Send + Sync + core::fmt::Debug {
+    /// File `rel` of bundle directory `dir`; `what` says what it is for (errors).
+    fn open(
+        &self,
+        dir: &Path,
+        what: &str,
+        rel: &str,
+    ) -> Result<Box<dyn CheckedRead + Send>, PolicyError>;
 }
 
 impl Bundle {
@@ -94,6 +120,7 @@ impl Bundle {
             manifest,
             manifest_bytes: bytes.into(),
             binaries: None,
+            files: None,
             _in_use: Arc::new(file),
         };
         for name in bundle.manifest.required_components() {
@@ -126,6 +153,83 @@ impl Bundle {
     pub fn with_binaries(mut self, binaries: Arc<dyn OpenBinary>) -> Self {
         self.binaries = Some(binaries);
         self
+    }
+
+    /// The bundle with its other files read through `files` instead of by path.
+    pub fn with_files(mut self, files: Arc<dyn OpenFile>) -> Self {
+        self.files = Some(files);
+        self
+    }
+
+    /// Every file other than `bundle.json` and the context binaries that loading and
+    /// gating the bundle reads, relative to the bundle.
+    pub fn data_paths(&self) -> std::collections::BTreeSet<String> {
+        let m = &self.manifest;
+        let mut paths: std::collections::BTreeSet<String> =
+            m.components.values().map(|c| c.golden.clone()).collect();
+        paths.insert(m.end_to_end.clone());
+        if let Some(a) = &m.molmoact2 {
+            paths.insert(a.prompt.clone());
+            if let Some(t) = &a.text {
+                paths.insert(t.tokenizer.clone());
+                paths.extend(t.tokenizer_config.clone());
+                paths.insert(t.embedding.clone());
+            }
+        }
+        if let Some(f) = &m.fastwam {
+            paths.extend(f.world_model.clone());
+            if let Some(c) = &f.chain {
+                paths.insert(c.tables.clone());
+            }
+        }
+        paths
+    }
+
+    /// The bytes of file `rel` (`what`: what it is for), read once: through the checker
+    /// given to [`Bundle::with_files`] (refused if it refuses them), else by path.
+    pub fn read(&self, what: &str, rel: &str) -> Result<Vec<u8>, PolicyError> {
+        let unreadable = |e: std::io::Error| PolicyError::MissingFile {
+            bundle: self.dir.clone(),
+            what: what.into(),
+            path: self.path(rel),
+            reason: e.to_string(),
+        };
+        let Some(files) = &self.files else {
+            return std::fs::read(self.path(rel)).map_err(unreadable);
+        };
+        let mut file = files.open(&self.dir, what, rel)?;
+        let size = file.size();
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        // One byte past the expected size, so a longer file is the checker's to refuse.
+        (&mut file)
+            .take(size.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(unreadable)?;
+        file.finish()?;
+        Ok(bytes)
+    }
+
+    /// The npz at `rel`, parsed from the bytes [`Bundle::read`] gives.
+    pub fn npz(&self, what: &str, rel: &str) -> Result<vla_npz::Npz, PolicyError> {
+        let bytes = self.read(what, rel)?;
+        vla_npz::Npz::from_bytes(bytes, &self.path(rel).display().to_string())
+            .map_err(PolicyError::Npz)
+    }
+
+    /// The `.npy` table at `rel` (`what`: what it is for): mapped by path, or, with a
+    /// checker ([`Bundle::with_files`]), read once through it into private memory (the
+    /// table's size in anonymous memory for as long as the table lives).
+    pub fn table(&self, what: &str, rel: &str) -> Result<vla_npz::MappedNpy, PolicyError> {
+        let label = self.path(rel).display().to_string();
+        let Some(files) = &self.files else {
+            return vla_npz::MappedNpy::open(self.path(rel)).map_err(PolicyError::Npz);
+        };
+        let mut file = files.open(&self.dir, what, rel)?;
+        let size = file.size();
+        let read = vla_npz::MappedNpy::read(&mut file, size, &label);
+        // The checker's verdict first: a changed file is refused as such, whatever it parses to.
+        file.finish()?;
+        read.map_err(PolicyError::Npz)
     }
 
     /// The context binaries of every component of the manifest, relative to the bundle.

@@ -29,7 +29,7 @@ use norm::FastWamNormalizer;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
-use vla_npz::{DType, Npz};
+use vla_npz::DType;
 use vla_qnn::{Backend, RpcMem, SharedBuffer};
 use vla_tensor::AlignedBuf;
 
@@ -180,7 +180,7 @@ impl FastWam {
                 )?)
             }
             (None, Some(path)) => {
-                let npz = Npz::open(bundle.path(path)).map_err(PolicyError::Npz)?;
+                let npz = bundle.npz("world-model inputs", path)?;
                 for (k, name) in WORLD_INPUTS.iter().enumerate() {
                     let a = npz
                         .expect(name, DType::F32, &shapes[k])

@@ -27,7 +27,9 @@ mod preprocess;
 mod prompt;
 mod text;
 
-pub use bundle::{Bundle, LoadedGraph, OpenBinary, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
+pub use bundle::{
+    Bundle, CheckedRead, LoadedGraph, OpenBinary, OpenFile, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL,
+};
 pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
 pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
