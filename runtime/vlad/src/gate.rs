@@ -238,9 +238,11 @@ pub fn load_gated(
     options: &LoadSettings,
 ) -> Result<(Bundle, Policy, Gated), LoadError> {
     let mut bundle = Bundle::open(dir)?;
-    if let Some(store) = &options.store {
-        bundle = crate::verified::verify_for_load(store, bundle)?;
-    }
+    let digests = options
+        .store
+        .as_ref()
+        .map(|store| crate::verified::verify_for_load(store, &bundle))
+        .transpose()?;
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
         LoadError::Placement {
@@ -253,6 +255,9 @@ pub fn load_gated(
         dir.display(),
         plan.summary()
     );
+    if let Some(digests) = digests {
+        bundle = crate::verified::hashed(bundle, digests, plan.footprints.clone());
+    }
     let placed =
         crate::dsp_plan::place(backend, &bundle, &plan).map_err(|why| LoadError::Placement {
             dir: dir.to_owned(),

@@ -19,12 +19,16 @@ use std::path::Path;
 use std::sync::Arc;
 use vla_ota::{DeferredDigests, OtaError, Store};
 use vla_policy::{Bundle, CheckedRead, OpenBinary, OpenFile, PolicyError};
-use vla_qnn::{BinaryImage, ContextBinary, QnnLibrary};
+use vla_qnn::{BinaryImage, ContextBinary, Footprint, QnnLibrary};
 
 /// `bundle` (opened from a directory of `store`) verified against the store's keys as
-/// it is about to load: its directory must be named by its manifest's content hash, and
-/// its context binaries are opened through [`HashedBinaries`].
-pub(crate) fn verify_for_load(store: &Store, bundle: Bundle) -> Result<Bundle, LoadError> {
+/// it is about to load: its directory must be named by its manifest's content hash. The
+/// digests of the files the load reads are returned for [`hashed`], which checks them as
+/// each file is read.
+pub(crate) fn verify_for_load(
+    store: &Store,
+    bundle: &Bundle,
+) -> Result<DeferredDigests, LoadError> {
     let dir = bundle.dir.clone();
     let unverified = |source: OtaError| LoadError::Unverified {
         dir: dir.clone(),
@@ -46,15 +50,17 @@ pub(crate) fn verify_for_load(store: &Store, bundle: Bundle) -> Result<Bundle, L
     verified
         .check_bytes("bundle.json", bundle.manifest_bytes())
         .map_err(unverified)?;
-    Ok(hashed(bundle, digests))
+    Ok(digests)
 }
 
 /// `bundle` with every file it reads hashed as it is read (`digests` defers at least
-/// [`Bundle::binary_paths`] and [`Bundle::data_paths`]).
-pub(crate) fn hashed(bundle: Bundle, digests: DeferredDigests) -> Bundle {
+/// [`Bundle::binary_paths`] and [`Bundle::data_paths`]); `planned`: the footprints the
+/// DSP memory plan read from the binaries, which their verified bytes must state too.
+pub(crate) fn hashed(bundle: Bundle, digests: DeferredDigests, planned: Vec<Footprint>) -> Bundle {
     bundle
         .with_binaries(Arc::new(HashedBinaries {
             digests: digests.clone(),
+            planned,
         }))
         .with_files(Arc::new(HashedFiles { digests }))
 }
@@ -135,9 +141,21 @@ impl OpenFile for HashedFiles {
 /// there, compared with the signed manifest's digest, its metadata compared with the
 /// description, and only then handed to QNN, which frees it once the context exists
 /// ([`ContextBinary::with_bytes_at_creation`]). A group holds one binary at a time.
+/// The DSP memory plan, made before the load from its own read of the metadata, must
+/// agree with the load's description (so, through the check at creation, with the signed
+/// bytes): a binary whose footprint differs is refused before any context is created.
 #[derive(Debug)]
 pub(crate) struct HashedBinaries {
     pub(crate) digests: DeferredDigests,
+    /// The DSP memory plan's footprints, by component (none: no plan to agree with).
+    pub(crate) planned: Vec<Footprint>,
+}
+
+fn footprint_text(f: &Footprint) -> String {
+    format!(
+        "{} bytes, spill-fill {}, I/O {}",
+        f.weights, f.spill_fill, f.io
+    )
 }
 
 impl OpenBinary for HashedBinaries {
@@ -164,6 +182,21 @@ impl OpenBinary for HashedBinaries {
                 })
             }
         };
+        if let Some(plan) = self.planned.iter().find(|f| f.name == component) {
+            let described = Footprint::of(component, &planned);
+            if &described != plan {
+                return Err(PolicyError::Unverified {
+                    component: component.to_owned(),
+                    source: format!(
+                        "it states {}, the DSP memory plan read {} (changed between the two reads)",
+                        footprint_text(&described),
+                        footprint_text(plan)
+                    )
+                    .into(),
+                    path,
+                });
+            }
+        }
         let (digests, dir, rel) = (self.digests.clone(), dir.to_owned(), rel.to_owned());
         Ok(planned.with_bytes_at_creation(Box::new(move || read_hashed(&digests, &dir, &rel))))
     }
@@ -223,7 +256,10 @@ mod tests {
         };
         let (lib, backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
         let signed = std::fs::read(b.join(rel)).unwrap();
-        let binaries = HashedBinaries { digests };
+        let binaries = HashedBinaries {
+            digests,
+            planned: Vec::new(),
+        };
 
         // The load plans with this (nothing taken yet), and takes the bytes at creation.
         let planned = binaries.open(&lib, &b, "action_step", rel).unwrap();
@@ -346,7 +382,10 @@ mod tests {
             .collect();
         assert!(sizes.len() > 1, "a group of binaries");
         let largest = *sizes.iter().max().unwrap();
-        let bundle = bundle.with_binaries(Arc::new(HashedBinaries { digests }));
+        let bundle = bundle.with_binaries(Arc::new(HashedBinaries {
+            digests,
+            planned: Vec::new(),
+        }));
         let names: Vec<&str> = bundle
             .manifest
             .components
@@ -439,7 +478,10 @@ mod tests {
             opened: Default::default(),
         });
         let bundle = bundle
-            .with_binaries(Arc::new(HashedBinaries { digests }))
+            .with_binaries(Arc::new(HashedBinaries {
+                digests,
+                planned: Vec::new(),
+            }))
             .with_files(files.clone());
         (bundle, files)
     }
@@ -523,6 +565,45 @@ mod tests {
         let _ = std::fs::remove_dir_all(&tmp);
     }
 
+    /// The DSP memory plan reads the binaries' metadata before the load does: a binary
+    /// replaced for that read (another valid binary, the signed one back for the load)
+    /// would place the contexts by sizes nobody signed. The load's description must
+    /// state the plan's footprint, else the binary is refused before any context exists.
+    #[test]
+    fn a_binary_that_differs_from_the_dsp_plans_read_is_refused() {
+        let Some((tmp, bundle, digests, lib, _backend)) =
+            signed_bundle("fastwam-closed-loop", "dsp-plan")
+        else {
+            return;
+        };
+        let b = bundle.dir.clone();
+        let mut names = bundle.manifest.components.iter();
+        let ((first, one), (_, other)) = (names.next().unwrap(), names.next().unwrap());
+        let footprint =
+            |rel: &str| Footprint::of(first, &ContextBinary::open(&lib, b.join(rel)).unwrap());
+        let (signed, replaced) = (footprint(&one.binary), footprint(&other.binary));
+        assert_ne!(signed, replaced, "two binaries of different footprints");
+        let agreeing = HashedBinaries {
+            digests: digests.clone(),
+            planned: vec![signed],
+        };
+        assert!(agreeing.open(&lib, &b, first, &one.binary).is_ok());
+        let misled = HashedBinaries {
+            digests,
+            planned: vec![replaced],
+        };
+        let error = misled
+            .open(&lib, &b, first, &one.binary)
+            .expect_err("refused");
+        let line = error.to_string();
+        assert!(matches!(error, PolicyError::Unverified { .. }), "{line}");
+        assert!(
+            line.contains("DSP memory plan") && line.contains(&one.binary) && !line.contains('\n'),
+            "{line}"
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
     /// The embedding table of a verified bundle is the bytes hashed, in private memory:
     /// a write to the file afterwards shows in a mapping of it (how the table was read
     /// before) and not in the table the policy renders from.
@@ -534,7 +615,7 @@ mod tests {
             return;
         };
         let b = bundle.dir.clone();
-        let bundle = hashed(bundle, digests);
+        let bundle = hashed(bundle, digests, Vec::new());
         let rel = bundle
             .manifest
             .molmoact2
