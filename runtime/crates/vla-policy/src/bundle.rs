@@ -165,8 +165,13 @@ impl Bundle {
     /// gating the bundle reads, relative to the bundle.
     pub fn data_paths(&self) -> std::collections::BTreeSet<String> {
         let m = &self.manifest;
-        let mut paths: std::collections::BTreeSet<String> =
-            m.components.values().map(|c| c.golden.clone()).collect();
+        // The goldens of the components a policy loads (its gate runs those).
+        let mut paths: std::collections::BTreeSet<String> = m
+            .required_components()
+            .iter()
+            .filter_map(|name| m.components.get(name))
+            .map(|c| c.golden.clone())
+            .collect();
         paths.insert(m.end_to_end.clone());
         if let Some(a) = &m.molmoact2 {
             paths.insert(a.prompt.clone());
@@ -232,11 +237,12 @@ impl Bundle {
         read.map_err(PolicyError::Npz)
     }
 
-    /// The context binaries of every component of the manifest, relative to the bundle.
+    /// The context binaries of the components a policy loads, relative to the bundle.
     pub fn binary_paths(&self) -> std::collections::BTreeSet<String> {
-        self.manifest
-            .components
-            .values()
+        let m = &self.manifest;
+        m.required_components()
+            .iter()
+            .filter_map(|name| m.components.get(name))
             .map(|c| c.binary.clone())
             .collect()
     }
