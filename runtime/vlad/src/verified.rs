@@ -764,4 +764,76 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&tmp);
     }
+
+    /// What hashing the embedding table over the bytes used costs: before, the table
+    /// hashed by path at verification and then mapped (every page read once); now, read
+    /// once into private memory through the hashing opener. A stand-in table of
+    /// `VLA_BENCH_TABLE_MIB` (default 256) MiB of u16 rows 2560 wide. Prints figures.
+    #[test]
+    #[ignore = "benchmark: prints figures (cargo test -p vlad --bin vlad embedding_table_cost -- --ignored --nocapture)"]
+    fn embedding_table_cost() {
+        use std::time::Instant;
+        let mib: usize = std::env::var("VLA_BENCH_TABLE_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256);
+        let tmp = std::env::temp_dir().join(format!("vlad-table-cost-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let b = tmp.join("bundle");
+        vla_test_support::copy_dir(
+            &vla_test_support::repo_root().join("golden/bundles/fastwam"),
+            &b,
+        );
+        let rows = (mib << 20) / (2560 * 2);
+        let values: Vec<u16> = (0..rows * 2560).map(|i| (i * 40503) as u16).collect();
+        let array = vla_npz::Array::from_slice("wte", &[rows, 2560], &values).unwrap();
+        drop(values);
+        std::fs::write(b.join("table.npy"), vla_npz::write_npy(&array)).unwrap();
+        drop(array);
+        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
+        let key = tmp.join("signing.key");
+        let public = vla_ota::keygen(&key).unwrap();
+        vla_ota::sign(&b, &key).unwrap();
+        let target = vla_ota::DeviceTarget {
+            soc_model: 77,
+            htp_arch: 73,
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let defer = BTreeSet::from(["table.npy".to_owned()]);
+        let touch = |bytes: &[u8]| bytes.iter().step_by(4096).fold(0u8, |a, &x| a ^ x);
+        let before = || {
+            let t = Instant::now();
+            vla_ota::verify(&b, &[public], &target).unwrap();
+            let table = vla_npz::MappedNpy::open(b.join("table.npy")).unwrap();
+            std::hint::black_box(touch(table.data()));
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        let after = || {
+            let t = Instant::now();
+            let (_, digests) =
+                vla_ota::verify_deferring(&b, &[public], 1, &target, &defer).unwrap();
+            let bundle = Bundle::open(&b)
+                .unwrap()
+                .with_files(Arc::new(HashedFiles { digests }));
+            let table = bundle.table("embedding table", "table.npy").unwrap();
+            std::hint::black_box(touch(table.data()));
+            t.elapsed().as_secs_f64() * 1e3
+        };
+        before();
+        after();
+        let (mut old, mut new) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            old.push(before());
+            new.push(after());
+        }
+        old.sort_by(f64::total_cmp);
+        new.sort_by(f64::total_cmp);
+        println!(
+            "a {mib} MiB table, median of 5 (min-max), page cache warm:\n  \
+             verify all by path, then map it and read every page: {:.1} ms ({:.1}-{:.1})\n  \
+             verify the rest, read it once into private memory, hashed: {:.1} ms ({:.1}-{:.1})",
+            old[2], old[0], old[4], new[2], new[0], new[4]
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 }
