@@ -10,7 +10,7 @@
 #
 # Parts (numbered as in docs/benchmarks.md):
 #   1  host glue per inference at the seeds' full dims: vla-bench host vs
-#      scripts/reference.py (bench_numpy.py host), memcpy floor of this run
+#      tools/vla_host/vla_host/reference.py (bench_numpy.py host), memcpy floor of this run
 #   2  every fixture bundle on the HTP emulator: vlad bench-bundle vs ONNX Runtime's
 #      QNN EP on the same binaries with numpy glue (bench_numpy.py ort)
 #   3  context load mmap vs read into memory, RSS/PSS (inside vlad bench-bundle)
@@ -79,7 +79,7 @@ PY
 if part 1; then
     step "1. host glue at full dims: ours"
     "$bench" host --iterations "$host_iterations" --json "$out/host-rust.json" >/dev/null
-    step "1. host glue at full dims: numpy (scripts/reference.py)"
+    step "1. host glue at full dims: numpy (tools/vla_host/vla_host/reference.py)"
     "$py" scripts/bench_numpy.py host --iterations "$host_iterations" --json "$out/host-numpy.json" >/dev/null
 fi
 

@@ -3,12 +3,12 @@
 
     bench_numpy.py host --iterations N --json FILE
         The host glue of one inference at the seeds' full dimensions, on synthetic tensors
-        with no graph execution, through scripts/reference.py itself (its functions, and
+        with no graph execution, through tools/vla_host/vla_host/reference.py itself (its functions, and
         its whole run_molmoact2 / run_fastwam with runners that return ready outputs).
     bench_numpy.py ort --bundle DIR [--bundle DIR ...] --vlad VLAD --iterations N --json FILE
         Each fixture bundle end to end through ONNX Runtime's QNN EP (EPContext wrappers of
         the bundle's own context binaries, made under build/bench/ort/) with the numpy
-        glue of scripts/reference.py: latency, pure session.run time, host overhead.
+        glue of tools/vla_host/vla_host/reference.py: latency, pure session.run time, host overhead.
     bench_numpy.py render --dir build/bench
         Reads the JSON files of a run and writes latest.md (printed too) and latest.json.
 
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import reference as ref  # noqa: E402
-from det_npz import load_npz  # noqa: E402
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -295,7 +294,7 @@ class TimedSession:
 
 
 def bench_ort_bundle(bundle: Path, vlad: Path, lib_dir: str, iterations: int, build: Path):
-    import qnn_ctx
+    from vla_host import qnn_ctx
 
     manifest = json.loads((bundle / "bundle.json").read_text())
     name = bundle.name

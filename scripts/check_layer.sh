@@ -11,7 +11,8 @@
 #      bind made in a private mount namespace in front of this machine's curl;
 #   6. scripts/check_recipe_install.py: the recipes' real do_install into a scratch ${D}
 #      (every SYSTEMD_SERVICE unit installed, the installed tree as expected, a published
-#      signing key refused at build time); builds target/release/vlad first.
+#      signing key refused at build time, the ring client library compiled for aarch64 by
+#      its recipe's do_compile); builds target/release/vlad first.
 # Prints one PASS/FAIL line per check and exits non-zero if any failed.
 # A real bitbake parse of the layer is scripts/bitbake_parse.sh (needs layer checkouts).
 set -uo pipefail
@@ -247,7 +248,7 @@ run_check "systemd-analyze verify (systemd/)" check_units
 run_check "systemd-tmpfiles (vla-tmpfiles.conf)" check_tmpfiles
 run_check "vlad-crates.inc matches Cargo.lock" check_crates
 run_check "rauc-hawkbit-updater drop-in, tmpfiles, configuration" check_hawkbit
-run_check "do_install of vlad, vla-rauc, rauc-hawkbit-updater (installed tree)" check_recipe_install
+run_check "do_install of vlad, vla-ring-client, vla-rauc, rauc-hawkbit-updater (installed tree)" check_recipe_install
 
 printf '\n== summary\n'
 printf '%s\n' "${results[@]}"

@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Runs the real do_install of meta-vla's recipes that install files of this repository
-(vlad, vla-rauc, the rauc-hawkbit-updater append) into a scratch ${D}, the way bitbake
-would, and checks what lands there. No bitbake checkout is needed (CI has none):
+(vlad, vla-ring-client, vla-rauc, the rauc-hawkbit-updater append) into a scratch ${D},
+the way bitbake would, and checks what lands there. No bitbake checkout is needed (CI has
+none):
 
 - each recipe's assignments are read with bitbake's plain operators (=, ?=, ??=, :=, +=,
   line continuations, ${VAR} and the ${@...} expressions these recipes use), over the
   directory variables of oe-core's bitbake.conf;
 - its file:// SRC_URI entries are unpacked into UNPACKDIR from FILESPATH (FILESEXTRAPATHS,
   the recipe's files/ directory), subdir= honoured, as do_unpack does;
+- a recipe's own do_compile runs first (vla-ring-client's `oe_runmake`: make with
+  EXTRA_OEMAKE), with Debian's aarch64 cross gcc as the target compiler when it is
+  installed (else cc) and a stand-in of the target flags oe-core exports (optimisation,
+  stack protector, _FORTIFY_SOURCE, format security, relro/now), so the strict -Werror
+  build is checked under them and the binaries are built for the board's architecture;
 - do_install (and do_install:append) runs in bash -e with those variables exported, and
   the recipe's python postfuncs run with a stand-in of the datastore; for a recipe that
   inherits cargo, the binaries of CARGO_BUILD_FLAGS --bin come from the project's release
@@ -52,7 +58,9 @@ BASE = {
     "localstatedir": "/var",
     "systemd_unitdir": "/usr/lib/systemd",
     "systemd_system_unitdir": "/usr/lib/systemd/system",
+    "includedir": "/usr/include",
     "DISTRO_FEATURES": "systemd usrmerge vla-rauc",
+    "TARGET_ARCH": "aarch64",
     "COMMON_LICENSE_DIR": "/licenses",
 }
 
@@ -68,6 +76,14 @@ EXPECTED = {
         "usr/lib/systemd/system/vla-ota-rollback.service",
         "usr/lib/systemd/system/vlad.service",
         "usr/lib/tmpfiles.d/vla.conf",
+    ],
+    "vla-ring-client": [
+        "usr/bin/vla-ring-bridge",
+        "usr/include/vla_ring.h",
+        "usr/include/vla_ring_client.h",
+        "usr/lib/libvla_ring_client.a",
+        "usr/lib/libvla_ring_client.so",
+        "usr/lib/libvla_ring_client.so.1",
     ],
     "vla-rauc": [
         "etc/default/vla-rauc",
@@ -87,11 +103,23 @@ EXPECTED = {
 
 RECIPES = {
     "vlad": (LAYER / "recipes-vla/vlad/vlad_0.1.0.bb", "0.1.0"),
+    "vla-ring-client": (LAYER / "recipes-vla/vla-ring-client/vla-ring-client_0.1.0.bb", "0.1.0"),
     "vla-rauc": (LAYER / "dynamic-layers/rauc/recipes-vla/vla-rauc/vla-rauc.bb", "1.0"),
     "rauc-hawkbit-updater": (
         LAYER / "dynamic-layers/rauc/recipes-support/rauc-hawkbit-updater/rauc-hawkbit-updater_%.bbappend",
         "1.0",
     ),
+}
+
+# The target compiler and the flags bitbake exports to a recipe's tasks: a stand-in of
+# oe-core's TARGET_CFLAGS / TARGET_LDFLAGS with its security flags (security_flags.inc).
+TARGET_CC = "aarch64-linux-gnu-gcc" if shutil.which("aarch64-linux-gnu-gcc") else "cc"
+TARGET_ENV = {
+    "CC": TARGET_CC,
+    "AR": TARGET_CC.replace("gcc", "ar") if TARGET_CC != "cc" else "ar",
+    "CFLAGS": "-O2 -pipe -g -feliminate-unused-debug-types -fstack-protector-strong -D_FORTIFY_SOURCE=2 "
+              "-Wformat -Wformat-security -Werror=format-security",
+    "LDFLAGS": "-Wl,-O1 -Wl,--hash-style=gnu -Wl,--as-needed -fstack-protector-strong -Wl,-z,relro,-z,now",
 }
 
 RFC8032_TEST_1 = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
@@ -246,6 +274,10 @@ def install(pn: str, recipe: Path, pv: str, work: Path, vlad_binary: Path, extra
     unpack(d, unpackdir, recipe.parent)
     # bitbake's shell logging: bbfatal prints an error and fails the task.
     script = ["set -e", 'bbfatal() { echo "ERROR: $*" >&2; exit 1; }']
+    # bitbake's oe_runmake: make with the recipe's EXTRA_OEMAKE, failing the task on error.
+    script.append(f'oe_runmake() {{ make {d.getVar("EXTRA_OEMAKE") or ""} "$@"; }}')
+    if "do_compile" in functions:
+        script.append(d.expand(functions["do_compile"]))
     if " cargo" in " " + values.get("__inherits", ""):
         # cargo.bbclass's do_install: the built binaries into ${bindir}.
         for binary in re.findall(r"--bin\s+(\S+)", d.getVar("CARGO_BUILD_FLAGS") or ""):
@@ -256,7 +288,7 @@ def install(pn: str, recipe: Path, pv: str, work: Path, vlad_binary: Path, extra
     for name in ("do_install", "do_install:append"):
         if name in functions:
             script.append(d.expand(functions[name]))
-    subprocess.run(["bash", "-c", "\n".join(script)], check=True, cwd=work)
+    subprocess.run(["bash", "-c", "\n".join(script)], check=True, cwd=work, env=dict(os.environ, **TARGET_ENV))
     for post in (d.getVar("do_install[postfuncs]") or "").split():
         body = functions["python " + post]
         code = "def _f(d, bb):\n" + "\n".join("    " + line[4:] if line.startswith("    ") else "    " + line
@@ -289,6 +321,8 @@ def check(pn: str, vlad_binary: Path, extra: dict[str, str] | None = None) -> li
         if got != EXPECTED[pn]:
             problems.append(f"installed tree differs: extra {sorted(set(got) - set(EXPECTED[pn]))}, "
                             f"missing {sorted(set(EXPECTED[pn]) - set(got))}")
+        if pn == "vla-ring-client":
+            problems += check_ring_client(image)
         if pn == "vlad" and extra and "VLA_OTA_TRUSTED_KEYS" in extra:
             import json
             ota = json.loads((image / "etc/vla/vlad.json").read_text())["ota"]
@@ -298,6 +332,26 @@ def check(pn: str, vlad_binary: Path, extra: dict[str, str] | None = None) -> li
             got = {k: ota.get(k, []) for k in want}
             if got != want:
                 problems.append(f"the installed vlad.json's ota section is {got}, want {want}")
+    return problems
+
+
+def check_ring_client(image: Path) -> list[str]:
+    """The library's link and soname, and binaries built for the target's architecture."""
+    problems = []
+    link = image / "usr/lib/libvla_ring_client.so"
+    if not link.is_symlink() or os.readlink(link) != "libvla_ring_client.so.1":
+        problems.append("usr/lib/libvla_ring_client.so is not the link to libvla_ring_client.so.1")
+    want = "aarch64" if TARGET_CC != "cc" else os.uname().machine
+    for rel in ("usr/bin/vla-ring-bridge", "usr/lib/libvla_ring_client.so.1"):
+        # ELF e_machine (offset 18, little-endian): 183 aarch64, 62 x86_64.
+        machine = int.from_bytes((image / rel).read_bytes()[18:20], "little")
+        got = {183: "aarch64", 62: "x86_64"}.get(machine, f"e_machine {machine}")
+        if got != want:
+            problems.append(f"{rel} is built for {got}, the target is {want}")
+    soname = subprocess.run(["readelf", "-d", str(image / "usr/lib/libvla_ring_client.so.1")],
+                            capture_output=True, text=True).stdout
+    if "Library soname: [libvla_ring_client.so.1]" not in soname:
+        problems.append("libvla_ring_client.so.1 does not carry the soname libvla_ring_client.so.1")
     return problems
 
 
@@ -315,7 +369,7 @@ def main() -> int:
                     "-subj", "/CN=check_recipe_install fleet CA"], check=True, capture_output=True)
     for pn, extra in (("vlad", {"VLA_OTA_TRUSTED_KEYS": ordinary, "VLA_OTA_ROOT_KEYS": root,
                                 "VLA_ADSP_LIBRARY_PATH": "/usr/lib/dsp"}),
-                      ("vla-rauc", None), ("rauc-hawkbit-updater", {"VLA_HAWKBIT_CA": str(fleet_ca)})):
+                      ("vla-ring-client", None), ("vla-rauc", None), ("rauc-hawkbit-updater", {"VLA_HAWKBIT_CA": str(fleet_ca)})):
         try:
             problems = check(pn, args.vlad, extra)
         except subprocess.CalledProcessError as e:

@@ -29,15 +29,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
-import build_prompt_tables as bpt  # noqa: E402
-import fixture_graphs as fg  # noqa: E402
-import make_golden as mg  # noqa: E402
-import reference as ref  # noqa: E402
-from det_npz import save_npz  # noqa: E402
+from vla_host import build_prompt_tables as bpt
+from vla_goldens import fixture_graphs as fg
+from vla_goldens import make_golden as mg
+from vla_host import reference as ref
+from vla_host.det_npz import save_npz
 
-REPO = SCRIPTS.parent
+REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "build" / "realsize"
 NAME = "molmoact2-original-realsize"
 SEQ_LEN = 488

@@ -11,7 +11,8 @@ source "$repo_root/scripts/setup_lib.sh"
 cd "$repo_root"
 mkdir -p build
 
-apt_packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils)
+# make: the C ring client library (runtime/ring-c/Makefile), for the tests and the board.
+apt_packages=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user binutils make)
 apt_ensure setup "${apt_packages[@]}"
 
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then

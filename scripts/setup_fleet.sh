@@ -18,3 +18,4 @@ apt_packages=(libcairo2-dev libgirepository1.0-dev pkg-config gcc libc6-dev dbus
 apt_ensure setup_fleet "${apt_packages[@]}"
 
 venv_from_hashes setup_fleet "$VENV" "$REQ" "$PY"
+editable_packages setup_fleet "$VENV" "$ROOT/tools/vla_fleet"

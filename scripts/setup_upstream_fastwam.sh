@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates build/fastwam-venv for scripts/upstream_fastwam.py: the packages the imported
+# Creates build/fastwam-venv for tools/goldens/vla_goldens/upstream_fastwam.py: the packages the imported
 # upstream Fast-WAM modules need (normalizer.py, fastwam_processor.py, action_state_merger.py,
 # experiments/libero/eval_libero_single.py, libero_utils.py, transforms/image.py), pinned.
 # Separate from the project .venv and not used by CI.
@@ -16,6 +16,8 @@
 # dataset stack behind robot_video_dataset.py (datasets, pyarrow, av, torchcodec).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=setup_lib.sh
+source "$ROOT/scripts/setup_lib.sh"
 VENV="${FASTWAM_VENV:-$ROOT/build/fastwam-venv}"
 PY="${PYTHON:-python3.11}"
 
@@ -42,5 +44,7 @@ fi
     tqdm==4.66.5 typing_extensions==4.16.0 filelock==4.3.1 fsspec==2026.9.0
 # Not installed: ftfy. Upstream's pyproject does not pin it, and without it Wan's `basic_clean`
 # skips `ftfy.fix_text` (wan_video_text_encoder.py falls back to the identity): the goldens of
-# scripts/export_upstream_fastwam.py are made that way, as upstream's pinned environment runs.
+# tools/goldens/vla_goldens/export_upstream_fastwam.py are made that way, as upstream's pinned environment runs.
 "$VENV/bin/python" -c "import torch, omegaconf, hydra, git, accelerate, imageio; print('fastwam upstream venv ready:', torch.__version__)"
+# The golden generators (tools/goldens) and the host library they use.
+editable_packages setup_upstream_fastwam "$VENV" "$ROOT/tools/vla_host" "$ROOT/tools/goldens"

@@ -39,8 +39,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-import ota_fixtures  # noqa: E402
+from vla_host import ota_fixtures
 
 # Control timing per fixture: Fast-WAM's from ota_fixtures; the MolmoAct2 fixtures take
 # about 3.7 s per inference, the demo's 2 Hz gives a 10-step chunk of 5 s

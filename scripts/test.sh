@@ -54,7 +54,10 @@ step_rust() {
 }
 
 step_pytest() {
-    .venv/bin/python -m pytest -q scripts/tests
+    # The packages' own tests (tools/<package>/tests; vla_libero's and vla_fleet's run in
+    # their venvs below), the goldens command's, and the CI harnesses' (scripts/).
+    .venv/bin/python -m pytest -q tools/vla_host/tests tools/vla_import/tests tools/goldens/tests \
+        scripts/tests scripts/rauc
 }
 
 step_libero() {
@@ -66,10 +69,10 @@ step_libero() {
     # MolmoAct2 bundle, on the emulator: 4 min + 1.5-2 min here at load average 15 on 2 cores,
     # plus 2.5 min for both venvs on a fresh machine (1.5 min for the one venv before).
     scripts/setup_libero.sh fastwam
-    MUJOCO_GL=egl PYTHONPATH=tools build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
+    MUJOCO_GL=egl build/libero-fastwam-venv/bin/python -m pytest -q -p no:cacheprovider \
         tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_libero.py
     scripts/setup_libero.sh molmoact2
-    MUJOCO_GL=egl PYTHONPATH=tools build/libero-molmoact2-venv/bin/python -m pytest -q -p no:cacheprovider \
+    MUJOCO_GL=egl build/libero-molmoact2-venv/bin/python -m pytest -q -p no:cacheprovider \
         tools/vla_libero/tests/test_conventions.py tools/vla_libero/tests/test_molmoact2.py
 }
 
@@ -86,6 +89,35 @@ step_aarch64() {
         -p vla-tensor -p vla-npz -p vla-ring -p vla-config -p vla-control -p vla-parity \
         -p vla-qnn -p vla-policy -p vla-ota \
         -- --skip crash_during --skip full_disk_on_a_real_tmpfs
+    # The C ring client library for the board (runtime/ring-c: Debian's cross gcc, the strict
+    # flags, the bridge linked statically), and its bridge's requests under qemu-aarch64.
+    make -s -C runtime/ring-c ARCH=aarch64
+    ring_bridge_round_trip build/ring-c/aarch64/vla-ring-bridge
+}
+
+# ring_bridge_round_trip BRIDGE: a poll of an action ring that is not there yet, an
+# observation published, one of the wrong state length refused by name (geometry: one
+# 2x2 camera, 2 state values, 2 action values, chunks of 2; requests in vla_ring_bridge.c).
+ring_bridge_round_trip() {
+    local dir out poll published seq capture refused ok=1
+    dir="$(mktemp -d)"
+    out="$dir/replies"
+    {
+        printf 'P'
+        printf 'O\0\0\0\0\0\0\0\0\0\0\0\0\2\0\0\0\0\0\0\0\14\0\0\0\0\0\0\0'
+        head -c 20 /dev/zero
+        printf 'O\0\0\0\0\0\0\0\0\0\0\0\0\1\0\0\0\0\0\0\0\14\0\0\0\0\0\0\0'
+        head -c 16 /dev/zero
+    } | qemu-aarch64 "$1" "$dir/obs" "$dir/act" 1 2 2 2 2 2 >"$out"
+    u64() { od -An -tu8 -j"$1" -N8 "$out" | tr -d ' '; }
+    poll="$(od -An -tu1 -N1 "$out" | tr -d ' ')" published="$(u64 1)" seq="$(u64 9)"
+    capture="$(u64 17)" refused="$(u64 25)"
+    echo "ring bridge: poll $poll (published $published), publish seq $seq at $capture ns, wrong state seq $refused"
+    [[ $poll == 0 && $published == 0 && $seq == 1 && $capture -gt 0 && $refused == 0 ]] || ok=0
+    grep -aq "observation refused: state has 1 values, the ring's state_dims is 2" "$out" || ok=0
+    rm -rf "$dir"
+    ((ok)) || echo "ring bridge: unexpected replies" >&2
+    ((ok))
 }
 
 step_release() {

@@ -67,6 +67,14 @@
  *   its metrics). It never publishes a step computed for another instruction than the
  *   newest observation names: switching instructions holds until the first chunk of the
  *   new one. instruction_id values without the flag are the bundle's fixed instructions.
+ *
+ * Fast-WAM bundles have no text encoder on the device: a text is looked up (after the
+ * whitespace cleaning upstream's tokenizer applies) in the bundle's fixed instructions
+ * and in the instruction packs installed for it (`vlad ota install PACK`); a text in
+ * neither is refused in one log line and the runtime holds. A pack's instruction may
+ * also be named directly: instruction_id = VLA_RING_PACK_ID_FLAG | n, the id its
+ * pack.json lists (bit 31 clear; the bundle's fixed ids are small, so the ranges never
+ * meet). An id no installed pack holds makes the runtime hold, as an unrendered text.
  */
 #ifndef VLA_RING_H
 #define VLA_RING_H
@@ -85,6 +93,7 @@
 #define VLA_RING_TEXT_MAGIC UINT64_C(0x005458542D414C56)   /* "VLA-TXT\0" read little-endian */
 #define VLA_RING_MAX_TEXT_BYTES 1024u  /* UTF-8 bytes per instruction text slot */
 #define VLA_RING_TEXT_ID_FLAG 0x80000000u /* instruction_id = flag | text_id: a text, not a fixed id */
+#define VLA_RING_PACK_ID_FLAG 0x40000000u /* instruction_id = flag | n: a Fast-WAM pack's instruction */
 #define VLA_RING_ABI_MAJOR 1u
 #define VLA_RING_ABI_VERSION 0u
 #define VLA_RING_ABI_LOWEST_COMPATIBLE 0u

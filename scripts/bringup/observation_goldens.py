@@ -7,7 +7,7 @@ kit measures each context output over N observations before it proposes gates.
 Each OBS.npz is an observation as `vlad run-once --obs` reads it (`frames`, `state`,
 `instruction_id`, `seed`; a recorded one, or the release's end-to-end observation). The
 bundle's reference (its release's `onnx/` graphs, `DIR/<c>.onnx` or `DIR/<c>/<c>.onnx`, on
-ONNX Runtime's CPU in fp32) runs through scripts/reference.py's host glue on it, and the
+ONNX Runtime's CPU in fp32) runs through tools/vla_host/vla_host/reference.py's host glue on it, and the
 boundary tensors of that run are written as OBS_DIR/<stem>/<the bundle's golden paths>
 (`golden/<c>_io.npz`, `golden/end_to_end.npz`), the layout the release's own goldens have.
 `scripts/bringup/run.sh --observations OBS_DIR` runs `vlad parity` on the target once per
@@ -22,10 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(SCRIPTS))
-import reference as ref  # noqa: E402
-from det_npz import load_npz, save_npz  # noqa: E402
+from vla_host import reference as ref
+from vla_host.det_npz import load_npz, save_npz
 
 END_TO_END_ORDER = ["frames", "state", "instruction_id", "seed", "actions", "pixel_values", "hidden_states",
                     "attention_bias", "k_ctx", "v_ctx", "noise", "candidates", "keystone_choice", "image", "latents",

@@ -5,6 +5,7 @@
 #   probe BASE QNN_DIR DSP_DIRS HASH...   facts about the target, cache misses, QAIRT check
 #   link BASE WS (HASH MODE PATH)...      move uploads into the cache, verify, link into WS
 #   run WS QNN_DIR ADSP_PATH ITERATIONS [PROBE_RUNS]
+#                                         the ring check (WS/vla-ring-bridge, when deployed),
 #                                         parity, benchmark and (PROBE_RUNS > 0) the DSP
 #                                         memory probe, results in WS/results
 #   cleanup WS                            remove the workspace and prove it is gone
@@ -173,6 +174,9 @@ run() {
         say started_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     } > results/target.env
 
+    ring_check=$(ring_check)
+    say ring_check "$ring_check"
+
     ./vlad parity --bundle bundle --json results/parity.json > results/parity.log 2>&1
     parity_exit=$?
     say parity_exit "$parity_exit"
@@ -209,16 +213,53 @@ run() {
         probe_exit=skipped
     fi
     shared_ab
-    { say parity_exit "$parity_exit"; say observations "$observations"; \
+    { say ring_check "$ring_check"; say parity_exit "$parity_exit"; say observations "$observations"; \
       say bench_exit "${bench_exit:-unavailable}"; \
       say dsp_probe_exit "$probe_exit"; \
       say iterations "$iterations"; say finished_utc "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } \
         >> results/target.env
 }
 
+# The rings' shared memory on this target, where vlad keeps its rings (/dev/shm): through
+# the C ring client library's bridge (requests as in runtime/ring-c/vla_ring_bridge.c,
+# native byte order, little-endian on both targets), a poll of an action ring that is not
+# there yet, one observation published (open, flock, ftruncate, mmap, writer start), one of
+# the wrong state length refused by name. Geometry: one 2x2 camera, 2 state values, 2
+# action values, chunks of 2. Prints ok, unavailable (no bridge deployed) or failed: why.
+ring_check() {
+    [ -x ./vla-ring-bridge ] || { printf unavailable; return 0; }
+    if [ ! -d /dev/shm ] || [ ! -w /dev/shm ]; then
+        printf 'failed: /dev/shm is missing or not writable'
+        return 0
+    fi
+    rings=/dev/shm/vla-bringup-$$
+    {
+        printf 'P'
+        printf 'O\0\0\0\0\0\0\0\0\0\0\0\0\2\0\0\0\0\0\0\0\14\0\0\0\0\0\0\0'
+        dd if=/dev/zero bs=20 count=1 2>/dev/null
+        printf 'O\0\0\0\0\0\0\0\0\0\0\0\0\1\0\0\0\0\0\0\0\14\0\0\0\0\0\0\0'
+        dd if=/dev/zero bs=16 count=1 2>/dev/null
+    } | ./vla-ring-bridge "$rings-obs" "$rings-act" 1 2 2 2 2 2 > results/ring-check.bin 2> results/ring-check.log
+    bridge_exit=$?
+    rm -f "$rings-obs" "$rings-act"
+    poll=$(od -An -tu1 -N1 results/ring-check.bin 2>/dev/null | tr -d ' ')
+    seq=$(od -An -tu8 -j9 -N8 results/ring-check.bin 2>/dev/null | tr -d ' ')
+    refused=$(od -An -tu8 -j25 -N8 results/ring-check.bin 2>/dev/null | tr -d ' ')
+    if [ "$bridge_exit" != 0 ]; then
+        printf 'failed: vla-ring-bridge exit %s: %s' "$bridge_exit" "$(tail -n 1 results/ring-check.log)"
+    elif [ "$poll" != 0 ] || [ "$seq" != 1 ] || [ "$refused" != 0 ]; then
+        printf 'failed: unexpected replies (poll %s, publish seq %s, wrong-length seq %s)' "$poll" "$seq" "$refused"
+    elif ! grep -q "observation refused: state has 1 values" results/ring-check.bin; then
+        printf 'failed: a state of the wrong length was not refused by name'
+    else
+        printf ok
+    fi
+}
+
 # Each context with client buffers and with HTP shared buffers (`vlad bench-context
 # --shared-buffers`: rpcmem from libcdsprpc.so, outputs checked bit for bit against client
-# buffers), into results/shared-ab/<context>.{client,shared}.log; report.py compares them.
+# buffers), into results/shared-ab/<context>.{client,shared}.log, and the whole bundle on
+# shared buffers (results/shared-ab/bench-shared.json); report.py compares them.
 shared_ab() {
     [ "$shared_ab_mode" = on ] || return 0
     ./vlad bench-context --help 2>&1 | grep -q -- --shared-buffers || return 0
@@ -233,6 +274,12 @@ shared_ab() {
         ./vlad bench-context "$@" > "results/shared-ab/$c.client.log" 2>&1
         ./vlad bench-context "$@" --shared-buffers > "results/shared-ab/$c.shared.log" 2>&1
     done
+    # End to end on shared buffers: latency, RSS/PSS after load and the bytes copied, next
+    # to results/bench.json (client buffers).
+    if ./vlad bench-bundle --help 2>&1 | grep -q -- --shared-buffers; then
+        ./vlad bench-bundle --bundle bundle --iterations "$iterations" --shared-buffers \
+            --json results/shared-ab/bench-shared.json > results/shared-ab/bench-shared.log 2>&1
+    fi
     return 0
 }
 

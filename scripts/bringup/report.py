@@ -15,7 +15,8 @@ Inputs (the results directory, `REPORT_DIR/raw/` when run.sh calls this):
   *.log         the commands' own output, linked from the report
   shared-ab/    `vlad bench-context` per context with client buffers (<context>.client.log)
                 and with HTP shared buffers (<context>.shared.log), when vlad has
-                `--shared-buffers`
+                `--shared-buffers`; bench-shared.json: `vlad bench-bundle --shared-buffers`
+                (the whole bundle on shared buffers, beside bench.json)
 
 Besides report.md it writes REPORT_DIR/gates.json, the parity gate it proposes for every
 context output: the minimum cosine measured over the N observations less a stated margin
@@ -25,7 +26,7 @@ default keeps it. `vlad bundle calibrate DIR
 --from gates.json` writes the proposals below the bundle's default into its bundle.json,
 with this file's SHA-256 as their reason (docs/bundle-format.md, "Parity gates").
 
-bench.json follows `vlad bench-bundle` (runtime/vlad/src/bench_bundle.rs): durations in
+bench.json follows `vlad bench-bundle` (runtime/vlad/src/cmd/bench_bundle.rs): durations in
 microseconds (`*_us`; `*_ms` is read too), `components: [{component, p50_us, p99_us}]`,
 `total_*`, `execute_*`, `host_overhead_*` (p50/p99 and `host_overhead_pct`),
 `policy_load_ms`, `load: {mmap|heap: {load_ms, contexts, rss_delta, pss_delta, anon_delta,
@@ -308,6 +309,9 @@ def parse_bench(doc: dict) -> Bench:
                 file_delta_mib=_mib(probe.get("file_delta")),
             ))
     memory: dict[str, float] = {}
+    # Shown in "Shared buffers (end to end)".
+    used.update(("npu_io", "npu_client_buffer_bytes_per_inference",
+                 "host_copy_bytes_per_inference", "rss_after_inferences", "pss_after_inferences"))
     for key, label in (("rss_after_policy_load", "RSS after the policy is loaded"),
                        ("pss_after_policy_load", "PSS after the policy is loaded"),
                        ("binaries_bytes", "context binaries on disk")):
@@ -538,6 +542,7 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
                        ("mem_total_kib", "memory (KiB)"), ("vlad_version", "vlad"),
                        ("qnn_lib_dir", "QAIRT library dir"),
                        ("adsp_library_path", "ADSP_LIBRARY_PATH"),
+                       ("ring_check", "rings in /dev/shm (vla-ring-bridge: poll, publish, refusal)"),
                        ("started_utc", "started (UTC)"), ("finished_utc", "finished (UTC)")):
         if t.get(key):
             lines.append(f"| {label} | `{t[key]}` |")
@@ -727,6 +732,7 @@ def render(results: Results, bundle_dir: Path | None, target_name: str, out: Pat
         lines.append("No shared-buffer A/B (run.sh `--shared-ab off`, or the deployed vlad's"
                      " `bench-context` has no `--shared-buffers`).")
     lines.append("")
+    lines.extend(shared_end_to_end(results.directory))
 
     lines.append("## Raw results")
     lines.append("")
@@ -780,6 +786,55 @@ def placement_to_use(probe: list[dict]) -> str:
         return (f"none in one process: the plan failed at `{plan.get('failed_at')}`; the"
                 " contexts need worker processes (docs/dsp-memory.md)")
     return "unknown: the probe did not reach the memory plan"
+
+
+def shared_end_to_end(directory: Path) -> list[str]:
+    """The whole bundle with client buffers (bench.json) and on HTP shared buffers
+    (shared-ab/bench-shared.json): latency, memory after the policy load, bytes copied."""
+    lines = ["## Shared buffers (end to end)", ""]
+    shared_path = directory / "shared-ab" / "bench-shared.json"
+    log = directory / "shared-ab" / "bench-shared.log"
+    if not shared_path.is_file():
+        if log.is_file():
+            why = _error_line(log.read_text(errors="replace")) or "see shared-ab/bench-shared.log"
+            lines += [f"`vlad bench-bundle --shared-buffers` wrote no figures: {why}", ""]
+        else:
+            lines += ["No end-to-end shared-buffer run (run.sh `--shared-ab off`, or the"
+                      " deployed vlad's `bench-bundle` has no `--shared-buffers`).", ""]
+        return lines
+    docs = {}
+    for mode, path in (("client", directory / "bench.json"), ("shared", shared_path)):
+        try:
+            docs[mode] = read_json(path) if path.is_file() else {}
+        except ReportError as e:
+            lines += [f"{path.name}: {e}", ""]
+            docs[mode] = {}
+    rows = (("end to end p50 ms", "total_p50_us", 1e-3, ".3f"),
+            ("execute sum p50 ms", "execute_p50_us", 1e-3, ".3f"),
+            ("RSS after policy load MiB", "rss_after_policy_load", 1 / (MIB * MIB), ".1f"),
+            ("PSS after policy load MiB", "pss_after_policy_load", 1 / (MIB * MIB), ".1f"),
+            ("RSS after the inferences MiB", "rss_after_inferences", 1 / (MIB * MIB), ".1f"),
+            ("PSS after the inferences MiB", "pss_after_inferences", 1 / (MIB * MIB), ".1f"),
+            ("NPU I/O in client buffers per inference, bytes",
+             "npu_client_buffer_bytes_per_inference", 1, ".0f"),
+            ("host copies per inference, bytes", "host_copy_bytes_per_inference", 1, ".0f"))
+    lines += ["`vlad bench-bundle` on the bundle's golden observation with client buffers"
+              " (bench.json) and with `--shared-buffers` (every context's I/O in registered"
+              " memory, chained contexts sharing it). Client buffers become resident in the"
+              " first inference, the arena when the policy moves onto it: compare memory"
+              " after the inferences.", "",
+              "| figure | client buffers | shared buffers |", "|---|---:|---:|"]
+    for label, key, scale, spec in rows:
+        cells = []
+        for mode in ("client", "shared"):
+            v = _number(docs[mode].get(key))
+            cells.append(_fmt(None if v is None else v * scale, spec))
+        lines.append(f"| {label} | {cells[0]} | {cells[1]} |")
+    io = docs["shared"].get("npu_io")
+    if io != "shared":
+        lines += ["", f"The shared run reports its NPU I/O as `{io}`, not `shared`."]
+    lines.append("")
+    return lines
 
 
 def dsp_section(directory: Path) -> list[str]:

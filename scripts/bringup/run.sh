@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Board bring-up in one command: deploys vlad and a policy bundle to an IQ-9075 (or any
-# SSH target) in a temporary workspace, proves parity on its NPU, runs the benchmark,
+# SSH target) in a temporary workspace, checks the rings' shared memory there with
+# vla-ring-bridge (the C ring client library, runtime/ring-c, built for the target's
+# architecture), proves parity on its NPU, runs the benchmark,
 # brings the JSON results and logs back, removes the workspace and writes a Markdown
 # report with plots. Large files are uploaded once and kept on the target by content hash.
 #
@@ -31,7 +33,8 @@
 #                           places them; default 20, 0 skips it)
 #   --shared-ab on|off      also run every context with client buffers and with HTP shared
 #                           buffers (`vlad bench-context [--shared-buffers]`, N iterations
-#                           each) for the report's A/B (default on)
+#                           each), and the whole bundle with `vlad bench-bundle
+#                           --shared-buffers`, for the report's A/B (default on)
 # Exit codes: 0 parity passed, 3 parity gate failed (report still written), 1 any error,
 # 2 bad command line.
 set -euo pipefail
@@ -264,8 +267,19 @@ add_libs() {
     done < <(find -L "$dir" -maxdepth 1 -type f -name '*.so*' | sort)
     ((found)) || die "$dir holds no *.so files"
 }
+# The ring bridge for the target's architecture, from the C ring client library (its
+# Makefile; x86_64 with cc, aarch64 with Debian's cross gcc, statically linked): the
+# target's ring check. Without a compiler for that architecture the check is skipped.
+ring_bridge=""
+if make -s -C "$repo_root/runtime/ring-c" ARCH="$vlad_arch" >"$work/ring-c.log" 2>&1; then
+    ring_bridge="$repo_root/build/ring-c/$vlad_arch/vla-ring-bridge"
+else
+    note "no vla-ring-bridge for $vlad_arch (make -C runtime/ring-c ARCH=$vlad_arch: $(tail -n 1 "$work/ring-c.log")); the ring check is skipped"
+fi
+
 note "hashing what to deploy"
 add_file "$vlad" vlad x
+[[ -z $ring_bridge ]] || add_file "$ring_bridge" vla-ring-bridge x
 while IFS= read -r f; do
     add_file "$f" "bundle/${f#"$bundle"/}" r
 done < <(find -L "$bundle" -type f | sort)

@@ -31,11 +31,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-from ota_fixtures import (FASTWAM_CONTROL, FixtureError, daemon_config, hex64,  # noqa: E402
+from vla_host.ota_fixtures import (FASTWAM_CONTROL, FixtureError, daemon_config, hex64,
                           signed_policy_bundle)
 
-sys.path.insert(0, str(REPO / "scripts/rauc"))
 import vm  # noqa: E402
 
 HANDLER = REPO / "meta-vla/dynamic-layers/rauc/recipes-vla/vla-rauc/files/vla-rauc-handler"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The fleet VM run's device, inside the VM (scripts/rauc/fleet_vm.py): policy A flashed,
 # the daemon and a simulated robot running, a private D-Bus system bus, and the
-# rauc-hawkbit agent (tools/vla_fleet/agent.py) polling the host's goosebit at
+# rauc-hawkbit agent (tools/vla_fleet/vla_fleet/agent.py) polling the host's goosebit at
 # 10.0.2.2:$PORT through qemu's user-mode networking; its install command is the real
 # `rauc install` (dm-verity, meta-vla's handlers). Runs until the host writes
 # $work/stop, then records the device's state under $work/results and stops everything.
@@ -13,7 +13,7 @@ mkdir -p "$results" "$OTA_ROOT" "$RAUC_REPO" "$RAUC_DATA" "$RAUC_MOUNT"
 export PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 export TMPDIR=/run/vla-check/tmp
 mkdir -p "$TMPDIR"
-export HOME=/root VLA_QNN_LIB_DIR VLAD VLAD_CONFIG VLA_RAUC_WAIT PYTHONPATH PYTHONDONTWRITEBYTECODE=1
+export HOME=/root VLA_QNN_LIB_DIR VLAD VLAD_CONFIG VLA_RAUC_WAIT PYTHONDONTWRITEBYTECODE=1
 cd "$work"
 
 "$VLAD" ota install "$work/bundle-a" --config "$VLAD_CONFIG" > "$results/a-install.out" 2>&1

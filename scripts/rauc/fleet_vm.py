@@ -25,12 +25,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "scripts/rauc"))
-sys.path.insert(0, str(REPO / "tools"))
 import check  # noqa: E402
 import vm  # noqa: E402
-from ota_fixtures import FASTWAM_CONTROL, daemon_config, hex64, signed_policy_bundle  # noqa: E402
+from vla_host.ota_fixtures import FASTWAM_CONTROL, daemon_config, hex64, signed_policy_bundle
 from vla_fleet import rollout  # noqa: E402
 from vla_fleet.api import ApiError, Server  # noqa: E402
 
@@ -93,7 +90,7 @@ def main() -> int:
 
     # The server on the host's loopback.
     procs: list[subprocess.Popen] = []
-    fenv = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
+    fenv = dict(os.environ)
     py = FLEET_VENV / "bin/python"
     password = out / "admin.password"
     password.write_text(os.urandom(12).hex() + "\n")
@@ -124,7 +121,7 @@ def main() -> int:
         f"VLAD={vlad}", f"RAUC={RAUC.resolve()}", f"VLAD_CONFIG={config}",
         f"VLA_QNN_LIB_DIR={os.environ['VLA_QNN_LIB_DIR']}", "VLA_RAUC_WAIT=120",
         f"OTA_ROOT={ota_root}", f"RAUC_REPO={rauc_repo}", "RAUC_DATA=/run/vla-check/rauc-data",
-        "RAUC_MOUNT=/run/vla-check/mnt", f"FLEET_PYTHON={py}", f"PYTHONPATH={REPO / 'tools'}",
+        "RAUC_MOUNT=/run/vla-check/mnt", f"FLEET_PYTHON={py}",
         f"PORT={port}", f"TARGET={TARGET}", f"COMPATIBLE={check.COMPATIBLE}"]) + "\n")
 
     image, modules = vm.initramfs(KERNEL, work, out, check.RAUC_MODULES + ["virtio_net"])

@@ -43,10 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "scripts/rauc"))
 import vm  # noqa: E402
-from ota_fixtures import FixtureError, daemon_config, hex64, signed_policy_bundle, vlad_cmd  # noqa: E402
+from vla_host.ota_fixtures import FixtureError, daemon_config, hex64, signed_policy_bundle, vlad_cmd
 
 FIXTURE = REPO / "golden/bundles/fastwam"
 PHASES = ["install", "activate", "trial", "commit", "gc"]

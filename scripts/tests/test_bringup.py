@@ -99,6 +99,14 @@ def is_png(path):
     return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_the_targets_ring_check_is_a_fact_of_the_target(tmp_path):
+    raw, out = write_results(tmp_path, parity_doc(), bench_doc(),
+                             env={"ring_check": "failed: /dev/shm is missing or not writable"})
+    md = build(raw, out)
+    assert ("| rings in /dev/shm (vla-ring-bridge: poll, publish, refusal) |"
+            " `failed: /dev/shm is missing or not writable` |") in md
+
+
 def test_full_report_has_every_section_and_histograms(tmp_path):
     raw, out = write_results(tmp_path, parity_doc(), bench_doc())
     md = build(raw, out)
@@ -361,6 +369,43 @@ def test_shared_buffer_ab_is_tabled_with_a_verdict(tmp_path):
     assert "p50 execute sum 2.400 ms against 3.000 ms with client buffers" in md
 
 
+def test_rss_pss_and_copies_per_mode_are_tabled_end_to_end(tmp_path):
+    client = bench_doc()
+    client.update(npu_io="client", npu_client_buffer_bytes_per_inference=3103536,
+                  host_copy_bytes_per_inference=280, rss_after_inferences=80 * 1024 * 1024)
+    shared = bench_doc()
+    shared.update(npu_io="shared", total_p50_us=1200.0, execute_p50_us=1100.0,
+                  rss_after_policy_load=70 * 1024 * 1024, pss_after_policy_load=45 * 1024 * 1024,
+                  npu_client_buffer_bytes_per_inference=0, host_copy_bytes_per_inference=280)
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=client)
+    write_shared_ab(raw, [("vision", bench_context_log(2.0), bench_context_log(1.5, "yes"))])
+    (raw / "shared-ab" / "bench-shared.json").write_text(json.dumps(shared))
+    # The section alone (the whole report with its plots is built by the other tests).
+    md = "\n".join(report.shared_end_to_end(raw))
+    assert "## Shared buffers (end to end)" in md
+    assert "| end to end p50 ms | 1.500 | 1.200 |" in md
+    assert "| RSS after policy load MiB | 64.0 | 70.0 |" in md
+    assert "| PSS after policy load MiB | 42.0 | 45.0 |" in md
+    assert "| RSS after the inferences MiB | 80.0 | n/a |" in md
+    assert "| NPU I/O in client buffers per inference, bytes | 3103536 | 0 |" in md
+    assert "| host copies per inference, bytes | 280 | 280 |" in md
+    assert "not `shared`" not in md
+    # The new bench.json figures are tabled, not listed as unknown figures.
+    unknown = report.parse_bench(client).unrecognised
+    assert not {"npu_io", "npu_client_buffer_bytes_per_inference", "host_copy_bytes_per_inference",
+                "rss_after_inferences"} & unknown.keys(), unknown
+
+
+def test_a_failed_end_to_end_shared_run_is_named(tmp_path):
+    raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
+    write_shared_ab(raw, [("vision", bench_context_log(2.0), bench_context_log(1.5, "yes"))])
+    (raw / "shared-ab" / "bench-shared.log").write_text(
+        "vlad: error: molmoact2: memRegister failed: QNN error 1000\n")
+    md = "\n".join(report.shared_end_to_end(raw))
+    assert ("`vlad bench-bundle --shared-buffers` wrote no figures: vlad: error: molmoact2:"
+            " memRegister failed: QNN error 1000") in md
+
+
 def test_a_refused_registration_means_client_buffers_and_is_named(tmp_path):
     raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
     refused = ("vlad: error: memRegister failed for tensor `pixel_values` of graph vision:"
@@ -378,3 +423,4 @@ def test_without_shared_buffer_runs_the_report_says_so(tmp_path):
     raw, out = write_results(tmp_path, parity=parity_doc(), bench=bench_doc())
     md = build(raw, out)
     assert "No shared-buffer A/B" in md
+    assert "No end-to-end shared-buffer run" in md

@@ -15,24 +15,19 @@ mod text;
 
 pub use npu::NpuStatus;
 
-use crate::cli::{self, Common};
-use crate::gate::{load_gated, LoadError};
+use crate::cli::Common;
+use crate::cmd::run::RunArgs;
+use crate::gate::{load_gated, LoadError, Loaded};
 use crate::notify::{watchdog_interval, Notifier};
 use crate::Failure;
 use engine::{record_gated, OtaLink, PolicyEngine};
-use lexopt::prelude::*;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vla_control::{ControlLoop, Engine, Health, LoopReport, LoopSettings, Measured};
 use vla_ota::Store;
-use vla_policy::{Bundle, Policy};
 use vla_qnn::Backend;
-
-const HELP: &str = "usage: vlad run --config FILE [--bundle DIR] [--duration SECONDS] [--lib-dir DIR] [--log-level LVL]
-Runs the control loop until SIGTERM (or for --duration). SIGHUP reloads the bundle.";
 
 /// The ring geometry a policy needs.
 pub fn ring_geometry(g: &vla_policy::Geometry) -> vla_ring::Geometry {
@@ -52,7 +47,7 @@ fn ms(ns: u64) -> f64 {
 }
 
 pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
-    let period = settings.period;
+    let period = settings.limits.period();
     let secs = r.duration.as_secs_f64().max(1e-9);
     println!("control loop report ({:.1} s):", secs);
     println!(
@@ -105,11 +100,21 @@ pub fn print_report(r: &LoopReport, settings: &LoopSettings) {
     }
 }
 
-fn status_line(h: &Health, s: &LoopSettings, last: &mut (Instant, u64)) -> String {
+/// Where the publish rate `STATUS=` reports is measured from: the last status's time and
+/// tick count.
+struct RateBase {
+    at: Instant,
+    ticks: u64,
+}
+
+fn status_line(h: &Health, s: &LoopSettings, last: &mut RateBase) -> String {
     let ticks = Health::get(&h.ticks);
-    let dt = last.0.elapsed().as_secs_f64().max(1e-9);
-    let rate = (ticks - last.1) as f64 / dt;
-    *last = (Instant::now(), ticks);
+    let dt = last.at.elapsed().as_secs_f64().max(1e-9);
+    let rate = (ticks - last.ticks) as f64 / dt;
+    *last = RateBase {
+        at: Instant::now(),
+        ticks,
+    };
     let point = vla_control::operating_point(s, &vla_control::measured(h)).map_or_else(
         || "operating point: no latency yet".to_owned(),
         |p| p.describe(),
@@ -158,13 +163,20 @@ pub(crate) fn loop_settings(
     initial_latency: Option<Duration>,
 ) -> LoopSettings {
     let (c, rt) = (&config.control, &config.realtime);
+    let ns = |d: Duration| d.as_nanos() as u64;
     LoopSettings {
         action_slots: config.rings.action_slots,
-        period: c.publish_period(),
-        max_observation_age: c.max_observation_age(),
-        max_chunk_age: c.max_chunk_age(),
-        hold_after_chunk_end: c.hold_after_chunk_end(),
-        action_valid: c.action_valid(),
+        limits: vla_control::Limits {
+            period_ns: ns(c.publish_period()),
+            chunk_period_ns: ns(c.chunk_period()),
+            horizon: u64::from(geometry.chunk_len),
+            merge: merge_mode(c),
+            trigger: trigger(c),
+            max_chunk_age_ns: ns(c.max_chunk_age()),
+            max_observation_age_ns: ns(c.max_observation_age()),
+            action_valid_ns: ns(c.action_valid()),
+            hold_after_chunk_end_ns: ns(c.hold_after_chunk_end()),
+        },
         writer_heartbeat_timeout: c.writer_heartbeat_timeout(),
         publisher_priority: rt.publisher_priority,
         publisher_cpus: rt
@@ -173,9 +185,6 @@ pub(crate) fn loop_settings(
             .unwrap_or_default(),
         inference_priority: rt.inference_priority,
         inference_cpus: rt.inference_cpus.iter().map(|&cpu| cpu as usize).collect(),
-        merge: merge_mode(c),
-        trigger: trigger(c),
-        chunk_period: c.chunk_period(),
         initial_latency,
         ..LoopSettings::new(
             geometry,
@@ -200,66 +209,6 @@ fn announce(settings: &LoopSettings) {
         log::warn!("{}", p.describe());
     } else {
         log::info!("{}", p.describe());
-    }
-}
-
-/// `vlad run`'s command line.
-struct RunArgs {
-    common: Common,
-    config: PathBuf,
-    bundle: Option<PathBuf>,
-    duration: Option<f64>,
-}
-
-impl RunArgs {
-    /// The arguments, or None when `--help` was asked for (and printed).
-    fn parse(args: Vec<OsString>) -> Result<Option<Self>, Failure> {
-        let mut common = Common::default();
-        let (mut config, mut bundle, mut duration) = (None, None, None);
-        let mut p = cli::parser(args);
-        while let Some(arg) = p.next().map_err(cli::usage)? {
-            match arg {
-                Long(name) if Common::OPTIONS.contains(&name) => {
-                    let name = name.to_owned();
-                    common.take(&name, &mut p)?;
-                }
-                Long("config") => config = Some(cli::value(&mut p)?.into()),
-                Long("bundle") => bundle = Some(cli::value(&mut p)?.into()),
-                Long("duration") => duration = Some(cli::number(&mut p, "--duration")?),
-                Short('h') | Long("help") => {
-                    println!("{HELP}");
-                    return Ok(None);
-                }
-                other => return Err(cli::unexpected(other)),
-            }
-        }
-        let config = config.ok_or_else(|| Failure::Usage("run needs --config FILE".into()))?;
-        Ok(Some(Self {
-            common,
-            config,
-            bundle,
-            duration,
-        }))
-    }
-
-    /// The config with the environment's overrides; logging started at its level unless
-    /// `--log-level` set one, and the QNN library directory defaulted from it.
-    fn load_config(&mut self) -> Result<vla_config::Config, Failure> {
-        let mut config = vla_config::Config::load(&self.config)?;
-        config.apply_overrides(crate::qnn_setup::environment)?;
-        let common = &mut self.common;
-        if common.log_level.is_none() {
-            common.log_level = Some(format!(
-                "{},qnn={}",
-                config.log.level.as_str(),
-                config.qnn.log_level.as_str()
-            ));
-        }
-        common.init_logging();
-        if common.lib_dir.is_none() {
-            common.lib_dir = Some(PathBuf::from(config.qnn.lib_dir.as_str()));
-        }
-        Ok(config)
     }
 }
 
@@ -313,6 +262,9 @@ struct Source {
     bundle_dir: PathBuf,
     ota_root: PathBuf,
     store: Option<Arc<Store>>,
+    /// The store over `ota.root` whose instruction packs of the loaded bundle are
+    /// attached (OTA in use or not: a pack is verified with the configured keys).
+    packs: Arc<Store>,
 }
 
 impl Source {
@@ -327,30 +279,34 @@ impl Source {
         // leftovers of an interrupted update, and a crash loop on a bundle on trial.
         let ota_root = PathBuf::from(config.ota.root.as_str());
         // The configured keys are checked at every start, with OTA in use or not.
-        let settings = crate::ota_cmd::ota_settings(&config.ota)?;
-        let store = (!overridden && bundle_dir == ota_root.join("current"))
-            .then(|| Arc::new(Store::new(settings)));
+        let settings = crate::cmd::ota::ota_settings(&config.ota)?;
+        let packs = Arc::new(Store::new(settings));
+        let store = (!overridden && bundle_dir == ota_root.join("current")).then(|| packs.clone());
         Ok(Self {
             bundle_dir,
             ota_root,
             store,
+            packs,
         })
     }
 }
 
-/// A bundle loaded and gated at start: its directory, what `load_gated` returned, and
-/// the OTA store's link to it.
-type Started = (
-    PathBuf,
-    (Bundle, Policy, crate::gate::Gated),
-    Option<OtaLink>,
-);
+/// A bundle loaded and gated at start.
+struct Started {
+    /// Its directory (resolved; under OTA, the store's).
+    dir: PathBuf,
+    /// The bundle, its policy and what its gate measured.
+    loaded: Loaded,
+    /// The OTA store's link to it, when it came from the store.
+    ota: Option<OtaLink>,
+}
 
 /// The policy's helper threads set up as the inference thread is; under OTA, every load
 /// verified with `store`'s keys.
 fn load_options(
     rt: &vla_config::RealtimeConfig,
     npu: crate::npu_io::NpuPlan,
+    packs: Arc<Store>,
     store: Option<Arc<Store>>,
 ) -> crate::gate::LoadSettings {
     // The inference thread waits on the policy's helper (the non-finite scans): it runs
@@ -369,6 +325,7 @@ fn load_options(
             })),
         },
         npu,
+        packs: Some(packs),
         store,
     }
 }
@@ -385,7 +342,11 @@ fn load_initial(
         let resolved = std::fs::canonicalize(dir)
             .map_err(|e| Failure::Error(format!("bundle {}: {e}", dir.display())))?;
         let loaded = load_gated(backend, &resolved, options)?;
-        return Ok((resolved, loaded, None));
+        return Ok(Started {
+            dir: resolved,
+            loaded,
+            ota: None,
+        });
     };
     let start = store.on_start()?;
     if let Some(r) = &start.rolled_back {
@@ -405,7 +366,11 @@ fn load_initial(
     }
     let on_trial = start.trial_start.is_some();
     match load_gated(backend, &dir, options) {
-        Ok(loaded) => Ok((dir, loaded, Some(OtaLink::start(store, hash, on_trial)?))),
+        Ok(loaded) => Ok(Started {
+            dir,
+            loaded,
+            ota: Some(OtaLink::start(store, hash, on_trial)?),
+        }),
         Err(why) if on_trial => {
             log::error!("bundle {hash} on trial failed at start: {why}");
             roll_back_at_start(store, why, backend, options)
@@ -422,14 +387,18 @@ fn roll_back_at_start(
     backend: &Backend,
     options: &crate::gate::LoadSettings,
 ) -> Result<Started, Failure> {
-    let mut loaded: Option<(PathBuf, (Bundle, Policy, crate::gate::Gated))> = None;
+    let mut started: Option<Started> = None;
     store
         .fail_trial(&why.to_string(), &mut |d: &Path| {
-            loaded = Some((d.to_owned(), load_gated(backend, d, options)?));
+            started = Some(Started {
+                dir: d.to_owned(),
+                loaded: load_gated(backend, d, options)?,
+                ota: None,
+            });
             Ok::<(), LoadError>(())
         })
         .map_err(|e| Failure::Error(format!("{why}; rollback: {e}")))?;
-    let (dir, loaded) = loaded
+    let mut started = started
         .ok_or_else(|| Failure::Error(format!("{why}; no previous bundle to roll back to")))?;
     let hash = store
         .current()
@@ -437,7 +406,8 @@ fn roll_back_at_start(
         .flatten()
         .map(|c| c.0)
         .unwrap_or_default();
-    Ok((dir, loaded, Some(OtaLink::start(store, hash, false)?)))
+    started.ota = Some(OtaLink::start(store, hash, false)?);
+    Ok(started)
 }
 
 /// QNN, the performance votes and the first bundle resident and gated: the engine the
@@ -477,9 +447,18 @@ fn start_engine(
         idle: config.qnn.performance_idle_release(),
     };
     let votes = crate::qnn_setup::start_votes(&backend, &vote.devices, vote.mode, vote.idle);
-    let load_options = load_options(&config.realtime, npu, source.store.clone());
+    let load_options = load_options(
+        &config.realtime,
+        npu,
+        source.packs.clone(),
+        source.store.clone(),
+    );
     let t = Instant::now();
-    let (good, (bundle, policy, gated), ota) = load_initial(source, &backend, &load_options)?;
+    let Started {
+        dir: good,
+        loaded,
+        ota,
+    } = load_initial(source, &backend, &load_options)?;
     log::info!(
         "contexts resident and gated in {:.1} s",
         t.elapsed().as_secs_f64()
@@ -487,7 +466,7 @@ fn start_engine(
     let c = &config.control;
     // The gate's end-to-end inference ran after every context had run its own golden, so
     // it is warm: the first latency estimate, before the loop has measured any.
-    let gate_latency = policy.timings().total + c.extra_latency();
+    let gate_latency = loaded.policy.timings().total + c.extra_latency();
     if let (Some(store), Some(o)) = (&source.store, &ota) {
         record_gated(store, &o.trial.running_hash(), gate_latency);
     }
@@ -496,15 +475,15 @@ fn start_engine(
         ota,
         configured: source.bundle_dir.clone(),
         good,
-        geometry: ring_geometry(&policy.geometry()),
-        policy: Some(policy),
-        bundle: Some(bundle),
+        geometry: ring_geometry(&loaded.policy.geometry()),
+        policy: Some(loaded.policy),
+        bundle: Some(loaded.bundle),
         votes,
         extra_latency: c.extra_latency(),
         load_options,
         running: crate::observe::RunningBundle::default(),
-        gate_cosine: gated.cosine,
-        npu: npu::Npu::new(lib, Some(vote), gated.actions),
+        gate_cosine: loaded.gated.cosine,
+        npu: npu::Npu::new(lib, Some(vote), loaded.gated.actions),
         text: None,
         prefix_method: match c.merge {
             vla_config::Merge::Inpaint => vla_policy::PrefixMethod::Inpaint,
@@ -544,11 +523,11 @@ fn announce_running(
     let c = &config.control;
     log::info!(
         "running: publishing at {:.1} Hz to {} (merge {}, trigger {:?}, chunk step {:.1} ms{})",
-        1.0 / settings.period.as_secs_f64(),
+        1.0 / settings.limits.period().as_secs_f64(),
         config.rings.action_path.as_str(),
-        settings.merge.as_str(),
-        settings.trigger,
-        settings.chunk_period.as_secs_f64() * 1e3,
+        settings.limits.merge.as_str(),
+        settings.limits.trigger,
+        settings.limits.chunk_period().as_secs_f64() * 1e3,
         if c.extra_latency_ms > 0 {
             format!(
                 ", {} ms extra latency injected: tests and benchmarks only",
@@ -593,7 +572,7 @@ struct Supervisor<'a> {
     stalled: bool,
     npu: NpuStatus,
     last_status: Instant,
-    rate_base: (Instant, u64),
+    rate_base: RateBase,
     /// How the NPU's I/O is handed over (STATUS carries its line).
     npu_io: crate::npu_io::NpuStatus,
 }
@@ -602,23 +581,32 @@ struct Supervisor<'a> {
 /// an NPU session re-creation) may take before the supervisor takes it for a blocked call.
 const REPAIR_DEADLINES: u32 = 4;
 
-/// How long the inference thread has been away at `now`, the deadline that applies and
-/// what it has not done: a repair in progress (`repairing_since` not 0: a reload or an NPU
-/// session re-creation, loads and gates) is bounded by [`REPAIR_DEADLINES`] deadlines
-/// from its start, anything else by the deadline from the thread's last pass.
-fn inference_away(
-    now: u64,
-    alive: u64,
-    repairing_since: u64,
+/// How long the inference thread has been away, against which deadline.
+struct Away {
+    /// Nanoseconds since its last pass, or since the repair in progress began.
+    ns: u64,
+    /// The deadline that applies.
     deadline: Duration,
-) -> (u64, Duration, &'static str) {
+    /// What it has not done meanwhile (for the log line).
+    what: &'static str,
+}
+
+/// How long the inference thread has been away at `now`: a repair in progress
+/// (`repairing_since` not 0: a reload or an NPU session re-creation, loads and gates) is
+/// bounded by [`REPAIR_DEADLINES`] deadlines from its start, anything else by the deadline
+/// from the thread's last pass.
+fn inference_away(now: u64, alive: u64, repairing_since: u64, deadline: Duration) -> Away {
     match repairing_since {
-        0 => (now.saturating_sub(alive), deadline, "come back"),
-        since => (
-            now.saturating_sub(since),
-            deadline * REPAIR_DEADLINES,
-            "finished its reload or NPU session re-creation",
-        ),
+        0 => Away {
+            ns: now.saturating_sub(alive),
+            deadline,
+            what: "come back",
+        },
+        since => Away {
+            ns: now.saturating_sub(since),
+            deadline: deadline * REPAIR_DEADLINES,
+            what: "finished its reload or NPU session re-creation",
+        },
     }
 }
 
@@ -663,14 +651,18 @@ impl Supervisor<'_> {
     fn feed_watchdog(&mut self) {
         let Some(every) = self.watchdog else { return };
         let h = self.lp.health();
-        let period_ns = self.settings.period.as_nanos() as u64;
+        let period_ns = self.settings.limits.period_ns;
         let now = vla_ring::monotonic_ns();
         let ticking =
             now.saturating_sub(Health::get(&h.last_tick_ns)) < 5 * period_ns + 200_000_000;
         // An inference may take seconds on a slow backend; one past the deadline is a
         // blocked QNN call. Its thread cannot be abandoned (QNN may still write into its
         // buffers, and its session is the process's): systemd restarts vlad instead.
-        let (away, deadline, what) = inference_away(
+        let Away {
+            ns: away,
+            deadline,
+            what,
+        } = inference_away(
             now,
             Health::get(&h.inference_alive_ns),
             Health::get(&h.repairing_since_ns),
@@ -715,10 +707,8 @@ impl Supervisor<'_> {
     }
 }
 
-pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
-    let Some(mut args) = RunArgs::parse(args)? else {
-        return Ok(());
-    };
+/// Runs the daemon until SIGTERM (or for `--duration`).
+pub fn run(mut args: RunArgs) -> Result<(), Failure> {
     let config = args.load_config()?;
     let systemd = Systemd::new(&config);
     let signals = Signals::register()?;
@@ -773,7 +763,7 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         stalled: false,
         npu,
         last_status: now,
-        rate_base: (now, 0),
+        rate_base: RateBase { at: now, ticks: 0 },
         npu_io,
     }
     .run(&signals, &usr1, args.duration);
@@ -807,15 +797,27 @@ mod tests {
     fn a_repair_is_bounded_by_its_own_longer_deadline_from_its_start() {
         let deadline = Duration::from_secs(5);
         // No repair: the deadline from the last pass.
-        let (away, d, _) = inference_away(100 * S, 94 * S, 0, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            ..
+        } = inference_away(100 * S, 94 * S, 0, deadline);
         assert_eq!((away, d), (6 * S, deadline));
         assert!(away >= d.as_nanos() as u64);
         // A repair that began 6 s ago (its last pass as old) is within its limit...
-        let (away, d, what) = inference_away(100 * S, 94 * S, 94 * S, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            what,
+        } = inference_away(100 * S, 94 * S, 94 * S, deadline);
         assert_eq!(d, deadline * REPAIR_DEADLINES);
         assert!(away < d.as_nanos() as u64, "{what}");
         // ...and one that went on past it is a blocked call.
-        let (away, d, _) = inference_away(100 * S, 70 * S, 70 * S, deadline);
+        let Away {
+            ns: away,
+            deadline: d,
+            ..
+        } = inference_away(100 * S, 70 * S, 70 * S, deadline);
         assert!(away >= d.as_nanos() as u64);
     }
 }

@@ -1,6 +1,7 @@
 //! Loading a bundle and holding it to its parity gate (`vlad run`, at start and on
 //! SIGHUP), and the typed errors of loading, reloading and inferring. Each names the
-//! bundle in its own line and hands its cause out through `source()`.
+//! bundle and its cause in its own line; `source()` hands out only what code matches on
+//! (the QNN error under a failed load or inference).
 
 use std::path::{Path, PathBuf};
 use vla_ota::{OtaError, RolledBack};
@@ -69,14 +70,17 @@ impl std::fmt::Display for LoadError {
     }
 }
 
+// `Resolve` and `Unverified` name their cause in their message, so `source()` leaves it
+// out. `Policy` and `Backend` hand the policy's or the backend's error out as well: the
+// NPU fault handling walks the chain down to the failed QNN call.
 impl std::error::Error for LoadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LoadError::Resolve { source, .. } => Some(source),
             LoadError::Policy(e) => Some(e),
             LoadError::Backend(e) => Some(e),
-            LoadError::Unverified { source, .. } => Some(source.as_ref()),
-            LoadError::Gate { .. }
+            LoadError::Resolve { .. }
+            | LoadError::Unverified { .. }
+            | LoadError::Gate { .. }
             | LoadError::Npu { .. }
             | LoadError::Geometry { .. }
             | LoadError::Placement { .. } => None,
@@ -143,14 +147,16 @@ impl std::fmt::Display for ReloadError {
     }
 }
 
+// `Target` and `Store` are the carried error's own message, so its causes are theirs;
+// `Rejected` and `PreviousFailed` name the refusals in their message.
 impl std::error::Error for ReloadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ReloadError::Target(e) => Some(e),
-            ReloadError::Store(e) => Some(e),
-            ReloadError::NoCurrent => None,
-            ReloadError::Rejected { rejected, .. }
-            | ReloadError::PreviousFailed { rejected, .. } => Some(rejected.as_ref()),
+            ReloadError::Target(e) => e.source(),
+            ReloadError::Store(e) => e.source(),
+            ReloadError::NoCurrent
+            | ReloadError::Rejected { .. }
+            | ReloadError::PreviousFailed { .. } => None,
         }
     }
 }
@@ -219,12 +225,25 @@ pub struct Gated {
     pub actions: Vec<f32>,
 }
 
+/// A bundle loaded and held to its gate: what [`load_gated`] returns.
+pub struct Loaded {
+    /// The bundle.
+    pub bundle: Bundle,
+    /// Its policy, every context resident and warm.
+    pub policy: Policy,
+    /// What its gate measured.
+    pub gated: Gated,
+}
+
 /// How [`load_gated`] loads: the policy's own options and where its NPU I/O goes.
 pub struct LoadSettings {
     /// The helper threads' set-up.
     pub policy: vla_policy::LoadOptions,
     /// `npu.shared_buffers`, resolved at start.
     pub npu: crate::npu_io::NpuPlan,
+    /// The OTA store whose instruction packs of a loaded bundle are attached after its
+    /// gate (`crate::packs`); `None`: none are.
+    pub packs: Option<std::sync::Arc<vla_ota::Store>>,
     /// Under OTA, the store: every load verifies the bundle with its keys, each context
     /// binary hashed as QNN's copy of it is read ([`crate::verified`]).
     pub store: Option<std::sync::Arc<vla_ota::Store>>,
@@ -236,7 +255,7 @@ pub fn load_gated(
     backend: &Backend,
     dir: &Path,
     options: &LoadSettings,
-) -> Result<(Bundle, Policy, Gated), LoadError> {
+) -> Result<Loaded, LoadError> {
     let mut bundle = Bundle::open(dir)?;
     let digests = options
         .store
@@ -306,9 +325,41 @@ pub fn load_gated(
         );
     }
     crate::dsp_plan::set_running(plan);
+    // After the gate, which proves the bundle as it was signed: packs add instructions.
+    if let Some(store) = &options.packs {
+        crate::packs::attach_installed(store, &bundle, &mut policy);
+    }
     let gated = Gated {
         cosine: report.end_to_end.comparison.cosine,
         actions: report.end_to_end.actions,
     };
-    Ok((bundle, policy, gated))
+    Ok(Loaded {
+        bundle,
+        policy,
+        gated,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    #[test]
+    fn a_cause_named_in_the_line_is_not_handed_out_again() {
+        let gone = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = LoadError::Resolve {
+            path: "/b".into(),
+            source: gone(),
+        };
+        assert_eq!(e.to_string(), "bundle /b: gone");
+        assert!(e.source().is_none());
+        assert_eq!(crate::error_line(&e), "bundle /b: gone");
+        let reload = ReloadError::Rejected {
+            rejected: Box::new(e),
+            recovery: Box::new(Recovery::RunningAgain("/a".into())),
+        };
+        assert_eq!(reload.to_string(), "bundle /b: gone (running /a again)");
+        assert!(reload.source().is_none());
+    }
 }

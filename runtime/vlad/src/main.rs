@@ -3,32 +3,21 @@
 //! One binary, several subcommands: the daemon itself and the tools an integrator needs
 //! next to it (inspect a context binary, prove parity against golden tensors, measure a
 //! context). This module only parses the command line and maps errors to exit codes;
-//! each subcommand lives in its own module.
+//! each subcommand lives in its own module under `cmd/`.
 
 #![forbid(unsafe_code)]
 
-mod bench;
-mod bench_bundle;
-mod bundle_calibrate;
-mod bundle_cmd;
-mod bundle_ota_cmd;
 mod cli;
+mod cmd;
 mod daemon;
 mod dsp_plan;
-mod dsp_probe;
 mod gate;
-mod inspect;
 mod memory;
 mod notify;
 mod npu_io;
 mod observe;
-mod ota_cmd;
-mod parity;
-mod plan_cmd;
-mod prompt_cmd;
+mod packs;
 mod qnn_setup;
-mod replay;
-mod simulate;
 mod verified;
 
 use std::process::ExitCode;
@@ -83,8 +72,11 @@ impl<E: std::error::Error + 'static> From<E> for Failure {
 
 /// `error` and its causes as the one line vlad prints: the error's own message, then each
 /// cause down its `source()` chain that the line does not name yet. This workspace's
-/// errors already name their cause in their message (`bundle X: component `vision`: ...`)
-/// and also hand it out through `source()` for code that matches on it; an error of
+/// errors name their cause in their message (`bundle X: component `vision`: ...`) and
+/// most leave `source()` empty; the few that also hand their cause out are those whose
+/// cause code matches on (the failed QNN call under a load or an inference, which the NPU
+/// fault handling looks for; the gate's error under an OTA refusal; the loader's error
+/// under a QNN library load), and those causes are already in the line. An error of
 /// another crate may leave its cause to `source()` alone, and it is still printed.
 pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
@@ -108,19 +100,19 @@ fn main() -> ExitCode {
     };
     let rest: Vec<std::ffi::OsString> = args.collect();
     let result = match command.to_str().unwrap_or("") {
-        "inspect" => inspect::run(rest),
-        "parity" => parity::run(rest),
-        "bench-context" => bench::run(rest),
-        "bench-bundle" => bench_bundle::run(rest),
-        "run-once" => bundle_cmd::run_once(rest),
-        "run" => daemon::run(rest),
-        "simulate" => simulate::run(rest),
-        "replay" => replay::run(rest),
-        "plan" => plan_cmd::run(rest),
-        "dsp-probe" => dsp_probe::run(rest),
-        "prompt" => prompt_cmd::run(rest),
-        "ota" => ota_cmd::run(rest),
-        "bundle" => bundle_ota_cmd::run(rest),
+        "inspect" => cmd::inspect::run(rest),
+        "parity" => cmd::parity::run(rest),
+        "bench-context" => cmd::bench_context::run(rest),
+        "bench-bundle" => cmd::bench_bundle::run(rest),
+        "run-once" => cmd::run_once::run(rest),
+        "run" => cmd::run::run(rest),
+        "simulate" => cmd::simulate::run(rest),
+        "replay" => cmd::replay::run(rest),
+        "plan" => cmd::plan::run(rest),
+        "dsp-probe" => cmd::dsp_probe::run(rest),
+        "prompt" => cmd::prompt::run(rest),
+        "ota" => cmd::ota::run(rest),
+        "bundle" => cmd::bundle::run(rest),
         "-h" | "--help" | "help" => {
             print!("{USAGE}");
             Ok(())

@@ -56,7 +56,7 @@ pub struct BundleFacts {
     pub expires: Option<u64>,
     /// `shared` or `client`: the NPU I/O this bundle got.
     pub npu_io: &'static str,
-    /// Its NPU I/O in one line (the recordings' `npu_io_detail`).
+    /// Its NPU I/O in one line (the recordings' `npu_io_detail`, following reloads).
     pub npu_io_detail: String,
 }
 
@@ -96,9 +96,9 @@ pub fn start(
     }
     metadata.insert(
         "publish_hz".into(),
-        (1.0 / settings.period.as_secs_f64()).to_string(),
+        (1.0 / settings.limits.period().as_secs_f64()).to_string(),
     );
-    metadata.insert("merge".into(), settings.merge.as_str().into());
+    metadata.insert("merge".into(), settings.limits.merge.as_str().into());
     metadata.insert("npu_io".into(), bundle.npu_io.into());
     metadata.insert("npu_io_detail".into(), bundle.npu_io_detail.clone());
     let where_ = recorder
@@ -107,7 +107,7 @@ pub fn start(
         .unwrap_or_default();
     let observer = Observer::start(ObserverSettings {
         geometry: settings.geometry,
-        publish_period: settings.period,
+        publish_period: settings.limits.period(),
         components,
         recorder,
         metadata,
@@ -195,6 +195,8 @@ impl Observability {
             ("bundle_version".to_owned(), b.version.clone()),
             ("bundle_hash".to_owned(), b.hash.clone()),
             ("bundle_path".to_owned(), b.path.display().to_string()),
+            ("npu_io".to_owned(), b.npu_io.to_owned()),
+            ("npu_io_detail".to_owned(), b.npu_io_detail.clone()),
         ]);
         let f = &mut self.facts;
         f.bundle_name = b.name;

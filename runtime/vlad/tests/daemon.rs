@@ -252,7 +252,7 @@ fn shared_buffers_on_where_they_cannot_be_used_is_refused_at_start_in_one_line()
 /// gated and runs on shared buffers, said in the log and in READY's STATUS; under `on` a
 /// MolmoAct2 bundle, which cannot, is refused in one line.
 #[test]
-fn auto_runs_a_policy_that_can_on_shared_buffers_and_on_refuses_one_that_cannot() {
+fn shared_buffers_run_fastwam_under_auto_and_molmoact2_under_on() {
     let Some(real) = qnn_dir() else { return };
     let dir = scratch("shm-auto");
     let Some(rpcmem) = vla_test_support::rpcmem_standin(&dir) else {
@@ -301,16 +301,67 @@ fn auto_runs_a_policy_that_can_on_shared_buffers_and_on_refuses_one_that_cannot(
         "{err}"
     );
 
+    // MolmoAct2 under `on`: its whole chain moves into one registered arena, the gate
+    // passes on it, and the loop drives the robot from it.
     let on = write_config(&dir, "shm-on-molmo", "molmoact2-original", 10.0);
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&on).unwrap()).unwrap();
     v["npu"] = serde_json::json!({ "shared_buffers": "on" });
+    // A step of 10 s: a chunk from the emulator's seconds-long inference lands with rows
+    // left to play (d < H), so `ok` actions follow however slow this machine is.
+    v["control"]["publish_hz"] = 0.1.into();
+    v["control"]["action_valid_ms"] = 10000.into();
+    v["control"]["writer_heartbeat_timeout_ms"] = 20000.into();
     std::fs::write(&on, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
-    let (status, _, err) = Drained::spawn(&mut daemon_cmd(&on, false)).finish();
-    assert!(!status.success(), "{err}");
-    let line = err.lines().last().unwrap_or_default();
+    let daemon = Drained::spawn(&mut daemon_cmd(&on, true));
+    let mut ready = None;
+    wait_while_running("READY=1", &[daemon.id()], || {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = sock.recv(&mut buf) {
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if m.contains("READY=1") {
+                ready = Some(m);
+            }
+        }
+        ready.is_some()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ready = ready.unwrap();
     assert!(
-        line.contains("npu.shared_buffers is on, but this policy cannot use shared buffers: ")
-            && line.contains("MolmoAct2 pipeline does not run on registered memory yet"),
+        ready.contains("NPU I/O in HTP shared buffers (rpcmem from libcdsprpc.so)"),
+        "{ready}"
+    );
+    let sim = Drained::spawn(
+        Command::new(env!("CARGO_BIN_EXE_vlad"))
+            .args(["simulate", "--config", on.to_str().unwrap()])
+            .args(["--duration", "600", "--camera-hz", "30"]),
+    );
+    let bundle =
+        vla_policy::Bundle::open(repo_root().join("golden/bundles/molmoact2-original")).unwrap();
+    let p = bundle.manifest.geometry();
+    let g = Geometry {
+        cameras: p.cameras as u32,
+        height: p.height as u32,
+        width: p.width as u32,
+        channels: 3,
+        state_dims: p.state_dims as u32,
+        action_dims: p.action_dims as u32,
+        chunk_len: p.chunk_len as u32,
+    };
+    let act = PathBuf::from(v["rings"]["action_path"].as_str().unwrap());
+    let mut last = Action::for_geometry(&g);
+    wait_while_running("an ok action", &[daemon.id(), sim.id()], || {
+        let Ok(r) = RingReader::<Action>::open(&act, g) else {
+            return false;
+        };
+        r.read_latest(&mut last).is_ok() && last.status == ActionStatus::Ok
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    signal(&sim, nix::sys::signal::Signal::SIGTERM);
+    let _ = sim.finish();
+    signal(&daemon, nix::sys::signal::Signal::SIGTERM);
+    let (_, _, err) = daemon.finish();
+    assert!(
+        err.contains(": NPU I/O in HTP shared buffers (rpcmem from libcdsprpc.so)"),
         "{err}"
     );
     let _ = std::fs::remove_file(v["rings"]["observation_path"].as_str().unwrap());

@@ -1,15 +1,17 @@
 //! `vlad run` on the tiny upstream MolmoAct2 bundle (it carries the `text` block) with
 //! instructions given as text by a C firmware stand-in (`ring_peer write-text`, built
-//! against `vla_ring.h` alone) over the instruction segment, on the real QNN emulator:
-//! the robot switches instructions mid-run, no step computed for the old one is published
-//! once the switch shows, bad texts are refused (one log line each, counted) while the
-//! daemon holds, and it drives again on the next good text. Prints the switch latency
+//! against `vla_ring.h` and the C ring client library, `runtime/ring-c`) over the
+//! instruction segment, on the real QNN emulator: the robot switches instructions
+//! mid-run, no step computed for the old one is published once the switch shows, bad
+//! texts are refused (one log line each, counted) while the daemon holds, and it drives
+//! again on the next good text. Prints the switch latency
 //! (text written -> first ok step computed for it) as a figure, not a bound.
 
 mod common;
 
+use common::text::{build_c_peer, ok, write_text, Actions};
 use common::{qnn_dir, running, Drained, HANG_GUARD};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,93 +48,6 @@ fn geometry() -> Geometry {
         action_dims: n("action_dims"),
         chunk_len: n("action_horizon"),
     }
-}
-
-/// Builds the C firmware stand-in of vla-ring's tests, or says why not (loudly in CI).
-fn build_c_peer(dir: &Path) -> Option<PathBuf> {
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let source = repo_root().join("runtime/crates/vla-ring/tests/c/ring_peer.c");
-    let exe = dir.join("ring_peer");
-    let out = match Command::new(&cc)
-        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(repo_root().join("runtime/include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            vla_test_support::cannot_run(&format!(
-                "instruction text test: no C compiler `{cc}`: {e}"
-            ));
-            return None;
-        }
-    };
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some(exe)
-}
-
-/// The C firmware writes one text; returns the CLOCK_MONOTONIC ns it was written at.
-fn write_text(peer: &Path, path: &Path, g: &Geometry, text_id: u32, text: &[u8]) -> u64 {
-    let hex: String = text.iter().map(|b| format!("{b:02x}")).collect();
-    let mut args = vec!["write-text".to_string(), path.display().to_string()];
-    args.extend(g.fields().iter().map(|(_, v)| v.to_string()));
-    args.extend(["4".to_string(), text_id.to_string(), hex]);
-    let out = Command::new(peer).args(&args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "write-text: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("written_ns="))
-        .and_then(|n| n.parse().ok())
-        .unwrap()
-}
-
-/// Every action published so far, read in order by seq.
-struct Actions {
-    ring: RingReader<Action>,
-    buf: Action,
-    last: u64,
-    all: Vec<Action>,
-}
-
-impl Actions {
-    fn poll(&mut self) {
-        let p = self.ring.published();
-        for seq in self.last + 1..=p {
-            if self.ring.read_seq(seq, &mut self.buf).is_ok() {
-                self.all.push(self.buf.clone());
-            }
-        }
-        self.last = p;
-    }
-
-    /// Polls until `done(actions from index from)` or the daemon ends / the hang guard.
-    fn until(&mut self, what: &str, pid: u32, from: usize, done: impl Fn(&[Action]) -> bool) {
-        let end = Instant::now() + HANG_GUARD;
-        loop {
-            self.poll();
-            if done(&self.all[from..]) {
-                return;
-            }
-            assert!(running(pid), "{what}: vlad ended first");
-            assert!(Instant::now() < end, "{what}: not within {HANG_GUARD:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-fn ok(a: &Action) -> bool {
-    a.status == ActionStatus::Ok
 }
 
 /// How long after the switch observation is in the ring a step computed for the old

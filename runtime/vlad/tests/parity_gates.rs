@@ -1,7 +1,7 @@
 //! Per-output parity gates through `vlad parity --bundle` and `vlad bundle calibrate`, on the
 //! LP-VTP-SD stand-in: golden/bundles/molmoact2-lp-vtp-sd with its vision context replaced by
 //! one whose grid sampler interpolates more coarsely than torch's (golden/gate-standin, made by
-//! scripts/make_gate_standin.py), which lands near the release card's 0.99843835.
+//! tools/goldens/vla_goldens/make_gate_standin.py), which lands near the release card's 0.99843835.
 
 mod common;
 

@@ -1,7 +1,7 @@
 //! vlad against upstream Fast-WAM's own LIBERO inference: the tiny model built from
 //! FastWAM's `WanVideoDiT`, `ActionDiT`, `MoT`, Wan2.2 VAE and `WanTextEncoder` with seeded
 //! random weights, its world-model chain exported at the bundle contract's boundaries
-//! (scripts/export_upstream_fastwam.py, golden/upstream-fastwam/tiny, golden/bundles/
+//! (tools/goldens/vla_goldens/export_upstream_fastwam.py, golden/upstream-fastwam/tiny, golden/bundles/
 //! fastwam-upstream). Upstream's `_predict_action_chunk` -> `FastWAM.infer_action` (10 flow
 //! steps, shift 5, LIBERO gripper map with binarization, f32) ran on each observation with its
 //! initial noise patched to vlad's noise for the observation's seed; here vlad runs the same
@@ -21,7 +21,7 @@ use vla_test_support::copy_dir;
 /// 0.99988 or more and max abs up to 0.070 over the held-out observations (actions up to 7 in
 /// size). The gates are cosine 0.999 and a max abs of 0.12, 1.7 times the measured one. Most
 /// of the gap is the contract's `timestep` input rounded to fp16 (see
-/// scripts/make_upstream_fastwam_golden.py).
+/// tools/goldens/vla_goldens/make_upstream_fastwam_golden.py).
 const COSINE: f64 = 0.999;
 const MAX_ABS: f64 = 0.12;
 /// The gripper is binarized (`np.sign`, as the LIBERO eval): an entry whose upstream value

@@ -250,7 +250,7 @@ fn image_rows_written_one_row_late_fail_the_check() {
 
 /// `run-once --instruction-text` with texts the bundle was not imported with: upstream
 /// predict_action's actions for them (golden/upstream-molmoact2/upstream/text_actions.npz,
-/// scripts/upstream_text_actions.py), within this file's bounds; a text too long for the
+/// tools/goldens/vla_goldens/upstream_text_actions.py), within this file's bounds; a text too long for the
 /// exported contexts is refused in one line.
 #[test]
 fn run_once_with_an_instruction_text_gives_upstreams_actions_for_it() {

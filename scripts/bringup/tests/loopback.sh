@@ -54,7 +54,7 @@ vlad_x86="$target_dir/x86_64-unknown-linux-gnu/release/vlad"
 vlad_arm="$target_dir/aarch64-unknown-linux-gnu/release/vlad"
 qnn_dir="$(scripts/qnn_lib_dir.sh)"
 python="$repo_root/.venv/bin/python"
-"$python" -c 'import matplotlib' 2>/dev/null || scripts/setup_python.sh >/dev/null
+"$python" -c 'import matplotlib, vla_host, vla_goldens' 2>/dev/null || scripts/setup_python.sh >/dev/null
 
 # --- sshd on loopback ---------------------------------------------------------------------
 tmp="$(mktemp -d /tmp/vla-bringup-test.XXXXXX)"
@@ -180,6 +180,9 @@ else
     check "missing bench-bundle is explained in the report" grep -q 'No benchmark' "$report/report.md"
 fi
 check "logs came back" test -s "$report/raw/parity.log"
+check "the ring check passed on the target (vla-ring-bridge in /dev/shm) and is in the report" \
+    bash -c 'grep -qx "ring_check=ok" "$1/raw/target.env" && grep -q "^| rings in /dev/shm .* | \`ok\` |" "$1/report.md"' _ "$report"
+check "the ring check left no ring in /dev/shm" bash -c '! compgen -G "/dev/shm/vla-bringup-*" >/dev/null'
 check "the DSP memory probe came back and is in the report" \
     bash -c 'grep -q "\"probe\":\"outcome\"" "$1/raw/dsp-probe.jsonl" && grep -q "^## DSP memory" "$1/report.md" && grep -q "^\*\*Placement to use:" "$1/report.md"' _ "$report"
 check "remote workspace removed" no_workspace_left "$root_base"
@@ -226,13 +229,12 @@ standin="$tmp/lp-vtp-sd-gridsample"
 cp -r golden/bundles/molmoact2-lp-vtp-sd "$standin"
 cp golden/gate-standin/vision_gridsample_socid77_archv73.bin \
     "$standin/ctx/vision_socid77_archv73.bin"
-"$python" scripts/make_gate_standin.py --onnx "$tmp/standin-onnx" >/dev/null
+"$python" -m vla_goldens.make_gate_standin --onnx "$tmp/standin-onnx" >/dev/null
 mkdir -p "$tmp/recorded"
 "$python" - "$tmp/recorded" <<'PY'
 import sys
 import numpy as np
-sys.path.insert(0, "scripts")
-from det_npz import load_npz, save_npz
+from vla_host.det_npz import load_npz, save_npz
 base = load_npz("golden/bundles/molmoact2-lp-vtp-sd/golden/end_to_end.npz")
 rng = np.random.default_rng(3)
 for k in (1, 2):
@@ -296,6 +298,9 @@ check "fastwam report passed" grep -q '^\*\*Parity: PASS\*\*' "$tmp/report-fastw
 # The shared-buffer A/B ran (default on); no libcdsprpc.so off the board: client buffers.
 check "shared-buffer A/B says client buffers, naming libcdsprpc" grep -q \
     '^\*\*Use client buffers\*\* .*failed for 1 of 1 contexts; first, action_step: vlad: error: cannot load QNN library libcdsprpc.so' \
+    "$tmp/report-fastwam/report.md"
+check "end-to-end shared run names libcdsprpc" grep -q \
+    '^`vlad bench-bundle --shared-buffers` wrote no figures: vlad: error: cannot load QNN library libcdsprpc.so' \
     "$tmp/report-fastwam/report.md"
 check "default cache is ~/.cache/vla-bringup of the login user" test -d "$user_home/.cache/vla-bringup/blobs"
 check "plain user's workspace removed" no_workspace_left "$user_home/.cache/vla-bringup"

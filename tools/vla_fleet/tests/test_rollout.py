@@ -54,9 +54,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "scripts/rauc"))
 
 from vla_fleet import rollout  # noqa: E402
 from vla_fleet.api import ApiError, Server  # noqa: E402
@@ -306,7 +303,7 @@ class Fleet:
 
 
 def make_bundles(work: Path) -> dict:
-    from ota_fixtures import hex64, signed_policy_bundle
+    from vla_host.ota_fixtures import hex64, signed_policy_bundle
     import check  # scripts/rauc/check.py: the RAUC bundle meta-vla's recipe builds
 
     check.COMPATIBLE = COMPATIBLE  # rauc_bundle writes the module's compatible into the manifest
@@ -360,7 +357,7 @@ def fleet():
                      ("no unsquashfs (scripts/setup_fleet.sh)", shutil.which("unsquashfs") is not None)):
         if not ok:
             cannot_run(what)
-    from ota_fixtures import FASTWAM_CONTROL, daemon_config
+    from vla_host.ota_fixtures import FASTWAM_CONTROL, daemon_config
 
     # A CI runner's SIGTERM stops the scenario through its clean-up (every process it
     # started is stopped) instead of killing pytest outright.
@@ -387,7 +384,7 @@ def fleet():
         server_dir = OUT / "server"
         password = OUT / "admin.password"
         password.write_text(os.urandom(12).hex() + "\n")
-        fenv = {**os.environ, "PYTHONPATH": str(REPO / "tools")}
+        fenv = dict(os.environ)
         py = FLEET_VENV / "bin/python"
         run(py, "-m", "vla_fleet.server", "init", server_dir, "--admin", ADMIN, "--password-file", password,
             "--session-lifetime", SESSION_S, env=fenv)

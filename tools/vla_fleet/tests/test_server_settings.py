@@ -10,7 +10,6 @@ import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
 
 
 def test_settings_and_secret_key_are_0600(tmp_path, monkeypatch):

@@ -2,18 +2,16 @@
 (no vlad, no simulation): every setting of `conventions.UPSTREAM` equals the hand-made copy
 of upstream's values in golden/libero/upstream-settings.json and cites a file and line; the
 installed stack's suites, task order, languages, bddl files and init states are official
-LIBERO's (golden/libero/tasks.json, scripts/libero_task_golden.py); the init states load
+LIBERO's (golden/libero/tasks.json, tools/goldens/vla_goldens/libero_task_golden.py); the init states load
 without torch."""
 
 import hashlib
 import json
 import re
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
 
 from vla_libero import conventions, sim  # noqa: E402
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
 
 from vla_libero import checks, conventions, recording, ring  # noqa: E402
 
@@ -27,7 +26,7 @@ def require(what: str) -> None:
 
 
 def tool(*args, timeout=900):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tools"), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     return subprocess.run([sys.executable, "-m", "vla_libero", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 

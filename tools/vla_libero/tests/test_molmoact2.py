@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "tools"))
 
 from vla_libero import checks, conventions, recording  # noqa: E402
 
 
 def tool(*args, timeout=900):
-    env = dict(os.environ, PYTHONPATH=str(REPO / "tools"), MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
     return subprocess.run([sys.executable, "-m", "vla_libero", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -57,7 +56,7 @@ def test_a_molmoact2_episode_gets_lerobots_processed_frames_and_state(tmp_path):
 
 def test_lerobots_own_processing_of_the_first_observation_fails_a_flipped_frame_a_wrong_resize_and_state(tmp_path):
     """The upstream golden (LeRobot's env and MolmoAct2 processor steps on the test episode's
-    first observation, scripts/upstream_libero_molmoact2.py) against what vlad makes of a
+    first observation, tools/goldens/vla_goldens/upstream_libero_molmoact2.py) against what vlad makes of a
     wrong input: vlad's own pipeline (run-once) on the taken frames with camera 0 upside
     down, a nearest-neighbour resize of the right frames, the state with the quaternion's
     first three values in place of the axis-angle. Each fails its check; the right ones pass."""

@@ -271,17 +271,16 @@ fn settings_for(hz: u32, tag: &str) -> LoopSettings {
         "/dev/shm/vla-bench-loop-{}-{hz}hz-{tag}",
         std::process::id()
     );
-    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)));
+    let period_ns = 1_000_000_000 / u64::from(hz.max(1));
     // Otherwise config/vlad.json's control section (the constructor's defaults).
-    LoopSettings {
-        period,
-        chunk_period: period,
-        ..LoopSettings::new(
-            GEOMETRY,
-            PathBuf::from(format!("{base}-obs")),
-            PathBuf::from(format!("{base}-act")),
-        )
-    }
+    let mut s = LoopSettings::new(
+        GEOMETRY,
+        PathBuf::from(format!("{base}-obs")),
+        PathBuf::from(format!("{base}-act")),
+    );
+    s.limits.period_ns = period_ns;
+    s.limits.chunk_period_ns = period_ns;
+    s
 }
 
 /// Sleeps `d` in short steps, failing as soon as a loop thread has ended.

@@ -30,15 +30,13 @@
 mod error;
 mod probe;
 mod raw;
-mod track;
+mod read;
 mod validate;
 
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 pub use error::{ConfigError, Expected, FieldPath, FileName, Found, Origin, Segment, Snippet};
 
@@ -592,7 +590,7 @@ impl Config {
             });
         }
         let json = json.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(json);
-        let raw = parse_raw(json)?;
+        let raw = read::parse(json)?;
         validate::validate(&raw)
     }
 
@@ -672,25 +670,4 @@ pub fn qnn_lib_dir_override(value: &OsStr) -> Result<PathText, ConfigError> {
         .with_origin(origin));
     };
     validate::absolute_path(path, text).map_err(|e| e.with_origin(origin))
-}
-
-/// Runs the tracked deserialization and turns its failure into a [`ConfigError`].
-fn parse_raw(json: &[u8]) -> Result<raw::RawConfig, ConfigError> {
-    let mut unescape = [0u8; UNESCAPE_BYTES];
-    let mut deserializer = serde_json_core::de::Deserializer::new(json, Some(&mut unescape));
-    let tracker = track::Tracker::default();
-    let result = raw::RawConfig::deserialize(track::Tracked {
-        inner: &mut deserializer,
-        tracker: &tracker,
-    });
-    let raw = match result {
-        Ok(raw) => raw,
-        Err(error) => return Err(validate::from_track_error(json, tracker.path(), error)),
-    };
-    deserializer.end().map_err(|_| ConfigError::Malformed {
-        origin: Origin::Bytes,
-        path: FieldPath::root(),
-        problem: "unexpected characters after the top-level object",
-    })?;
-    Ok(raw)
 }

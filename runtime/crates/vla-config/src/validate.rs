@@ -1,17 +1,13 @@
-//! The rules a parsed configuration must follow (ranges, formats, cross-field limits),
-//! and the translation of deserialization failures into [`ConfigError`]s.
+//! The rules a parsed configuration must follow (ranges, formats, cross-field limits).
 //!
 //! The checks run in document order, so the first error reported is the first wrong
 //! field in the file.
 
-use serde_json_core::de::Error as JsonError;
-
-use crate::error::{bounded, ConfigError, FieldPath, Found, Origin};
+use crate::error::{ConfigError, FieldPath, Found};
 use crate::raw::{
-    RawConfig, RawControl, RawMetrics, RawNpu, RawOta, RawQnn, RawRealtime, RawRecorder, RawRings,
-    Text,
+    Number, RawConfig, RawControl, RawMetrics, RawNpu, RawOta, RawQnn, RawRealtime, RawRecorder,
+    RawRings, Text,
 };
-use crate::track::TrackError;
 use crate::{
     BundleConfig, Config, ControlConfig, LogConfig, LogLevel, Merge, MetricsConfig, NameText,
     NpuConfig, NpuGroup, NpuPlacement, OtaConfig, PathText, QnnConfig, QnnPerformance,
@@ -46,7 +42,7 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     let rings = rings(&raw.rings)?;
     let control = control(&raw.control)?;
     let realtime = realtime(&raw.realtime)?;
-    if raw.systemd.watchdog && !raw.systemd.notify {
+    if raw.systemd.watchdog.0 && !raw.systemd.notify.0 {
         return Err(ConfigError::invalid(
             path(&["systemd", "watchdog"]),
             format_args!(
@@ -56,11 +52,14 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
         ));
     }
     let systemd = SystemdConfig {
-        notify: raw.systemd.notify,
-        watchdog: raw.systemd.watchdog,
+        notify: raw.systemd.notify.0,
+        watchdog: raw.systemd.watchdog.0,
         inference_deadline_ms: whole(
             path(&["systemd", "inference_deadline_ms"]),
-            raw.systemd.inference_deadline_ms.unwrap_or(30_000.0),
+            raw.systemd
+                .inference_deadline_ms
+                .map(|v| v.0)
+                .unwrap_or(30_000.0),
             100,
             3_600_000,
         )?,
@@ -69,8 +68,8 @@ pub(crate) fn validate(raw: &RawConfig) -> Checked<Config> {
     let log = LogConfig {
         level: log_level(path(&["log", "level"]), &raw.log.level)?,
     };
-    let recorder = raw.recorder.as_ref().map(recorder).transpose()?;
-    let metrics = raw.metrics.as_ref().map(metrics).transpose()?;
+    let recorder = raw.recorder.as_deref().map(recorder).transpose()?;
+    let metrics = raw.metrics.as_deref().map(metrics).transpose()?;
     let npu = match &raw.npu {
         None => NpuConfig::default(),
         Some(n) => npu(n)?,
@@ -126,7 +125,7 @@ fn npu(raw: &RawNpu) -> Checked<NpuConfig> {
             }
             for (i, g) in list.0.iter().enumerate() {
                 let gp = at("groups").index(i);
-                let nsp = whole(gp.clone().key("nsp"), g.nsp, 0, MAX_NSP_ID.into())? as u8;
+                let nsp = whole(gp.clone().key("nsp"), g.nsp.0, 0, MAX_NSP_ID.into())? as u8;
                 let mut contexts = heapless::Vec::new();
                 for (j, name) in g.contexts.0.iter().enumerate() {
                     let cp = gp.clone().key("contexts").index(j);
@@ -159,11 +158,11 @@ fn npu(raw: &RawNpu) -> Checked<NpuConfig> {
             ))
         }
     };
-    let session_mb = match raw.session_mb {
+    let session_mb = match raw.session_mb.map(|v| v.0) {
         None => NpuConfig::DEFAULT_SESSION_MB,
         Some(mb) => whole(at("session_mb"), mb, 1, 4096)?,
     };
-    let reserve_mb = match raw.reserve_mb {
+    let reserve_mb = match raw.reserve_mb.map(|v| v.0) {
         None => NpuConfig::DEFAULT_RESERVE_MB.min(session_mb - 1),
         Some(mb) => whole(at("reserve_mb"), mb, 0, session_mb - 1)?,
     };
@@ -201,7 +200,7 @@ fn qnn(raw: &RawQnn) -> Checked<QnnConfig> {
                 )
             })?,
         },
-        performance_idle_release_ms: match raw.performance_idle_release_ms {
+        performance_idle_release_ms: match raw.performance_idle_release_ms.map(|v| v.0) {
             None => QnnConfig::DEFAULT_IDLE_RELEASE_MS,
             Some(ms) => whole(path(&["qnn", "performance_idle_release_ms"]), ms, 1, 60_000)?,
         },
@@ -222,12 +221,12 @@ fn rings(raw: &RawRings) -> Checked<RingsConfig> {
         ));
     }
     let slots_path = path(&["rings", "action_slots"]);
-    let action_slots = whole(slots_path.clone(), raw.action_slots, 2, 4096)?;
+    let action_slots = whole(slots_path.clone(), raw.action_slots.0, 2, 4096)?;
     if !action_slots.is_power_of_two() {
         return Err(ConfigError::invalid(
             slots_path,
             format_args!("a power of two in 2..=4096"),
-            Found::Number(raw.action_slots),
+            Found::Number(raw.action_slots.0),
         ));
     }
     let instruction_path = match &raw.instruction_path {
@@ -254,7 +253,7 @@ fn rings(raw: &RawRings) -> Checked<RingsConfig> {
 }
 
 fn control(raw: &RawControl) -> Checked<ControlConfig> {
-    let hz = raw.publish_hz;
+    let hz = raw.publish_hz.0;
     if !(hz > 0.0 && hz <= 1000.0) {
         return Err(ConfigError::invalid(
             path(&["control", "publish_hz"]),
@@ -263,7 +262,8 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         ));
     }
     let ms = |key: &str, value: f64, min: u32| whole(path(&["control", key]), value, min, MAX_MS);
-    let emulator_age_limits = emulator_age_limits(raw.emulator_age_limits, EMULATOR_BUILD)?;
+    let emulator_age_limits =
+        emulator_age_limits(raw.emulator_age_limits.map(|v| v.0), EMULATOR_BUILD)?;
     let age_max = if emulator_age_limits {
         EMULATOR_MAX_AGE_MS
     } else {
@@ -272,13 +272,13 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
     let age = |key: &str, value: f64| whole(path(&["control", key]), value, 1, age_max);
     let config = ControlConfig {
         publish_hz: hz,
-        max_observation_age_ms: age("max_observation_age_ms", raw.max_observation_age_ms)?,
-        max_chunk_age_ms: age("max_chunk_age_ms", raw.max_chunk_age_ms)?,
-        hold_after_chunk_end_ms: ms("hold_after_chunk_end_ms", raw.hold_after_chunk_end_ms, 0)?,
-        action_valid_ms: ms("action_valid_ms", raw.action_valid_ms, 1)?,
+        max_observation_age_ms: age("max_observation_age_ms", raw.max_observation_age_ms.0)?,
+        max_chunk_age_ms: age("max_chunk_age_ms", raw.max_chunk_age_ms.0)?,
+        hold_after_chunk_end_ms: ms("hold_after_chunk_end_ms", raw.hold_after_chunk_end_ms.0, 0)?,
+        action_valid_ms: ms("action_valid_ms", raw.action_valid_ms.0, 1)?,
         writer_heartbeat_timeout_ms: ms(
             "writer_heartbeat_timeout_ms",
-            raw.writer_heartbeat_timeout_ms,
+            raw.writer_heartbeat_timeout_ms.0,
             1,
         )?,
         merge: match &raw.merge {
@@ -303,15 +303,15 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
                 ))
             }
         },
-        trigger_margin_steps: match raw.trigger_margin_steps {
+        trigger_margin_steps: match raw.trigger_margin_steps.map(|v| v.0) {
             None => 2,
             Some(v) => whole(path(&["control", "trigger_margin_steps"]), v, 0, 1000)?,
         },
-        execute_steps: match raw.execute_steps {
+        execute_steps: match raw.execute_steps.map(|v| v.0) {
             None => None,
             Some(v) => Some(whole(path(&["control", "execute_steps"]), v, 1, 4096)?),
         },
-        chunk_rate_hz: match raw.chunk_rate_hz {
+        chunk_rate_hz: match raw.chunk_rate_hz.map(|v| v.0) {
             None => None,
             // Below 0.1 Hz a chunk step would last minutes and step times overflow.
             Some(r) if (0.1..=hz).contains(&r) => Some(r),
@@ -323,7 +323,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
                 ))
             }
         },
-        extra_latency_ms: match raw.extra_latency_ms {
+        extra_latency_ms: match raw.extra_latency_ms.map(|v| v.0) {
             None => 0,
             Some(v) => ms("extra_latency_ms", v, 0)?,
         },
@@ -344,7 +344,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         return Err(ConfigError::invalid(
             path(&["control", "execute_steps"]),
             format_args!("null unless control.trigger is synchronous"),
-            Found::Number(raw.execute_steps.unwrap_or_default()),
+            Found::Number(raw.execute_steps.map(|v| v.0).unwrap_or_default()),
         ));
     }
     // An action must stay valid until the next one is published, or the reader would
@@ -354,7 +354,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         return Err(ConfigError::invalid(
             path(&["control", "action_valid_ms"]),
             format_args!("at least one publish period ({period_ms} ms at {hz} Hz)"),
-            Found::Number(raw.action_valid_ms),
+            Found::Number(raw.action_valid_ms.0),
         ));
     }
     // One late tick must not look like a dead writer.
@@ -363,7 +363,7 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
         return Err(ConfigError::invalid(
             path(&["control", "writer_heartbeat_timeout_ms"]),
             format_args!("at least two publish periods ({two_periods_ms} ms at {hz} Hz)"),
-            Found::Number(raw.writer_heartbeat_timeout_ms),
+            Found::Number(raw.writer_heartbeat_timeout_ms.0),
         ));
     }
     Ok(config)
@@ -372,13 +372,13 @@ fn control(raw: &RawControl) -> Checked<ControlConfig> {
 fn realtime(raw: &RawRealtime) -> Checked<RealtimeConfig> {
     let publisher_priority = whole(
         path(&["realtime", "publisher_priority"]),
-        raw.publisher_priority,
+        raw.publisher_priority.0,
         0,
         99,
     )? as u8;
     let inference_priority = whole(
         path(&["realtime", "inference_priority"]),
-        raw.inference_priority,
+        raw.inference_priority.0,
         0,
         99,
     )? as u8;
@@ -389,16 +389,16 @@ fn realtime(raw: &RawRealtime) -> Checked<RealtimeConfig> {
             format_args!(
                 "0 (SCHED_OTHER) or a priority below realtime.publisher_priority ({publisher_priority})"
             ),
-            Found::Number(raw.inference_priority),
+            Found::Number(raw.inference_priority.0),
         ));
     }
-    let publisher_cpu = match raw.publisher_cpu {
+    let publisher_cpu = match raw.publisher_cpu.map(|v| v.0) {
         Some(cpu) => Some(cpu_index(path(&["realtime", "publisher_cpu"]), cpu)?),
         None => None,
     };
     let mut inference_cpus = heapless::Vec::new();
     if let Some(list) = &raw.inference_cpus {
-        for (i, &value) in list.0.iter().enumerate() {
+        for (i, &Number(value)) in list.0.iter().enumerate() {
             let item_path = path(&["realtime", "inference_cpus"]).index(i);
             let cpu = cpu_index(item_path.clone(), value)?;
             if inference_cpus.contains(&cpu) {
@@ -424,7 +424,7 @@ fn realtime(raw: &RawRealtime) -> Checked<RealtimeConfig> {
         inference_priority,
         publisher_cpu,
         inference_cpus,
-        mlockall: raw.mlockall,
+        mlockall: raw.mlockall.0,
     })
 }
 
@@ -451,7 +451,7 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
     // refuse every update without saying why.
     let signature_threshold = whole(
         path(&["ota", "signature_threshold"]),
-        raw.signature_threshold.unwrap_or(1.0),
+        raw.signature_threshold.map(|v| v.0).unwrap_or(1.0),
         1,
         (trusted_keys.len() as u32).max(1),
     )?;
@@ -477,13 +477,13 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
         root_keys,
         trial_inferences: whole(
             path(&["ota", "trial_inferences"]),
-            raw.trial_inferences,
+            raw.trial_inferences.0,
             1,
             1_000_000,
         )?,
         max_trial_starts: whole(
             path(&["ota", "max_trial_starts"]),
-            raw.max_trial_starts,
+            raw.max_trial_starts.0,
             1,
             100,
         )?,
@@ -492,7 +492,7 @@ fn ota(raw: &RawOta) -> Checked<OtaConfig> {
 
 fn recorder(raw: &RawRecorder) -> Checked<RecorderConfig> {
     let at = |k: &str| path(&["recorder", k]);
-    let history_s = raw.history_s.unwrap_or(10.0);
+    let history_s = raw.history_s.map(|v| v.0).unwrap_or(10.0);
     if !(history_s > 0.0 && history_s <= 600.0) {
         return Err(ConfigError::invalid(
             at("history_s"),
@@ -518,14 +518,29 @@ fn recorder(raw: &RawRecorder) -> Checked<RecorderConfig> {
     Ok(RecorderConfig {
         directory: absolute_path(at("directory"), &raw.directory.0)?,
         history_s,
-        max_chunks: whole(at("max_chunks"), raw.max_chunks.unwrap_or(64.0), 1, 10_000)?,
+        max_chunks: whole(
+            at("max_chunks"),
+            raw.max_chunks.map(|v| v.0).unwrap_or(64.0),
+            1,
+            10_000,
+        )?,
         frames,
-        downscale: whole(at("downscale"), raw.downscale.unwrap_or(4.0), 2, 16)?,
-        max_mb: whole(at("max_mb"), raw.max_mb.unwrap_or(256.0), 1, 1_000_000)?,
-        on_fault: raw.on_fault.unwrap_or(true),
+        downscale: whole(
+            at("downscale"),
+            raw.downscale.map(|v| v.0).unwrap_or(4.0),
+            2,
+            16,
+        )?,
+        max_mb: whole(
+            at("max_mb"),
+            raw.max_mb.map(|v| v.0).unwrap_or(256.0),
+            1,
+            1_000_000,
+        )?,
+        on_fault: raw.on_fault.map(|v| v.0).unwrap_or(true),
         hold_limit_ms: whole(
             at("hold_limit_ms"),
-            raw.hold_limit_ms.unwrap_or(2000.0),
+            raw.hold_limit_ms.map(|v| v.0).unwrap_or(2000.0),
             0,
             600_000,
         )?,
@@ -548,7 +563,7 @@ fn metrics(raw: &RawMetrics) -> Checked<MetricsConfig> {
         textfile,
         interval_ms: whole(
             at("interval_ms"),
-            raw.interval_ms.unwrap_or(5000.0),
+            raw.interval_ms.map(|v| v.0).unwrap_or(5000.0),
             100,
             60_000,
         )?,
@@ -689,100 +704,6 @@ fn trusted_key(at: FieldPath, value: &str) -> Checked<TrustedKey> {
         ));
     }
     Ok(TrustedKey(key))
-}
-
-/// Turns a failed deserialization at `at` into the error the user sees.
-pub(crate) fn from_track_error(json: &[u8], at: FieldPath, error: TrackError) -> ConfigError {
-    let origin = Origin::Bytes;
-    match error {
-        TrackError::UnknownField { allowed } => ConfigError::UnknownField {
-            origin,
-            path: at,
-            allowed,
-        },
-        TrackError::MissingField(name) => ConfigError::MissingField {
-            origin,
-            path: at.key(name),
-        },
-        // The tracked path already ends with the repeated key.
-        TrackError::DuplicateField(_) => ConfigError::DuplicateField { origin, path: at },
-        TrackError::Mismatch { expected, found } => ConfigError::Invalid {
-            origin,
-            path: at,
-            expected,
-            found,
-        },
-        TrackError::Custom(message) => ConfigError::Invalid {
-            origin,
-            path: at,
-            expected: message,
-            found: Found::Malformed,
-        },
-        TrackError::Parser {
-            error,
-            message,
-            expected,
-        } => match error {
-            Some(JsonError::InvalidType | JsonError::InvalidNumber) => {
-                let found = crate::probe::describe(json, &at);
-                ConfigError::WrongType {
-                    origin,
-                    path: at,
-                    expected: bounded(format_args!("{expected}")),
-                    found,
-                }
-            }
-            Some(JsonError::EscapedStringIsTooLong) => ConfigError::Invalid {
-                origin,
-                path: at,
-                expected: bounded(format_args!(
-                    "a string of at most {} bytes after unescaping",
-                    crate::UNESCAPE_BYTES
-                )),
-                found: Found::Other(bounded(format_args!("a longer string"))),
-            },
-            Some(parser_error) => ConfigError::Malformed {
-                origin,
-                path: at,
-                problem: syntax_problem(&parser_error),
-            },
-            // Of the variants sharing one text, only the two string ones can occur here.
-            None if expected == "a string" || expected == "a field name" => {
-                ConfigError::Malformed {
-                    origin,
-                    path: at,
-                    problem: "invalid escape sequence, or string too long once unescaped",
-                }
-            }
-            None => ConfigError::Invalid {
-                origin,
-                path: at,
-                expected: bounded(format_args!("{expected}")),
-                found: Found::Other(bounded(format_args!("{message}"))),
-            },
-        },
-    }
-}
-
-fn syntax_problem(error: &JsonError) -> &'static str {
-    match error {
-        JsonError::EofWhileParsingList
-        | JsonError::EofWhileParsingObject
-        | JsonError::EofWhileParsingString
-        | JsonError::EofWhileParsingNumber
-        | JsonError::EofWhileParsingValue => "unexpected end of input",
-        JsonError::ExpectedColon => "expected ':' after the key",
-        JsonError::ExpectedListCommaOrEnd => "expected ',' or ']'",
-        JsonError::ExpectedObjectCommaOrEnd => "expected ',' or '}'",
-        JsonError::ExpectedSomeIdent => "expected true, false or null",
-        JsonError::ExpectedSomeValue => "expected a value",
-        JsonError::InvalidUnicodeCodePoint => "invalid UTF-8 or unicode escape",
-        JsonError::InvalidEscapeSequence => "invalid escape sequence in a string",
-        JsonError::KeyMustBeAString => "expected a quoted key",
-        JsonError::TrailingCharacters => "unexpected characters",
-        JsonError::TrailingComma => "trailing comma",
-        _ => "not valid JSON",
-    }
 }
 
 #[cfg(test)]

@@ -102,7 +102,7 @@ impl Inference {
         let g = settings.geometry;
         let len = (g.chunk_len * g.action_dims) as usize;
         let components = vec![0u64; engine.component_names().len()];
-        let step_ns = settings.chunk_period.max(settings.period).as_nanos() as u64;
+        let step_ns = settings.limits.step_ns();
         Self {
             settings,
             engine,
@@ -242,12 +242,12 @@ impl Inference {
                 .try_lock()
                 .map_or(true, |slot| slot.fresh)
         };
-        match self.settings.trigger {
-            Trigger::BackToBack => self.settings.merge.conditions_on_prefix() && untaken(),
+        match self.settings.limits.trigger {
+            Trigger::BackToBack => self.settings.limits.merge.conditions_on_prefix() && untaken(),
             Trigger::Remaining { .. } | Trigger::Synchronous { .. } => {
                 let end = Health::get(&self.shared.health.chunk_end_ns);
                 untaken()
-                    || trigger_at(self.settings.trigger, end, estimate, self.step_ns)
+                    || trigger_at(self.settings.limits.trigger, end, estimate, self.step_ns)
                         .is_some_and(|at| monotonic_ns() < at)
             }
         }
@@ -310,7 +310,7 @@ impl Inference {
         health.set_robot_instruction(self.obs.instruction_id);
         let end = Health::get(&health.chunk_end_ns);
         if !observation_in_time(
-            self.settings.trigger,
+            self.settings.limits.trigger,
             end,
             self.step_ns,
             self.obs.capture_time_ns,
@@ -321,7 +321,7 @@ impl Inference {
         if !fresh(
             monotonic_ns(),
             self.obs.capture_time_ns,
-            self.settings.max_observation_age.as_nanos() as u64,
+            self.settings.limits.max_observation_age_ns,
         ) {
             Health::bump(&health.stale_observations);
             return None;
@@ -336,7 +336,7 @@ impl Inference {
     /// puts it in play in one step (it holds the lock for a copy and a landing,
     /// microseconds). `(frozen, overlap)` rows of `previous.prefix`.
     fn prefix(&mut self, estimate: u64) -> Option<(usize, usize)> {
-        if !self.settings.merge.conditions_on_prefix()
+        if !self.settings.limits.merge.conditions_on_prefix()
             || self.previous.instruction_id != Some(self.obs.instruction_id)
         {
             return None;

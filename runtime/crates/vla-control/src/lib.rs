@@ -21,6 +21,7 @@
 #![deny(unsafe_code)]
 
 mod inference;
+mod limits;
 mod operating;
 mod plan;
 mod publisher;
@@ -29,7 +30,8 @@ mod scheduler;
 mod stats;
 mod tap;
 
-pub use operating::{Limit, Measured, OperatingPoint, PointSettings, SPREAD_LEN, SPREAD_QUANTILES};
+pub use limits::Limits;
+pub use operating::{Limit, Measured, OperatingPoint, SPREAD_LEN, SPREAD_QUANTILES};
 pub use plan::{
     build_prefix, crossfade_weight, delay_steps, observation_in_time, sample_row, trigger_at,
     MergeMode, Prefix, TickGrid, Trigger,
@@ -38,7 +40,7 @@ pub use rt::{
     fix_large_allocations, lock_memory, lock_memory_on_fault, pin_current_thread, prefault_stack,
     set_fifo_priority,
 };
-pub use scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
+pub use scheduler::{Chunk, Decision, Scheduler};
 pub use stats::{nearest_rank, quantile, quantile_sorted, Health, Histogram, LatencyWindow};
 pub use tap::{InferenceEvent, Tap, TickEvent};
 
@@ -118,7 +120,7 @@ pub trait Engine: Send + 'static {
 
 /// Everything the loop needs to know, resolved from the config and the bundle. Built one
 /// way: [`LoopSettings::new`] with the rings and the device's defaults, then struct
-/// update for what differs (`LoopSettings { period, ..LoopSettings::new(g, obs, act) }`).
+/// update for what differs (`LoopSettings { action_slots, ..LoopSettings::new(g, obs, act) }`).
 #[derive(Clone, Debug)]
 pub struct LoopSettings {
     /// The robot link's shape: ring geometry and the chunk's `chunk_len x action_dims`.
@@ -129,16 +131,9 @@ pub struct LoopSettings {
     pub action_path: PathBuf,
     /// Slots of the action ring (`rings.action_slots`).
     pub action_slots: u32,
-    /// Publish period: one action per tick on absolute deadlines.
-    pub period: Duration,
-    /// An observation older than this (since capture) is not used for inference.
-    pub max_observation_age: Duration,
-    /// A chunk whose observation is older than this publishes `hold`.
-    pub max_chunk_age: Duration,
-    /// After a chunk's last step, its last action stays `ok` this long, then `hold`.
-    pub hold_after_chunk_end: Duration,
-    /// Every published action's `valid_until` is its publish time plus this.
-    pub action_valid: Duration,
+    /// The timing limits: publish period, chunk steps, ages, validity, merge and trigger
+    /// (`limits.horizon` is `geometry.chunk_len`).
+    pub limits: Limits,
     /// A robot (observation writer) silent this long is treated as dead: the publisher holds.
     pub writer_heartbeat_timeout: Duration,
     /// `SCHED_FIFO` priority of the publisher thread; 0: `SCHED_OTHER`.
@@ -152,12 +147,6 @@ pub struct LoopSettings {
     pub inference_cpus: Vec<usize>,
     /// Consecutive failed inferences before the loop publishes `fault` instead of `hold`.
     pub fault_after_failures: u32,
-    /// How a landing chunk takes over from the one in play.
-    pub merge: MergeMode,
-    /// When the next inference starts.
-    pub trigger: Trigger,
-    /// Time between chunk steps: `period`, or longer on the slower time base.
-    pub chunk_period: Duration,
     /// Latency (capture -> chunk ready) known before the loop starts, e.g. from the warm
     /// parity-gate inference; seeds the estimate so the first chunks are planned too.
     pub initial_latency: Option<Duration>,
@@ -310,7 +299,7 @@ impl ControlLoop {
         engine: Box<dyn Engine>,
         tap: Option<Arc<dyn Tap>>,
     ) -> Result<Self, ControlError> {
-        if settings.merge.conditions_on_prefix() && !engine.conditions_on_prefix() {
+        if settings.limits.merge.conditions_on_prefix() && !engine.conditions_on_prefix() {
             return Err(ControlError::PrefixUnsupported);
         }
         let g = settings.geometry;
@@ -338,11 +327,11 @@ impl ControlLoop {
             },
             instruction_id: 0,
         }));
-        let period_ns = settings.period.as_nanos() as u64;
+        let period_ns = settings.limits.period_ns;
         let grid = TickGrid {
             origin_ns: monotonic_ns() + period_ns,
             period_ns,
-            step_ns: settings.chunk_period.max(settings.period).as_nanos() as u64,
+            step_ns: settings.limits.step_ns(),
         };
 
         let publisher = {
@@ -461,7 +450,7 @@ impl ControlLoop {
 
 /// The operating point of `settings` at `measured` (`None` without a latency).
 pub fn operating_point(settings: &LoopSettings, measured: &Measured) -> Option<OperatingPoint> {
-    OperatingPoint::estimate(&settings.point_settings(), measured)
+    OperatingPoint::estimate(&settings.limits, measured)
 }
 
 /// What the loop has measured: the latency window's p95 and p50, the robot's period.
@@ -480,43 +469,30 @@ impl LoopSettings {
     /// for 500 ms is dead, 64 action slots; no real-time priority or pinning; `fault` after
     /// 3 failed inferences in a row; `skip` back to back; no latency known yet.
     pub fn new(geometry: Geometry, observation_path: PathBuf, action_path: PathBuf) -> Self {
-        let period = Duration::from_millis(50);
+        const MS: u64 = 1_000_000;
         Self {
             geometry,
             observation_path,
             action_path,
             action_slots: 64,
-            period,
-            max_observation_age: Duration::from_millis(200),
-            max_chunk_age: Duration::from_millis(1500),
-            hold_after_chunk_end: Duration::from_millis(100),
-            action_valid: Duration::from_millis(100),
+            limits: Limits {
+                period_ns: 50 * MS,
+                chunk_period_ns: 50 * MS,
+                horizon: u64::from(geometry.chunk_len),
+                merge: MergeMode::Skip,
+                trigger: Trigger::BackToBack,
+                max_chunk_age_ns: 1500 * MS,
+                max_observation_age_ns: 200 * MS,
+                action_valid_ns: 100 * MS,
+                hold_after_chunk_end_ns: 100 * MS,
+            },
             writer_heartbeat_timeout: Duration::from_millis(500),
             publisher_priority: 0,
             publisher_cpus: Vec::new(),
             inference_priority: 0,
             inference_cpus: Vec::new(),
             fault_after_failures: 3,
-            merge: MergeMode::Skip,
-            trigger: Trigger::BackToBack,
-            chunk_period: period,
             initial_latency: None,
-        }
-    }
-
-    /// The limits the operating point is computed from.
-    pub fn point_settings(&self) -> PointSettings {
-        let ns = |d: Duration| d.as_nanos() as u64;
-        PointSettings {
-            period_ns: ns(self.period),
-            chunk_period_ns: ns(self.chunk_period.max(self.period)),
-            horizon: u64::from(self.geometry.chunk_len),
-            merge: self.merge,
-            trigger: self.trigger,
-            max_chunk_age_ns: ns(self.max_chunk_age),
-            max_observation_age_ns: ns(self.max_observation_age),
-            action_valid_ns: ns(self.action_valid),
-            hold_after_chunk_end_ns: ns(self.hold_after_chunk_end),
         }
     }
 }

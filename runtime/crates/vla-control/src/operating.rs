@@ -26,30 +26,8 @@
 //! An `ok` action whose `action_valid` is shorter than the publish period expires before
 //! the next one arrives: the arm stops for the rest of the period although nothing holds.
 
-use crate::plan::{delay_steps, MergeMode, Trigger};
-
-/// The loop's limits, in nanoseconds (a `0` age limit is none).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PointSettings {
-    /// Publish period.
-    pub period_ns: u64,
-    /// Time between chunk steps (`>= period_ns`; longer on the slower time base).
-    pub chunk_period_ns: u64,
-    /// Steps per chunk (`H`).
-    pub horizon: u64,
-    /// How a landing chunk takes over (the prefix modes wait for the publisher).
-    pub merge: MergeMode,
-    /// When the next inference starts.
-    pub trigger: Trigger,
-    /// `max_chunk_age`; 0: no limit.
-    pub max_chunk_age_ns: u64,
-    /// `max_observation_age`; 0: no limit.
-    pub max_observation_age_ns: u64,
-    /// `action_valid`: how long a published action may be applied.
-    pub action_valid_ns: u64,
-    /// `hold_after_chunk_end`: how long the last action stays `ok` after a chunk runs out.
-    pub hold_after_chunk_end_ns: u64,
-}
+use crate::limits::Limits;
+use crate::plan::{delay_steps, Trigger};
 
 /// How many latencies stand for the window's spread.
 pub const SPREAD_LEN: usize = 10;
@@ -168,7 +146,7 @@ const NEGLIGIBLE: f64 = 0.01;
 /// The cycle model at `s` and `m`, with optional limits replaced (to see what each costs).
 #[derive(Clone, Copy, Debug)]
 struct Model {
-    s: PointSettings,
+    s: Limits,
     m: Measured,
 }
 
@@ -310,7 +288,7 @@ impl Model {
         hold + (1.0 - hold) * self.expired_share()
     }
 
-    fn with(&self, f: impl FnOnce(&mut PointSettings)) -> Self {
+    fn with(&self, f: impl FnOnce(&mut Limits)) -> Self {
         let mut s = self.s;
         f(&mut s);
         Self { s, m: self.m }
@@ -400,7 +378,7 @@ impl Model {
 
 impl OperatingPoint {
     /// The operating point of `settings` at `measured` (`None` without a latency).
-    pub fn estimate(settings: &PointSettings, measured: &Measured) -> Option<Self> {
+    pub fn estimate(settings: &Limits, measured: &Measured) -> Option<Self> {
         if measured.latency_p95_ns == 0 {
             return None;
         }
@@ -519,12 +497,13 @@ impl OperatingPoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::MergeMode;
 
     const MS: u64 = 1_000_000;
 
     /// 20 Hz, H = 10, no age limits, a grace of 0, actions valid 100 ms.
-    fn settings() -> PointSettings {
-        PointSettings {
+    fn settings() -> Limits {
+        Limits {
             period_ns: 50 * MS,
             chunk_period_ns: 50 * MS,
             horizon: 10,
@@ -537,7 +516,7 @@ mod tests {
         }
     }
 
-    fn at(s: &PointSettings, latency_ms: u64) -> OperatingPoint {
+    fn at(s: &Limits, latency_ms: u64) -> OperatingPoint {
         OperatingPoint::estimate(s, &Measured::from_latency(latency_ms * MS)).unwrap()
     }
 
@@ -582,7 +561,7 @@ mod tests {
 
     #[test]
     fn the_grace_after_the_last_row_covers_part_of_the_gap() {
-        let s = PointSettings {
+        let s = Limits {
             hold_after_chunk_end_ns: 100 * MS,
             ..settings()
         };
@@ -594,7 +573,7 @@ mod tests {
     fn the_chunk_age_limit_refuses_rows_before_the_next_chunk_lands() {
         // A reported case (READY said 33% hold, the robot measured 84%): 20 Hz,
         // chunk_rate_hz 4 (250 ms steps), H = 10, 1.5 s.
-        let s = PointSettings {
+        let s = Limits {
             chunk_period_ns: 250 * MS,
             max_chunk_age_ns: 1500 * MS,
             hold_after_chunk_end_ns: 100 * MS,
@@ -619,7 +598,7 @@ mod tests {
         );
         // Raised as the line says: only the schedule is left (2600 - 1525 of 1500 ok).
         let raised = at(
-            &PointSettings {
+            &Limits {
                 max_chunk_age_ns: 2600 * MS,
                 ..s
             },
@@ -629,7 +608,7 @@ mod tests {
         assert!(matches!(raised.limit, Some(Limit::Schedule { .. })));
         // At 1.2 s the same settings are continuous once the age limit allows them.
         let fast = at(
-            &PointSettings {
+            &Limits {
                 max_chunk_age_ns: 6000 * MS,
                 ..s
             },
@@ -644,7 +623,7 @@ mod tests {
 
     #[test]
     fn an_observation_age_limit_below_the_robot_period_lengthens_the_cycle() {
-        let s = PointSettings {
+        let s = Limits {
             max_observation_age_ns: 40 * MS,
             ..settings()
         };
@@ -658,7 +637,7 @@ mod tests {
         assert!(close(p.hold_share, 1.0 - 125.0 / 360.0), "{}", p.hold_share);
         // Without the limit the cycle is 300 ms (half a period shorter than L).
         let free = OperatingPoint::estimate(
-            &PointSettings {
+            &Limits {
                 max_observation_age_ns: 0,
                 ..s
             },
@@ -668,7 +647,7 @@ mod tests {
         assert!(close(free.hold_share, 1.0 - 125.0 / 300.0));
         // Dominant where the rows cover the cycle only without it: H = 14 (700 ms rows,
         // 325 left after landing, cycle 300 free vs 360 limited).
-        let h14 = PointSettings { horizon: 14, ..s };
+        let h14 = Limits { horizon: 14, ..s };
         let p = OperatingPoint::estimate(&h14, &m(100)).unwrap();
         assert_eq!(
             p.limit,
@@ -690,7 +669,7 @@ mod tests {
 
     #[test]
     fn an_action_valid_shorter_than_the_period_expires_between_ticks() {
-        let s = PointSettings {
+        let s = Limits {
             action_valid_ns: 30 * MS,
             ..settings()
         };
@@ -711,7 +690,7 @@ mod tests {
     fn the_remaining_trigger_waits_until_d_plus_margin_steps_are_left() {
         // 32 steps of 50 ms, 200 ms (d = 4), margin 2: starts 25 steps after the capture,
         // the next lands at 1250 + 225 = 1475 < 1600: nothing holds, the NPU idles.
-        let s = PointSettings {
+        let s = Limits {
             horizon: 32,
             trigger: Trigger::Remaining { margin_steps: 2 },
             ..settings()
@@ -728,7 +707,7 @@ mod tests {
 
     #[test]
     fn prefix_modes_wait_half_a_tick_for_the_take() {
-        let s = PointSettings {
+        let s = Limits {
             merge: MergeMode::Inpaint,
             ..settings()
         };
@@ -755,7 +734,7 @@ mod tests {
         // chunk then a slow one, or a slow one then a fast one, hold 25 ms (the next lands
         // at 1625); two slow ones 1025. Over the 10 x 10 pairs: held 16 x 25 + 16 x 25 +
         // 4 x 1025 of 8 x 10 x 300 + 2 x 10 x 1300 ms.
-        let s = PointSettings {
+        let s = Limits {
             horizon: 32,
             ..settings()
         };
@@ -788,7 +767,7 @@ mod tests {
     fn synchronous_execution_holds_while_inferring_and_names_only_an_age_limit() {
         // 10 of 32 rows at 50 ms, 1.2 s latency, observations every 100 ms: rows play
         // 500 ms of a 1225 + 500 + 50 ms cycle.
-        let s = PointSettings {
+        let s = Limits {
             horizon: 32,
             trigger: Trigger::Synchronous { execute_steps: 10 },
             ..settings()
@@ -809,7 +788,7 @@ mod tests {
             .describe()
             .contains("synchronous: the arm holds while each inference runs"));
         // An age limit of 1.5 s lets rows up to 275 ms after the landing play.
-        let aged = PointSettings {
+        let aged = Limits {
             max_chunk_age_ns: 1500 * MS,
             ..s
         };
@@ -834,7 +813,7 @@ mod tests {
         // H = 10, one tick per step, 200 ms: (10 - 0.5) / (0.2 + 0.2) s.
         assert!(close(at(&settings(), 200).max_continuous_hz, 9.5 / 0.4));
         // Four ticks per step quadruple it (less the half tick).
-        let slow = PointSettings {
+        let slow = Limits {
             chunk_period_ns: 200 * MS,
             ..settings()
         };

@@ -4,7 +4,7 @@
 //! `try_lock` that simply waits for the next tick when contended.
 
 use crate::rt::{pin_current_thread, prefault_stack, set_fifo_priority};
-use crate::scheduler::{Chunk, Decision, ScheduleLimits, Scheduler};
+use crate::scheduler::{Chunk, Decision, Scheduler};
 use crate::stats::{Health, Histogram};
 use crate::tap::{Tap, TickEvent};
 use crate::{block_signals, sleep_until, Event, Histograms, LoopSettings, Shared};
@@ -71,18 +71,8 @@ impl Publisher {
         tap: Option<Arc<dyn Tap>>,
     ) -> Self {
         let geometry = settings.geometry;
-        let period_ns = settings.period.as_nanos() as u64;
-        let limits = ScheduleLimits {
-            period_ns,
-            max_chunk_age_ns: settings.max_chunk_age.as_nanos() as u64,
-            hold_after_chunk_end_ns: settings.hold_after_chunk_end.as_nanos() as u64,
-            action_valid_ns: settings.action_valid.as_nanos() as u64,
-            chunk_period_ns: settings.chunk_period.as_nanos() as u64,
-            merge: settings.merge,
-            synchronous_rows: settings
-                .trigger
-                .synchronous_rows(geometry.chunk_len as usize),
-        };
+        let period_ns = settings.limits.period_ns;
+        let limits = settings.limits;
         let steps = geometry.chunk_len as usize;
         let dims = geometry.action_dims as usize;
         // On the grid the inference thread plans prefixes with; a late thread start joins

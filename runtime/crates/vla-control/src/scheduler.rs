@@ -11,28 +11,9 @@
 //! chunk holding NaN/Inf or a silent robot publishes `hold`. Everything is preallocated
 //! at start.
 
+use crate::limits::Limits;
 use crate::plan::{crossfade_weight, sample_row, MergeMode, TickGrid};
 use vla_ring::{Action, ActionStatus};
-
-/// Limits of the schedule, in nanoseconds.
-#[derive(Clone, Copy, Debug)]
-pub struct ScheduleLimits {
-    /// Publish period.
-    pub period_ns: u64,
-    /// Time between chunk steps: `period_ns`, or longer on the slower time base.
-    pub chunk_period_ns: u64,
-    /// A chunk whose observation is older than this publishes `hold`.
-    pub max_chunk_age_ns: u64,
-    /// After the last step, the last action stays `ok` this long, then `hold`.
-    pub hold_after_chunk_end_ns: u64,
-    /// `valid_until = made + action_valid` for every published step.
-    pub action_valid_ns: u64,
-    /// How a landing chunk takes over from the one in play.
-    pub merge: MergeMode,
-    /// `Some(n)`: synchronous execution (upstream's eval protocol): a chunk starts at its
-    /// first row when it lands, plays `n` rows, then publishes `hold` until the next.
-    pub synchronous_rows: Option<usize>,
-}
 
 /// A chunk as handed over by the inference thread.
 #[derive(Clone, Debug, Default)]
@@ -68,7 +49,7 @@ pub enum Decision {
 /// merging, staleness and the hold rules. Pure logic on preallocated buffers: a tick never
 /// allocates.
 pub struct Scheduler {
-    limits: ScheduleLimits,
+    limits: Limits,
     steps: usize,
     dims: usize,
     chunk: Chunk,
@@ -96,7 +77,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// A scheduler for chunks of `steps x dims`, with every buffer allocated here.
-    pub fn new(limits: ScheduleLimits, steps: usize, dims: usize) -> Self {
+    pub fn new(limits: Limits, steps: usize, dims: usize) -> Self {
         let chunk_period = limits.chunk_period_ns.max(limits.period_ns).max(1);
         Self {
             limits,
@@ -123,7 +104,9 @@ impl Scheduler {
 
     /// Rows a chunk plays under synchronous execution (`None`: real time).
     fn synchronous_rows(&self) -> Option<usize> {
-        self.limits.synchronous_rows.map(|n| n.clamp(1, self.steps))
+        self.limits
+            .synchronous_rows()
+            .map(|n| n.clamp(1, self.steps))
     }
 
     /// Marks the dims whose values are discrete commands (a binarized gripper): they are
@@ -369,6 +352,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Trigger;
     use vla_ring::Geometry;
 
     const MS: u64 = 1_000_000;
@@ -378,14 +362,16 @@ mod tests {
     }
 
     fn setup_with(merge: MergeMode, chunk_period_ns: u64) -> (Scheduler, Action) {
-        let limits = ScheduleLimits {
+        let limits = Limits {
             period_ns: 100 * MS,
             chunk_period_ns,
             max_chunk_age_ns: 2000 * MS,
             hold_after_chunk_end_ns: 150 * MS,
             action_valid_ns: 100 * MS,
             merge,
-            synchronous_rows: None,
+            horizon: 5,
+            trigger: Trigger::BackToBack,
+            max_observation_age_ns: 0,
         };
         let g = Geometry {
             cameras: 0,
@@ -435,7 +421,7 @@ mod tests {
     #[test]
     fn synchronous_execution_starts_at_row_0_plays_its_rows_then_holds() {
         let (mut s, mut a) = setup();
-        s.limits.synchronous_rows = Some(3);
+        s.limits.trigger = Trigger::Synchronous { execute_steps: 3 };
         // Captured at 1000 ms, landed at 1250 ms: no row skipped, row 0 now.
         assert_eq!(s.land(&chunk(1, 1000), 1250 * MS), 0);
         assert_eq!(s.end_ns(), 1450 * MS, "the third row's tick");
@@ -475,7 +461,7 @@ mod tests {
     #[test]
     fn synchronous_execution_delays_the_rows_of_missed_ticks_instead_of_dropping_them() {
         let (mut s, mut a) = setup();
-        s.limits.synchronous_rows = Some(3);
+        s.limits.trigger = Trigger::Synchronous { execute_steps: 3 };
         s.land(&chunk(1, 1000), 1250 * MS);
         assert_eq!(s.tick(1250 * MS, true, false, &mut a), Decision::Step(0));
         // The ticks at 1350 and 1450 ms were missed: row 1 comes at 1550 ms, and the

@@ -7,6 +7,8 @@ use std::time::Duration;
 use vla_control::{ControlLoop, Engine, EngineError, LoopSettings, MergeMode, Prefix, Trigger};
 use vla_ring::{monotonic_ns, Action, ActionStatus, Geometry, Observation, RingReader, RingWriter};
 
+const MS: u64 = 1_000_000;
+
 const G: Geometry = Geometry {
     cameras: 1,
     height: 4,
@@ -84,20 +86,21 @@ impl Engine for Tracing {
 
 fn settings(tag: &str) -> LoopSettings {
     let dir = std::path::PathBuf::from("/dev/shm");
-    LoopSettings {
-        period: Duration::from_millis(10),
-        max_chunk_age: Duration::from_millis(500),
-        hold_after_chunk_end: Duration::from_millis(20),
-        action_valid: Duration::from_millis(15),
+    let mut s = LoopSettings {
         writer_heartbeat_timeout: Duration::from_millis(60),
         fault_after_failures: 2,
-        chunk_period: Duration::from_millis(10),
         ..LoopSettings::new(
             G,
             dir.join(format!("vla-test-{}-{tag}-obs", std::process::id())),
             dir.join(format!("vla-test-{}-{tag}-act", std::process::id())),
         )
-    }
+    };
+    s.limits.period_ns = 10 * MS;
+    s.limits.max_chunk_age_ns = 500 * MS;
+    s.limits.hold_after_chunk_end_ns = 20 * MS;
+    s.limits.action_valid_ns = 15 * MS;
+    s.limits.chunk_period_ns = 10 * MS;
+    s
 }
 
 const MODES: [MergeMode; 4] = [
@@ -194,7 +197,7 @@ fn publishes_fresh_traceable_steps_then_holds_when_the_robot_stops() {
 
 fn fresh_steps_then_hold(mode: MergeMode) {
     let mut s = settings(&format!("fresh-{}", mode.as_str()));
-    s.merge = mode;
+    s.limits.merge = mode;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     publish_obs(&mut ow, &mut obs);
@@ -312,7 +315,7 @@ fn failing_inference_holds_then_faults_and_stale_or_future_observations_are_skip
 
 fn failing_then_stale(mode: MergeMode) {
     let mut s = settings(&format!("fault-{}", mode.as_str()));
-    s.merge = mode;
+    s.limits.merge = mode;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     let fail = Arc::new(AtomicBool::new(true));
@@ -363,13 +366,13 @@ fn failing_then_stale(mode: MergeMode) {
 /// much a loaded machine stretches the engine's sleep (until it nears half a chunk).
 fn inferences_per_step(trigger: Trigger, tag: &str) -> f64 {
     let mut s = settings(tag);
-    s.trigger = trigger;
-    s.period = Duration::from_millis(40);
-    s.chunk_period = s.period;
-    s.action_valid = Duration::from_millis(80);
-    s.hold_after_chunk_end = Duration::from_millis(80);
+    s.limits.trigger = trigger;
+    s.limits.period_ns = 40 * MS;
+    s.limits.chunk_period_ns = s.limits.period_ns;
+    s.limits.action_valid_ns = 80 * MS;
+    s.limits.hold_after_chunk_end_ns = 80 * MS;
     s.writer_heartbeat_timeout = Duration::from_millis(400);
-    s.max_observation_age = Duration::from_millis(400);
+    s.limits.max_observation_age_ns = 400 * MS;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     let fail = Arc::new(AtomicBool::new(false));
@@ -413,16 +416,16 @@ fn the_synchronous_trigger_plays_its_rows_from_the_first_then_holds_for_a_later_
     // (60 ms) runs on an observation captured after those rows' time.
     const ROWS: u64 = 3;
     let mut s = settings("sync");
-    s.trigger = Trigger::Synchronous {
+    s.limits.trigger = Trigger::Synchronous {
         execute_steps: ROWS as u32,
     };
-    s.period = Duration::from_millis(40);
-    s.chunk_period = s.period;
-    s.action_valid = Duration::from_millis(80);
-    s.hold_after_chunk_end = Duration::from_millis(80);
+    s.limits.period_ns = 40 * MS;
+    s.limits.chunk_period_ns = s.limits.period_ns;
+    s.limits.action_valid_ns = 80 * MS;
+    s.limits.hold_after_chunk_end_ns = 80 * MS;
     s.writer_heartbeat_timeout = Duration::from_millis(400);
-    s.max_observation_age = Duration::from_millis(400);
-    s.max_chunk_age = Duration::from_secs(10);
+    s.limits.max_observation_age_ns = 400 * MS;
+    s.limits.max_chunk_age_ns = 10_000 * MS;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 64).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     let fail = Arc::new(AtomicBool::new(false));
@@ -486,7 +489,7 @@ fn the_synchronous_trigger_plays_its_rows_from_the_first_then_holds_for_a_later_
         "the arm holds between chunks while inferring: {holds_between:?}"
     );
     // The tick grid's phase: the earliest wake-up past a deadline is (nearly) on it.
-    let period = s.period.as_nanos() as u64;
+    let period = s.limits.period_ns;
     let phase = got.iter().map(|a| a.made_time_ns % period).min().unwrap();
     let deadline = |made: u64| made - (made + period - phase) % period;
     for pair in per_chunk.windows(2) {
@@ -546,7 +549,7 @@ impl Engine for Instructed {
 /// speed: an old chunk that plays out instead of being dropped runs far past it.
 fn switch_bound(s: &LoopSettings) -> u64 {
     const WATCH_POLL: Duration = Duration::from_millis(2 + 3);
-    (WATCH_POLL + s.period).as_nanos() as u64
+    WATCH_POLL.as_nanos() as u64 + s.limits.period_ns
 }
 
 /// The (source seq, made time) of every `ok` step computed from an observation before
@@ -566,7 +569,7 @@ fn old_steps_after_the_switch(
 #[test]
 fn an_instruction_switch_plays_no_step_of_the_old_one_and_an_unready_one_holds() {
     let mut s = settings("switch");
-    s.merge = MergeMode::Prefix;
+    s.limits.merge = MergeMode::Prefix;
     let mut ow = RingWriter::<Observation>::create(&s.observation_path, G, 8).unwrap();
     let mut obs = Observation::for_geometry(&G).unwrap();
     obs.instruction_id = 1;
@@ -706,7 +709,7 @@ fn a_truncated_observation_ring_forgets_the_robots_instruction_and_drives_once_w
         || feed(&mut ow, &mut obs),
         |_| lp.health().robot_instruction() == Some(5),
     );
-    let known = monotonic_ns() + s.period.as_nanos() as u64;
+    let known = monotonic_ns() + s.limits.period_ns;
     collect_until(
         &ar,
         "ok steps after the ring is whole again",

@@ -190,6 +190,25 @@ pub enum OtaError {
         /// The hash or prefix asked for.
         hash: String,
     },
+    /// An instruction pack names a bundle other than the one it was offered for (or, at
+    /// install, than every installed bundle).
+    PackForOtherBundle {
+        /// The pack directory.
+        pack: PathBuf,
+        /// The bundle the pack names: `name version (policy)`.
+        names: String,
+        /// The bundle(s) it was offered for, the same way.
+        bundle: String,
+    },
+    /// A pack where a bundle is needed, or a bundle where a pack is.
+    WrongKind {
+        /// The directory.
+        dir: PathBuf,
+        /// What it is: "an instruction pack" or "a bundle".
+        is: &'static str,
+        /// What was needed.
+        needed: &'static str,
+    },
     /// A hash prefix that matches more than one installed bundle.
     AmbiguousHash {
         /// The prefix asked for.
@@ -475,6 +494,18 @@ impl OtaError {
                 bytes(*free)
             ),
             NotInstalled { hash } => write!(f, "no installed bundle matches `{hash}`"),
+            PackForOtherBundle {
+                pack,
+                names,
+                bundle,
+            } => write!(
+                f,
+                "instruction pack {} is for bundle {names}, not for {bundle}",
+                pack.display()
+            ),
+            WrongKind { dir, is, needed } => {
+                write!(f, "{} is {is}, where {needed} is needed", dir.display())
+            }
             AmbiguousHash { prefix, matches } => write!(
                 f,
                 "`{prefix}` matches {matches} installed bundles: give more of the hash"

@@ -11,6 +11,8 @@
 //! bundles/<content-hash>/          verified, complete bundles (never modified)
 //! bundles/.staging-<hash>-<pid>/   a copy in progress (removed at the next start)
 //! bundles/.trash-<hash>-<pid>/     a bundle being deleted (removed at the next start)
+//! packs/<content-hash>/            verified instruction packs (`pack.json`), each naming the
+//!                                  bundle it goes with; staged like bundles, never activated
 //! current  -> bundles/<hash>       what the daemon loads (`bundle.path`)
 //! previous -> bundles/<hash>       the rollback target
 //! key-list.json                    the newest root-signed key list accepted (rotation)
@@ -67,8 +69,8 @@ use std::path::{Path, PathBuf};
 pub use error::{OtaError, SignalError};
 pub use keylist::{KeyList, KEY_LIST_FILE, KEY_LIST_SIGNATURE_FILE, STORED_KEY_LIST_FILE};
 pub use manifest::{
-    pack, pack_until, FileEntry, OtaManifest, DEFAULT_VALIDITY_S, MANIFEST_FILE, MANIFEST_FORMAT,
-    MAX_MANIFEST_BYTES, SIGNATURE_FILE,
+    pack, pack_until, FileEntry, OtaManifest, BUNDLE_FILE, DEFAULT_VALIDITY_S, MANIFEST_FILE,
+    MANIFEST_FORMAT, MAX_MANIFEST_BYTES, PACK_FILE, SIGNATURE_FILE,
 };
 pub use signing::{
     keygen, read_secret_key, sign, sign_key_list, PublicKey, MAX_SIGNATURES, MAX_SIGNATURE_BYTES,
@@ -76,9 +78,9 @@ pub use signing::{
 };
 pub use state::{OtaState, RollbackRecord, STATE_FORMAT};
 pub use store::{
-    Activated, BundleInfo, Daemon, Floor, Gated, GcReport, Installed, Placement, RolledBack,
-    SignalDaemon, StartReport, Status, Store, TrialProgress, Verdict, FLOOR_FILE, PID_FILE,
-    STATE_FILE,
+    Activated, BundleInfo, Daemon, Floor, Gated, GcReport, Installed, PackScan, Placement,
+    RolledBack, SignalDaemon, StartReport, Status, Store, TrialProgress, Verdict, FLOOR_FILE,
+    PID_FILE, STATE_FILE,
 };
 pub use trial::{TrialRecorder, TrialView, FLUSH_INTERVAL};
 pub use verify::{

@@ -19,6 +19,12 @@ use std::path::{Component, Path};
 pub const MANIFEST_FILE: &str = "ota-manifest.json";
 /// The detached signature next to it (128 lowercase hex characters and a newline).
 pub const SIGNATURE_FILE: &str = "ota-manifest.json.sig";
+/// The identity file of a bundle: what the manifest's name, version and target repeat.
+pub const BUNDLE_FILE: &str = "bundle.json";
+/// The identity file of an instruction pack: a signed file set that goes with one bundle
+/// (its `name`, `version` and `policy` are that bundle's) and is installed beside it under
+/// `packs/`, never activated. A manifest lists exactly one of the two identity files.
+pub const PACK_FILE: &str = "pack.json";
 /// The only manifest format this runtime reads and writes.
 pub const MANIFEST_FORMAT: u32 = 1;
 /// Largest manifest accepted: a bundle lists tens of files, so 1 MiB is generous and
@@ -79,12 +85,25 @@ pub(crate) struct BundleIdentity {
 }
 
 impl BundleIdentity {
-    /// Reads the identity fields of `<dir>/bundle.json`; other fields are the policy's
-    /// business and are not interpreted here.
-    pub(crate) fn read(dir: &Path) -> Result<Self, OtaError> {
-        let path = dir.join("bundle.json");
-        let bytes = crate::verify::read_small(&path, MAX_MANIFEST_BYTES, dir, "bundle.json")?;
+    /// Reads the identity fields of `<dir>/<file>` (`bundle.json` or `pack.json`); other
+    /// fields are the policy's business and are not interpreted here.
+    pub(crate) fn read(dir: &Path, file: &str) -> Result<Self, OtaError> {
+        let path = dir.join(file);
+        let bytes = crate::verify::read_small(&path, MAX_MANIFEST_BYTES, dir, file)?;
         Self::parse(&path, &bytes)
+    }
+
+    /// The identity file of the directory a manifest will be written for: `pack.json` for
+    /// a pack, else `bundle.json` (both present is refused: the kind would be ambiguous).
+    pub(crate) fn file_of(dir: &Path) -> Result<&'static str, OtaError> {
+        match (dir.join(BUNDLE_FILE).exists(), dir.join(PACK_FILE).exists()) {
+            (true, true) => Err(OtaError::BundleJson {
+                path: dir.join(PACK_FILE),
+                reason: "a directory holds bundle.json or pack.json, not both".into(),
+            }),
+            (false, true) => Ok(PACK_FILE),
+            _ => Ok(BUNDLE_FILE),
+        }
     }
 
     pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Self, OtaError> {
@@ -186,10 +205,37 @@ impl OtaManifest {
                 ));
             }
         }
-        if !seen.contains("bundle.json") {
-            return Err(invalid("files".into(), "does not list bundle.json".into()));
+        if seen.contains(BUNDLE_FILE) == seen.contains(PACK_FILE) {
+            return Err(invalid(
+                "files".into(),
+                "does not list exactly one of bundle.json and pack.json".into(),
+            ));
         }
         Ok(manifest)
+    }
+
+    /// An instruction pack (lists `pack.json`), not a bundle.
+    pub fn is_pack(&self) -> bool {
+        self.files.iter().any(|f| f.path == PACK_FILE)
+    }
+
+    /// The identity file this manifest lists: `bundle.json` or `pack.json`.
+    pub fn identity_file(&self) -> &'static str {
+        if self.is_pack() {
+            PACK_FILE
+        } else {
+            BUNDLE_FILE
+        }
+    }
+
+    /// `(name, version, policy)`: what a pack names its bundle by.
+    pub fn names(&self) -> (&str, &str, &str) {
+        (&self.name, &self.version, &self.policy)
+    }
+
+    /// Whether this manifest (a pack's) names the bundle `(name, version, policy)`.
+    pub fn goes_with(&self, bundle: (&str, &str, &str)) -> bool {
+        self.names() == bundle
     }
 
     /// The canonical bytes `pack` writes (and signs over).
@@ -263,7 +309,7 @@ pub(crate) fn hash_reader(
 }
 
 /// Writes `<bundle_dir>/ota-manifest.json` listing every file of the bundle, with the
-/// identity fields taken from `bundle.json`, and removes a signature left from an earlier
+/// identity fields taken from `bundle.json` (or a pack's `pack.json`), and removes a signature left from an earlier
 /// manifest (it would no longer match). Symbolic links and special files are refused.
 pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
     let now = std::time::SystemTime::now()
@@ -274,14 +320,15 @@ pub fn pack(bundle_dir: &Path) -> Result<OtaManifest, OtaError> {
 
 /// [`pack`] with an explicit expiry (Unix seconds, UTC) instead of [`DEFAULT_VALIDITY_S`].
 pub fn pack_until(bundle_dir: &Path, expires: u64) -> Result<OtaManifest, OtaError> {
-    let identity = BundleIdentity::read(bundle_dir)?;
+    let file = BundleIdentity::file_of(bundle_dir)?;
+    let identity = BundleIdentity::read(bundle_dir, file)?;
     for (field, value) in [
         ("version", &identity.version),
         ("min_runtime_version", &identity.min_runtime_version),
     ] {
         if Version::parse(value).is_none() {
             return Err(OtaError::BundleJson {
-                path: bundle_dir.join("bundle.json"),
+                path: bundle_dir.join(file),
                 reason: format!("`{field}` `{value}` is not a version MAJOR.MINOR.PATCH"),
             });
         }

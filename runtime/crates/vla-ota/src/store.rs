@@ -19,6 +19,7 @@ mod activation;
 mod floor;
 mod gc;
 mod install;
+mod packs;
 mod recovery;
 mod signal;
 mod trial;
@@ -27,6 +28,7 @@ pub use activation::{Activated, RolledBack};
 pub use floor::{Floor, FLOOR_FILE};
 pub use gc::{BundleInfo, GcReport, Status};
 pub use install::{Installed, Placement};
+pub use packs::PackScan;
 pub use recovery::StartReport;
 pub use signal::{Daemon, Gated, SignalDaemon};
 pub use trial::{TrialProgress, Verdict};
@@ -392,7 +394,10 @@ impl Store {
     /// Renames `dir` out of the bundle namespace, durably, then deletes it: a crash mid-way
     /// leaves a `.trash-` directory for the next start, never a half-deleted `bundles/<hash>`.
     fn discard(&self, dir: &Path, label: &str) -> Result<u64, OtaError> {
-        let bundles = self.bundles_dir();
+        // Beside it: `bundles/` or `packs/`.
+        let bundles = dir
+            .parent()
+            .map_or_else(|| self.bundles_dir(), Path::to_owned);
         let trash = bundles.join(format!("{TRASH_PREFIX}{label}-{}", std::process::id()));
         let bytes = dir_bytes(dir);
         std::fs::rename(dir, &trash).map_err(|e| OtaError::io("moving to trash", dir, e))?;

@@ -519,9 +519,9 @@ fn check_hashes(
     Ok(())
 }
 
-/// `bundle.json` says what the signed manifest says.
+/// `bundle.json` (a pack's `pack.json`) says what the signed manifest says.
 fn check_identity(bundle: &Path, manifest: &OtaManifest) -> Result<(), OtaError> {
-    let identity = BundleIdentity::read(bundle)?;
+    let identity = BundleIdentity::read(bundle, manifest.identity_file())?;
     let numbers = [
         ("soc_model", manifest.soc_model, identity.soc_model),
         ("htp_arch", manifest.htp_arch, identity.htp_arch),

@@ -71,6 +71,13 @@ pub enum PolicyError {
         /// Why, as one line.
         reason: String,
     },
+    /// A Fast-WAM instruction pack that cannot be attached to the running bundle.
+    Pack {
+        /// The pack directory.
+        pack: String,
+        /// Why, as one line.
+        reason: String,
+    },
     /// Reading an npz of the bundle (golden, tables, world model, observation) failed.
     Npz(vla_npz::NpzError),
     /// A context binary's bytes are not the ones its bundle's checker expects (e.g. a
@@ -141,14 +148,7 @@ struct FromFile<'a>(&'a str);
 
 impl core::fmt::Display for FromFile<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        for c in self.0.chars() {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                core::fmt::Write::write_char(f, c)?;
-            }
-        }
-        Ok(())
+        core::fmt::Write::write_str(&mut vla_oneline::OneLine(f), self.0)
     }
 }
 
@@ -186,6 +186,7 @@ impl core::fmt::Display for PolicyError {
                 let more = if short.len() < text.len() { "..." } else { "" };
                 write!(f, "instruction {:?}: {reason}", format!("{short}{more}"))
             }
+            PolicyError::Pack { pack, reason } => write!(f, "instruction pack {pack}: {reason}"),
             PolicyError::Npz(e) => e.fmt(f),
             PolicyError::Qnn { component, error } => write!(f, "component `{component}`: {error}"),
             PolicyError::Unverified { component, path, source } => write!(
@@ -230,11 +231,11 @@ impl PolicyError {
 impl std::error::Error for PolicyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            PolicyError::Npz(e) => Some(e),
+            // The npz error is this error's whole message: its causes are this error's.
+            PolicyError::Npz(e) => e.source(),
+            // Named in the message too: the daemon walks the chain down to the failed QNN
+            // call (its NPU fault handling).
             PolicyError::Qnn { error, .. } => Some(error),
-            PolicyError::Unverified { source, .. } => Some(source.as_ref()),
-            PolicyError::UnverifiedFile { source, .. } => Some(source.as_ref()),
-            PolicyError::Helper { error, .. } => Some(error),
             _ => None,
         }
     }

@@ -1,6 +1,135 @@
-//! Small helpers shared by the pipelines: binding buffers in graph order, timings, finiteness.
+//! Small helpers shared by the pipelines: binding buffers in graph order, the buffers a
+//! pipeline's contexts read and write (host memory or regions of registered memory),
+//! timings, finiteness.
 
+use std::ops::Range;
 use std::time::Duration;
+use vla_qnn::{Graph, QnnError, Region};
+use vla_tensor::AlignedBuf;
+
+/// Puts `items` (in the pipeline's order) at the graph positions `idx` (a permutation,
+/// checked at load).
+pub(crate) fn permute<T, const N: usize>(idx: [usize; N], items: [T; N]) -> [T; N] {
+    let mut out: [Option<T>; N] = [const { None }; N];
+    for (k, b) in items.into_iter().enumerate() {
+        out[idx[k]] = Some(b);
+    }
+    out.map(|o| o.expect("graph positions are a permutation"))
+}
+
+/// A buffer a context reads or writes: host memory handed to QNN as a client buffer, or a
+/// region of the policy's registered memory (read and written in place by the HTP).
+pub(crate) enum Buf {
+    /// Host memory (QNN copies it to and from its own buffers around each execute).
+    Host(AlignedBuf),
+    /// A region of an HTP shared buffer.
+    Shared(Region),
+}
+
+impl Buf {
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Buf::Host(b) => b.as_bytes(),
+            Buf::Shared(r) => r.as_bytes(),
+        }
+    }
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Host(b) => b.as_bytes_mut(),
+            Buf::Shared(r) => r.as_bytes_mut(),
+        }
+    }
+    pub fn as_f32(&self) -> &[f32] {
+        bytemuck::cast_slice(self.as_bytes())
+    }
+    pub fn as_f32_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(self.as_bytes_mut())
+    }
+    /// The whole buffer as a context's input.
+    pub fn src(&self) -> Src<'_> {
+        self.part(0..self.as_bytes().len())
+    }
+    /// Bytes `r` as a context's input: a registered graph was bound to that part of the
+    /// region at load, so it is handed the whole region (checked to hold the tensor).
+    pub fn part(&self, r: Range<usize>) -> Src<'_> {
+        match self {
+            Buf::Host(b) => Src::Host(&b.as_bytes()[r]),
+            Buf::Shared(region) => Src::Shared(region),
+        }
+    }
+    /// The whole buffer as a context's output.
+    pub fn dst(&mut self) -> Dst<'_> {
+        let n = self.as_bytes().len();
+        self.part_mut(0..n)
+    }
+    /// Bytes `r` as a context's output (see [`Buf::part`]).
+    pub fn part_mut(&mut self, r: Range<usize>) -> Dst<'_> {
+        match self {
+            Buf::Host(b) => Dst::Host(&mut b.as_bytes_mut()[r]),
+            Buf::Shared(region) => Dst::Shared(region),
+        }
+    }
+}
+
+impl crate::guard::Scanned for Buf {
+    fn values(&self) -> &[f32] {
+        self.as_f32()
+    }
+}
+
+/// A context input: host bytes or a registered region.
+#[derive(Clone, Copy)]
+pub(crate) enum Src<'a> {
+    Host(&'a [u8]),
+    Shared(&'a Region),
+}
+
+/// A context output: host bytes or a registered region.
+pub(crate) enum Dst<'a> {
+    Host(&'a mut [u8]),
+    Shared(&'a mut Region),
+}
+
+/// Executes `graph` on `ins` and `outs` (in the pipeline's order, put at the graph
+/// positions `idx`). A graph bound to registered memory takes regions only, read and
+/// written in place; otherwise every buffer goes to QNN as a client buffer.
+pub(crate) fn execute<const N: usize, const M: usize>(
+    graph: &mut Graph,
+    idx: ([usize; N], [usize; M]),
+    ins: [Src<'_>; N],
+    outs: [Dst<'_>; M],
+) -> Result<(), QnnError> {
+    let (ins, outs) = (permute(idx.0, ins), permute(idx.1, outs));
+    if graph.is_shared() {
+        let ins = ins.map(|s| match s {
+            Src::Shared(r) => Some(r),
+            Src::Host(_) => None,
+        });
+        let mut outs = outs.map(|d| match d {
+            Dst::Shared(r) => Some(r),
+            Dst::Host(_) => None,
+        });
+        if ins.iter().any(Option::is_none) || outs.iter().any(Option::is_none) {
+            return Err(QnnError::SharedRegion {
+                graph: graph.label().to_owned(),
+                tensor: String::new(),
+                reason: "host memory given to a graph bound to registered memory".into(),
+            });
+        }
+        let ins = ins.map(|r| r.expect("checked above"));
+        let mut outs = core::array::from_fn::<_, M, _>(|k| outs[k].take().expect("checked above"));
+        return graph.execute_regions(&ins, &mut outs);
+    }
+    let ins = ins.map(|s| match s {
+        Src::Host(b) => b,
+        Src::Shared(r) => r.as_bytes(),
+    });
+    let mut outs = outs.map(|d| match d {
+        Dst::Host(b) => b,
+        Dst::Shared(r) => r.as_bytes_mut(),
+    });
+    graph.execute(&ins, &mut outs)
+}
 
 /// Puts `bufs` (in the pipeline's order) at the graph positions `idx`.
 pub fn ordered<const N: usize>(idx: [usize; N], bufs: [&[u8]; N]) -> [&[u8]; N] {

@@ -39,6 +39,9 @@ const WORLD_INPUTS: [&str; 4] = ["video_keys", "video_values", "context", "conte
 pub struct FastWam {
     /// The bundle's `fastwam` block.
     pub settings: FastWamSettings,
+    /// The bundle's name and version, which an instruction pack must name.
+    bundle_name: String,
+    bundle_version: String,
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
     io: ([usize; 6], [usize; 1]),
@@ -56,6 +59,8 @@ pub struct FastWam {
     prefix: PrefixBuffers,
     /// action_step's I/O in an HTP shared buffer ([`FastWam::use_shared_buffers`]).
     shared: Option<SharedIo>,
+    /// Bytes the host has copied between buffers ([`FastWam::host_copy_bytes`]).
+    host_copied: u64,
 }
 
 /// action_step's inputs and output registered in one shared buffer.
@@ -227,7 +232,10 @@ impl FastWam {
             action_step: g,
             chain,
             settings: f,
+            bundle_name: bundle.manifest.name.clone(),
+            bundle_version: bundle.manifest.version.clone(),
             shared: None,
+            host_copied: 0,
         })
     }
 
@@ -268,6 +276,14 @@ impl FastWam {
         Ok(())
     }
 
+    /// Bytes the host has copied from one buffer into another since load, in all: on a
+    /// shared buffer the latents and the timestep into it before each step (the world-model
+    /// tensors once, at the move, are not counted). What QNN copies is action_step's
+    /// `client_buffer_bytes`.
+    pub fn host_copy_bytes(&self) -> u64 {
+        self.host_copied
+    }
+
     /// Whether action_step runs on an HTP shared buffer.
     pub fn on_shared_buffers(&self) -> bool {
         self.shared.is_some()
@@ -297,6 +313,7 @@ impl FastWam {
         let bytes = s.buffer.as_bytes_mut();
         bytes[s.latents.clone()].copy_from_slice(self.latents.as_bytes());
         bytes[s.timestep.clone()].copy_from_slice(self.timestep.as_bytes());
+        self.host_copied += (s.latents.len() + s.timestep.len()) as u64;
         graph.execute_shared(&mut s.buffer)
     }
 
@@ -306,6 +323,60 @@ impl FastWam {
             Some(s) => bytemuck::cast_slice_mut(&mut s.buffer.as_bytes_mut()[s.pred.clone()]),
             None => self.pred.as_f32_mut(),
         }
+    }
+
+    /// The instruction id of `text`: a fixed instruction of the same normalized text, else
+    /// an attached pack's (see the `pack` module); refused in one line otherwise (Fast-WAM
+    /// has no text encoder on the device) and for an open-loop bundle.
+    pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
+        match &self.chain {
+            Some(c) => crate::text::pack_lookup(&c.packs, &self.settings_instructions(), text),
+            None => Err(PolicyError::Instruction {
+                text: String::from_utf8_lossy(text).into_owned(),
+                reason: "an open-loop Fast-WAM bundle takes no instruction".into(),
+            }),
+        }
+    }
+
+    fn settings_instructions(&self) -> Vec<String> {
+        self.settings
+            .chain
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.instructions.clone())
+    }
+
+    /// A lookup of texts in the fixed list and the attached packs, to run off the
+    /// inference thread; `None` for an open-loop bundle.
+    pub fn text_renderer(&self) -> Option<crate::TextRenderer> {
+        let chain = self.chain.as_ref()?;
+        Some(crate::TextRenderer::packs(
+            chain.packs.clone(),
+            Arc::new(self.settings_instructions()),
+        ))
+    }
+
+    /// Attaches the instruction pack in `dir` (see [`crate::Policy::attach_pack`]).
+    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+        let refused = |reason: &str| PolicyError::Pack {
+            pack: dir.display().to_string(),
+            reason: reason.into(),
+        };
+        let Some(chain) = self.chain.as_mut() else {
+            return Err(refused("an open-loop Fast-WAM bundle takes no instruction"));
+        };
+        let settings = self
+            .settings
+            .chain
+            .as_ref()
+            .expect("a chain has its settings");
+        let packs = Arc::get_mut(&mut chain.packs)
+            .ok_or_else(|| refused("packs are attached before any text renderer is handed out"))?;
+        packs.attach(dir, (&self.bundle_name, &self.bundle_version), settings)
+    }
+
+    /// The attached instruction packs (chain bundles).
+    pub fn packs(&self) -> Option<&crate::InstructionPacks> {
+        self.chain.as_ref().map(|c| &*c.packs)
     }
 
     /// Every resident graph in pipeline order.

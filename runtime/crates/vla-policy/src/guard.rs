@@ -13,7 +13,9 @@
 //!
 //! One scan is outstanding at a time. The buffers are shared by `Arc`: the helper drops
 //! its clones before it answers, so after a verdict the pipeline again owns them alone
-//! and writes them in place (`Arc::make_mut` without a copy). Two `vla_fork::Mailbox`es
+//! and writes them in place (`Arc::get_mut`). A scanned buffer is anything that reads as
+//! f32 values ([`Scanned`]): host memory, or a region of registered NPU memory that the
+//! context running meanwhile only reads. Two `vla_fork::Mailbox`es
 //! carry a job there and a verdict back: a scan allocates nothing, and neither does a
 //! wait.
 
@@ -22,7 +24,19 @@ use std::sync::Arc;
 use vla_fork::Mailbox;
 use vla_tensor::AlignedBuf;
 
-type Job = (usize, Arc<AlignedBuf>, Option<Arc<AlignedBuf>>);
+/// What a scan reads: f32 values that nobody writes while the scan holds them.
+pub(crate) trait Scanned: Send + Sync {
+    /// The values.
+    fn values(&self) -> &[f32];
+}
+
+impl Scanned for AlignedBuf {
+    fn values(&self) -> &[f32] {
+        self.as_f32()
+    }
+}
+
+type Job = (usize, Arc<dyn Scanned>, Option<Arc<dyn Scanned>>);
 
 /// Run first on every helper thread a policy starts (pinning, priority), given its name.
 pub type HelperSetup = Arc<dyn Fn(&str) + Send + Sync>;
@@ -66,8 +80,8 @@ pub(crate) struct ScanGuard {
     helper: Option<std::thread::JoinHandle<()>>,
 }
 
-fn scan_now(a: &AlignedBuf, b: Option<&AlignedBuf>) -> usize {
-    count_non_finite(a.as_f32()) + b.map_or(0, |b| count_non_finite(b.as_f32()))
+fn scan_now(a: &dyn Scanned, b: Option<&dyn Scanned>) -> usize {
+    count_non_finite(a.values()) + b.map_or(0, |b| count_non_finite(b.values()))
 }
 
 impl ScanGuard {
@@ -82,7 +96,7 @@ impl ScanGuard {
                     setup("vla-guard");
                 }
                 while let Some((_, a, b)) = mail.0.jobs.take() {
-                    let bad = scan_now(&a, b.as_deref());
+                    let bad = scan_now(&*a, b.as_deref());
                     drop((a, b));
                     if mail.0.verdicts.put(bad).is_err() {
                         break;
@@ -101,14 +115,16 @@ impl ScanGuard {
     /// Starts the scan of `a` (and `b`) under `tag`. A scan still outstanding is
     /// collected first and returned: the caller must not lose its verdict.
     #[must_use]
-    pub fn scan(
+    pub fn scan<T: Scanned + 'static>(
         &mut self,
         tag: usize,
-        a: &Arc<AlignedBuf>,
-        b: Option<&Arc<AlignedBuf>>,
+        a: &Arc<T>,
+        b: Option<&Arc<T>>,
     ) -> Option<Verdict> {
         let previous = self.verdict();
-        let sent = self.helper_alive && self.mail.jobs.put((tag, a.clone(), b.cloned())).is_ok();
+        // Unsized clones of the caller's `Arc`s: no allocation.
+        let job: Job = (tag, a.clone(), b.map(|b| b.clone() as Arc<dyn Scanned>));
+        let sent = self.helper_alive && self.mail.jobs.put(job).is_ok();
         if sent {
             self.pending = Some(tag);
         } else {
@@ -116,7 +132,7 @@ impl ScanGuard {
             self.helper_alive = false;
             self.inline = Some(Verdict {
                 tag,
-                bad: scan_now(a, b.map(|b| &**b)),
+                bad: scan_now(&**a, b.map(|b| &**b as &dyn Scanned)),
             });
         }
         previous

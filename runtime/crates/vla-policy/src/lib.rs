@@ -6,7 +6,7 @@
 //! buffer; [`Policy::infer`] fills the buffer without allocating.
 //!
 //! The bundle layout and every step of the glue are specified in `docs/bundle-format.md`;
-//! `scripts/reference.py` implements the same contract independently in numpy.
+//! `tools/vla_host/vla_host/reference.py` implements the same contract independently in numpy.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +21,7 @@ pub mod manifest;
 mod molmoact2;
 mod noise;
 mod norm;
+mod pack;
 mod parity;
 mod prefix;
 mod preprocess;
@@ -41,15 +42,16 @@ pub use manifest::{
     Manifest, OutputGate, ParityGate, PolicyKind, Threshold, ANY_OUTPUT, GATE_FLOOR,
 };
 pub use molmoact2::{
-    initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TextRenderer, TextSlot,
-    TEXT_SLOTS,
+    initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TextSlot, TEXT_SLOTS,
 };
 pub use noise::{fill_gaussian, SplitMix64};
 pub use norm::{state_token_id, Normalizer};
+pub use pack::{normalize_pack_text, InstructionPacks, PACK_FILE, PACK_INSTRUCTION_FLAG};
 pub use parity::{BundleParity, EndToEndParity, ObservationFile, StageParity};
 pub use prefix::{prefix_mask, ActionPrefix, PrefixMethod};
 pub use preprocess::Preprocessor;
 pub use prompt::{attention_bias, Instruction};
+pub use text::{RenderedText, TextRenderer};
 
 use vla_qnn::Backend;
 
@@ -66,8 +68,9 @@ pub struct Observation<'a> {
     pub frames: &'a [u8],
     /// The robot state (`state_dims` values); must be finite.
     pub state: &'a [f32],
-    /// A fixed instruction's index (below the bundle's count), or a rendered text's id
-    /// ([`TEXT_INSTRUCTION_FLAG`] set) as [`Policy::instruction_from_text`] gave it.
+    /// A fixed instruction's index (below the bundle's count), a rendered text's id
+    /// ([`TEXT_INSTRUCTION_FLAG`] set) as [`Policy::instruction_from_text`] gave it, or a
+    /// Fast-WAM pack instruction's id ([`PACK_INSTRUCTION_FLAG`] set).
     pub instruction_id: u32,
     /// Seed of the flow-matching noise (KeyStone candidate k uses `seed + k`).
     pub seed: u64,
@@ -77,12 +80,14 @@ impl Observation<'_> {
     /// The checks every policy makes on the robot side of an observation: the state's
     /// length and finiteness (a non-finite state is refused: fail closed) and the
     /// instruction id against the bundle's fixed list (`instructions`) or, flagged, its
-    /// `text_slots` rendered texts: a plain id never selects a text.
+    /// `text_slots` rendered texts or the attached `packs`' instructions: a plain id never
+    /// selects a text or a pack's rows.
     pub(crate) fn check_state_and_instruction(
         &self,
         state_dims: usize,
         instructions: usize,
         text_slots: usize,
+        packs: Option<&InstructionPacks>,
     ) -> Result<(), PolicyError> {
         if self.state.len() != state_dims {
             return Err(PolicyError::Observation {
@@ -101,15 +106,18 @@ impl Observation<'_> {
         let id = self.instruction_id;
         let known = if id & TEXT_INSTRUCTION_FLAG != 0 {
             ((id & !TEXT_INSTRUCTION_FLAG) as usize) < text_slots
+        } else if id & PACK_INSTRUCTION_FLAG != 0 {
+            packs.is_some_and(|p| p.contains(id))
         } else {
             (id as usize) < instructions
         };
         if !known {
+            let packed = packs.map_or(0, InstructionPacks::instructions);
             return Err(PolicyError::Observation {
                 field: "instruction_id",
                 expected: format!(
-                    "0..{instructions} (the bundle's instructions) or one of {text_slots} \
-                     rendered texts' ids"
+                    "0..{instructions} (the bundle's instructions), one of {text_slots} \
+                     rendered texts' ids or one of {packed} pack instructions' ids"
                 ),
                 found: self.instruction_id.to_string(),
             });
@@ -228,36 +236,71 @@ impl Policy {
     }
 
     /// The instruction id of an instruction given as text (see
-    /// [`MolmoAct2::instruction_from_text`]); Fast-WAM bundles take their fixed list only.
+    /// [`MolmoAct2::instruction_from_text`]); a Fast-WAM chain bundle looks it up in its
+    /// fixed list and its attached instruction packs ([`FastWam::instruction_from_text`]).
     pub fn instruction_from_text(&mut self, text: &[u8]) -> Result<u32, PolicyError> {
         match self {
             Policy::MolmoAct2(p) => p.instruction_from_text(text),
-            Policy::FastWam(_) => Err(PolicyError::Instruction {
-                text: String::from_utf8_lossy(text).into_owned(),
-                reason: "a Fast-WAM bundle takes only its fixed instructions".into(),
-            }),
+            Policy::FastWam(p) => p.instruction_from_text(text),
         }
     }
 
     /// A renderer of instructions given as text, to run off the inference thread (see
-    /// [`MolmoAct2::text_renderer`]); `None` for Fast-WAM and bundles without a `text` block.
+    /// [`MolmoAct2::text_renderer`], [`FastWam::text_renderer`]); `None` for MolmoAct2
+    /// bundles without a `text` block and open-loop Fast-WAM.
     pub fn text_renderer(&self) -> Option<TextRenderer> {
         match self {
             Policy::MolmoAct2(p) => p.text_renderer(),
-            Policy::FastWam(_) => None,
+            Policy::FastWam(p) => p.text_renderer(),
         }
     }
 
     /// Installs a text rendered by this policy's [`TextRenderer`] (see
-    /// [`MolmoAct2::install_text`]); `None` for Fast-WAM (which has no renderer).
+    /// [`MolmoAct2::install_text`]): its instruction id and the text slot it replaced.
+    /// What Fast-WAM's renderer gives is an id the policy already holds: nothing to
+    /// install (pass `text` empty: it is not kept). `None` for a rendering of the other
+    /// policy kind. No allocation.
     pub fn install_text(
         &mut self,
         text: Vec<u8>,
-        instruction: Instruction,
+        rendered: RenderedText,
     ) -> Option<(u32, Option<TextSlot>)> {
+        match (self, rendered) {
+            (Policy::MolmoAct2(p), RenderedText::Prompt(instruction)) => {
+                Some(p.install_text(text, instruction))
+            }
+            // Nothing is kept: the text is dropped here, so the inference thread passes
+            // it empty (freeing nothing), as the daemon does.
+            (Policy::FastWam(_), RenderedText::Existing(id)) => {
+                drop(text);
+                Some((id, None))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `id`, flagged [`PACK_INSTRUCTION_FLAG`], names an attached pack instruction
+    /// (no allocation: for the inference thread's readiness check).
+    pub fn has_pack_instruction(&self, id: u32) -> bool {
         match self {
-            Policy::MolmoAct2(p) => Some(p.install_text(text, instruction)),
-            Policy::FastWam(_) => None,
+            Policy::FastWam(p) => p.packs().is_some_and(|packs| packs.contains(id)),
+            Policy::MolmoAct2(_) => false,
+        }
+    }
+
+    /// Attaches the Fast-WAM instruction pack in `dir` (verified by the caller, e.g. the
+    /// OTA store) to this policy: its instructions become selectable by id and by text.
+    /// Before any [`TextRenderer`] is handed out (renderers share the packs). Returns the
+    /// pack's label and instruction count; refused in one line for MolmoAct2, open-loop
+    /// Fast-WAM, another bundle or a pack that does not fit.
+    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+        match self {
+            Policy::FastWam(p) => p.attach_pack(dir),
+            Policy::MolmoAct2(_) => Err(PolicyError::Pack {
+                pack: dir.display().to_string(),
+                reason: "instruction packs are for Fast-WAM bundles (MolmoAct2 renders text)"
+                    .into(),
+            }),
         }
     }
 
@@ -332,21 +375,15 @@ impl Policy {
     }
 
     /// Moves the policy's NPU I/O into HTP shared buffers from `rpc` (registered with the
-    /// contexts: no copies by QNN around each execute). So far only Fast-WAM's open-loop
-    /// form can; the others, and a backend that refuses the registration, return the error
-    /// and stay on client buffers.
+    /// contexts: no copies by QNN around each execute; chained contexts share regions).
+    /// MolmoAct2 and Fast-WAM's open-loop form can; Fast-WAM's world-model chain, and a
+    /// backend that refuses the registration, return the error and stay on client buffers.
     pub fn use_shared_buffers(
         &mut self,
         rpc: &std::sync::Arc<vla_qnn::RpcMem>,
     ) -> Result<(), PolicyError> {
         match self {
-            Policy::MolmoAct2(_) => Err(PolicyError::Qnn {
-                component: "molmoact2".into(),
-                error: vla_qnn::QnnError::NotAvailable {
-                    what: "shared buffers",
-                    reason: "the MolmoAct2 pipeline does not run on registered memory yet".into(),
-                },
-            }),
+            Policy::MolmoAct2(p) => p.use_shared_buffers(rpc),
             Policy::FastWam(p) => p.use_shared_buffers(rpc),
         }
     }
@@ -354,8 +391,18 @@ impl Policy {
     /// Whether the policy's NPU I/O is in HTP shared buffers.
     pub fn on_shared_buffers(&self) -> bool {
         match self {
-            Policy::MolmoAct2(_) => false,
+            Policy::MolmoAct2(p) => p.on_shared_buffers(),
             Policy::FastWam(p) => p.on_shared_buffers(),
+        }
+    }
+
+    /// Bytes the host glue has copied from one buffer into another since load, in all (see
+    /// [`MolmoAct2::host_copy_bytes`], [`FastWam::host_copy_bytes`]). With each graph's
+    /// `client_buffer_bytes` (QNN's copies), what an inference copies.
+    pub fn host_copy_bytes(&self) -> u64 {
+        match self {
+            Policy::MolmoAct2(p) => p.host_copy_bytes(),
+            Policy::FastWam(p) => p.host_copy_bytes(),
         }
     }
 

@@ -21,10 +21,20 @@
 //!
 //! The host steps between contexts are public functions so the benchmarks time the code
 //! the pipeline runs.
+//!
+//! On HTP shared buffers ([`MolmoAct2::use_shared_buffers`]) every one of those buffers is
+//! a region of one registered arena allocated at load, and each context's tensors are
+//! registered where the buffers above already chain them: a split's hidden_out is the
+//! region the next split reads, its keys and values are its part of action_context's
+//! inputs, k_ctx/v_ctx are action_step's. The host glue writes its results into the next
+//! context's input region (prompt rows, the trajectory, the timestep), and QNN copies
+//! nothing. The guard's scans hold the region they read by `Arc` while the next context
+//! runs; that context takes it by `&` (it only reads it), and every region a context
+//! writes by `&mut`, so the binding's borrows are what keeps a scan and a write apart.
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::exec::{count_non_finite, execute, permute, Buf, Src, Timings};
 use crate::guard::{ScanGuard, Verdict};
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
@@ -35,12 +45,13 @@ use crate::preprocess::Preprocessor;
 use crate::prompt::Instruction;
 use crate::prompt::PromptTables;
 use crate::text::TextPrompt;
+use crate::text::TextRenderer;
 use crate::TEXT_INSTRUCTION_FLAG;
 use crate::{LoadOptions, Observation};
 use std::sync::Arc;
 use std::time::Instant;
 use vla_fork::Fork;
-use vla_qnn::Backend;
+use vla_qnn::{align_region, Backend, Region, RpcMem, SharedBuffer};
 use vla_tensor::AlignedBuf;
 
 /// A loaded MolmoAct2 policy: its resident contexts, the host glue's tables and every
@@ -60,26 +71,33 @@ pub struct MolmoAct2 {
     context_io: ([usize; 2], [usize; 2]),
     pub(crate) action_step: LoadedGraph,
     step_io: ([usize; 6], [usize; 1]),
-    pixel_values: AlignedBuf,
-    image_embeds: AlignedBuf,
+    pixel_values: Buf,
+    image_embeds: Buf,
     /// Split 0's input: the scaffold of `prompt_instruction` plus the observation rows.
-    prompt_hidden: AlignedBuf,
+    prompt_hidden: Buf,
     prompt_instruction: Option<usize>,
     /// The buffers below in an `Arc` are shared with the guard's helper while it scans
     /// them, i.e. while the next context runs (`guard`).
-    hidden: [Arc<AlignedBuf>; 2],
-    keys: AlignedBuf,
-    values: AlignedBuf,
+    hidden: [Arc<Buf>; 2],
+    keys: Buf,
+    values: Buf,
     split_kv_bytes: usize,
-    k_ctx: Arc<AlignedBuf>,
-    v_ctx: Arc<AlignedBuf>,
+    k_ctx: Arc<Buf>,
+    v_ctx: Arc<Buf>,
     guard: ScanGuard,
     /// Runs half of the preprocess and of the prompt rows.
     fork: Fork,
-    trajectory: AlignedBuf,
-    step_out: AlignedBuf,
-    timestep: AlignedBuf,
-    dim_is_pad: AlignedBuf,
+    trajectory: Buf,
+    step_out: Buf,
+    timestep: Buf,
+    dim_is_pad: Buf,
+    /// On shared buffers: the instruction's attention bias (every split's input) and
+    /// encoder mask (action_step's) in registered memory, written with the scaffold. On
+    /// client buffers the contexts read them from the prompt tables.
+    instruction_io: Option<(Buf, Buf)>,
+    /// Bytes the host glue has copied from one buffer into another (not computed), in
+    /// all: [`MolmoAct2::host_copy_bytes`].
+    host_copied: u64,
     candidates: Vec<f32>,
     keystone: Option<KeyStoneSelector>,
     last_choice: Option<usize>,
@@ -104,22 +122,6 @@ pub const TEXT_SLOTS: usize = 4;
 /// A text slot's text and rendered instruction, as [`MolmoAct2::install_text`] hands back
 /// the one it replaced.
 pub type TextSlot = (Vec<u8>, Instruction);
-
-/// Renders instructions given as text for one policy, on any thread: shares the bundle's
-/// tokenizer, template and mapped embedding table with it. Rendering allocates; hand the
-/// result to [`MolmoAct2::install_text`] on the inference thread.
-#[derive(Clone)]
-pub struct TextRenderer {
-    prompt: Arc<TextPrompt>,
-    settings: Arc<MolmoAct2Settings>,
-}
-
-impl TextRenderer {
-    /// Renders `text` (UTF-8 bytes) or refuses it in one line ([`PolicyError::Instruction`]).
-    pub fn render(&self, text: &[u8]) -> Result<Instruction, PolicyError> {
-        self.prompt.render(text, &self.settings)
-    }
-}
 
 /// The state-token id of every state value: normalize, clip, quantize (step 2).
 pub fn state_token_ids(norm: &Normalizer, state: &[f32], ids: &mut [usize]) {
@@ -172,8 +174,15 @@ fn start_fork(options: &LoadOptions) -> Result<Fork, PolicyError> {
     })
 }
 
+/// The pipeline's own hold of a buffer it shares with the guard's helper while a scan runs.
+/// Every scan of it was collected before the pipeline writes it again (the guard hands its
+/// clones back with its verdict), so this never fails; a failure is a bug in that order.
+fn unique(buf: &mut Arc<Buf>) -> &mut Buf {
+    Arc::get_mut(buf).expect("the scan of this buffer was collected before it is written")
+}
+
 /// Writes NaN into `buf` when `fault` names `component` (fault-injection builds only).
-fn poison(fault: &Option<String>, component: &str, buf: &mut AlignedBuf) {
+fn poison(fault: &Option<String>, component: &str, buf: &mut Buf) {
     if cfg!(feature = "fault-injection") && fault.as_deref() == Some(component) {
         if let Some(v) = buf.as_f32_mut().first_mut() {
             *v = f32::NAN;
@@ -279,7 +288,7 @@ impl MolmoAct2 {
         let mut names: Vec<String> = vec!["vision".into()];
         names.extend((0..m.llm_splits).map(|i| format!("llm_split{i}")));
         names.extend(["action_context".to_string(), "action_step".to_string()]);
-        let f32s = |n: usize| AlignedBuf::zeroed(n * 4);
+        let f32s = |n: usize| Buf::Host(AlignedBuf::zeroed(n * 4));
         let numel = |v: &[usize]| v.iter().product::<usize>();
         Ok(Self {
             pre: Preprocessor::new(
@@ -315,7 +324,9 @@ impl MolmoAct2 {
             trajectory: f32s(numel(&traj)),
             step_out: f32s(numel(&traj)),
             timestep: f32s(1),
-            dim_is_pad,
+            dim_is_pad: Buf::Host(dim_is_pad),
+            instruction_io: None,
+            host_copied: 0,
             candidates: vec![0.0; k * m.action_horizon * m.action_dims],
             keystone,
             last_choice: None,
@@ -333,6 +344,145 @@ impl MolmoAct2 {
             text_next: 0,
             settings: m,
         })
+    }
+
+    /// Moves every context's inputs and outputs into one HTP shared buffer from `rpc`,
+    /// split into a region per pipeline buffer and registered with each context where the
+    /// pipeline already chains them (see the module doc): from then on QNN copies nothing
+    /// around an execute. The buffers' contents move over once, here. On error every
+    /// registration is dropped and the policy stays on client buffers.
+    pub fn use_shared_buffers(&mut self, rpc: &Arc<RpcMem>) -> Result<(), PolicyError> {
+        if self.on_shared_buffers() {
+            return Ok(());
+        }
+        let qnn = |component: &str| {
+            let component = component.to_string();
+            move |error| PolicyError::Qnn { component, error }
+        };
+        // No scan may hold a buffer that is about to be replaced.
+        let _ = self.guard.verdict();
+        let instr = &self.prompt.instructions[0];
+        let bias_len = instr.attention_bias.len() * 4;
+        let mask_len = instr.encoder_mask.len() * 4;
+        // One region per buffer, in this order (`regions` below takes them back out).
+        let lens = [
+            self.pixel_values.as_bytes().len(),
+            self.image_embeds.as_bytes().len(),
+            self.prompt_hidden.as_bytes().len(),
+            self.hidden[0].as_bytes().len(),
+            self.hidden[1].as_bytes().len(),
+            self.keys.as_bytes().len(),
+            self.values.as_bytes().len(),
+            self.k_ctx.as_bytes().len(),
+            self.v_ctx.as_bytes().len(),
+            self.trajectory.as_bytes().len(),
+            self.step_out.as_bytes().len(),
+            self.timestep.as_bytes().len(),
+            self.dim_is_pad.as_bytes().len(),
+            bias_len,
+            mask_len,
+        ];
+        let mut at = 0;
+        let ranges = lens.map(|n| {
+            let r = at..at + n;
+            at += align_region(n);
+            r
+        });
+        let arena = SharedBuffer::allocate(rpc, at).map_err(qnn("molmoact2"))?;
+        let regions = arena.into_regions(&ranges).map_err(qnn("molmoact2"))?;
+        let regions: [Region; 15] = regions.try_into().expect("one region per range");
+        let [pv, ie, ph, h0, h1, k, v, kc, vc, tr, so, ts, pad, bias, mask] = &regions;
+        let kv = self.split_kv_bytes;
+        let bound = (|| {
+            let g = &mut self.vision.graph;
+            let (vi, vo) = self.vision_io;
+            g.bind_regions(&permute(vi, [(pv, 0)]), &permute(vo, [(ie, 0)]))
+                .map_err(qnn("vision"))?;
+            for (i, split) in self.splits.iter_mut().enumerate() {
+                let (si, so) = self.split_io[i];
+                let (src, dst) = match i {
+                    0 => (ph, h0),
+                    _ if i % 2 == 1 => (h0, h1),
+                    _ => (h1, h0),
+                };
+                split
+                    .graph
+                    .bind_regions(
+                        &permute(si, [(src, 0), (bias, 0)]),
+                        &permute(so, [(dst, 0), (k, i * kv), (v, i * kv)]),
+                    )
+                    .map_err(qnn(&split.component))?;
+            }
+            let (xi, xo) = self.context_io;
+            self.action_context
+                .graph
+                .bind_regions(
+                    &permute(xi, [(k, 0), (v, 0)]),
+                    &permute(xo, [(kc, 0), (vc, 0)]),
+                )
+                .map_err(qnn("action_context"))?;
+            let (pi, po) = self.step_io;
+            self.action_step
+                .graph
+                .bind_regions(
+                    &permute(
+                        pi,
+                        [(tr, 0), (ts, 0), (kc, 0), (vc, 0), (mask, 0), (pad, 0)],
+                    ),
+                    &permute(po, [(so, 0)]),
+                )
+                .map_err(qnn("action_step"))
+        })();
+        if let Err(e) = bound {
+            let splits = self.splits.iter_mut();
+            for g in [
+                &mut self.vision,
+                &mut self.action_context,
+                &mut self.action_step,
+            ]
+            .into_iter()
+            .chain(splits)
+            {
+                g.graph.unbind_shared();
+            }
+            return Err(e);
+        }
+        let [pv, ie, ph, h0, h1, k, v, kc, vc, tr, so, ts, pad, bias, mask] = regions;
+        let moved = |old: &mut Buf, mut region: Region| {
+            region.as_bytes_mut().copy_from_slice(old.as_bytes());
+            *old = Buf::Shared(region);
+        };
+        moved(&mut self.pixel_values, pv);
+        moved(&mut self.image_embeds, ie);
+        moved(&mut self.prompt_hidden, ph);
+        moved(unique(&mut self.hidden[0]), h0);
+        moved(unique(&mut self.hidden[1]), h1);
+        moved(&mut self.keys, k);
+        moved(&mut self.values, v);
+        moved(unique(&mut self.k_ctx), kc);
+        moved(unique(&mut self.v_ctx), vc);
+        moved(&mut self.trajectory, tr);
+        moved(&mut self.step_out, so);
+        moved(&mut self.timestep, ts);
+        moved(&mut self.dim_is_pad, pad);
+        self.instruction_io = Some((Buf::Shared(bias), Buf::Shared(mask)));
+        // The next inference writes the scaffold, bias and mask of its instruction.
+        self.prompt_instruction = None;
+        Ok(())
+    }
+
+    /// Whether the contexts run on HTP shared buffers.
+    pub fn on_shared_buffers(&self) -> bool {
+        self.instruction_io.is_some()
+    }
+
+    /// Bytes the host glue has copied from one buffer into another since load, in all
+    /// (not what it computes): the scaffold (and on shared buffers the attention bias and
+    /// encoder mask) when the instruction changes, and each candidate's rows out of the
+    /// trajectory. What QNN copies around client buffers is each graph's
+    /// `client_buffer_bytes`.
+    pub fn host_copy_bytes(&self) -> u64 {
+        self.host_copied
     }
 
     /// The instruction id of `text` (UTF-8 bytes), rendering it when it is not rendered yet:
@@ -365,10 +515,10 @@ impl MolmoAct2 {
     /// A renderer of instructions given as text for this policy, to run off the inference
     /// thread; `None` for a bundle without a `text` block.
     pub fn text_renderer(&self) -> Option<TextRenderer> {
-        Some(TextRenderer {
-            prompt: self.text.clone()?,
-            settings: Arc::new(self.settings.clone()),
-        })
+        Some(TextRenderer::prompt(
+            self.text.clone()?,
+            Arc::new(self.settings.clone()),
+        ))
     }
 
     /// Puts `instruction`, rendered from `text` by this policy's [`TextRenderer`], into a
@@ -439,7 +589,12 @@ impl MolmoAct2 {
                 found: format!("{} bytes", obs.frames.len()),
             });
         }
-        obs.check_state_and_instruction(m.state_dims, m.instructions.len(), self.text_slots.len())?;
+        obs.check_state_and_instruction(
+            m.state_dims,
+            m.instructions.len(),
+            self.text_slots.len(),
+            None,
+        )?;
         // LeRobot's pipeline raises on such a gripper ("set normalize_gripper=True"): no
         // action from it, so none from vlad either (the loop holds), never a clipped one.
         if let Some((i, x)) = self.state_norm.refused(obs.state) {
@@ -522,14 +677,13 @@ impl MolmoAct2 {
                 error,
             })?;
         let t = Instant::now();
-        let (vi, vo) = self.vision_io;
-        self.vision
-            .graph
-            .execute(
-                &ordered(vi, [self.pixel_values.as_bytes()]),
-                &mut ordered_mut(vo, [self.image_embeds.as_bytes_mut()]),
-            )
-            .map_err(Self::qnn("vision"))?;
+        execute(
+            &mut self.vision.graph,
+            self.vision_io,
+            [self.pixel_values.src()],
+            [self.image_embeds.dst()],
+        )
+        .map_err(Self::qnn("vision"))?;
         self.timings.add(0, t.elapsed());
         poison(&self.fault, "vision", &mut self.image_embeds);
         Ok(())
@@ -542,6 +696,13 @@ impl MolmoAct2 {
         let instr = &self.prompt.instructions[index];
         if self.prompt_instruction != Some(index) {
             instr.write_scaffold(self.prompt_hidden.as_f32_mut());
+            let mut copied = self.prompt_hidden.as_bytes().len();
+            if let Some((bias, mask)) = &mut self.instruction_io {
+                bias.as_f32_mut().copy_from_slice(&instr.attention_bias);
+                mask.as_f32_mut().copy_from_slice(&instr.encoder_mask);
+                copied += bias.as_bytes().len() + mask.as_bytes().len();
+            }
+            self.host_copied += copied as u64;
             self.prompt_instruction = Some(index);
         }
         state_token_ids(&self.state_norm, obs.state, &mut self.state_ids);
@@ -565,32 +726,37 @@ impl MolmoAct2 {
     /// The LLM chain: split 0 reads the prompt buffer, then the hidden state ping-pongs;
     /// KV written in place into the action_context inputs.
     fn run_llm(&mut self, instruction: usize) -> Result<(), PolicyError> {
-        let bias: &[u8] =
-            bytemuck::cast_slice(&self.prompt.instructions[instruction].attention_bias);
+        let bias = match &self.instruction_io {
+            Some((bias, _)) => bias.src(),
+            None => Src::Host(bytemuck::cast_slice(
+                &self.prompt.instructions[instruction].attention_bias,
+            )),
+        };
         let kv = self.split_kv_bytes;
         for i in 0..self.splits.len() {
-            let (si, so) = self.split_io[i];
             let split = &mut self.splits[i];
             let (a, b) = self.hidden.split_at_mut(1);
-            let (src, dst): (&AlignedBuf, _) = match i {
+            let (src, dst): (&Buf, _) = match i {
                 0 => (&self.prompt_hidden, &mut a[0]),
                 _ if i % 2 == 1 => (&a[0], &mut b[0]),
                 _ => (&b[0], &mut a[0]),
             };
-            let keys = &mut self.keys.as_bytes_mut()[i * kv..(i + 1) * kv];
-            let values = &mut self.values.as_bytes_mut()[i * kv..(i + 1) * kv];
+            // Unique: its last scan (split i - 2's) was collected after split i - 1 ran.
+            let out = unique(dst);
             let t = Instant::now();
-            split
-                .graph
-                .execute(
-                    &ordered(si, [src.as_bytes(), bias]),
-                    // Unique: its last scan (split i - 2's) was collected after split
-                    // i - 1 ran, so no copy is made.
-                    &mut ordered_mut(so, [Arc::make_mut(dst).as_bytes_mut(), keys, values]),
-                )
-                .map_err(Self::qnn(&split.component))?;
+            execute(
+                &mut split.graph,
+                self.split_io[i],
+                [src.src(), bias],
+                [
+                    out.dst(),
+                    self.keys.part_mut(i * kv..(i + 1) * kv),
+                    self.values.part_mut(i * kv..(i + 1) * kv),
+                ],
+            )
+            .map_err(Self::qnn(&split.component))?;
             self.timings.add(1 + i, t.elapsed());
-            poison(&self.fault, &split.component, Arc::make_mut(dst));
+            poison(&self.fault, &split.component, out);
             // The hidden state is small next to the KV and carries any overflow of the
             // layer onward, so it is the one scanned per split, during the next context.
             // The previous verdict (vision's or split i - 1's) is collected here.
@@ -604,27 +770,16 @@ impl MolmoAct2 {
     fn run_action_context(&mut self) -> Result<(), PolicyError> {
         let ci = 1 + self.splits.len();
         let t = Instant::now();
-        let (xi, xo) = self.context_io;
-        self.action_context
-            .graph
-            .execute(
-                &ordered(xi, [self.keys.as_bytes(), self.values.as_bytes()]),
-                &mut ordered_mut(
-                    xo,
-                    [
-                        // Unique here (no scan outstanding): no copy is made.
-                        Arc::make_mut(&mut self.k_ctx).as_bytes_mut(),
-                        Arc::make_mut(&mut self.v_ctx).as_bytes_mut(),
-                    ],
-                ),
-            )
-            .map_err(Self::qnn("action_context"))?;
+        execute(
+            &mut self.action_context.graph,
+            self.context_io,
+            [self.keys.src(), self.values.src()],
+            // Unique here: the scan outstanding is the last split's hidden_out.
+            [unique(&mut self.k_ctx).dst(), unique(&mut self.v_ctx).dst()],
+        )
+        .map_err(Self::qnn("action_context"))?;
         self.timings.add(ci, t.elapsed());
-        poison(
-            &self.fault,
-            "action_context",
-            Arc::make_mut(&mut self.v_ctx),
-        );
+        poison(&self.fault, "action_context", unique(&mut self.v_ctx));
         // Scanned beside the flow loop, which only reads them; verdict before the chunk.
         // The last split's verdict is collected here.
         let previous = self.guard.scan(ci, &self.k_ctx, Some(&self.v_ctx));
@@ -658,6 +813,7 @@ impl MolmoAct2 {
         for r in 0..h {
             cand[r * dims..(r + 1) * dims].copy_from_slice(&x[r * width..r * width + dims]);
         }
+        self.host_copied += (h * dims * 4) as u64;
         Ok(())
     }
 
@@ -671,27 +827,29 @@ impl MolmoAct2 {
         let m = &self.settings;
         let (n, dims, width) = (m.flow_steps, m.action_dims, m.action_width);
         let dt = (1.0f64 / n as f64) as f32;
-        let mask: &[u8] = bytemuck::cast_slice(&self.prompt.instructions[instruction].encoder_mask);
-        let (pi, po) = self.step_io;
+        let mask = match &self.instruction_io {
+            Some((_, mask)) => mask.src(),
+            None => Src::Host(bytemuck::cast_slice(
+                &self.prompt.instructions[instruction].encoder_mask,
+            )),
+        };
         self.timestep.as_f32_mut()[0] = (step as f64 / n as f64) as f32;
         let t = Instant::now();
-        self.action_step
-            .graph
-            .execute(
-                &ordered(
-                    pi,
-                    [
-                        self.trajectory.as_bytes(),
-                        self.timestep.as_bytes(),
-                        self.k_ctx.as_bytes(),
-                        self.v_ctx.as_bytes(),
-                        mask,
-                        self.dim_is_pad.as_bytes(),
-                    ],
-                ),
-                &mut ordered_mut(po, [self.step_out.as_bytes_mut()]),
-            )
-            .map_err(Self::qnn("action_step"))?;
+        execute(
+            &mut self.action_step.graph,
+            self.step_io,
+            [
+                self.trajectory.src(),
+                self.timestep.src(),
+                // Read here and by the guard's scan: shared borrows.
+                self.k_ctx.src(),
+                self.v_ctx.src(),
+                mask,
+                self.dim_is_pad.src(),
+            ],
+            [self.step_out.dst()],
+        )
+        .map_err(Self::qnn("action_step"))?;
         self.timings.add(2 + self.splits.len(), t.elapsed());
         poison(&self.fault, "action_step", &mut self.step_out);
         let out = self.step_out.as_f32();

@@ -10,8 +10,10 @@
 use crate::bundle::Bundle;
 use crate::error::PolicyError;
 use crate::manifest::{MolmoAct2Settings, TextSettings};
+use crate::pack::InstructionPacks;
 use crate::prompt::{attention_bias, Instruction};
 use half::{bf16, f16};
+use std::sync::Arc;
 use vla_npz::{DType, MappedNpy};
 use vla_text::molmoact2::{ActionMode, RenderError, Template, Upstream};
 use vla_text::Tokenizer;
@@ -251,4 +253,89 @@ impl TextPrompt {
             d,
         ))
     }
+}
+
+/// Turns instructions given as text into something the policy runs, on any thread:
+/// MolmoAct2 renders the prompt (sharing the bundle's tokenizer, template and mapped
+/// embedding table), Fast-WAM looks the text up in its fixed list and its instruction
+/// packs (no encoder on the device). Rendering allocates; hand the result to
+/// [`crate::Policy::install_text`] on the inference thread.
+#[derive(Clone)]
+pub struct TextRenderer(Renderer);
+
+#[derive(Clone)]
+enum Renderer {
+    Prompt {
+        prompt: Arc<TextPrompt>,
+        settings: Arc<MolmoAct2Settings>,
+    },
+    Packs {
+        packs: Arc<InstructionPacks>,
+        fixed: Arc<Vec<String>>,
+    },
+}
+
+/// What a [`TextRenderer`] made of a text.
+pub enum RenderedText {
+    /// A MolmoAct2 prompt, to install into a text slot.
+    Prompt(Instruction),
+    /// An instruction the policy already holds (a Fast-WAM fixed or pack instruction), by id.
+    Existing(u32),
+}
+
+impl TextRenderer {
+    pub(crate) fn prompt(prompt: Arc<TextPrompt>, settings: Arc<MolmoAct2Settings>) -> Self {
+        Self(Renderer::Prompt { prompt, settings })
+    }
+
+    pub(crate) fn packs(packs: Arc<InstructionPacks>, fixed: Arc<Vec<String>>) -> Self {
+        Self(Renderer::Packs { packs, fixed })
+    }
+
+    /// Renders (or looks up) `text` (UTF-8 bytes), or refuses it in one line
+    /// ([`PolicyError::Instruction`]).
+    pub fn render(&self, text: &[u8]) -> Result<RenderedText, PolicyError> {
+        match &self.0 {
+            Renderer::Prompt { prompt, settings } => {
+                prompt.render(text, settings).map(RenderedText::Prompt)
+            }
+            Renderer::Packs { packs, fixed } => {
+                pack_lookup(packs, fixed, text).map(RenderedText::Existing)
+            }
+        }
+    }
+}
+
+/// The Fast-WAM instruction id of `text`: a fixed instruction of the same normalized
+/// text, else a pack instruction's; anything else is refused in one line.
+pub(crate) fn pack_lookup(
+    packs: &InstructionPacks,
+    fixed: &[String],
+    text: &[u8],
+) -> Result<u32, PolicyError> {
+    let text = std::str::from_utf8(text).map_err(|e| {
+        refused(
+            &String::from_utf8_lossy(text),
+            format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+        )
+    })?;
+    let key = crate::pack::normalize_pack_text(text);
+    if let Some(i) = fixed
+        .iter()
+        .position(|t| crate::pack::normalize_pack_text(t) == key)
+    {
+        return Ok(i as u32);
+    }
+    packs.find_text(text).ok_or_else(|| {
+        refused(
+            text,
+            format!(
+                "not in this Fast-WAM bundle's {} fixed instructions nor its {} instruction \
+                 pack(s) ({} instructions; Fast-WAM has no text encoder on the device)",
+                fixed.len(),
+                packs.len(),
+                packs.instructions()
+            ),
+        )
+    })
 }

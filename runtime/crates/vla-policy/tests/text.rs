@@ -1,7 +1,7 @@
 //! Instructions given as text at run time, on the tiny upstream MolmoAct2 bundle and the HTP
 //! emulator: texts the bundle was not imported with give upstream predict_action's actions
 //! for them (golden/upstream-molmoact2/upstream/text_actions.npz, made by
-//! scripts/upstream_text_actions.py), an imported instruction written otherwise gives the
+//! tools/goldens/vla_goldens/upstream_text_actions.py), an imported instruction written otherwise gives the
 //! fixed instruction's actions exactly, and bad text is refused in one line with nothing lost.
 
 mod common;

@@ -1,5 +1,5 @@
 //! The host glue against goldens made by running the upstream MolmoAct2 and KeyStone code
-//! (golden/upstream/, `scripts/upstream_molmoact2.py`): exact where the math is exact
+//! (golden/upstream/, `tools/goldens/vla_goldens/upstream_molmoact2.py`): exact where the math is exact
 //! (uint8 pixels, token ids, masks, choices), bit for bit where both sides do the same f32
 //! operations, and within a stated tolerance where upstream's order of operations differs.
 
@@ -373,7 +373,7 @@ fn attention_bias_matches_upstream_native_bias() {
 }
 
 /// KeyStone's own `aggregate_actions` on edge sets (golden/upstream/keystone_edges.npz,
-/// scripts/upstream_keystone.py): K = 1 and 2, exact and one-ulp duplicates, collinear and
+/// tools/goldens/vla_goldens/upstream_keystone.py): K = 1 and 2, exact and one-ulp duplicates, collinear and
 /// through-the-origin candidates, isosceles near-ties, equal clusters; every distance, the
 /// three aggregations, executed_steps, thresholds 0.1 / 0.3 / 1.0, C = 2 and 3. l1 and l2
 /// distance matrices are upstream's bit for bit, and so is every l1 / l2 pick but the four
@@ -487,7 +487,7 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 }
 
 /// Every patch of the real 378 crop against upstream's image processor, for frames of six
-/// sizes (golden/upstream/resize378.npz, scripts/upstream_resize.py): each patch's uint8
+/// sizes (golden/upstream/resize378.npz, tools/goldens/vla_goldens/upstream_resize.py): each patch's uint8
 /// levels hash to upstream's once the values at exact-.5 positions take upstream's level,
 /// and at those positions vlad is at most one level off. The rate is printed and bounded.
 #[test]
@@ -563,7 +563,7 @@ fn pixel_values_at_the_real_crop_match_upstream_in_every_patch() {
     );
 }
 
-/// golden/upstream/keystone_mm.npz (scripts/upstream_keystone_mm.py, upstream `selection.py`):
+/// golden/upstream/keystone_mm.npz (tools/goldens/vla_goldens/upstream_keystone_mm.py, upstream `selection.py`):
 /// with K > 25 candidates `torch.cdist` p = 2 takes its matrix-product form (pairwise and in
 /// k-means), `sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0))` through BLAS, whose rounding puts a point at
 /// up to 0.025 from itself here; vlad keeps the direct form (0 on the diagonal). Computing the

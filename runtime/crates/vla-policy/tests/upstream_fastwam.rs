@@ -1,6 +1,6 @@
 //! The Fast-WAM host glue against goldens made by running the public Fast-WAM code itself
-//! (golden/upstream-fastwam/, `scripts/upstream_fastwam.py`) and Pillow itself
-//! (`scripts/pillow_goldens.py`, Pillow 12.0.0 = upstream's pin and 13.0.0 = ours): all bit
+//! (golden/upstream-fastwam/, `tools/goldens/vla_goldens/upstream_fastwam.py`) and Pillow itself
+//! (`tools/goldens/vla_goldens/pillow_goldens.py`, Pillow 12.0.0 = upstream's pin and 13.0.0 = ours): all bit
 //! for bit, since every step does the same integer or f32 operations as upstream.
 
 use std::path::PathBuf;

@@ -45,11 +45,14 @@ type SetPowerFn = unsafe extern "C" fn(u32, *const *const c_void) -> u64;
 type GetProvidersFn = unsafe extern "C" fn(*mut *const *const c_void, *mut u32) -> u64;
 
 /// `QnnInterface_t`: the header (backendId, name, API versions) is 40 bytes, slot `i` of
-/// the function table at `40 + 8 i`; QNN 2.32 and later have at least 71 slots
-/// (docs/qnn-abi.md), so that much is copied.
+/// the function table at `40 + 8 i`; the core API 2.40 of QNN 2.51 has more than 71 slots
+/// (docs/qnn-abi.md), so that much is copied, and only from a provider whose header says
+/// its table is that long.
 const HEADER: usize = 40;
 const SLOTS: usize = 71;
 const PROVIDER_BYTES: usize = HEADER + 8 * SLOTS;
+/// Oldest core API minor (of 2.x) whose table was checked to hold `SLOTS` slots.
+const MIN_CORE_MINOR: u32 = 40;
 /// Slots substituted.
 mod slot {
     pub const BACKEND_CREATE: usize = 1;
@@ -437,15 +440,20 @@ fn build() -> Result<Providers, String> {
         let at_i = unsafe { list.add(i) };
         // SAFETY: inside the list, as above.
         let p = unsafe { at_i.read() } as *const u8;
-        // SAFETY: a QNN 2.x provider has the 40-byte header and at least 71 slots.
-        let bytes: [u8; PROVIDER_BYTES] =
-            unsafe { (p as *const [u8; PROVIDER_BYTES]).read_unaligned() };
-        let major = u32::from_ne_bytes(bytes[16..20].try_into().unwrap_or_default());
-        if major != 2 {
+        // SAFETY: every QNN provider starts with the 40-byte header (docs/qnn-abi.md).
+        let header: [u8; HEADER] = unsafe { (p as *const [u8; HEADER]).read_unaligned() };
+        let word =
+            |at: usize| u32::from_ne_bytes(header[at..at + 4].try_into().unwrap_or_default());
+        let (major, minor) = (word(16), word(20));
+        if major != 2 || minor < MIN_CORE_MINOR {
             return Err(format!(
-                "{path}: provider {i} has core API {major}.x, not 2.x"
+                "{path}: provider {i} has core API {major}.{minor}, not 2.{MIN_CORE_MINOR} or a later 2.x (whose table was checked to hold {SLOTS} slots)"
             ));
         }
+        // SAFETY: the header just read says core API 2.40 or later, whose table holds at
+        // least `SLOTS` slots after the header.
+        let bytes: [u8; PROVIDER_BYTES] =
+            unsafe { (p as *const [u8; PROVIDER_BYTES]).read_unaligned() };
         if real.is_none() {
             // docs/qnn-abi.md's slot order for core API 2.x.
             real = Some(Real {

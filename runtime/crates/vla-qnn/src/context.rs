@@ -12,7 +12,7 @@ use crate::backend::{Backend, BackendInner, SelectedDevice};
 use crate::binary::{ContextBinary, GraphInfo, TensorInfo};
 use crate::error::QnnError;
 use crate::ffi::{self, qnn, ContextHandle, GraphHandle, ProfileHandle, QnnTensor, SignalHandle};
-use crate::mem::{self, Registration, SharedBuffer};
+use crate::mem::{self, Region, Registration, SharedBuffer};
 use core::ffi::c_void;
 use core::ops::Range;
 use std::ffi::CString;
@@ -542,6 +542,63 @@ impl Graph {
     ) -> Result<(), QnnError> {
         self.unbind_shared();
         self.check_counts(layout.inputs.len(), layout.outputs.len())?;
+        let whole = 0..buffer.len();
+        let within = |offsets: &[usize]| -> Vec<(usize, Range<usize>)> {
+            offsets.iter().map(|&o| (o, whole.clone())).collect()
+        };
+        let what = format!("the {}-byte shared buffer", buffer.len());
+        self.register_all(
+            buffer.memory(),
+            &within(&layout.inputs),
+            &within(&layout.outputs),
+            &what,
+        )
+    }
+
+    /// [`Graph::bind_shared`] over the regions of a split arena: each input and output is
+    /// registered at `(region, offset inside it)`, and must fit inside that region. A region
+    /// may hold several tensors of different graphs (one graph's output, the next one's
+    /// input: chaining without host copies); within the graph, regions of tensors must not
+    /// overlap. Execute with [`Graph::execute_regions`].
+    pub fn bind_regions(
+        &mut self,
+        inputs: &[(&Region, usize)],
+        outputs: &[(&Region, usize)],
+    ) -> Result<(), QnnError> {
+        self.unbind_shared();
+        self.check_counts(inputs.len(), outputs.len())?;
+        let Some(memory) = inputs.iter().chain(outputs).map(|(r, _)| r.memory()).next() else {
+            return Ok(());
+        };
+        if let Some((r, _)) = inputs
+            .iter()
+            .chain(outputs)
+            .find(|(r, _)| !Arc::ptr_eq(r.memory(), memory))
+        {
+            return Err(QnnError::SharedRegion {
+                graph: self.label.clone(),
+                tensor: String::new(),
+                reason: format!("region {r:?} is of another shared buffer than the first"),
+            });
+        }
+        let places = |list: &[(&Region, usize)]| -> Vec<(usize, Range<usize>)> {
+            list.iter()
+                .map(|(r, o)| (r.range().start.saturating_add(*o), r.range()))
+                .collect()
+        };
+        self.register_all(memory, &places(inputs), &places(outputs), "its region")
+    }
+
+    /// Registers every tensor at `(offset, inside)` (absolute offsets in `memory`, each
+    /// tensor's bytes to lie inside `inside`, called `what` in errors) and points the
+    /// tensors at the handles.
+    fn register_all(
+        &mut self,
+        memory: &Arc<mem::Allocation>,
+        inputs: &[(usize, Range<usize>)],
+        outputs: &[(usize, Range<usize>)],
+        what: &str,
+    ) -> Result<(), QnnError> {
         let lib = &self.context.backend.lib;
         let (Some(register), Some(deregister)) = (lib.core.mem_register, lib.core.mem_deregister)
         else {
@@ -559,23 +616,20 @@ impl Graph {
         };
         // Every region is checked before any is registered (QNN checks none of this).
         let mut regions: Vec<(Range<usize>, &str)> = Vec::new();
-        for (infos, offsets) in [
-            (&self.info.inputs, &layout.inputs),
-            (&self.info.outputs, &layout.outputs),
-        ] {
-            for (t, &offset) in infos.iter().zip(offsets) {
+        for (infos, places) in [(&self.info.inputs, inputs), (&self.info.outputs, outputs)] {
+            for (t, (offset, inside)) in infos.iter().zip(places) {
                 let region = |reason: String| QnnError::SharedRegion {
                     graph: self.label.clone(),
                     tensor: t.name.clone(),
                     reason,
                 };
                 let len = t.byte_len().unwrap_or(0);
-                let range = offset..offset.saturating_add(len);
-                if range.end > buffer.len() || range.end - range.start != len {
-                    return Err(region(format!(
-                        "bytes {range:?} are not inside the {}-byte shared buffer",
-                        buffer.len()
-                    )));
+                let range = *offset..offset.saturating_add(len);
+                if range.start < inside.start
+                    || range.end > inside.end
+                    || range.end - range.start != len
+                {
+                    return Err(region(format!("bytes {range:?} are not inside {what}")));
                 }
                 if let Some((_, other)) = regions
                     .iter()
@@ -590,13 +644,13 @@ impl Graph {
         }
         let owner: Arc<dyn Send + Sync> = self.context.clone();
         let mut made = (Vec::new(), Vec::new());
-        for (output, infos, offsets) in [
-            (false, &self.info.inputs, &layout.inputs),
-            (true, &self.info.outputs, &layout.outputs),
+        for (output, infos, places) in [
+            (false, &self.info.inputs, inputs),
+            (true, &self.info.outputs, outputs),
         ] {
-            for (t, &offset) in infos.iter().zip(offsets) {
+            for (t, (offset, _)) in infos.iter().zip(places) {
                 let context = self.context.handle;
-                let registered = mem::register(fns, context, owner.clone(), buffer, offset, t);
+                let registered = mem::register(fns, context, owner.clone(), memory, *offset, t);
                 let refused = |reason: &str| QnnError::SharedRegion {
                     graph: self.label.clone(),
                     tensor: t.name.clone(),
@@ -679,6 +733,46 @@ impl Graph {
                 graph: self.label.clone(),
                 tensor: String::new(),
                 reason: "the graph is not bound to this shared buffer (bind_shared first)".into(),
+            });
+        }
+        self.run()
+    }
+
+    /// Executes on registered regions ([`Graph::bind_regions`]): `inputs` and `outputs` are
+    /// the regions the graph's inputs and outputs lie in, one per tensor in graph order,
+    /// each checked. Inputs are held shared (other threads may go on reading them), outputs
+    /// exclusively: the HTP writes where nobody else can look, and no host copy is made.
+    pub fn execute_regions(
+        &mut self,
+        inputs: &[&Region],
+        outputs: &mut [&mut Region],
+    ) -> Result<(), QnnError> {
+        self.check_counts(inputs.len(), outputs.len())?;
+        let misplaced = {
+            let Some(shared) = &self.shared else {
+                return Err(QnnError::SharedRegion {
+                    graph: self.label.clone(),
+                    tensor: String::new(),
+                    reason: "the graph is not bound to regions (bind_regions first)".into(),
+                });
+            };
+            let ins = shared.inputs.iter().zip(inputs.iter().map(|r| &**r));
+            let outs = shared.outputs.iter().zip(outputs.iter().map(|r| &**r));
+            ins.chain(outs)
+                .position(|(reg, region)| !reg.is_within(region))
+        };
+        if let Some(k) = misplaced {
+            let tensor = self
+                .info
+                .inputs
+                .iter()
+                .chain(&self.info.outputs)
+                .nth(k)
+                .map_or_else(String::new, |t| t.name.clone());
+            return Err(QnnError::SharedRegion {
+                graph: self.label.clone(),
+                tensor,
+                reason: "its registered bytes are not in the region given".into(),
             });
         }
         self.run()

@@ -57,7 +57,7 @@ pub use group::{
 pub use library::{
     ApiVersion, LoadOptions, QnnLibrary, NEWEST_KNOWN_CORE_API, NEWEST_KNOWN_SYSTEM_API,
 };
-pub use mem::{align_region, SharedBuffer, REGION_ALIGN};
+pub use mem::{align_region, Region, SharedBuffer, REGION_ALIGN};
 pub use memory_plan::{
     mib, Footprint, Group, MemoryPlan, Placement, PlanError, PlannedSession, DEFAULT_RESERVE_BYTES,
     DEFAULT_SESSION_BUDGET, MIB, SESSION_USABLE_BYTES,

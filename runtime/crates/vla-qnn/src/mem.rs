@@ -9,6 +9,13 @@
 //! outlives them. Host code reads and writes the memory only through `&SharedBuffer` /
 //! `&mut SharedBuffer`, and [`crate::Graph::execute_shared`] takes `&mut SharedBuffer`, so
 //! no host slice is alive while the HTP writes.
+//!
+//! An arena shared by a chain of graphs is split into disjoint [`Region`]s
+//! ([`SharedBuffer::into_regions`], which consumes the whole-buffer view). Borrows are then
+//! per region: [`crate::Graph::execute_regions`] takes the regions its inputs lie in by
+//! `&` and those its outputs lie in by `&mut`, so while one graph runs, another thread may
+//! read a region that graph only reads (a `&Region` through an `Arc`), and nobody can
+//! hold a view of a region it writes.
 
 // FFI: calls into QNN's memRegister/memDeRegister, each block with its `SAFETY:` invariant.
 #![allow(unsafe_code)]
@@ -157,6 +164,100 @@ impl SharedBuffer {
     }
 }
 
+impl SharedBuffer {
+    /// Splits the buffer into disjoint regions at `ranges` (each non-empty and inside the
+    /// buffer; checked). The whole-buffer view goes: from now on the memory is reached only
+    /// region by region, so a borrow of one region says nothing of the others.
+    pub fn into_regions(self, ranges: &[Range<usize>]) -> Result<Vec<Region>, QnnError> {
+        let bad = |reason: String| QnnError::NotAvailable {
+            what: "a shared buffer region",
+            reason,
+        };
+        for (i, r) in ranges.iter().enumerate() {
+            if r.start >= r.end || r.end > self.len() {
+                return Err(bad(format!(
+                    "bytes {r:?} are not a non-empty part of the {}-byte buffer",
+                    self.len()
+                )));
+            }
+            if let Some(o) = ranges[..i]
+                .iter()
+                .find(|o| o.start < r.end && r.start < o.end)
+            {
+                return Err(bad(format!("bytes {r:?} overlap bytes {o:?}")));
+            }
+        }
+        Ok(ranges
+            .iter()
+            .map(|r| Region {
+                memory: self.memory.clone(),
+                range: r.clone(),
+            })
+            .collect())
+    }
+}
+
+/// A part of a shared buffer that no other [`Region`] overlaps ([`SharedBuffer::into_regions`]).
+/// Reading takes `&self`, writing `&mut self`; the HTP writes it only inside
+/// [`crate::Graph::execute_regions`], which holds it by `&mut`. `Sync`: many threads may
+/// read one region (e.g. through an `Arc`) while a graph that only reads it runs.
+pub struct Region {
+    memory: Arc<Allocation>,
+    range: Range<usize>,
+}
+
+impl core::fmt::Debug for Region {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Region")
+            .field("fd", &self.memory.fd)
+            .field("range", &self.range)
+            .finish()
+    }
+}
+
+impl Region {
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    /// Never true: empty regions are refused.
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    /// Where it lies in its buffer.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Its bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: `range` lies inside the live allocation `memory` holds (checked by
+        // `into_regions`), zeroed at allocation; no other Region overlaps it and the
+        // whole-buffer view was consumed, so the only writers are `&mut self` below and
+        // the HTP inside `Graph::execute_regions`, which holds this region by `&mut`
+        // while any registration inside it is an output: neither while this borrow lives.
+        unsafe { core::slice::from_raw_parts(self.start(), self.range.len()) }
+    }
+
+    /// Its bytes, writable.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_bytes`; `&mut self` makes this the only view of these bytes
+        // (Region is not Clone and no other Region overlaps it).
+        unsafe { core::slice::from_raw_parts_mut(self.start(), self.range.len()) }
+    }
+
+    /// The region's first byte (inside the allocation: `into_regions` checked the range).
+    fn start(&self) -> *mut u8 {
+        self.memory.ptr.as_ptr().wrapping_add(self.range.start)
+    }
+
+    pub(crate) fn memory(&self) -> &Arc<Allocation> {
+        &self.memory
+    }
+}
+
 /// memRegister and memDeRegister of the chosen provider.
 #[derive(Clone, Copy)]
 pub(crate) struct MemFns {
@@ -188,6 +289,12 @@ impl Registration {
     pub fn is_in(&self, buffer: &SharedBuffer) -> bool {
         Arc::ptr_eq(&self.memory, buffer.memory())
     }
+    /// Whether the registered bytes lie inside `region`.
+    pub fn is_within(&self, region: &Region) -> bool {
+        Arc::ptr_eq(&self.memory, region.memory())
+            && region.range.start <= self.range.start
+            && self.range.end <= region.range.end
+    }
 }
 
 impl Drop for Registration {
@@ -217,7 +324,7 @@ pub(crate) fn register(
     fns: MemFns,
     context: ContextHandle,
     owner: Arc<dyn Send + Sync>,
-    buffer: &SharedBuffer,
+    memory: &Arc<Allocation>,
     offset: usize,
     tensor: &TensorInfo,
 ) -> Result<Registration, RegisterError> {
@@ -225,14 +332,14 @@ pub(crate) fn register(
     // HTP read or write memory that is not ours.
     let len = tensor.byte_len().ok_or(RegisterError::OutOfBounds)?;
     let end = offset.checked_add(len).ok_or(RegisterError::OutOfBounds)?;
-    if end > buffer.len() || len == 0 {
+    if end > memory.len || len == 0 {
         return Err(RegisterError::OutOfBounds);
     }
     let mut dims = tensor.dims.clone();
     let htp = ffi::HtpMemDescriptor {
         mem_type: ffi::HTP_MEM_SHARED_BUFFER,
-        size: buffer.len() as u64,
-        fd: buffer.fd(),
+        size: memory.len as u64,
+        fd: memory.fd,
         offset: offset as u64,
     };
     let descriptor = ffi::MemDescriptor {
@@ -249,7 +356,7 @@ pub(crate) fn register(
     // SAFETY: `register` is the provider's memRegister (a non-NULL slot of the checked
     // table) of the library `owner` keeps loaded, `context` a live context of it; one
     // descriptor whose dims and HTP descriptor are locals alive for the call, naming an
-    // fd and an in-bounds range (checked above) of memory `buffer` keeps allocated; one
+    // fd and an in-bounds range (checked above) of memory `memory` keeps allocated; one
     // handle slot, a local.
     let rc = qnn!(unsafe fns.register(context, &descriptor, 1, &mut handle));
     if rc != ffi::QNN_SUCCESS || handle.is_null() {
@@ -259,7 +366,7 @@ pub(crate) fn register(
         handle,
         deregister: fns.deregister,
         range: offset..end,
-        memory: buffer.memory().clone(),
+        memory: memory.clone(),
         _context: owner,
     })
 }
@@ -381,7 +488,7 @@ mod tests {
             fns,
             context(),
             owner.clone(),
-            &buffer,
+            buffer.memory(),
             0,
             &tensor(vec![2, 3]),
         )
@@ -391,7 +498,7 @@ mod tests {
             fns,
             context(),
             owner.clone(),
-            &buffer,
+            buffer.memory(),
             REGION_ALIGN,
             &tensor(vec![4]),
         )
@@ -405,7 +512,7 @@ mod tests {
             fns,
             context(),
             owner.clone(),
-            &buffer,
+            buffer.memory(),
             3 * REGION_ALIGN - 8,
             &tensor(vec![4]),
         );
@@ -415,7 +522,7 @@ mod tests {
             fns,
             context(),
             owner.clone(),
-            &buffer,
+            buffer.memory(),
             8192,
             &tensor(vec![1]),
         );
@@ -444,6 +551,53 @@ mod tests {
                 "context freed".into(),
             ]
         );
+    }
+
+    #[test]
+    fn regions_are_disjoint_parts_of_the_buffer_and_registrations_know_theirs() {
+        let _t = TURN.lock().unwrap_or_else(|p| p.into_inner());
+        let rpc = RpcMem::from_fns(alloc, free, to_fd);
+        let whole = || SharedBuffer::allocate(&rpc, 3 * REGION_ALIGN).unwrap();
+        for (ranges, says) in [
+            (vec![0..10, 5..20], "overlap bytes 0..10"),
+            (
+                vec![0..10, 10..3 * REGION_ALIGN + 1],
+                "not a non-empty part",
+            ),
+            (vec![4..4, 8..9], "not a non-empty part"),
+        ] {
+            let e = whole().into_regions(&ranges).unwrap_err().to_string();
+            assert!(e.contains(says), "{ranges:?}: {e}");
+        }
+        let mut regions = whole()
+            .into_regions(&[0..8, REGION_ALIGN..REGION_ALIGN + 16])
+            .unwrap();
+        regions[1].as_bytes_mut().copy_from_slice(&[7; 16]);
+        assert_eq!(
+            regions[0].as_bytes(),
+            &[0; 8],
+            "writes stay in their region"
+        );
+        assert_eq!(regions[1].range(), REGION_ALIGN..REGION_ALIGN + 16);
+        let fns = MemFns {
+            register: mem_register,
+            deregister: mem_deregister,
+        };
+        let owner: Arc<dyn Send + Sync> = Arc::new(Owner);
+        let r = register(
+            fns,
+            context(),
+            owner,
+            regions[1].memory(),
+            REGION_ALIGN + 8,
+            &tensor(vec![2]),
+        )
+        .ok()
+        .unwrap();
+        assert!(r.is_within(&regions[1]) && !r.is_within(&regions[0]));
+        let all = 0..3 * REGION_ALIGN;
+        let other = whole().into_regions(core::slice::from_ref(&all)).unwrap();
+        assert!(!r.is_within(&other[0]), "another buffer's region");
     }
 
     #[test]

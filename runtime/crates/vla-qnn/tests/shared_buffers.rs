@@ -204,6 +204,52 @@ fn through_the_memory_shim_registered_outputs_are_bit_identical_to_client_buffer
     // Whatever the drop order, the registrations go before the memory is freed.
     drop(buffer);
     assert_eq!(live_allocations(&standin), 1, "held by the registrations");
+    graph.unbind_shared();
+    assert_eq!(shim_registrations(&shim), 0);
+    assert_eq!(live_allocations(&standin), 0);
+
+    // The same graph on regions of an arena: each execute is handed the region of every
+    // tensor (inputs shared, outputs exclusive), checked against its registration.
+    let output = graph.outputs()[0].byte_len().unwrap();
+    let counted = graph.client_buffer_bytes();
+    let arena = SharedBuffer::allocate(&rpc, layout.end).unwrap();
+    let [mut input_region, mut output_region]: [vla_qnn::Region; 2] = arena
+        .into_regions(&[0..input, layout.outputs[0]..layout.outputs[0] + output])
+        .unwrap()
+        .try_into()
+        .unwrap();
+    input_region
+        .as_bytes_mut()
+        .copy_from_slice(io.inputs[0].as_bytes());
+    let e = graph
+        .bind_regions(&[(&input_region, 8)], &[(&output_region, 0)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("are not inside its region"), "{e}");
+    assert_eq!(
+        shim_registrations(&shim),
+        0,
+        "nothing registered on a refusal"
+    );
+    graph
+        .bind_regions(&[(&input_region, 0)], &[(&output_region, 0)])
+        .unwrap();
+    let e = graph
+        .execute_regions(&[&output_region], &mut [&mut input_region])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not in the region given"), "{e}");
+    graph
+        .execute_regions(&[&input_region], &mut [&mut output_region])
+        .unwrap();
+    assert!(output_region.as_bytes() == io.outputs[0].as_bytes());
+    assert_eq!(
+        graph.client_buffer_bytes(),
+        counted,
+        "no client buffer was used"
+    );
+    drop((input_region, output_region));
+    assert_eq!(live_allocations(&standin), 1, "held by the registrations");
     drop(graph);
     assert_eq!(shim_registrations(&shim), 0);
     assert_eq!(live_allocations(&standin), 0);

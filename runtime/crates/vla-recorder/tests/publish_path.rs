@@ -82,23 +82,25 @@ fn recordings_on_request_and_on_fault_leave_the_publish_path_allocation_free() {
     let tag = std::process::id();
     let dir = std::env::temp_dir().join(format!("vla-recorder-test-{tag}"));
     let _ = std::fs::remove_dir_all(&dir);
-    let settings = LoopSettings {
-        period: Duration::from_millis(10),
-        max_observation_age: Duration::from_millis(500),
-        max_chunk_age: Duration::from_millis(2000),
-        hold_after_chunk_end: Duration::from_millis(20),
-        action_valid: Duration::from_millis(30),
+    let mut settings = LoopSettings {
         fault_after_failures: 2,
-        chunk_period: Duration::from_millis(10),
         ..LoopSettings::new(
             G,
             format!("/dev/shm/vla-rec-test-{tag}-obs").into(),
             format!("/dev/shm/vla-rec-test-{tag}-act").into(),
         )
     };
+    const MS: u64 = 1_000_000;
+    let l = &mut settings.limits;
+    l.period_ns = 10 * MS;
+    l.max_observation_age_ns = 500 * MS;
+    l.max_chunk_age_ns = 2000 * MS;
+    l.hold_after_chunk_end_ns = 20 * MS;
+    l.action_valid_ns = 30 * MS;
+    l.chunk_period_ns = 10 * MS;
     let observer = Observer::start(ObserverSettings {
         geometry: G,
-        publish_period: settings.period,
+        publish_period: Duration::from_nanos(settings.limits.period_ns),
         components: vec!["fake".into()],
         recorder: Some(RecorderSettings {
             directory: dir.clone(),

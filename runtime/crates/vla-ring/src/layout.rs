@@ -23,6 +23,9 @@ pub const MAX_TEXT_BYTES: usize = 1024;
 /// written to the instruction segment; clear, the id is one of the bundle's fixed
 /// instructions (so every id in use before stays valid).
 pub const TEXT_ID_FLAG: u32 = 1 << 31;
+/// Set (with [`TEXT_ID_FLAG`] clear) in an observation's `instruction_id`: a Fast-WAM
+/// instruction pack's instruction, by the id its pack lists; the ring carries it as any id.
+pub const PACK_ID_FLAG: u32 = 1 << 30;
 
 /// Layout-breaking changes bump the major; a reader accepts only its own major.
 pub const ABI_MAJOR: u32 = 1;

@@ -132,7 +132,7 @@ pub use error::{ConfigError, CreateError, OpenError, PublishError, ReadError};
 pub use layout::{
     ActionSlotFixed, Geometry, InstructionSlotFixed, ObservationSlotFixed, RawGeometry, RingHeader,
     RingKind, RingLayout, ABI_LOWEST_COMPATIBLE, ABI_MAJOR, ABI_VERSION, ACTION_MAGIC, HEADER_SIZE,
-    MAX_SLOTS, MAX_TEXT_BYTES, MIN_SLOTS, OBS_MAGIC, SLOT_ALIGN, SLOT_FIXED_SIZE,
+    MAX_SLOTS, MAX_TEXT_BYTES, MIN_SLOTS, OBS_MAGIC, PACK_ID_FLAG, SLOT_ALIGN, SLOT_FIXED_SIZE,
     STATE_INITIALIZING, STATE_READY, TEXT_ID_FLAG, TEXT_MAGIC,
 };
 #[cfg(not(loom))]

@@ -1,6 +1,7 @@
 //! The ABI seen from both sides: the Rust layout pinned to the numbers `vla_ring.h`
-//! asserts, and a C program built with the system `cc` against the header alone that
-//! reads actions written by Rust and writes observations Rust reads.
+//! asserts, and a C program built with the system `cc` against the header and the C ring
+//! client library (`runtime/ring-c`) that reads actions written by Rust and writes
+//! observations Rust reads.
 #![cfg(not(loom))]
 
 mod common;
@@ -129,6 +130,10 @@ fn c_header_constants_match_rust() {
         define("VLA_RING_TEXT_ID_FLAG"),
         format!("{TEXT_ID_FLAG:#x}u")
     );
+    assert_eq!(
+        define("VLA_RING_PACK_ID_FLAG"),
+        format!("{:#x}u", vla_ring::PACK_ID_FLAG)
+    );
     assert_eq!(define("VLA_RING_ABI_MAJOR"), format!("{ABI_MAJOR}u"));
     assert_eq!(define("VLA_RING_ABI_VERSION"), format!("{ABI_VERSION}u"));
     assert_eq!(
@@ -153,15 +158,15 @@ fn header_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../include")
 }
 
-/// Builds `tests/c/ring_peer.c`, or explains why this run cannot (cross target).
+fn ring_client_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../ring-c")
+}
+
+/// Builds `tests/c/ring_peer.c` against the C ring client library, or explains why this
+/// run cannot (cross target).
 fn build_c_peer(scratch: &Scratch) -> Option<PathBuf> {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/ring_peer.c");
-    let include = header_dir();
-    vla_test_support::compile_c(
-        &source,
-        &scratch.path("ring_peer"),
-        &["-I".as_ref(), include.as_os_str()],
-    )
+    vla_test_support::compile_ring_client_program(&source, &scratch.path("ring_peer"))
 }
 
 fn geometry_args(g: &Geometry) -> Vec<String> {
@@ -325,7 +330,10 @@ fn c_header_static_asserts_hold_for_the_target_arch() {
             "-I",
         ])
         .arg(header_dir())
+        .arg("-I")
+        .arg(ring_client_dir())
         .arg(&source)
+        .arg(ring_client_dir().join("vla_ring_client.c"))
         .output()
         .expect("run the C compiler");
     assert!(

@@ -5,7 +5,8 @@
 //! else: no C compiler, no `unshare`, not root), which `scripts/test.sh` sets as CI does,
 //! it fails instead, so CI never passes a test that did not run. And the one bound on a
 //! test's wait for an event ([`HANG_GUARD`]). And the one way a test builds a C file
-//! ([`compile_c`]).
+//! ([`compile_c`]), or a C client of the rings against the C ring client library
+//! ([`compile_ring_client_program`]).
 
 #![forbid(unsafe_code)]
 
@@ -61,6 +62,67 @@ pub fn cannot_run(reason: &str) {
 /// cannot: no usable compiler ([`cannot_run`]), or one that builds for another
 /// architecture than the tests run as (a cross build: said, and skipped).
 pub fn compile_c(source: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> Option<PathBuf> {
+    let cc = native_cc(source)?;
+    compile_strict(&cc, source, out, extra, &[]);
+    Some(out.to_owned())
+}
+
+/// Compiles the C program `source` to `out` against the C ring client library
+/// (`runtime/ring-c`: `vla_ring_client.h` and `vla_ring.h`, `libvla_ring_client.a`), under
+/// the same strict flags and rules as [`compile_c`]. The library comes from its own
+/// Makefile (`build/ring-c/<arch>/`), run once per test process.
+pub fn compile_ring_client_program(source: &Path, out: &Path) -> Option<PathBuf> {
+    let cc = native_cc(source)?;
+    static LIBRARY: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let library = LIBRARY.get_or_init(build_ring_client).as_ref()?;
+    let ring_c = repo_root().join("runtime/ring-c");
+    let include = repo_root().join("runtime/include");
+    compile_strict(
+        &cc,
+        source,
+        out,
+        &[
+            "-I".as_ref(),
+            include.as_os_str(),
+            "-I".as_ref(),
+            ring_c.as_os_str(),
+        ],
+        &[library.as_os_str()],
+    );
+    Some(out.to_owned())
+}
+
+/// `make -C runtime/ring-c`: the library for this machine in `build/ring-c/<arch>/`, the
+/// one place set-up, CI and the tests share (the Makefile only rebuilds what changed, and
+/// renames each output into place, so parallel builds never see half a file). The static
+/// library's path, or `None` after [`cannot_run`] when there is no `make`.
+fn build_ring_client() -> Option<PathBuf> {
+    let ring_c = repo_root().join("runtime/ring-c");
+    let mut make = std::process::Command::new("make");
+    make.args(["-s", "-C"]).arg(&ring_c).arg("all");
+    if let Ok(cc) = std::env::var("CC") {
+        make.arg(format!("CC={cc}"));
+    }
+    match make.output() {
+        Ok(out) => assert!(
+            out.status.success(),
+            "make -C runtime/ring-c failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => {
+            cannot_run(&format!("no `make` for the C ring client library: {e}"));
+            return None;
+        }
+    }
+    Some(repo_root().join(format!(
+        "build/ring-c/{}/libvla_ring_client.a",
+        std::env::consts::ARCH
+    )))
+}
+
+/// The system C compiler (`$CC`, else `cc`) when it builds for the architecture these tests
+/// run as; else `None`, said ([`cannot_run`] when there is no compiler at all).
+fn native_cc(source: &Path) -> Option<String> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let machine = match std::process::Command::new(&cc).arg("-dumpmachine").output() {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
@@ -84,7 +146,18 @@ pub fn compile_c(source: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> Optio
         );
         return None;
     }
-    let result = std::process::Command::new(&cc)
+    Some(cc)
+}
+
+/// `cc` under the strict flags: `before` the source (flags), `after` it (libraries).
+fn compile_strict(
+    cc: &str,
+    source: &Path,
+    out: &Path,
+    before: &[&std::ffi::OsStr],
+    after: &[&std::ffi::OsStr],
+) {
+    let result = std::process::Command::new(cc)
         .args([
             "-std=c11",
             "-O2",
@@ -93,8 +166,9 @@ pub fn compile_c(source: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> Optio
             "-Werror",
             "-pedantic",
         ])
-        .args(extra)
+        .args(before)
         .arg(source)
+        .args(after)
         .arg("-o")
         .arg(out)
         .output()
@@ -105,7 +179,6 @@ pub fn compile_c(source: &Path, out: &Path, extra: &[&std::ffi::OsStr]) -> Optio
         source.display(),
         String::from_utf8_lossy(&result.stderr)
     );
-    Some(out.to_owned())
 }
 
 /// Copies the directory tree `src` to `dst` (created), e.g. a fixture bundle a test edits.

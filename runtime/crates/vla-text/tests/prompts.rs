@@ -1,6 +1,6 @@
 //! Prompts rendered by `vla_text::molmoact2` against upstream's processor output
-//! (golden/upstream/, made by scripts/upstream_molmoact2.py and
-//! scripts/upstream_processor_configs.py running lerobot's MolmoAct2 code): token ids, the
+//! (golden/upstream/, made by tools/goldens/vla_goldens/upstream_molmoact2.py and
+//! tools/goldens/vla_goldens/upstream_processor_configs.py running lerobot's MolmoAct2 code): token ids, the
 //! image block, patch and state rows, padding per upstream version, encoder masks, refusals.
 
 use serde_json::Value;

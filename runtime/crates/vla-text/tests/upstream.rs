@@ -1,5 +1,5 @@
 //! Token ids against upstream's Qwen2Tokenizer (golden/tokenizer-qwen2, made by
-//! scripts/upstream_tokenizer_goldens.py in the upstream venv).
+//! tools/goldens/vla_goldens/upstream_tokenizer_goldens.py in the upstream venv).
 
 use std::path::PathBuf;
 use vla_text::Tokenizer;

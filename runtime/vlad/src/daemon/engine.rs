@@ -3,7 +3,7 @@
 //! (or, under OTA, lets the store roll back) when the new one fails to load or gate.
 
 use super::ring_geometry;
-use crate::gate::{load_gated, InferError, LoadError, Recovery, ReloadError};
+use crate::gate::{load_gated, InferError, LoadError, Loaded, Recovery, ReloadError};
 use crate::Failure;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,7 +104,11 @@ impl PolicyEngine {
                 reason: "its re-creation failed".into(),
             })
         })?;
-        let (bundle, policy, gated) = load_gated(backend, dir, &self.load_options)?;
+        let Loaded {
+            bundle,
+            policy,
+            gated,
+        } = load_gated(backend, dir, &self.load_options)?;
         let needs = ring_geometry(&policy.geometry());
         if needs != self.geometry {
             crate::dsp_plan::clear_running();
@@ -140,13 +144,23 @@ impl Engine for PolicyEngine {
     }
 
     fn instruction_ready(&mut self, obs: &vla_ring::Observation) -> bool {
-        match &mut self.text {
+        let resolved = match &mut self.text {
             Some(text) => {
                 text.take(self.policy.as_mut());
-                text.resolve(obs.instruction_id).is_some()
+                text.resolve(obs.instruction_id)
             }
             // No instruction segment: a text id names nothing.
-            None => vla_ring::text_id_of(obs.instruction_id).is_none(),
+            None => Some(obs.instruction_id).filter(|&id| vla_ring::text_id_of(id).is_none()),
+        };
+        // A pack instruction (by id) holds until a pack of the running bundle has it, as
+        // an unrendered text does: never an inference error counted towards a fault.
+        match resolved {
+            Some(id) if id & vla_policy::PACK_INSTRUCTION_FLAG != 0 => self
+                .policy
+                .as_ref()
+                .is_some_and(|p| p.has_pack_instruction(id)),
+            Some(_) => true,
+            None => false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Instructions given as text by the robot over the instruction segment
 //! (`rings.instruction_path`). A non-real-time thread (`vla-text`) follows the segment and
-//! renders each new text with the policy's [`TextRenderer`]; it hands the result to the
+//! renders each new text with the policy's [`TextRenderer`] (Fast-WAM: looks it up in the
+//! bundle's fixed list and instruction packs); it hands the result to the
 //! inference thread through a bounded channel. The inference thread ([`TextLink`], inside
 //! the engine) only takes what arrived, installs it into one of the policy's text slots
 //! (no allocation: their room is reserved at load) and sends what that replaced back to
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vla_control::Health;
-use vla_policy::{Instruction, Policy, TextRenderer, TextSlot, TEXT_SLOTS};
+use vla_policy::{Policy, RenderedText, TextRenderer, TextSlot, TEXT_SLOTS};
 use vla_ring::{text_id_of, InstructionReader, InstructionText, ReadError};
 
 /// Messages in flight at most (text thread -> inference thread).
@@ -32,8 +33,9 @@ enum Message {
     Ready {
         generation: u64,
         text_id: u32,
+        /// The text, kept by the policy's slot (empty for an instruction it holds already).
         text: Vec<u8>,
-        instruction: Instruction,
+        instruction: RenderedText,
     },
     Refused {
         generation: u64,
@@ -190,10 +192,13 @@ impl TextLink {
                         continue;
                     };
                     let (id, replaced) = installed;
-                    // The slot's previous text (another id) is gone from the policy.
-                    for e in &mut self.entries {
-                        if e.state == State::Ready(id) {
-                            e.state = State::Free;
+                    // A text slot's previous text (another id) is gone from the policy; an
+                    // id the policy held already (Fast-WAM) may stand for several texts.
+                    if id & vla_policy::TEXT_INSTRUCTION_FLAG != 0 {
+                        for e in &mut self.entries {
+                            if e.state == State::Ready(id) {
+                                e.state = State::Free;
+                            }
                         }
                     }
                     self.entry_for(text_id).state = State::Ready(id);
@@ -202,8 +207,11 @@ impl TextLink {
                     }
                 }
                 Message::Ready {
-                    text, instruction, ..
+                    text,
+                    instruction: RenderedText::Prompt(instruction),
+                    ..
                 } => self.retire_later((text, instruction)),
+                Message::Ready { .. } => {}
                 Message::Pending { .. } | Message::Refused { .. } => {}
             }
         }
@@ -374,11 +382,17 @@ impl TextThread {
                     start.elapsed().as_secs_f64() * 1e3,
                     text.bytes().len()
                 );
+                // Only a rendered prompt keeps its text (in a slot): nothing to free on
+                // the inference thread otherwise.
+                let bytes = match &instruction {
+                    RenderedText::Prompt(_) => text.bytes().to_vec(),
+                    RenderedText::Existing(_) => Vec::new(),
+                };
                 self.send(
                     Message::Ready {
                         generation,
                         text_id,
-                        text: text.bytes().to_vec(),
+                        text: bytes,
                         instruction,
                     },
                     stop,

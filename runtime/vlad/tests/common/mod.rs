@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 pub use vla_test_support::HANG_GUARD;
 
+pub mod text;
+
 /// Whether process `pid` (a child of this test) still runs: not exited, not a zombie.
 pub fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {

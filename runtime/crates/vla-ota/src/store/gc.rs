@@ -37,6 +37,8 @@ pub struct Status {
     pub previous_link: Option<PathBuf>,
     /// Every installed bundle.
     pub bundles: Vec<BundleInfo>,
+    /// Every installed instruction pack: `name` and `version` are the bundle it goes with.
+    pub packs: Vec<BundleInfo>,
     /// Staging or trash directories present (an operation in progress or interrupted).
     pub leftovers: Vec<String>,
     /// Healthy inferences a trial needs (from the settings).
@@ -85,12 +87,36 @@ impl Store {
                 bytes: dir_bytes(&dir),
             });
         }
+        let pack_scan = {
+            let packs = self.packs_dir();
+            maps::scan(
+                &self.proc_root,
+                &std::fs::canonicalize(&packs).unwrap_or(packs),
+            )
+        };
+        let mut packs = Vec::new();
+        for hash in self.installed_packs()? {
+            let (name, version) = match Self::read_manifest(&self.packs_dir().join(&hash)) {
+                Ok(m) => (m.name, m.version),
+                Err(_) => ("(unreadable manifest)".into(), String::new()),
+            };
+            packs.push(BundleInfo {
+                mapped: pack_scan.mapped.contains(&hash),
+                bytes: self.pack_bytes(&hash),
+                hash,
+                name,
+                version,
+            });
+        }
         let mut leftovers = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(self.bundles_dir()) {
+        for (home, dir) in [("bundles", self.bundles_dir()), ("packs", self.packs_dir())] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if name.starts_with(STAGING_PREFIX) || name.starts_with(TRASH_PREFIX) {
-                    leftovers.push(name);
+                    leftovers.push(format!("{home}/{name}"));
                 }
             }
         }
@@ -100,6 +126,7 @@ impl Store {
             current_link: durable::read_link(&self.current_link())?,
             previous_link: durable::read_link(&self.previous_link())?,
             bundles,
+            packs,
             leftovers,
             trial_inferences: self.settings.trial_inferences,
             max_trial_starts: self.settings.max_trial_starts,
@@ -113,7 +140,7 @@ impl Store {
     }
 
     /// Deletes installed bundles that are not current, previous or on trial and that no
-    /// process maps. Processes whose maps cannot be read (another user's without root, or
+    /// process maps, then the instruction packs of no remaining bundle that no process maps. Processes whose maps cannot be read (another user's without root, or
     /// a container's init) are counted in [`GcReport::unchecked_processes`]: run gc as
     /// the daemon's user or root so that the daemon is always among the checked ones.
     pub fn gc(&self) -> Result<GcReport, OtaError> {
@@ -136,6 +163,37 @@ impl Store {
                 continue;
             }
             report.freed_bytes += self.discard(&self.bundle_dir(&hash), &hash)?;
+            report.removed.push(hash);
+        }
+        // Packs go with the bundles: those of no installed bundle go too (unless mapped).
+        let names: Vec<(String, String, String)> = self
+            .installed_hashes()?
+            .iter()
+            .filter_map(|h| Self::read_manifest(&self.bundle_dir(h)).ok())
+            .map(|m| (m.name, m.version, m.policy))
+            .collect();
+        let packs = self.packs_dir();
+        let pack_maps = maps::scan(
+            &self.proc_root,
+            &std::fs::canonicalize(&packs).unwrap_or(packs),
+        );
+        for hash in self.installed_packs()? {
+            let dir = self.packs_dir().join(&hash);
+            let wanted = Self::read_manifest(&dir).is_ok_and(|m| {
+                names
+                    .iter()
+                    .any(|(n, v, p)| m.goes_with((n.as_str(), v.as_str(), p.as_str())))
+            });
+            if wanted {
+                continue;
+            }
+            if pack_maps.mapped.contains(&hash) {
+                report
+                    .kept
+                    .push((hash, "a pack still mapped by a running process".into()));
+                continue;
+            }
+            report.freed_bytes += self.discard(&dir, &hash)?;
             report.removed.push(hash);
         }
         Ok(report)

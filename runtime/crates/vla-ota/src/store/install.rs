@@ -1,5 +1,6 @@
 //! Installing a bundle: verify it, stage a durable copy (or hard links) beside the
-//! bundles, re-verify the copy, and rename it to `bundles/<hash>` (rule 1 of the store).
+//! bundles, re-verify the copy, and rename it to `bundles/<hash>` (rule 1 of the store);
+//! an instruction pack the same way to `packs/<hash>`.
 
 use super::{Store, STAGING_PREFIX};
 use crate::durable;
@@ -66,14 +67,20 @@ impl Store {
         let verified = self.verify(source)?;
         let _lock = self.lock()?;
         self.check_floor_and_expiry(&verified)?;
-        let bundles = self.bundles_dir();
+        // A pack goes beside the bundles, under `packs/`, and only with one of them.
+        let bundles = if verified.manifest.is_pack() {
+            self.check_pack_has_bundle(&verified)?;
+            self.packs_dir()
+        } else {
+            self.bundles_dir()
+        };
         if !bundles.is_dir() {
             std::fs::create_dir_all(&bundles).map_err(|e| OtaError::io("creating", &bundles, e))?;
             durable::adopt(&bundles, self.root())?;
             durable::fsync_dir(self.root())?;
         }
         let hash = verified.content_hash.clone();
-        let dir = self.bundle_dir(&hash);
+        let dir = bundles.join(&hash);
         if dir.exists() {
             match self.verify(&dir) {
                 Ok(existing) if existing.content_hash == hash => {

@@ -99,8 +99,11 @@ impl Store {
     /// operations. Only called with the lock held, so none of them is in use.
     pub(super) fn clean_leftovers(&self) -> Result<Vec<PathBuf>, OtaError> {
         let mut cleaned = Vec::new();
-        let bundles = self.bundles_dir();
-        if let Ok(entries) = std::fs::read_dir(&bundles) {
+        let mut touched = Vec::new();
+        for home in [self.bundles_dir(), self.packs_dir()] {
+            let Ok(entries) = std::fs::read_dir(&home) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if name.starts_with(STAGING_PREFIX) || name.starts_with(TRASH_PREFIX) {
@@ -108,6 +111,7 @@ impl Store {
                     std::fs::remove_dir_all(&path)
                         .map_err(|e| OtaError::io("removing", &path, e))?;
                     cleaned.push(path);
+                    touched.push(home.clone());
                 }
             }
         }
@@ -122,8 +126,9 @@ impl Store {
             }
         }
         if !cleaned.is_empty() {
-            if bundles.is_dir() {
-                durable::fsync_dir(&bundles)?;
+            touched.dedup();
+            for home in &touched {
+                durable::fsync_dir(home)?;
             }
             durable::fsync_dir(self.root())?;
         }

@@ -20,7 +20,9 @@ use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
 use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
 use crate::manifest::FastWamChain;
+use crate::pack::InstructionPacks;
 use crate::Observation;
+use std::sync::Arc;
 use std::time::Instant;
 use vla_npz::{DType, Npz};
 use vla_qnn::Backend;
@@ -76,6 +78,9 @@ pub struct WorldModel {
     proprio_weight: Vec<f32>,
     proprio_bias: Vec<f32>,
     text_instruction: Option<u32>,
+    /// Instruction packs attached to this bundle (rows mapped, looked up by id): shared
+    /// with the text renderers handed out, which look texts up in them.
+    pub(crate) packs: Arc<InstructionPacks>,
 }
 
 fn contract(component: &str, tensor: &str, expected: String, found: String) -> PolicyError {
@@ -237,6 +242,7 @@ impl WorldModel {
             proprio_weight,
             proprio_bias,
             text_instruction: None,
+            packs: Arc::new(InstructionPacks::default()),
             pre,
             vae,
             embed,
@@ -278,7 +284,12 @@ impl WorldModel {
                 ),
             });
         }
-        obs.check_state_and_instruction(c.ring_state_dims(), c.instructions.len(), 0)?;
+        obs.check_state_and_instruction(
+            c.ring_state_dims(),
+            c.instructions.len(),
+            0,
+            Some(&self.packs),
+        )?;
         build_state(c.state_input, obs.state, &mut self.state)
     }
 
@@ -287,9 +298,13 @@ impl WorldModel {
         let c = &self.settings;
         let (e, text) = (c.context_width, c.text_tokens * c.context_width);
         if self.text_instruction != Some(obs.instruction_id) {
-            let i = obs.instruction_id as usize;
-            context[..text].copy_from_slice(&self.text_rows[i * text..(i + 1) * text]);
-            self.text_instruction = Some(obs.instruction_id);
+            let id = obs.instruction_id;
+            // A pack id (accepted: the packs hold it) reads the pack's mapped rows.
+            if !self.packs.write_rows(id, &mut context[..text]) {
+                let i = id as usize;
+                context[..text].copy_from_slice(&self.text_rows[i * text..(i + 1) * text]);
+            }
+            self.text_instruction = Some(id);
         }
         proprio_row(
             &self.state_norm,

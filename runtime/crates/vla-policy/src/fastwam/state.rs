@@ -68,7 +68,7 @@ mod tests {
         axisangle: Vec<[f32; 3]>,
     }
 
-    /// robosuite 1.4.0's own outputs (scripts/robosuite_quat_goldens.py).
+    /// robosuite 1.4.0's own outputs (tools/goldens/vla_goldens/robosuite_quat_goldens.py).
     fn golden() -> Golden {
         let dir = repo_root().join("golden/robosuite");
         let npz = vla_npz::Npz::open(dir.join("quat2axisangle.npz")).unwrap();

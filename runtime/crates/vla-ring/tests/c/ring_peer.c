@@ -1,4 +1,5 @@
-/* ring_peer: a C firmware stand-in built against runtime/include/vla_ring.h alone.
+/* ring_peer: a C firmware stand-in built against runtime/include/vla_ring.h and the C ring
+ * client library (runtime/ring-c: the open, flock, size and mmap steps and the writers).
  *
  *   ring_peer read-action PATH CAMERAS HEIGHT WIDTH CHANNELS STATE_DIMS ACTION_DIMS CHUNK_LEN
  *       prints the newest action step as one "key=value ..." line
@@ -18,23 +19,11 @@
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "vla_ring.h"
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "vla_ring_client.h"
 
 static int parse_geometry(char **argv, struct vla_ring_geometry *g) {
     uint32_t *fields[] = {&g->cameras, &g->height, &g->width, &g->channels,
@@ -49,27 +38,19 @@ static int parse_geometry(char **argv, struct vla_ring_geometry *g) {
     return 0;
 }
 
+/* Exit status of a failed map: the file's own state (not sized) is a rejected segment. */
+static int map_failed(enum vlr_open_result r, const char *err) {
+    fprintf(stderr, "%s\n", err);
+    return r == VLR_OPEN_NOT_READY || r == VLR_OPEN_REFUSED ? 4 : 3;
+}
+
 static int read_action(const char *path, const struct vla_ring_geometry *g) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        fprintf(stderr, "%s: open: %s\n", path, strerror(errno));
-        return 3;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < (off_t)VLA_RING_HEADER_SIZE) {
-        fprintf(stderr, "%s: too small for a ring header\n", path);
-        close(fd);
-        return 4;
-    }
-    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) {
-        fprintf(stderr, "%s: mmap: %s\n", path, strerror(errno));
-        return 3;
-    }
+    char err[512];
+    struct vlr_mapping map;
+    enum vlr_open_result opened = vlr_map_existing(&map, path, VLA_RING_ACTION_MAGIC, 0, err, sizeof err);
+    if (opened != VLR_OPEN_OK) return map_failed(opened, err);
     struct vla_ring_reader reader;
-    enum vla_ring_check_result check =
-        vla_ring_reader_open(&reader, base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, g);
+    enum vla_ring_check_result check = vla_ring_reader_open(&reader, map.base, map.len, VLA_RING_ACTION_MAGIC, g);
     if (check != VLA_RING_CHECK_OK) {
         fprintf(stderr, "%s: field %s: %s\n", path, reader.field, vla_ring_check_str(check));
         return 4;
@@ -91,48 +72,36 @@ static int read_action(const char *path, const struct vla_ring_geometry *g) {
     for (uint32_t i = 0; i < g->action_dims; i++) printf("%s%.9g", i ? "," : "", (double)values[i]);
     printf("\n");
     free(values);
-    munmap(base, (size_t)st.st_size);
+    vlr_unmap(&map);
     return 0;
 }
 
 static int write_obs(const char *path, const struct vla_ring_geometry *g, uint32_t slots, uint64_t count) {
-    uint64_t total = vla_ring_total_size(VLA_RING_OBS_MAGIC, g, slots);
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        fprintf(stderr, "%s: open/flock: %s\n", path, strerror(errno));
+    char err[512];
+    struct vlr_writer *w = vlr_writer_open(path, g, slots, err, sizeof err);
+    if (!w) {
+        fprintf(stderr, "%s\n", err);
         return 3;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) return 3;
-    if (st.st_size != 0 && (uint64_t)st.st_size != total) {
-        /* Another geometry: never resize a file readers may map; start a new one. */
-        close(fd);
-        unlink(path);
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
-        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
-        st.st_size = 0;
-    }
-    if (st.st_size == 0 && ftruncate(fd, (off_t)total) != 0) return 3;
-    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) return 3;
-
-    uint64_t epoch;
-    uint64_t seq = vla_ring_writer_start(base, VLA_RING_OBS_MAGIC, g, slots, (uint32_t)getpid(), now_ns(), &epoch);
     float *state = calloc(g->state_dims ? g->state_dims : 1, sizeof *state);
     uint64_t frame_bytes = vla_ring_frame_bytes(g);
     uint8_t *frames = malloc(frame_bytes ? frame_bytes : 1);
     if (!state || !frames) return 3;
-    for (uint64_t n = 0; n < count; n++, seq++) {
+    for (uint64_t n = 0; n < count; n++) {
+        uint64_t seq = vlr_writer_next_seq(w);
         for (uint32_t i = 0; i < g->state_dims; i++) state[i] = (float)seq * 10.0f + (float)i;
         for (uint64_t j = 0; j < frame_bytes; j++) frames[j] = (uint8_t)(seq * 7u + j);
-        struct vla_ring_obs_meta meta = {now_ns(), seq * 1000u + 1u, 42u};
-        vla_ring_obs_publish(base, seq, epoch, &meta, state, frames, now_ns());
+        if (vlr_writer_publish(w, 42u, seq * 1000u + 1u, vlr_now_ns(), state, g->state_dims, frames, frame_bytes,
+                               err, sizeof err) != seq) {
+            fprintf(stderr, "%s\n", err);
+            return 3;
+        }
     }
-    printf("epoch=%llu next_seq=%llu\n", (unsigned long long)epoch, (unsigned long long)seq);
+    printf("epoch=%llu next_seq=%llu\n", (unsigned long long)vlr_writer_epoch(w),
+           (unsigned long long)vlr_writer_next_seq(w));
     free(state);
     free(frames);
-    munmap(base, (size_t)total);
-    close(fd);
+    vlr_writer_close(w);
     return 0;
 }
 
@@ -155,47 +124,32 @@ static int write_text(const char *path, const struct vla_ring_geometry *g, uint3
         if (hi < 0 || lo < 0) return 2;
         text[i] = (char)(hi * 16 + lo);
     }
-    uint64_t total = vla_ring_total_size(VLA_RING_TEXT_MAGIC, g, slots);
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        fprintf(stderr, "%s: open/flock: %s\n", path, strerror(errno));
+    char err[512];
+    struct vlr_writer *w = vlr_text_writer_open(path, g, slots, err, sizeof err);
+    if (!w) {
+        fprintf(stderr, "%s\n", err);
         return 3;
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) return 3;
-    if (st.st_size != 0 && (uint64_t)st.st_size != total) {
-        close(fd);
-        unlink(path);
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
-        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
-        st.st_size = 0;
+    uint64_t written = vlr_now_ns();
+    uint64_t seq = vlr_text_publish(w, text_id, text, (uint32_t)(hex_len / 2), written, err, sizeof err);
+    if (seq == 0) {
+        fprintf(stderr, "%s\n", err);
+        vlr_writer_close(w);
+        return 2;
     }
-    if (st.st_size == 0 && ftruncate(fd, (off_t)total) != 0) return 3;
-    void *base = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) return 3;
-    uint64_t epoch;
-    uint64_t seq = vla_ring_writer_start(base, VLA_RING_TEXT_MAGIC, g, slots, (uint32_t)getpid(), now_ns(), &epoch);
-    uint64_t written = now_ns();
-    if (vla_ring_text_publish(base, seq, epoch, text_id, text, (uint32_t)(hex_len / 2), written) != 0) return 2;
-    printf("epoch=%llu seq=%llu written_ns=%llu\n", (unsigned long long)epoch, (unsigned long long)seq,
-           (unsigned long long)written);
-    munmap(base, (size_t)total);
-    close(fd);
+    printf("epoch=%llu seq=%llu written_ns=%llu\n", (unsigned long long)vlr_writer_epoch(w),
+           (unsigned long long)seq, (unsigned long long)written);
+    vlr_writer_close(w);
     return 0;
 }
 
 static int restart_action(const char *path, const struct vla_ring_geometry *a, const struct vla_ring_geometry *b) {
-    int fd = open(path, O_RDWR);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        fprintf(stderr, "%s: open: %s\n", path, strerror(errno));
-        return 3;
-    }
-    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) return 3;
+    char err[512];
+    struct vlr_mapping map;
+    enum vlr_open_result opened = vlr_map_existing(&map, path, VLA_RING_ACTION_MAGIC, 1, err, sizeof err);
+    if (opened != VLR_OPEN_OK) return map_failed(opened, err);
     struct vla_ring_reader reader;
-    enum vla_ring_check_result check =
-        vla_ring_reader_open(&reader, base, (uint64_t)st.st_size, VLA_RING_ACTION_MAGIC, a);
+    enum vla_ring_check_result check = vla_ring_reader_open(&reader, map.base, map.len, VLA_RING_ACTION_MAGIC, a);
     if (check != VLA_RING_CHECK_OK) {
         fprintf(stderr, "%s: field %s: %s\n", path, reader.field, vla_ring_check_str(check));
         return 4;
@@ -205,21 +159,21 @@ static int restart_action(const char *path, const struct vla_ring_geometry *a, c
     if (!values || vla_ring_reader_action_read_latest(&reader, &step, values) != VLA_RING_READ_OK) return 5;
     uint64_t before = reader.epoch;
     /* A new writer of geometry B takes the same-size segment over. */
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) return 3;
-    const struct vla_ring_header *h = (const struct vla_ring_header *)base;
+    enum vlr_open_result locked = vlr_lock(&map, path, VLA_RING_ACTION_MAGIC, err, sizeof err);
+    if (locked != VLR_OPEN_OK) return map_failed(locked, err);
+    const struct vla_ring_header *h = (const struct vla_ring_header *)map.base;
     uint32_t slots = atomic_load_explicit(&h->slot_count, memory_order_relaxed);
-    if (vla_ring_total_size(VLA_RING_ACTION_MAGIC, b, slots) != (uint64_t)st.st_size) {
+    if (vla_ring_total_size(VLA_RING_ACTION_MAGIC, b, slots) != map.len) {
         fprintf(stderr, "geometry B does not have the size of A\n");
         return 2;
     }
     uint64_t epoch;
-    vla_ring_writer_start(base, VLA_RING_ACTION_MAGIC, b, slots, (uint32_t)getpid(), now_ns(), &epoch);
+    vla_ring_writer_start(map.base, VLA_RING_ACTION_MAGIC, b, slots, (uint32_t)getpid(), vlr_now_ns(), &epoch);
     int r = vla_ring_reader_action_read_latest(&reader, &step, values);
     printf("epoch_before=%llu epoch_after=%llu read_after=%d field=%s\n", (unsigned long long)before,
            (unsigned long long)epoch, r, r == VLA_RING_READ_INCOMPATIBLE ? reader.field : "-");
     free(values);
-    munmap(base, (size_t)st.st_size);
-    close(fd);
+    vlr_unmap(&map);
     return 0;
 }
 

@@ -1,0 +1,202 @@
+//! Fast-WAM instruction packs on the HTP emulator: a pack instruction, selected by id or by
+//! text, gives bit for bit the actions of the same rows used as a fixed instruction; a text
+//! in no pack, an id no pack holds and a pack that does not fit are refused in one line.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use vla_npz::{Array, Npz};
+use vla_policy::{
+    Bundle, ObservationFile, Policy, RenderedText, PACK_INSTRUCTION_FLAG, TEXT_INSTRUCTION_FLAG,
+};
+
+const BUNDLE: &str = "fastwam-upstream";
+const EXTRA: u32 = PACK_INSTRUCTION_FLAG | 5;
+const OTHER: u32 = PACK_INSTRUCTION_FLAG | 6;
+
+/// Writes a pack for (`name`, `version`) into `dir`: (id, text, rows) per instruction.
+fn write_pack(
+    dir: &Path,
+    name: &str,
+    version: &str,
+    shape: [usize; 2],
+    items: &[(u32, &str, &[f32])],
+) {
+    std::fs::create_dir_all(dir).unwrap();
+    let rows: Vec<f32> = items.iter().flat_map(|i| i.2.iter().copied()).collect();
+    let array = Array::from_f32("rows", &[items.len(), shape[0], shape[1]], &rows).unwrap();
+    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
+    let instructions: Vec<serde_json::Value> = items
+        .iter()
+        .map(|(id, text, _)| serde_json::json!({"id": id, "text": text, "normalized": text}))
+        .collect();
+    let pack = serde_json::json!({
+        "format": 1, "kind": "instruction-pack", "label": "extra",
+        "name": name, "version": version, "policy": "fastwam",
+        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
+        "rows": "rows.npy", "text_tokens": shape[0], "context_width": shape[1],
+        "instructions": instructions,
+    });
+    std::fs::write(
+        dir.join("pack.json"),
+        serde_json::to_vec_pretty(&pack).unwrap(),
+    )
+    .unwrap();
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("vla-policy-packs-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
+    let Some(backend) = common::backend() else {
+        return;
+    };
+    let bundle = Bundle::open(common::fixture(BUNDLE)).unwrap();
+    let chain = bundle
+        .manifest
+        .fastwam
+        .as_ref()
+        .unwrap()
+        .chain
+        .clone()
+        .unwrap();
+    let (m, e) = (chain.text_tokens, chain.context_width);
+    let tables = Npz::open(bundle.path(&chain.tables)).unwrap();
+    let text_rows = tables.array("text_rows").unwrap().to_f32().unwrap();
+    let row = |i: usize| &text_rows[i * m * e..(i + 1) * m * e];
+    let (name, version) = (
+        bundle.manifest.name.clone(),
+        bundle.manifest.version.clone(),
+    );
+
+    // The pack: instruction 1's rows under a new text, instruction 0's under another.
+    let dir = temp("good");
+    write_pack(
+        &dir,
+        &name,
+        &version,
+        [m, e],
+        &[
+            (EXTRA, "open the drawer on top", row(1)),
+            (OTHER, "put the bowl down", row(0)),
+        ],
+    );
+    let mut policy = Policy::load(&bundle, &backend).unwrap();
+
+    // Packs that do not fit are refused in one line, attaching nothing.
+    let refusals = [
+        (
+            "other-bundle",
+            "other-bundle",
+            version.as_str(),
+            EXTRA,
+            "is for bundle other-bundle",
+        ),
+        ("plain-id", name.as_str(), version.as_str(), 7, "bit 30 set"),
+        (
+            "text-id",
+            name.as_str(),
+            version.as_str(),
+            TEXT_INSTRUCTION_FLAG | PACK_INSTRUCTION_FLAG,
+            "bit 31 clear",
+        ),
+    ];
+    for (tag, pack_name, pack_version, id, reason) in refusals {
+        let bad = temp(tag);
+        write_pack(
+            &bad,
+            pack_name,
+            pack_version,
+            [m, e],
+            &[(id, "anything", row(0))],
+        );
+        let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+        assert!(msg.contains(reason) && !msg.contains('\n'), "{tag}: {msg}");
+        let _ = std::fs::remove_dir_all(&bad);
+    }
+    let bad = temp("wide");
+    write_pack(
+        &bad,
+        &name,
+        &version,
+        [m, e - 1],
+        &[(EXTRA, "too narrow", &row(0)[..m * (e - 1)])],
+    );
+    let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+    assert!(msg.contains("the bundle's context takes"), "{msg}");
+    let _ = std::fs::remove_dir_all(&bad);
+
+    assert_eq!(policy.attach_pack(&dir).unwrap(), ("extra".to_string(), 2));
+    // The same ids again: refused whole.
+    let msg = policy.attach_pack(&dir).unwrap_err().to_string();
+    assert!(msg.contains("already taken"), "{msg}");
+
+    // By text: normalized as upstream's whitespace cleaning, on another thread (the
+    // daemon's text thread) and here; a fixed text names its fixed id.
+    assert_eq!(
+        policy
+            .instruction_from_text(b"  open the drawer\ton top ")
+            .unwrap(),
+        EXTRA
+    );
+    assert_eq!(
+        policy
+            .instruction_from_text(chain.instructions[1].as_bytes())
+            .unwrap(),
+        1
+    );
+    let renderer = policy.text_renderer().unwrap();
+    let looked_up = std::thread::spawn(move || renderer.render(b"put  the bowl down"))
+        .join()
+        .unwrap()
+        .unwrap();
+    let RenderedText::Existing(id) = looked_up else {
+        panic!("Fast-WAM looks texts up");
+    };
+    let (installed, replaced) = policy
+        .install_text(Vec::new(), RenderedText::Existing(id))
+        .unwrap();
+    assert_eq!(installed, OTHER);
+    assert!(replaced.is_none());
+    // Not in any pack: one line naming why; invalid UTF-8 likewise.
+    for (text, reason) in [
+        (&b"fly to the moon"[..], "instruction pack"),
+        (b"open the \xff drawer", "invalid UTF-8"),
+    ] {
+        let msg = policy.instruction_from_text(text).unwrap_err().to_string();
+        assert!(msg.contains(reason) && !msg.contains('\n'), "{msg}");
+    }
+
+    // Actions: the pack id holding instruction 1's rows first (the context starts with
+    // zero rows, so nothing left by an earlier instruction can stand in for the pack's),
+    // then fixed 1: bit for bit the same.
+    let obs_file = ObservationFile::load(&bundle.path("golden/end_to_end.npz")).unwrap();
+    let g = policy.geometry();
+    let mut run = |id: u32| {
+        let mut obs = obs_file.observation();
+        obs.instruction_id = id;
+        let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+        policy.infer(&obs, &mut actions).unwrap();
+        actions
+    };
+    let packed = run(EXTRA);
+    let fixed1 = run(1);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&packed),
+        bits(&fixed1),
+        "pack rows vs the same rows fixed"
+    );
+
+    // An id no pack holds is refused before any context runs.
+    let mut obs = obs_file.observation();
+    obs.instruction_id = PACK_INSTRUCTION_FLAG | 99;
+    let mut actions = vec![0f32; g.chunk_len * g.action_dims];
+    let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+    assert!(msg.contains("pack instructions"), "{msg}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,114 @@
+//! The Fast-WAM instruction packs of the bundle vlad runs: at every load (start, SIGHUP
+//! reload, and so after `vlad ota install` of a pack for the current bundle, which
+//! signals the reload), the OTA store's packs naming the bundle are verified again and
+//! attached to the policy (rows mapped, never copied onto the heap). A pack that fails is
+//! skipped with one warning line; the bundle runs with its fixed instructions and the
+//! other packs.
+
+use vla_ota::Store;
+
+// The ring's naming of pack instruction ids is the policy's.
+const _: () = assert!(vla_policy::PACK_INSTRUCTION_FLAG == vla_ring::PACK_ID_FLAG);
+use vla_policy::{Bundle, Policy, PolicyKind};
+
+/// `(name, version, policy)` of `bundle`: what a pack names it by.
+pub fn names(bundle: &Bundle) -> (&str, &str, &'static str) {
+    let m = &bundle.manifest;
+    let kind = match m.policy {
+        PolicyKind::Fastwam => "fastwam",
+        PolicyKind::Molmoact2 => "molmoact2",
+    };
+    (&m.name, &m.version, kind)
+}
+
+/// Attaches the store's packs of `bundle` to `policy` (before any text renderer is
+/// handed out); returns how many instructions they add.
+pub fn attach_installed(store: &Store, bundle: &Bundle, policy: &mut Policy) -> usize {
+    let (name, version, kind) = names(bundle);
+    let scan = match store.packs_for((name, version, kind)) {
+        Ok(scan) => scan,
+        Err(e) => {
+            log::warn!("instruction packs: {}", crate::error_line(&e));
+            return 0;
+        }
+    };
+    for e in &scan.refused {
+        log::warn!("instruction pack refused: {}", crate::error_line(e));
+    }
+    let mut added = 0;
+    for pack in &scan.packs {
+        match policy.attach_pack(&pack.dir) {
+            Ok((label, n)) => {
+                log::info!(
+                    "instruction pack {} ({label}): {n} instructions of {name} {version}",
+                    &pack.content_hash[..12]
+                );
+                added += n;
+            }
+            Err(e) => log::warn!("{}; not attached", crate::error_line(&e)),
+        }
+    }
+    added
+}
+
+/// `vlad ota install` of a pack (installed under `packs/`): says so and, when the pack
+/// goes with the current bundle, asks the running daemon to reload (SIGHUP), which
+/// attaches it; with no daemon running it is attached at the next start.
+pub fn installed(store: &Store, installed: &vla_ota::Installed) -> Result<(), crate::Failure> {
+    if installed.already_installed {
+        println!("instruction pack already installed: {}", installed.hash);
+    } else {
+        println!(
+            "installed instruction pack {} in {}",
+            installed.hash,
+            installed.dir.display()
+        );
+    }
+    let pack = store.verify(&installed.dir)?;
+    let current = match store.current()? {
+        Some((_, dir)) => Some(store.verify(&dir)?),
+        None => None,
+    };
+    match current {
+        Some(bundle) if pack.manifest.goes_with(bundle.manifest.names()) => {
+            let mut gate = vla_ota::SignalDaemon::new(store, "vlad");
+            vla_ota::Activation::reload_and_gate(&mut gate, &bundle.dir)
+                .map_err(|e| crate::Failure::Error(format!("signalling the daemon: {e}")))?;
+            println!(
+                "it goes with the current bundle; {}",
+                gate.outcome.unwrap_or_default()
+            );
+        }
+        _ => {
+            let (name, version, _) = pack.manifest.names();
+            println!("it goes with {name} {version}, not the current bundle: attached when that bundle runs");
+        }
+    }
+    Ok(())
+}
+
+/// `vlad ota status`'s lines for the installed packs.
+pub fn print_status(status: &vla_ota::Status, current: Option<&str>) {
+    println!("instruction packs:");
+    if status.packs.is_empty() {
+        println!("  (none)");
+    }
+    let current = current.and_then(|h| status.bundles.iter().find(|b| b.hash == h));
+    for p in &status.packs {
+        let with_current =
+            current.is_some_and(|b| (b.name.as_str(), b.version.as_str()) == (&p.name, &p.version));
+        println!(
+            "  {}  for {:<28} {:<10} {:>12} bytes  {}",
+            &p.hash[..12.min(p.hash.len())],
+            p.name,
+            p.version,
+            p.bytes,
+            match (with_current, p.mapped) {
+                (true, true) => "current,mapped",
+                (true, false) => "current",
+                (false, true) => "mapped",
+                (false, false) => "",
+            }
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! Fast-WAM instruction packs through the command line: `vlad bundle pack|sign|verify`
+//! make and check a pack as they do a bundle, `vlad ota install` places it under
+//! `<root>/packs/` beside the bundle it names (refusing one for another bundle in one
+//! line), and `vlad ota status` lists it. No NPU: nothing is loaded here.
+
+mod common;
+
+use common::{text, vlad};
+use std::path::{Path, PathBuf};
+use vla_npz::Array;
+use vla_test_support::{copy_dir, repo_root};
+
+fn ok(args: &[&str]) -> String {
+    let o = vlad(args);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
+    out + &err
+}
+
+fn hash_in(out: &str) -> String {
+    out.split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .unwrap_or_else(|| panic!("no hash in: {out}"))
+        .to_owned()
+}
+
+/// An unsigned pack of one instruction for bundle `name` `version` (24 x 32 rows, the
+/// tiny upstream Fast-WAM's).
+fn write_pack(dir: &Path, name: &str, version: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    let rows: Vec<f32> = (0..24 * 32).map(|i| (i as f32 * 0.01).sin()).collect();
+    let array = Array::from_f32("rows", &[1, 24, 32], &rows).unwrap();
+    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
+    let pack = serde_json::json!({
+        "format": 1, "kind": "instruction-pack", "label": "extra",
+        "name": name, "version": version, "policy": "fastwam",
+        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
+        "rows": "rows.npy", "text_tokens": 24, "context_width": 32,
+        "instructions": [{"id": 1 << 30, "text": "wipe the table", "normalized": "wipe the table"}],
+    });
+    std::fs::write(
+        dir.join("pack.json"),
+        serde_json::to_vec_pretty(&pack).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_signed_pack_installs_beside_the_current_bundle_and_is_listed() {
+    let tmp = std::env::temp_dir().join(format!("vlad-ota-packs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let root = tmp.join("ota");
+    let key = tmp.join("fleet.key");
+    let public = hash_in(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
+            .unwrap();
+    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
+    v["ota"]["root"] = root.to_str().unwrap().into();
+    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let config = tmp.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let cfg = config.to_str().unwrap();
+    let sign = |dir: &Path| {
+        let d = dir.to_str().unwrap();
+        ok(&["bundle", "pack", d]);
+        ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);
+        ok(&["bundle", "verify", d, "--config", cfg]);
+    };
+
+    // The bundle, installed and current (no daemon runs: it would load it at start).
+    let bundle = tmp.join("bundle");
+    copy_dir(
+        &repo_root().join("golden/bundles/fastwam-upstream"),
+        &bundle,
+    );
+    sign(&bundle);
+    let b = hash_in(&ok(&[
+        "ota",
+        "install",
+        bundle.to_str().unwrap(),
+        "--config",
+        cfg,
+    ]));
+    ok(&["ota", "activate", &b, "--config", cfg]);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("bundle.json")).unwrap()).unwrap();
+    let (name, version) = (
+        manifest["name"].as_str().unwrap(),
+        manifest["version"].as_str().unwrap(),
+    );
+
+    // A pack for it: packed, signed and verified as a bundle is, installed under packs/.
+    let pack = tmp.join("pack");
+    write_pack(&pack, name, version);
+    sign(&pack);
+    let out = ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
+    let p = hash_in(&out);
+    assert!(out.contains("installed instruction pack"), "{out}");
+    assert!(out.contains("goes with the current bundle"), "{out}");
+    assert!(root.join("packs").join(&p).join("rows.npy").is_file());
+    assert!(!root.join("bundles").join(&p).exists());
+    let again = ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
+    assert!(again.contains("already installed"), "{again}");
+
+    // Listed, as a pack of the current bundle; the bundle's roles are unchanged.
+    let status = ok(&["ota", "status", "--config", cfg]);
+    let line = status
+        .lines()
+        .skip_while(|l| !l.starts_with("instruction packs:"))
+        .find(|l| l.contains(&p[..12]))
+        .unwrap_or_else(|| panic!("pack not listed: {status}"));
+    assert!(
+        line.contains(name) && line.contains(version) && line.contains("current"),
+        "{line}"
+    );
+    assert!(status.contains(&format!("current:  {b}")), "{status}");
+
+    // A pack for another bundle is refused in one line; nothing is placed.
+    let other = tmp.join("other");
+    write_pack(&other, "another-bundle", "9.9.9");
+    sign(&other);
+    let o = vlad(&["ota", "install", other.to_str().unwrap(), "--config", cfg]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("another-bundle"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0].contains("is for bundle another-bundle 9.9.9"),
+        "{err}"
+    );
+    let packs: Vec<PathBuf> = std::fs::read_dir(root.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(packs.len(), 1, "{packs:?}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -1,5 +1,0 @@
-import sys
-from pathlib import Path
-
-SCRIPTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(SCRIPTS))
