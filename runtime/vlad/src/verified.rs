@@ -604,6 +604,85 @@ mod tests {
         let _ = std::fs::remove_dir_all(&tmp);
     }
 
+    /// An instruction pack for the fastwam-closed-loop fixture, signed, in `dir`: two
+    /// instructions, rows `[2, 8, 24]` f32; returns its rows and digests (every file
+    /// deferred, as the daemon's pack scan defers them).
+    fn signed_pack(dir: &Path) -> (Vec<f32>, DeferredDigests) {
+        std::fs::create_dir_all(dir).unwrap();
+        let flag = vla_policy::PACK_INSTRUCTION_FLAG;
+        let rows: Vec<f32> = (0..2 * 8 * 24)
+            .map(|i| (i % 17) as f32 / 16.0 - 0.5)
+            .collect();
+        let array = vla_npz::Array::from_f32("rows", &[2, 8, 24], &rows).unwrap();
+        std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
+        let pack = serde_json::json!({
+            "format": 1, "kind": "instruction-pack", "label": "extra",
+            "name": "fastwam-closed-loop-tiny", "version": "0.1.0", "policy": "fastwam",
+            "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
+            "rows": "rows.npy", "text_tokens": 8, "context_width": 24,
+            "instructions": [
+                {"id": flag | 1, "text": "open the drawer", "normalized": "open the drawer"},
+                {"id": flag | 2, "text": "close the drawer", "normalized": "close the drawer"},
+            ],
+        });
+        std::fs::write(dir.join("pack.json"), serde_json::to_vec(&pack).unwrap()).unwrap();
+        vla_ota::pack_until(dir, u64::MAX / 2).unwrap();
+        let key = dir.with_extension("key");
+        let public = vla_ota::keygen(&key).unwrap();
+        vla_ota::sign(dir, &key).unwrap();
+        let target = vla_ota::DeviceTarget {
+            soc_model: 77,
+            htp_arch: 73,
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let defer = BTreeSet::from(["pack.json".to_owned(), "rows.npy".to_owned()]);
+        let (_, digests) = vla_ota::verify_deferring(dir, &[public], 1, &target, &defer).unwrap();
+        (rows, digests)
+    }
+
+    /// An instruction pack's rows changed after the pack was verified are refused in one
+    /// line (nothing attached); attached from the signed bytes, the rows the policy runs
+    /// are those bytes whatever the file becomes (a private copy, not a mapping).
+    #[test]
+    fn a_pack_changed_after_verification_is_not_attached_and_an_attached_one_keeps_its_bytes() {
+        let Some((tmp, bundle, digests, _lib, backend)) =
+            signed_bundle("fastwam-closed-loop", "pack")
+        else {
+            return;
+        };
+        let bundle = hashed(bundle, digests, Vec::new());
+        let mut policy = vla_policy::Policy::load(&bundle, &backend).expect("signed bytes load");
+        let dir = tmp.join("pack");
+        let (rows, digests) = signed_pack(&dir);
+        let files = HashedFiles { digests };
+        let size = std::fs::metadata(dir.join("rows.npy")).unwrap().len() as usize;
+        let signed = flip(&dir, "rows.npy", size - 1);
+        let error = policy
+            .attach_pack(&dir, Some(&files))
+            .expect_err("changed rows");
+        assert_refused(error, "rows.npy");
+        assert!(!policy.has_pack_instruction(vla_policy::PACK_INSTRUCTION_FLAG | 1));
+        restore(&dir, "rows.npy", &signed);
+        assert_eq!(
+            policy.attach_pack(&dir, Some(&files)).expect("signed pack"),
+            ("extra".to_owned(), 2)
+        );
+        flip(&dir, "rows.npy", size - 1);
+        let mut out = vec![0f32; 8 * 24];
+        let packs = match &policy {
+            vla_policy::Policy::FastWam(p) => p.packs().expect("a chain bundle"),
+            _ => unreachable!("a Fast-WAM bundle"),
+        };
+        assert!(packs.write_rows(vla_policy::PACK_INSTRUCTION_FLAG | 2, &mut out));
+        assert_eq!(
+            out,
+            rows[8 * 24..],
+            "the rows hashed, not the file's new last byte"
+        );
+        drop(policy);
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
     /// The embedding table of a verified bundle is the bytes hashed, in private memory:
     /// a write to the file afterwards shows in a mapping of it (how the table was read
     /// before) and not in the table the policy renders from.

@@ -199,19 +199,10 @@ impl Bundle {
             path: self.path(rel),
             reason: e.to_string(),
         };
-        let Some(files) = &self.files else {
-            return std::fs::read(self.path(rel)).map_err(unreadable);
-        };
-        let mut file = files.open(&self.dir, what, rel)?;
-        let size = file.size();
-        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-        // One byte past the expected size, so a longer file is the checker's to refuse.
-        (&mut file)
-            .take(size.saturating_add(1))
-            .read_to_end(&mut bytes)
-            .map_err(unreadable)?;
-        file.finish()?;
-        Ok(bytes)
+        match &self.files {
+            None => std::fs::read(self.path(rel)).map_err(unreadable),
+            Some(files) => read_checked(files.as_ref(), &self.dir, what, rel),
+        }
     }
 
     /// The npz at `rel`, parsed from the bytes [`Bundle::read`] gives.
@@ -225,16 +216,10 @@ impl Bundle {
     /// checker ([`Bundle::with_files`]), read once through it into private memory (the
     /// table's size in anonymous memory for as long as the table lives).
     pub fn table(&self, what: &str, rel: &str) -> Result<vla_npz::MappedNpy, PolicyError> {
-        let label = self.path(rel).display().to_string();
-        let Some(files) = &self.files else {
-            return vla_npz::MappedNpy::open(self.path(rel)).map_err(PolicyError::Npz);
-        };
-        let mut file = files.open(&self.dir, what, rel)?;
-        let size = file.size();
-        let read = vla_npz::MappedNpy::read(&mut file, size, &label);
-        // The checker's verdict first: a changed file is refused as such, whatever it parses to.
-        file.finish()?;
-        read.map_err(PolicyError::Npz)
+        match &self.files {
+            None => vla_npz::MappedNpy::open(self.path(rel)).map_err(PolicyError::Npz),
+            Some(files) => table_checked(files.as_ref(), &self.dir, what, rel),
+        }
     }
 
     /// The context binaries of the components a policy loads, relative to the bundle.
@@ -331,6 +316,47 @@ impl Bundle {
             })
             .collect()
     }
+}
+
+/// The bytes of file `rel` of `dir` (`what`: what it is for), read once through `files`
+/// and refused unless its checker accepts them.
+pub(crate) fn read_checked(
+    files: &dyn OpenFile,
+    dir: &Path,
+    what: &str,
+    rel: &str,
+) -> Result<Vec<u8>, PolicyError> {
+    let mut file = files.open(dir, what, rel)?;
+    let size = file.size();
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    // One byte past the expected size, so a longer file is the checker's to refuse.
+    (&mut file)
+        .take(size.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| PolicyError::MissingFile {
+            bundle: dir.to_owned(),
+            what: what.into(),
+            path: dir.join(rel),
+            reason: e.to_string(),
+        })?;
+    file.finish()?;
+    Ok(bytes)
+}
+
+/// The `.npy` table `rel` of `dir` read once through `files` into private memory, refused
+/// unless its checker accepts the bytes.
+pub(crate) fn table_checked(
+    files: &dyn OpenFile,
+    dir: &Path,
+    what: &str,
+    rel: &str,
+) -> Result<vla_npz::MappedNpy, PolicyError> {
+    let mut file = files.open(dir, what, rel)?;
+    let size = file.size();
+    let read = vla_npz::MappedNpy::read(&mut file, size, &dir.join(rel).display().to_string());
+    // The checker's verdict first: a changed file is refused as such, whatever it parses to.
+    file.finish()?;
+    read.map_err(PolicyError::Npz)
 }
 
 /// A resident graph with the component it serves and its golden file.

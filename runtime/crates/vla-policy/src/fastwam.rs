@@ -356,7 +356,11 @@ impl FastWam {
     }
 
     /// Attaches the instruction pack in `dir` (see [`crate::Policy::attach_pack`]).
-    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+    pub fn attach_pack(
+        &mut self,
+        dir: &std::path::Path,
+        files: Option<&dyn crate::OpenFile>,
+    ) -> Result<(String, usize), PolicyError> {
         let refused = |reason: &str| PolicyError::Pack {
             pack: dir.display().to_string(),
             reason: reason.into(),
@@ -371,7 +375,12 @@ impl FastWam {
             .expect("a chain has its settings");
         let packs = Arc::get_mut(&mut chain.packs)
             .ok_or_else(|| refused("packs are attached before any text renderer is handed out"))?;
-        packs.attach(dir, (&self.bundle_name, &self.bundle_version), settings)
+        packs.attach(
+            dir,
+            (&self.bundle_name, &self.bundle_version),
+            settings,
+            files,
+        )
     }
 
     /// The attached instruction packs (chain bundles).

@@ -114,7 +114,7 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
             [m, e],
             &[(id, "anything", row(0))],
         );
-        let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+        let msg = policy.attach_pack(&bad, None).unwrap_err().to_string();
         assert!(msg.contains(reason) && !msg.contains('\n'), "{tag}: {msg}");
         let _ = std::fs::remove_dir_all(&bad);
     }
@@ -126,13 +126,16 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
         [m, e - 1],
         &[(EXTRA, "too narrow", &row(0)[..m * (e - 1)])],
     );
-    let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+    let msg = policy.attach_pack(&bad, None).unwrap_err().to_string();
     assert!(msg.contains("the bundle's context takes"), "{msg}");
     let _ = std::fs::remove_dir_all(&bad);
 
-    assert_eq!(policy.attach_pack(&dir).unwrap(), ("extra".to_string(), 2));
+    assert_eq!(
+        policy.attach_pack(&dir, None).unwrap(),
+        ("extra".to_string(), 2)
+    );
     // The same ids again: refused whole.
-    let msg = policy.attach_pack(&dir).unwrap_err().to_string();
+    let msg = policy.attach_pack(&dir, None).unwrap_err().to_string();
     assert!(msg.contains("already taken"), "{msg}");
 
     // By text: normalized as upstream's whitespace cleaning, on another thread (the
