@@ -257,9 +257,11 @@ pub fn load_gated(
     options: &LoadSettings,
 ) -> Result<Loaded, LoadError> {
     let mut bundle = Bundle::open(dir)?;
-    if let Some(store) = &options.store {
-        bundle = crate::verified::verify_for_load(store, bundle)?;
-    }
+    let digests = options
+        .store
+        .as_ref()
+        .map(|store| crate::verified::verify_for_load(store, &bundle))
+        .transpose()?;
     // Before any context is created: a bundle that cannot fit is refused with its sums.
     let plan = crate::dsp_plan::plan_bundle(&bundle, backend.library()).map_err(|why| {
         LoadError::Placement {
@@ -272,20 +274,26 @@ pub fn load_gated(
         dir.display(),
         plan.summary()
     );
+    if let Some(digests) = digests {
+        bundle = crate::verified::hashed(bundle, digests, plan.footprints.clone());
+    }
     let placed =
         crate::dsp_plan::place(backend, &bundle, &plan).map_err(|why| LoadError::Placement {
             dir: dir.to_owned(),
             why,
         })?;
-    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(|e| match e {
-        // A binary that changed since it was signed: refused as the bundle's
-        // verification, not as a load failure (a retry does not repair it).
-        e @ PolicyError::Unverified { .. } => LoadError::Unverified {
-            dir: dir.to_owned(),
-            source: Box::new(e),
-        },
+    // A file that changed since it was signed: refused as the bundle's verification, not
+    // as a load failure (a retry does not repair it).
+    let refused = |e| match e {
+        e @ (PolicyError::Unverified { .. } | PolicyError::UnverifiedFile { .. }) => {
+            LoadError::Unverified {
+                dir: dir.to_owned(),
+                source: Box::new(e),
+            }
+        }
         e => LoadError::Policy(e),
-    })?;
+    };
+    let mut policy = Policy::load_with(&bundle, &placed, &options.policy).map_err(refused)?;
     // Before the gate, so the gate checks the I/O the policy will run on.
     let io = options
         .npu
@@ -295,7 +303,7 @@ pub fn load_gated(
             why,
         })?;
     log::info!("bundle {}: {}", dir.display(), io.describe());
-    let report = bundle.parity(&mut policy)?;
+    let report = bundle.parity(&mut policy).map_err(refused)?;
     if let Some(why) = report.failure_summary() {
         return Err(LoadError::Gate {
             dir: dir.to_owned(),

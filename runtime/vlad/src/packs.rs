@@ -1,9 +1,11 @@
 //! The Fast-WAM instruction packs of the bundle vlad runs: at every load (start, SIGHUP
 //! reload) the OTA store's packs naming the bundle are verified again and attached to the
-//! policy (rows mapped, never copied onto the heap); `vlad ota install` of a pack for the
-//! current bundle sends SIGUSR2 and the daemon attaches the new ones while it runs, without
-//! a reload (the text thread, see `daemon::text`). A pack that fails is skipped with one
-//! warning line; the bundle runs with its fixed instructions and the other packs.
+//! policy; `vlad ota install` of a pack for the current bundle sends SIGUSR2 and the daemon
+//! attaches the new ones while it runs, without a reload (the text thread, see
+//! `daemon::text`). Each file's SHA-256 is computed as it is read, once, and the policy uses
+//! exactly those bytes (`pack.json` parsed from them, the rows kept in private memory, never
+//! read again by path; [`crate::verified::HashedFiles`]). A pack that fails is skipped with
+//! one warning line; the bundle runs with its fixed instructions and the other packs.
 
 use vla_ota::Store;
 
@@ -25,7 +27,7 @@ pub fn names(bundle: &Bundle) -> (&str, &str, &'static str) {
 /// handed out); returns how many instructions they add.
 pub fn attach_installed(store: &Store, bundle: &Bundle, policy: &mut Policy) -> usize {
     let (name, version, kind) = names(bundle);
-    let scan = match store.packs_for((name, version, kind)) {
+    let scan = match store.packs_for_deferring((name, version, kind)) {
         Ok(scan) => scan,
         Err(e) => {
             log::warn!("instruction packs: {}", crate::error_line(&e));
@@ -36,8 +38,9 @@ pub fn attach_installed(store: &Store, bundle: &Bundle, policy: &mut Policy) -> 
         log::warn!("instruction pack refused: {}", crate::error_line(e));
     }
     let mut added = 0;
-    for pack in &scan.packs {
-        match policy.attach_pack(&pack.dir) {
+    for (pack, digests) in scan.packs.iter().zip(scan.digests) {
+        let files = crate::verified::HashedFiles { digests };
+        match policy.attach_pack(&pack.dir, Some(&files)) {
             Ok((label, n)) => {
                 log::info!(
                     "instruction pack {} ({label}): {n} instructions of {name} {version}",
@@ -66,7 +69,7 @@ pub fn attach_new(
         let (n, v) = attacher.bundle();
         (n.to_owned(), v.to_owned())
     };
-    let scan = match store.packs_for((&name, &version, "fastwam")) {
+    let scan = match store.packs_for_deferring((&name, &version, "fastwam")) {
         Ok(scan) => scan,
         Err(e) => {
             log::warn!(
@@ -84,12 +87,13 @@ pub fn attach_new(
     }
     let mut sets = Vec::new();
     let mut tried = !scan.refused.is_empty();
-    for pack in &scan.packs {
+    for (pack, digests) in scan.packs.iter().zip(scan.digests) {
         if attacher.packs().holds_dir(&pack.dir) || refused.contains(&pack.dir) {
             continue;
         }
         tried = true;
-        match attacher.attach(&pack.dir) {
+        let files = crate::verified::HashedFiles { digests };
+        match attacher.attach(&pack.dir, Some(&files)) {
             Ok((set, label, n)) => {
                 log::info!(
                     "instruction pack {} ({label}): {n} instructions of {name} {version}, attached while running (no reload)",

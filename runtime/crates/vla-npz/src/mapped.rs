@@ -15,6 +15,48 @@ enum Backing {
     Private(memmap2::Mmap),
 }
 
+/// `len` bytes of `reader` in private anonymous memory, read-only.
+fn private_copy(
+    mut reader: impl std::io::Read,
+    len: u64,
+    label: &str,
+) -> Result<Backing, NpzError> {
+    let io = |action: &'static str, source: std::io::Error| NpzError::Io {
+        file: label.to_owned(),
+        action,
+        source,
+    };
+    let size = usize::try_from(len).map_err(|_| {
+        io(
+            "allocating a private copy of",
+            std::io::Error::other(format!("{len} bytes")),
+        )
+    })?;
+    // An empty file is refused by the header parse, which needs bytes.
+    let mut anon = memmap2::MmapMut::map_anon(size.max(1))
+        .map_err(|e| io("allocating a private copy of", e))?;
+    reader
+        .read_exact(&mut anon[..size])
+        .map_err(|e| io("reading", e))?;
+    let mut more = [0u8; 1];
+    loop {
+        match reader.read(&mut more) {
+            Ok(0) => break,
+            Ok(_) => {
+                return Err(io(
+                    "reading",
+                    std::io::Error::other(format!("longer than its {len} bytes")),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(io("reading", e)),
+        }
+    }
+    Ok(Backing::Private(
+        anon.make_read_only().map_err(|e| io("protecting", e))?,
+    ))
+}
+
 /// A mapped `.npy` array.
 pub struct MappedNpy {
     backing: Backing,
@@ -49,11 +91,22 @@ impl MappedNpy {
                 unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| io("mapping", e))?;
             Backing::Mapped(map)
         } else {
-            let mut anon = memmap2::MmapMut::map_anon(meta.len() as usize)
-                .map_err(|e| io("allocating a private copy of", e))?;
-            std::io::Read::read_exact(&mut file, &mut anon).map_err(|e| io("reading", e))?;
-            Backing::Private(anon.make_read_only().map_err(|e| io("protecting", e))?)
+            private_copy(&mut file, meta.len(), &label)?
         };
+        Self::parse(backing, label)
+    }
+
+    /// Reads exactly `len` bytes from `reader` into private anonymous memory (made
+    /// read-only) and parses them: whatever the source becomes afterwards, the array is
+    /// those bytes. For a caller that checks the bytes as they are read (e.g. a reader
+    /// that hashes what it hands out); a reader shorter or longer than `len` is refused.
+    /// `label` names the file in errors.
+    pub fn read(reader: impl std::io::Read, len: u64, label: &str) -> Result<Self, NpzError> {
+        let backing = private_copy(reader, len, label)?;
+        Self::parse(backing, label.to_owned())
+    }
+
+    fn parse(backing: Backing, label: String) -> Result<Self, NpzError> {
         let bytes: &[u8] = match &backing {
             Backing::Mapped(m) | Backing::Private(m) => m,
         };
@@ -144,5 +197,23 @@ mod tests {
             .to_string();
         assert!(msg.contains("short.npy") && msg.contains("bytes"), "{msg}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn read_takes_exactly_the_declared_bytes_into_private_memory() {
+        let array = Array::from_f32("wte", &[2, 2], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        let bytes = write_npy(&array);
+        let len = bytes.len() as u64;
+        let m = MappedNpy::read(&bytes[..], len, "wte.npy").unwrap();
+        assert!(!m.is_mapped());
+        assert_eq!(m.data(), array.bytes());
+        for (given, what) in [(&bytes[..bytes.len() - 1], "short"), (&bytes[..], "long")] {
+            let declared = if what == "short" { len } else { len - 1 };
+            let msg = MappedNpy::read(given, declared, "wte.npy")
+                .err()
+                .expect(what)
+                .to_string();
+            assert!(msg.contains("wte.npy") && !msg.contains('\n'), "{msg}");
+        }
     }
 }

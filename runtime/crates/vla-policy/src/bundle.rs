@@ -35,6 +35,8 @@ pub struct Bundle {
     manifest_bytes: Arc<[u8]>,
     /// How the context binaries are opened; `None`: mapped by path.
     binaries: Option<Arc<dyn OpenBinary>>,
+    /// How the other files are read; `None`: by path.
+    files: Option<Arc<dyn OpenFile>>,
     _in_use: Arc<File>,
 }
 
@@ -50,6 +52,30 @@ pub trait OpenBinary: Send + Sync + core::fmt::Debug {
         component: &str,
         rel: &str,
     ) -> Result<ContextBinary, PolicyError>;
+}
+
+/// One file of a bundle opened by a caller that checks its bytes as they are read (the
+/// daemon: hashes what it hands out): a reader of the file's [`CheckedRead::size`] bytes,
+/// and [`CheckedRead::finish`] after the last one, before anything parsed from them is
+/// used.
+pub trait CheckedRead: std::io::Read {
+    /// The number of bytes the checker expects.
+    fn size(&self) -> u64;
+    /// Whether the bytes read (every one, in order) are the ones the checker expects.
+    fn finish(self: Box<Self>) -> Result<(), PolicyError>;
+}
+
+/// Opens the bundle's files other than context binaries (goldens, tables, tokenizer
+/// files, the embedding table) for a caller that checks their bytes: each is read once
+/// through it and parsed from those bytes, never read again by path.
+pub trait OpenFile: Send + Sync + core::fmt::Debug {
+    /// File `rel` of bundle directory `dir`; `what` says what it is for (errors).
+    fn open(
+        &self,
+        dir: &Path,
+        what: &str,
+        rel: &str,
+    ) -> Result<Box<dyn CheckedRead + Send>, PolicyError>;
 }
 
 impl Bundle {
@@ -94,6 +120,7 @@ impl Bundle {
             manifest,
             manifest_bytes: bytes.into(),
             binaries: None,
+            files: None,
             _in_use: Arc::new(file),
         };
         for name in bundle.manifest.required_components() {
@@ -128,11 +155,79 @@ impl Bundle {
         self
     }
 
-    /// The context binaries of every component of the manifest, relative to the bundle.
+    /// The bundle with its other files read through `files` instead of by path.
+    pub fn with_files(mut self, files: Arc<dyn OpenFile>) -> Self {
+        self.files = Some(files);
+        self
+    }
+
+    /// Every file other than `bundle.json` and the context binaries that loading and
+    /// gating the bundle reads, relative to the bundle.
+    pub fn data_paths(&self) -> std::collections::BTreeSet<String> {
+        let m = &self.manifest;
+        // The goldens of the components a policy loads (its gate runs those).
+        let mut paths: std::collections::BTreeSet<String> = m
+            .required_components()
+            .iter()
+            .filter_map(|name| m.components.get(name))
+            .map(|c| c.golden.clone())
+            .collect();
+        paths.insert(m.end_to_end.clone());
+        if let Some(a) = &m.molmoact2 {
+            paths.insert(a.prompt.clone());
+            if let Some(t) = &a.text {
+                paths.insert(t.tokenizer.clone());
+                paths.extend(t.tokenizer_config.clone());
+                paths.insert(t.embedding.clone());
+            }
+        }
+        if let Some(f) = &m.fastwam {
+            paths.extend(f.world_model.clone());
+            if let Some(c) = &f.chain {
+                paths.insert(c.tables.clone());
+            }
+        }
+        paths
+    }
+
+    /// The bytes of file `rel` (`what`: what it is for), read once: through the checker
+    /// given to [`Bundle::with_files`] (refused if it refuses them), else by path.
+    pub fn read(&self, what: &str, rel: &str) -> Result<Vec<u8>, PolicyError> {
+        let unreadable = |e: std::io::Error| PolicyError::MissingFile {
+            bundle: self.dir.clone(),
+            what: what.into(),
+            path: self.path(rel),
+            reason: e.to_string(),
+        };
+        match &self.files {
+            None => std::fs::read(self.path(rel)).map_err(unreadable),
+            Some(files) => read_checked(files.as_ref(), &self.dir, what, rel),
+        }
+    }
+
+    /// The npz at `rel`, parsed from the bytes [`Bundle::read`] gives.
+    pub fn npz(&self, what: &str, rel: &str) -> Result<vla_npz::Npz, PolicyError> {
+        let bytes = self.read(what, rel)?;
+        vla_npz::Npz::from_bytes(bytes, &self.path(rel).display().to_string())
+            .map_err(PolicyError::Npz)
+    }
+
+    /// The `.npy` table at `rel` (`what`: what it is for): mapped by path, or, with a
+    /// checker ([`Bundle::with_files`]), read once through it into private memory (the
+    /// table's size in anonymous memory for as long as the table lives).
+    pub fn table(&self, what: &str, rel: &str) -> Result<vla_npz::MappedNpy, PolicyError> {
+        match &self.files {
+            None => vla_npz::MappedNpy::open(self.path(rel)).map_err(PolicyError::Npz),
+            Some(files) => table_checked(files.as_ref(), &self.dir, what, rel),
+        }
+    }
+
+    /// The context binaries of the components a policy loads, relative to the bundle.
     pub fn binary_paths(&self) -> std::collections::BTreeSet<String> {
-        self.manifest
-            .components
-            .values()
+        let m = &self.manifest;
+        m.required_components()
+            .iter()
+            .filter_map(|name| m.components.get(name))
             .map(|c| c.binary.clone())
             .collect()
     }
@@ -221,6 +316,47 @@ impl Bundle {
             })
             .collect()
     }
+}
+
+/// The bytes of file `rel` of `dir` (`what`: what it is for), read once through `files`
+/// and refused unless its checker accepts them.
+pub(crate) fn read_checked(
+    files: &dyn OpenFile,
+    dir: &Path,
+    what: &str,
+    rel: &str,
+) -> Result<Vec<u8>, PolicyError> {
+    let mut file = files.open(dir, what, rel)?;
+    let size = file.size();
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    // One byte past the expected size, so a longer file is the checker's to refuse.
+    (&mut file)
+        .take(size.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| PolicyError::MissingFile {
+            bundle: dir.to_owned(),
+            what: what.into(),
+            path: dir.join(rel),
+            reason: e.to_string(),
+        })?;
+    file.finish()?;
+    Ok(bytes)
+}
+
+/// The `.npy` table `rel` of `dir` read once through `files` into private memory, refused
+/// unless its checker accepts the bytes.
+pub(crate) fn table_checked(
+    files: &dyn OpenFile,
+    dir: &Path,
+    what: &str,
+    rel: &str,
+) -> Result<vla_npz::MappedNpy, PolicyError> {
+    let mut file = files.open(dir, what, rel)?;
+    let size = file.size();
+    let read = vla_npz::MappedNpy::read(&mut file, size, &dir.join(rel).display().to_string());
+    // The checker's verdict first: a changed file is refused as such, whatever it parses to.
+    file.finish()?;
+    read.map_err(PolicyError::Npz)
 }
 
 /// A resident graph with the component it serves and its golden file.

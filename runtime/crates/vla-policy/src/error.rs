@@ -90,6 +90,17 @@ pub enum PolicyError {
         /// The checker's error.
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    /// A file of the bundle other than a context binary (golden, tables, tokenizer,
+    /// embedding table) is not the one its bundle's checker expects: its bytes, read once,
+    /// were not used.
+    UnverifiedFile {
+        /// What the file is for (e.g. ``"golden of `vision`"``, `"prompt tables"`).
+        what: String,
+        /// The file.
+        path: PathBuf,
+        /// The checker's error.
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// Loading or executing a context failed.
     Qnn {
         /// The manifest component whose context failed.
@@ -182,6 +193,11 @@ impl core::fmt::Display for PolicyError {
                 f,
                 "component `{component}`: context binary {} refused before QNN saw it: {source}",
                 path.display()
+            ),
+            PolicyError::UnverifiedFile { what, path, source } => write!(
+                f,
+                "{what} {} refused, its bytes unused: {source}",
+                FromFile(&path.to_string_lossy())
             ),
             PolicyError::Observation { field, expected, found } => {
                 write!(f, "observation {field}: expected {expected}, found {found}")

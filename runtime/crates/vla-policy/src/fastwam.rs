@@ -31,7 +31,7 @@ pub use chain::{proprio_row, WorldModel};
 use norm::FastWamNormalizer;
 use std::sync::Arc;
 use std::time::Instant;
-use vla_npz::{DType, Npz};
+use vla_npz::DType;
 use vla_qnn::{align_region, Backend, Region, RpcMem, SharedBuffer};
 use vla_tensor::AlignedBuf;
 
@@ -176,7 +176,7 @@ impl FastWam {
                 )?)
             }
             (None, Some(path)) => {
-                let npz = Npz::open(bundle.path(path)).map_err(PolicyError::Npz)?;
+                let npz = bundle.npz("world-model inputs", path)?;
                 for (k, name) in WORLD_INPUTS.iter().enumerate() {
                     let a = npz
                         .expect(name, DType::F32, &shapes[k])
@@ -376,7 +376,11 @@ impl FastWam {
     }
 
     /// Attaches the instruction pack in `dir` (see [`crate::Policy::attach_pack`]).
-    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+    pub fn attach_pack(
+        &mut self,
+        dir: &std::path::Path,
+        files: Option<&dyn crate::OpenFile>,
+    ) -> Result<(String, usize), PolicyError> {
         let refused = |reason: &str| PolicyError::Pack {
             pack: dir.display().to_string(),
             reason: reason.into(),
@@ -391,7 +395,12 @@ impl FastWam {
             .expect("a chain has its settings");
         let packs = Arc::get_mut(&mut chain.packs)
             .ok_or_else(|| refused("packs are attached before any text renderer is handed out"))?;
-        packs.attach(dir, (&self.bundle_name, &self.bundle_version), settings)
+        packs.attach(
+            dir,
+            (&self.bundle_name, &self.bundle_version),
+            settings,
+            files,
+        )
     }
 
     /// An attacher of packs to this policy while it runs (chain bundles; see the `pack`

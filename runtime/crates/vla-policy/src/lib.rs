@@ -28,7 +28,9 @@ mod preprocess;
 mod prompt;
 mod text;
 
-pub use bundle::{Bundle, LoadedGraph, OpenBinary, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL};
+pub use bundle::{
+    Bundle, CheckedRead, LoadedGraph, OpenBinary, OpenFile, DEVICE_HTP_ARCH, DEVICE_SOC_MODEL,
+};
 pub use error::PolicyError;
 pub use exec::{count_non_finite, Timings};
 pub use fastwam::image::{center_crop_geometry, FastWamImage, PassOrder, PillowBilinear};
@@ -293,10 +295,17 @@ impl Policy {
     /// OTA store) to this policy: its instructions become selectable by id and by text.
     /// Before any [`TextRenderer`] is handed out (renderers share the packs). Returns the
     /// pack's label and instruction count; refused in one line for MolmoAct2, open-loop
-    /// Fast-WAM, another bundle or a pack that does not fit.
-    pub fn attach_pack(&mut self, dir: &std::path::Path) -> Result<(String, usize), PolicyError> {
+    /// Fast-WAM, another bundle or a pack that does not fit. With `files` (a checker of
+    /// the pack's bytes, as [`Bundle::with_files`] takes), each file is read once through
+    /// it, the rows into private memory; without, `pack.json` is read and the rows mapped
+    /// by path.
+    pub fn attach_pack(
+        &mut self,
+        dir: &std::path::Path,
+        files: Option<&dyn OpenFile>,
+    ) -> Result<(String, usize), PolicyError> {
         match self {
-            Policy::FastWam(p) => p.attach_pack(dir),
+            Policy::FastWam(p) => p.attach_pack(dir, files),
             Policy::MolmoAct2(_) => Err(PolicyError::Pack {
                 pack: dir.display().to_string(),
                 reason: "instruction packs are for Fast-WAM bundles (MolmoAct2 renders text)"

@@ -266,13 +266,13 @@ impl MolmoAct2 {
         let (ip, _) = action_step.input("action_dim_is_pad", Some(&[1, m.action_width]))?;
         let (nt, _) = action_step.output("next_trajectory", Some(&traj))?;
 
-        let prompt = PromptTables::load(&bundle.path(&m.prompt), &m)?;
+        let prompt = PromptTables::load(&bundle.npz("prompt tables", &m.prompt)?, &m)?;
         let mut prompt = prompt;
         let text = match &m.text {
             Some(t) => {
                 // The text slots' room, so installing a rendered text never allocates.
                 prompt.instructions.reserve_exact(TEXT_SLOTS);
-                Some(Arc::new(TextPrompt::load(&bundle.path(""), t, &m)?))
+                Some(Arc::new(TextPrompt::load(bundle, t, &m)?))
             }
             None => None,
         };

@@ -21,6 +21,7 @@
 //! both the text the importer was given and the text its encoder saw (HTML entities
 //! unescaped by the importer; the device does not unescape).
 
+use crate::bundle::{read_checked, table_checked, OpenFile};
 use crate::error::PolicyError;
 use crate::manifest::FastWamChain;
 use half::f16;
@@ -181,6 +182,7 @@ impl InstructionPacks {
         dir: &Path,
         bundle: (&str, &str),
         chain: &FastWamChain,
+        files: Option<&dyn OpenFile>,
     ) -> Result<(String, usize), PolicyError> {
         let pack_json = dir.join(PACK_FILE);
         let label = dir.display().to_string();
@@ -188,8 +190,11 @@ impl InstructionPacks {
             pack: label.clone(),
             reason,
         };
-        let bytes = std::fs::read(&pack_json)
-            .map_err(|e| bad(format!("reading {}: {e}", pack_json.display())))?;
+        let bytes = match files {
+            None => std::fs::read(&pack_json)
+                .map_err(|e| bad(format!("reading {}: {e}", pack_json.display())))?,
+            Some(files) => read_checked(files, dir, "instruction pack file", PACK_FILE)?,
+        };
         let file: PackFile =
             serde_json::from_slice(&bytes).map_err(|e| bad(format!("{PACK_FILE}: {e}")))?;
         if file.format != 1 || file.kind != "instruction-pack" {
@@ -218,7 +223,10 @@ impl InstructionPacks {
         }
         let rows_path = relative(dir, &file.rows)
             .ok_or_else(|| bad(format!("rows {:?} is not a plain relative path", file.rows)))?;
-        let rows = MappedNpy::open(&rows_path).map_err(PolicyError::Npz)?;
+        let rows = match files {
+            None => MappedNpy::open(&rows_path).map_err(PolicyError::Npz)?,
+            Some(files) => table_checked(files, dir, "instruction pack rows", &file.rows)?,
+        };
         let n = file.instructions.len();
         let f16 = match rows.dtype() {
             DType::F32 => false,
@@ -364,10 +372,15 @@ impl PackAttacher {
     /// [`crate::Policy::attach_pack`] does and maps its rows into a new set holding the
     /// attached packs and it, to hand to [`crate::Policy::install_packs`]; later attaches
     /// build on it. Returns the set, the pack's label and its instruction count; a refusal
-    /// changes nothing. Allocates and reads files: never on the inference thread.
-    pub fn attach(&mut self, dir: &Path) -> Result<(AttachedPacks, String, usize), PolicyError> {
+    /// changes nothing. Allocates and reads files: never on the inference thread. `files`
+    /// opens the pack's files as [`crate::Policy::attach_pack`]'s does.
+    pub fn attach(
+        &mut self,
+        dir: &Path,
+        files: Option<&dyn OpenFile>,
+    ) -> Result<(AttachedPacks, String, usize), PolicyError> {
         let mut next = InstructionPacks::clone(&self.packs);
-        let (label, n) = next.attach(dir, self.bundle(), &self.chain)?;
+        let (label, n) = next.attach(dir, self.bundle(), &self.chain, files)?;
         let next = Arc::new(next);
         let base = std::mem::replace(&mut self.packs, next.clone());
         Ok((AttachedPacks { packs: next, base }, label, n))

@@ -74,7 +74,11 @@ fn integers(a: &vla_npz::Array) -> Result<Vec<i128>, PolicyError> {
 impl ObservationFile {
     /// Reads an observation; `frames`, `state` and `instruction_id` may be absent (Fast-WAM).
     pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let npz = Npz::open(path).map_err(PolicyError::Npz)?;
+        Self::from_npz(&Npz::open(path).map_err(PolicyError::Npz)?)
+    }
+
+    /// [`ObservationFile::load`] from an npz already read.
+    pub fn from_npz(npz: &Npz) -> Result<Self, PolicyError> {
         let mut o = ObservationFile::default();
         if npz.contains("frames") {
             let a = npz.array("frames").map_err(PolicyError::Npz)?;
@@ -83,7 +87,7 @@ impl ObservationFile {
                 return Err(PolicyError::Observation {
                     field: "frames",
                     expected: "uint8 [cameras, height, width, 3]".into(),
-                    found: format!("{} {:?} in {}", a.dtype(), s, path.display()),
+                    found: format!("{} {:?} in {}", a.dtype(), s, npz.label()),
                 });
             }
             (o.cameras, o.height, o.width) = (s[0], s[1], s[2]);
@@ -256,7 +260,8 @@ impl Bundle {
                 })?;
         }
         for g in policy.graphs_mut() {
-            let npz = Npz::open(&g.golden).map_err(PolicyError::Npz)?;
+            let rel = &self.manifest.components[&g.component].golden;
+            let npz = self.npz(&format!("golden of `{}`", g.component), rel)?;
             let component = g.component.clone();
             let r = check_context_with(&mut g.graph, &npz, &gate, |output| {
                 gates.threshold(&component, output).cosine
@@ -268,8 +273,9 @@ impl Bundle {
             contexts.push(r);
         }
         let path = self.path(&self.manifest.end_to_end);
-        let obs = ObservationFile::load(&path)?;
-        let npz = Npz::open(&path).map_err(PolicyError::Npz)?;
+        // One read: the observation and the expected actions come from the same bytes.
+        let npz = self.npz("end-to-end golden", &self.manifest.end_to_end)?;
+        let obs = ObservationFile::from_npz(&npz)?;
         let expected = npz
             .array("actions")
             .map_err(PolicyError::Npz)?

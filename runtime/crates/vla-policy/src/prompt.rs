@@ -23,7 +23,6 @@ use crate::error::PolicyError;
 use crate::exec::non_finite;
 use crate::manifest::MolmoAct2Settings;
 use half::f16;
-use std::path::Path;
 use vla_fork::{Fork, HelperFailed};
 use vla_npz::{DType, Npz};
 
@@ -282,10 +281,9 @@ impl Instruction {
 }
 
 impl PromptTables {
-    pub fn load(path: &Path, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
-        let file = path.display().to_string();
-        let npz = Npz::open(path).map_err(PolicyError::Npz)?;
-        check_upstream(&npz)?;
+    pub fn load(npz: &Npz, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
+        let file = npz.label().to_owned();
+        check_upstream(npz)?;
         let n = m.instructions.len();
         let (s, d) = (m.seq_len, m.hidden);
         let scaffold = npz
@@ -313,8 +311,8 @@ impl PromptTables {
             .map_err(PolicyError::Npz)?
             .to_f16()
             .map_err(PolicyError::Npz)?;
-        let image_block = optional_mask(&npz, "image_block", n, s)?;
-        let encoder_mask = optional_mask(&npz, "encoder_mask", n, s)?;
+        let image_block = optional_mask(npz, "image_block", n, s)?;
+        let encoder_mask = optional_mask(npz, "encoder_mask", n, s)?;
         let mut instructions = Vec::with_capacity(n);
         for i in 0..n {
             let v = &valid[i * s..(i + 1) * s];
@@ -551,12 +549,12 @@ mod tests {
     #[test]
     fn the_image_block_spans_every_image_special_token() {
         // The fixture's prompt: "Image 1" <im_start> <im_patch> <im_patch> <im_col> ...
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../golden/bundles/molmoact2-original");
         let manifest: crate::manifest::Manifest =
             serde_json::from_slice(&std::fs::read(root.join("bundle.json")).unwrap()).unwrap();
         let m = manifest.molmoact2.unwrap();
-        let tables = PromptTables::load(&root.join(&m.prompt), &m).unwrap();
+        let tables = PromptTables::load(&Npz::open(root.join(&m.prompt)).unwrap(), &m).unwrap();
         let npz = Npz::open(root.join(&m.prompt)).unwrap();
         let block = npz.array("image_block").unwrap().to_u8().unwrap();
         let s = m.seq_len;

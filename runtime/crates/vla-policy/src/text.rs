@@ -7,12 +7,12 @@
 //! above the pack step's cap, or a token count the exported contexts do not bake RoPE
 //! positions for.
 
+use crate::bundle::Bundle;
 use crate::error::PolicyError;
 use crate::manifest::{MolmoAct2Settings, TextSettings};
 use crate::pack::InstructionPacks;
 use crate::prompt::{attention_bias, Instruction};
 use half::{bf16, f16};
-use std::path::Path;
 use std::sync::Arc;
 use vla_npz::{DType, MappedNpy};
 use vla_text::molmoact2::{ActionMode, RenderError, Template, Upstream};
@@ -44,15 +44,29 @@ fn refused(text: &str, reason: impl Into<String>) -> PolicyError {
 }
 
 impl TextPrompt {
-    /// Loads the `text` block of a MolmoAct2 bundle rooted at `root`.
-    pub fn load(root: &Path, t: &TextSettings, m: &MolmoAct2Settings) -> Result<Self, PolicyError> {
+    /// Loads the `text` block of MolmoAct2 bundle `bundle`: each file read once through
+    /// the bundle ([`Bundle::read`], [`Bundle::table`]).
+    pub fn load(
+        bundle: &Bundle,
+        t: &TextSettings,
+        m: &MolmoAct2Settings,
+    ) -> Result<Self, PolicyError> {
         let bad = |file: &str, reason: String| PolicyError::Prompt {
             file: file.into(),
             reason,
         };
-        let config = t.tokenizer_config.as_ref().map(|c| root.join(c));
-        let tokenizer = Tokenizer::from_files(&root.join(&t.tokenizer), config.as_deref())
-            .map_err(|e| bad(&t.tokenizer, e.to_string()))?;
+        let json = |what: &str, rel: &str| -> Result<serde_json::Value, PolicyError> {
+            let bytes = bundle.read(what, rel)?;
+            serde_json::from_slice(&bytes).map_err(|e| bad(rel, format!("not JSON: {e}")))
+        };
+        let data = json("tokenizer", &t.tokenizer)?;
+        let config = match &t.tokenizer_config {
+            Some(c) => Some((json("tokenizer config", c)?, c.as_str())),
+            None => None,
+        };
+        let tokenizer =
+            Tokenizer::from_json(&data, &t.tokenizer, config.as_ref().map(|(v, f)| (v, *f)))
+                .map_err(|e| bad(&t.tokenizer, e.to_string()))?;
         let upstream = Upstream::from_name(&t.upstream).ok_or_else(|| {
             bad(
                 "bundle.json molmoact2.text.upstream",
@@ -73,7 +87,7 @@ impl TextPrompt {
                 ))
             }
         };
-        let table = MappedNpy::open(root.join(&t.embedding)).map_err(PolicyError::Npz)?;
+        let table = bundle.table("embedding table", &t.embedding)?;
         let rows = match (table.dtype(), t.embedding_dtype.as_deref()) {
             (DType::F32, None) => RowType::F32,
             (DType::F16, None) => RowType::F16,

@@ -116,7 +116,7 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
             [m, e],
             &[(id, "anything", row(0))],
         );
-        let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+        let msg = policy.attach_pack(&bad, None).unwrap_err().to_string();
         assert!(msg.contains(reason) && !msg.contains('\n'), "{tag}: {msg}");
         let _ = std::fs::remove_dir_all(&bad);
     }
@@ -128,13 +128,16 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
         [m, e - 1],
         &[(EXTRA, "too narrow", &row(0)[..m * (e - 1)])],
     );
-    let msg = policy.attach_pack(&bad).unwrap_err().to_string();
+    let msg = policy.attach_pack(&bad, None).unwrap_err().to_string();
     assert!(msg.contains("the bundle's context takes"), "{msg}");
     let _ = std::fs::remove_dir_all(&bad);
 
-    assert_eq!(policy.attach_pack(&dir).unwrap(), ("extra".to_string(), 2));
+    assert_eq!(
+        policy.attach_pack(&dir, None).unwrap(),
+        ("extra".to_string(), 2)
+    );
     // The same ids again: refused whole.
-    let msg = policy.attach_pack(&dir).unwrap_err().to_string();
+    let msg = policy.attach_pack(&dir, None).unwrap_err().to_string();
     assert!(msg.contains("already taken"), "{msg}");
 
     // By text: normalized as upstream's whitespace cleaning, on another thread (the
@@ -214,18 +217,18 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
         &[(HOT, "close the drawer", row(1))],
     );
     let renderer = policy.text_renderer().unwrap();
-    let msg = policy.attach_pack(&hot).unwrap_err().to_string();
+    let msg = policy.attach_pack(&hot, None).unwrap_err().to_string();
     assert!(msg.contains("before any text renderer"), "{msg}");
     let mut attacher = policy.pack_attacher().unwrap();
-    let msg = attacher.attach(&dir).err().unwrap().to_string();
+    let msg = attacher.attach(&dir, None).err().unwrap().to_string();
     assert!(msg.contains("already taken"), "{msg}");
     let stale = {
         let mut other = policy.pack_attacher().unwrap();
-        other.attach(&hot).unwrap().0
+        other.attach(&hot, None).unwrap().0
     };
     let hot_dir = hot.clone();
     let (attacher, (set, label, n)) = std::thread::spawn(move || {
-        let attached = attacher.attach(&hot_dir).unwrap();
+        let attached = attacher.attach(&hot_dir, None).unwrap();
         (attacher, attached)
     })
     .join()

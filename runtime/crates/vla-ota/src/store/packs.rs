@@ -18,6 +18,9 @@ pub struct PackScan {
     pub packs: Vec<VerifiedBundle>,
     /// Packs that name the bundle but failed verification (each error names its pack).
     pub refused: Vec<OtaError>,
+    /// With [`Store::packs_for_deferring`], each pack's files' digests, in the order of
+    /// `packs`, for its reader to check as it reads them; else empty.
+    pub digests: Vec<crate::DeferredDigests>,
 }
 
 /// `name version (policy)`, for messages.
@@ -63,7 +66,19 @@ impl Store {
         dir: &Path,
         bundle: (&str, &str, &str),
     ) -> Result<VerifiedBundle, OtaError> {
-        let verified = self.verify(dir)?;
+        let (verified, _) = self.verify_pack_deferring(dir, bundle, &Default::default())?;
+        Ok(verified)
+    }
+
+    /// [`Store::verify_pack_for`] leaving the SHA-256 of the files in `defer` to their
+    /// reader (see [`crate::verify_deferring`]).
+    fn verify_pack_deferring(
+        &self,
+        dir: &Path,
+        bundle: (&str, &str, &str),
+        defer: &std::collections::BTreeSet<String>,
+    ) -> Result<(VerifiedBundle, crate::DeferredDigests), OtaError> {
+        let (verified, digests) = self.verify_deferring(dir, defer)?;
         if !verified.manifest.is_pack() {
             return Err(OtaError::WrongKind {
                 dir: dir.to_owned(),
@@ -78,7 +93,7 @@ impl Store {
                 bundle: names(bundle),
             });
         }
-        Ok(verified)
+        Ok((verified, digests))
     }
 
     /// The installed packs that name `bundle` (`name, version, policy`), each verified again (signature, every
@@ -87,14 +102,44 @@ impl Store {
     /// expiry nor the floor is judged here: they refuse installs, and a bundle that runs
     /// keeps running with the packs installed for it.
     pub fn packs_for(&self, bundle: (&str, &str, &str)) -> Result<PackScan, OtaError> {
+        self.scan_packs(bundle, false)
+    }
+
+    /// [`Store::packs_for`] with the SHA-256 of every file a pack's manifest lists left to
+    /// its reader ([`PackScan::digests`]): a reader that takes the bytes into memory checks
+    /// them as it reads them, so what it uses is what was signed. A file no reader reads
+    /// is then not hashed (and not used).
+    pub fn packs_for_deferring(&self, bundle: (&str, &str, &str)) -> Result<PackScan, OtaError> {
+        self.scan_packs(bundle, true)
+    }
+
+    fn scan_packs(
+        &self,
+        bundle: (&str, &str, &str),
+        deferring: bool,
+    ) -> Result<PackScan, OtaError> {
         let mut scan = PackScan::default();
         for hash in self.installed_packs()? {
             let dir = self.packs_dir().join(&hash);
             match Self::read_manifest(&dir) {
                 Ok(m) if !m.goes_with(bundle) => continue,
-                Ok(_) => match self.verify_pack_for(&dir, bundle) {
-                    Ok(v) if v.content_hash == hash => scan.packs.push(v),
-                    Ok(v) => scan.refused.push(OtaError::HashMismatch {
+                // The names come from an unverified read: verification refuses a
+                // deferred name the signed manifest does not list.
+                Ok(m) => match self.verify_pack_deferring(
+                    &dir,
+                    bundle,
+                    &match deferring {
+                        true => m.files.iter().map(|f| f.path.clone()).collect(),
+                        false => Default::default(),
+                    },
+                ) {
+                    Ok((v, digests)) if v.content_hash == hash => {
+                        scan.packs.push(v);
+                        if deferring {
+                            scan.digests.push(digests);
+                        }
+                    }
+                    Ok((v, _)) => scan.refused.push(OtaError::HashMismatch {
                         bundle: dir,
                         path: MANIFEST_FILE.into(),
                         expected: hash,

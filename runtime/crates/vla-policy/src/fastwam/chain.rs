@@ -159,7 +159,7 @@ impl WorldModel {
         }
         // Tables first: a missing instruction row is refused before any context loads.
         let path = bundle.path(&c.tables);
-        let npz = Npz::open(&path).map_err(PolicyError::Npz)?;
+        let npz = bundle.npz("context tables", &c.tables)?;
         let n = c.instructions.len();
         if !npz.contains("text_rows") {
             return Err(PolicyError::Prompt {
