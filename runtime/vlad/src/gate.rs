@@ -204,8 +204,7 @@ impl std::error::Error for InferError {
 pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
     let deviations = bundle
         .manifest
-        .fastwam
-        .as_ref()
+        .fastwam()
         .and_then(|f| f.upstream_eval_deviations());
     if let Some(d) = deviations {
         log::warn!(

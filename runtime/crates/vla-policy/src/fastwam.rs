@@ -140,12 +140,12 @@ impl FastWam {
     /// Makes the bundle's Fast-WAM contexts resident (action_step, and the world-model chain
     /// when the bundle has one), checks their tensors against the manifest and allocates every
     /// buffer.
-    pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
-        let f = bundle
-            .manifest
-            .fastwam
-            .clone()
-            .expect("validated: fastwam settings present");
+    pub fn load(
+        bundle: &Bundle,
+        settings: &FastWamSettings,
+        backend: &Backend,
+    ) -> Result<Self, PolicyError> {
+        let f = settings.clone();
         let g = bundle.load_component(backend, "action_step")?;
         g.expect_counts(6, 1)?;
         let latent_shape = [1, f.action_horizon, f.action_dims];

@@ -195,14 +195,11 @@ impl MolmoAct2 {
     /// reads the prompt tables and allocates every buffer; `options` sets up the helper threads.
     pub fn load(
         bundle: &Bundle,
+        settings: &MolmoAct2Settings,
         backend: &Backend,
         options: &LoadOptions,
     ) -> Result<Self, PolicyError> {
-        let m = bundle
-            .manifest
-            .molmoact2
-            .clone()
-            .expect("validated: molmoact2 settings present");
+        let m = settings.clone();
         let (s, d) = (m.seq_len, m.hidden);
         let grid = m.crop_size / m.patch_size;
         let layers = m.llm_splits * m.layers_per_split;
