@@ -19,7 +19,7 @@ pub mod state;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, ordered, ordered_mut, Timings};
+use crate::exec::{count_non_finite, ordered, ordered_mut, GraphIo, Timings};
 use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
@@ -44,7 +44,7 @@ pub struct FastWam {
     bundle_version: String,
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
-    io: ([usize; 6], [usize; 1]),
+    io: GraphIo<6, 1>,
     latents: AlignedBuf,
     timestep: AlignedBuf,
     /// action_step's video_keys, video_values, context, context_mask: written by the
@@ -209,8 +209,8 @@ impl FastWam {
         let mut names = chain.as_ref().map_or_else(Vec::new, WorldModel::names);
         names.push("action_step".to_string());
         Ok(Self {
-            io: (
-                [
+            io: GraphIo {
+                inputs: [
                     la,
                     ts,
                     world_idx[0],
@@ -218,8 +218,8 @@ impl FastWam {
                     world_idx[2],
                     world_idx[3],
                 ],
-                [pn],
-            ),
+                outputs: [pn],
+            },
             latents: AlignedBuf::zeroed(n * 4),
             timestep: AlignedBuf::zeroed(4),
             world,
@@ -257,7 +257,7 @@ impl FastWam {
         let graph = &mut self.action_step.graph;
         let layout = graph.shared_layout(0);
         let mut buffer = SharedBuffer::allocate(rpc, layout.end).map_err(qnn)?;
-        let (ii, oi) = self.io;
+        let (ii, oi) = (self.io.inputs, self.io.outputs);
         let region = |offset: usize, len: usize| offset..offset + len;
         for (k, w) in self.world.iter().enumerate() {
             let r = region(layout.inputs[ii[2 + k]], w.len());
@@ -294,7 +294,7 @@ impl FastWam {
     fn execute_step(&mut self) -> Result<(), vla_qnn::QnnError> {
         let graph = &mut self.action_step.graph;
         let Some(s) = &mut self.shared else {
-            let (ii, oi) = self.io;
+            let (ii, oi) = (self.io.inputs, self.io.outputs);
             return graph.execute(
                 &ordered(
                     ii,
