@@ -139,7 +139,8 @@ pub fn wan_actions(
 impl FastWam {
     /// Makes the bundle's Fast-WAM contexts resident (action_step, and the world-model chain
     /// when the bundle has one), checks their tensors against the manifest and allocates every
-    /// buffer.
+    /// buffer; `settings` is the bundle's `fastwam` block (what [`crate::Policy::load`]
+    /// passes).
     pub fn load(
         bundle: &Bundle,
         settings: &FastWamSettings,

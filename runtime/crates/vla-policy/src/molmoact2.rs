@@ -192,7 +192,9 @@ fn poison(fault: &Option<String>, component: &str, buf: &mut Buf) {
 
 impl MolmoAct2 {
     /// Makes every MolmoAct2 context resident, checks their tensors against the manifest,
-    /// reads the prompt tables and allocates every buffer; `options` sets up the helper threads.
+    /// reads the prompt tables and allocates every buffer; `settings` is the bundle's
+    /// `molmoact2` block (what [`crate::Policy::load`] passes), `options` sets up the helper
+    /// threads.
     pub fn load(
         bundle: &Bundle,
         settings: &MolmoAct2Settings,
