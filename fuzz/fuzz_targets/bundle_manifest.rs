@@ -60,6 +60,11 @@ fuzz_target!(|data: &[u8]| {
         assert_inside_bundle("molmoact2.prompt", &m.prompt);
     }
     if let Some(f) = manifest.fastwam() {
-        assert_inside_bundle("fastwam.world_model", &f.world_model);
+        if let Some(w) = &f.world_model {
+            assert_inside_bundle("fastwam.world_model", w);
+        }
+        if let Some(c) = &f.chain {
+            assert_inside_bundle("fastwam.chain.tables", &c.tables);
+        }
     }
 });
