@@ -1,4 +1,4 @@
-//! `bundle.json` (`vla_policy::Manifest::from_json` + `validate`): any bytes end in a
+//! `bundle.json` (`vla_policy::RawManifest::from_json` + `validate`): any bytes end in a
 //! manifest that is safe to act on or in a one-line error naming the field.
 //!
 //! "Safe to act on" is what `Bundle::open` assumes once `validate` passed: every component
@@ -9,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use std::path::Path;
-use vla_policy::{Manifest, PolicyError};
+use vla_policy::{PolicyError, RawManifest};
 
 fn assert_one_line(error: &PolicyError) {
     let message = error.to_string();
@@ -29,7 +29,7 @@ fn assert_inside_bundle(what: &str, rel: &str) {
 
 fuzz_target!(|data: &[u8]| {
     let path = Path::new("bundle.json").to_owned();
-    let manifest = match Manifest::from_json(data) {
+    let manifest = match RawManifest::from_json(data) {
         Ok(manifest) => manifest,
         Err(e) => {
             let reason = e.to_string();
@@ -37,11 +37,14 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     };
-    if let Err(invalid) = manifest.validate() {
-        assert!(!invalid.field.is_empty());
-        assert_one_line(&PolicyError::ManifestInvalid { path, invalid });
-        return;
-    }
+    let manifest = match manifest.validate() {
+        Ok(manifest) => manifest,
+        Err(invalid) => {
+            assert!(!invalid.field.is_empty());
+            assert_one_line(&PolicyError::ManifestInvalid { path, invalid });
+            return;
+        }
+    };
     for name in manifest.required_components() {
         assert!(
             manifest.components.contains_key(&name),
@@ -53,10 +56,15 @@ fuzz_target!(|data: &[u8]| {
         assert_inside_bundle(name, &component.golden);
     }
     assert_inside_bundle("end_to_end", &manifest.end_to_end);
-    if let Some(m) = &manifest.molmoact2 {
+    if let Some(m) = manifest.molmoact2() {
         assert_inside_bundle("molmoact2.prompt", &m.prompt);
     }
-    if let Some(f) = &manifest.fastwam {
-        assert_inside_bundle("fastwam.world_model", &f.world_model);
+    if let Some(f) = manifest.fastwam() {
+        if let Some(w) = &f.world_model {
+            assert_inside_bundle("fastwam.world_model", w);
+        }
+        if let Some(c) = &f.chain {
+            assert_inside_bundle("fastwam.chain.tables", &c.tables);
+        }
     }
 });

@@ -1,7 +1,8 @@
 //! Loading a bundle and holding it to its parity gate (`vlad run`, at start and on
 //! SIGHUP), and the typed errors of loading, reloading and inferring. Each names the
-//! bundle and its cause in its own line; `source()` hands out only what code matches on
-//! (the QNN error under a failed load or inference).
+//! bundle and its cause in its own line, so `source()` hands out only causes the line does
+//! not name; the QNN error under a failed load or inference, which the NPU fault handling
+//! classifies, is handed out typed ([`QnnCause`]).
 
 use std::path::{Path, PathBuf};
 use vla_ota::{OtaError, RolledBack};
@@ -70,20 +71,52 @@ impl std::fmt::Display for LoadError {
     }
 }
 
-// `Resolve` and `Unverified` name their cause in their message, so `source()` leaves it
-// out. `Policy` and `Backend` hand the policy's or the backend's error out as well: the
-// NPU fault handling walks the chain down to the failed QNN call.
+// Each names its cause in its message, so `source()` leaves it out: `Policy` is the
+// policy's error's own message and `Backend` names the backend's, so their causes are
+// those errors' own.
 impl std::error::Error for LoadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LoadError::Policy(e) => Some(e),
-            LoadError::Backend(e) => Some(e),
+            LoadError::Policy(e) => e.source(),
+            LoadError::Backend(e) => e.source(),
             LoadError::Resolve { .. }
             | LoadError::Unverified { .. }
             | LoadError::Gate { .. }
             | LoadError::Npu { .. }
             | LoadError::Geometry { .. }
             | LoadError::Placement { .. } => None,
+        }
+    }
+}
+
+/// An error that may have a failed QNN step under it (a failed load or inference): what
+/// the NPU fault handling classifies.
+pub trait QnnCause {
+    /// The QNN binding's error under this one, if a QNN step failed.
+    fn qnn_error(&self) -> Option<&vla_qnn::QnnError>;
+}
+
+impl QnnCause for PolicyError {
+    fn qnn_error(&self) -> Option<&vla_qnn::QnnError> {
+        PolicyError::qnn_error(self)
+    }
+}
+
+impl QnnCause for LoadError {
+    fn qnn_error(&self) -> Option<&vla_qnn::QnnError> {
+        match self {
+            LoadError::Policy(e) => e.qnn_error(),
+            LoadError::Backend(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl QnnCause for InferError {
+    fn qnn_error(&self) -> Option<&vla_qnn::QnnError> {
+        match self {
+            InferError::Policy(e) => e.qnn_error(),
+            InferError::NoPolicy | InferError::NpuHeld { .. } => None,
         }
     }
 }
@@ -192,7 +225,8 @@ impl std::error::Error for InferError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             InferError::NoPolicy | InferError::NpuHeld { .. } => None,
-            InferError::Policy(e) => Some(e),
+            // The policy's error is this error's whole message: its causes are this one's.
+            InferError::Policy(e) => e.source(),
         }
     }
 }
@@ -204,8 +238,7 @@ impl std::error::Error for InferError {
 pub(crate) fn note_upstream_deviations(bundle: &Bundle) {
     let deviations = bundle
         .manifest
-        .fastwam
-        .as_ref()
+        .fastwam()
         .and_then(|f| f.upstream_eval_deviations());
     if let Some(d) = deviations {
         log::warn!(
@@ -361,5 +394,32 @@ mod tests {
         };
         assert_eq!(reload.to_string(), "bundle /b: gone (running /a again)");
         assert!(reload.source().is_none());
+    }
+
+    #[test]
+    fn a_failed_qnn_call_is_named_once_and_handed_out_typed() {
+        let failed = || PolicyError::Qnn {
+            component: "vision".into(),
+            error: vla_qnn::QnnError::Call {
+                operation: "graphExecute",
+                subject: "graph g".into(),
+                code: 1007,
+                backend_message: None,
+            },
+        };
+        let load = LoadError::Policy(failed());
+        let infer = InferError::Policy(failed());
+        for e in [&load as &dyn QnnCause, &infer] {
+            assert!(matches!(
+                e.qnn_error(),
+                Some(vla_qnn::QnnError::Call { code: 1007, .. })
+            ));
+        }
+        for e in [&load as &(dyn Error + 'static), &infer] {
+            let line = crate::error_line(e);
+            assert_eq!(line, e.to_string());
+            assert_eq!(line.matches("QNN error 1007").count(), 1, "{line}");
+            assert!(e.source().is_none());
+        }
     }
 }

@@ -71,22 +71,16 @@ impl<E: std::error::Error + 'static> From<E> for Failure {
 }
 
 /// `error` and its causes as the one line vlad prints: the error's own message, then each
-/// cause down its `source()` chain that the line does not name yet. This workspace's
-/// errors name their cause in their message (`bundle X: component `vision`: ...`) and
-/// most leave `source()` empty; the few that also hand their cause out are those whose
-/// cause code matches on (the failed QNN call under a load or an inference, which the NPU
-/// fault handling looks for; the gate's error under an OTA refusal; the loader's error
-/// under a QNN library load), and those causes are already in the line. An error of
-/// another crate may leave its cause to `source()` alone, and it is still printed.
+/// cause down its `source()` chain. Every error names its cause either in its message
+/// (`bundle X: component `vision`: ...`; this workspace's errors do, and hand out from
+/// `source()` only what that cause leaves out of its own message) or through `source()`
+/// (an error of another crate may), never both: each cause is printed once.
 pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
     let mut cause = error.source();
     while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
+        line.push_str(": ");
+        line.push_str(&c.to_string());
         cause = c.source();
     }
     line
@@ -164,9 +158,14 @@ mod tests {
         }
     }
 
+    // Names its cause or hands it out, not both.
     impl std::error::Error for Outer {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.cause)
+            if self.names_its_cause {
+                self.cause.source()
+            } else {
+                Some(&self.cause)
+            }
         }
     }
 

@@ -11,16 +11,12 @@ use vla_ota::Store;
 
 // The ring's naming of pack instruction ids is the policy's.
 const _: () = assert!(vla_policy::PACK_INSTRUCTION_FLAG == vla_ring::PACK_ID_FLAG);
-use vla_policy::{AttachedPacks, Bundle, PackAttacher, Policy, PolicyKind};
+use vla_policy::{AttachedPacks, Bundle, PackAttacher, Policy};
 
 /// `(name, version, policy)` of `bundle`: what a pack names it by.
 pub fn names(bundle: &Bundle) -> (&str, &str, &'static str) {
     let m = &bundle.manifest;
-    let kind = match m.policy {
-        PolicyKind::Fastwam => "fastwam",
-        PolicyKind::Molmoact2 => "molmoact2",
-    };
-    (&m.name, &m.version, kind)
+    (&m.name, &m.version, m.policy.kind().name())
 }
 
 /// Attaches the store's packs of `bundle` to `policy` (before any text renderer is

@@ -505,7 +505,7 @@ mod tests {
         };
         let b = bundle.dir.clone();
         let (bundle, files) = counted(bundle, digests);
-        let m = bundle.manifest.molmoact2.clone().unwrap();
+        let m = bundle.manifest.molmoact2().cloned().unwrap();
         let text = m.text.clone().expect("a text block");
         drop(vla_policy::Policy::load(&bundle, &backend).expect("signed bytes load"));
         let mut every = vec![
@@ -697,8 +697,7 @@ mod tests {
         let bundle = hashed(bundle, digests, Vec::new());
         let rel = bundle
             .manifest
-            .molmoact2
-            .as_ref()
+            .molmoact2()
             .unwrap()
             .text
             .as_ref()

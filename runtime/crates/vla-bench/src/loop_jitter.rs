@@ -140,7 +140,8 @@ impl std::fmt::Display for LoopBenchError {
 impl std::error::Error for LoopBenchError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LoopBenchError::Thread { source, .. } => Some(source),
+            // Named in the message: only its own causes come next.
+            LoopBenchError::Thread { source, .. } => source.source(),
             _ => None,
         }
     }

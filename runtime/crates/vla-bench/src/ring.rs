@@ -61,7 +61,8 @@ impl std::fmt::Display for RingBenchError {
 impl std::error::Error for RingBenchError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RingBenchError::Io { source, .. } => Some(source),
+            // Named in the message: only its own causes come next.
+            RingBenchError::Io { source, .. } => source.source(),
             _ => None,
         }
     }

@@ -177,11 +177,12 @@ impl core::fmt::Display for ControlError {
     }
 }
 
+// Each message names its cause, so `source()` hands out only that cause's own causes.
 impl std::error::Error for ControlError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ControlError::ActionRing(e) => Some(e),
-            ControlError::Thread(e) => Some(e),
+            ControlError::ActionRing(e) => e.source(),
+            ControlError::Thread(e) => e.source(),
             ControlError::PrefixUnsupported => None,
         }
     }

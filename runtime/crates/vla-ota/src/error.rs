@@ -227,7 +227,7 @@ pub enum OtaError {
         rolled_back_to: Option<String>,
         /// The previous bundle's gate refusal, if it was called and failed too.
         rollback_error: Option<String>,
-        /// The gate's own error (its `source()`).
+        /// The gate's own error, typed (its text is `reason`).
         refusal: crate::GateError,
     },
     /// `rollback` with no previous bundle to return to.
@@ -537,13 +537,13 @@ impl OtaError {
     }
 }
 
-// `Io` names its cause in its message and leaves `source()` empty. `GateFailed` does both:
-// its message carries the refusal's text, and the daemon walks `source()` down to the
-// failed QNN call to classify an NPU fault.
+// Each message names its cause: `Io` its OS error, `GateFailed` the refusal's text (the
+// refusal itself is its `refusal` field), so `source()` hands out only what the refusal
+// leaves out of its own message.
 impl std::error::Error for OtaError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            OtaError::GateFailed { refusal, .. } => Some(&**refusal),
+            OtaError::GateFailed { refusal, .. } => refusal.source(),
             _ => None,
         }
     }

@@ -121,7 +121,7 @@ pub struct OtaSettings {
 /// Why a gate refused a bundle: the gate's own typed error (the daemon's load or parity
 /// failure, [`SignalError`] for the CLI), boxed so the store needs to know nothing of
 /// either. Its message is what the state file records; [`OtaError::GateFailed`] hands
-/// the error itself back through `source()`.
+/// the error itself back in its `refusal` field.
 pub type GateError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// How the daemon (or the CLI) brings a bundle into service and proves it works.

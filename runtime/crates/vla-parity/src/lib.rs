@@ -114,11 +114,12 @@ impl core::fmt::Display for ParityError {
     }
 }
 
+// `Npz` and `Qnn` are the carried error's own message, so its causes are theirs.
 impl std::error::Error for ParityError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ParityError::Npz(e) => Some(e),
-            ParityError::Qnn(e) => Some(e),
+            ParityError::Npz(e) => e.source(),
+            ParityError::Qnn(e) => e.source(),
             _ => None,
         }
     }

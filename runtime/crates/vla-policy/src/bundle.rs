@@ -6,7 +6,7 @@
 //! the manifest implies is an error naming the component and the tensor.
 
 use crate::error::PolicyError;
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, PolicySettings, RawManifest};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -92,11 +92,11 @@ impl Bundle {
         let mut file = File::open(&path).map_err(missing)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(missing)?;
-        let manifest = Manifest::from_json(&bytes).map_err(|e| PolicyError::ManifestSyntax {
+        let manifest = RawManifest::from_json(&bytes).map_err(|e| PolicyError::ManifestSyntax {
             path: path.clone(),
             reason: e.to_string(),
         })?;
-        manifest
+        let manifest = manifest
             .validate()
             .map_err(|invalid| PolicyError::ManifestInvalid {
                 path: path.clone(),
@@ -129,15 +129,15 @@ impl Bundle {
             bundle.require_file(&format!("golden of `{name}`"), &c.golden)?;
         }
         bundle.require_file("end-to-end golden", &bundle.manifest.end_to_end)?;
-        if let Some(m) = &bundle.manifest.molmoact2 {
-            bundle.require_file("prompt tables", &m.prompt)?;
-        }
-        if let Some(f) = &bundle.manifest.fastwam {
-            if let Some(w) = &f.world_model {
-                bundle.require_file("world-model inputs", w)?;
-            }
-            if let Some(c) = &f.chain {
-                bundle.require_file("context tables", &c.tables)?;
+        match &bundle.manifest.policy {
+            PolicySettings::Molmoact2(m) => bundle.require_file("prompt tables", &m.prompt)?,
+            PolicySettings::Fastwam(f) => {
+                if let Some(w) = &f.world_model {
+                    bundle.require_file("world-model inputs", w)?;
+                }
+                if let Some(c) = &f.chain {
+                    bundle.require_file("context tables", &c.tables)?;
+                }
             }
         }
         Ok(bundle)
@@ -173,7 +173,7 @@ impl Bundle {
             .map(|c| c.golden.clone())
             .collect();
         paths.insert(m.end_to_end.clone());
-        if let Some(a) = &m.molmoact2 {
+        if let Some(a) = m.molmoact2() {
             paths.insert(a.prompt.clone());
             if let Some(t) = &a.text {
                 paths.insert(t.tokenizer.clone());
@@ -181,7 +181,7 @@ impl Bundle {
                 paths.insert(t.embedding.clone());
             }
         }
-        if let Some(f) = &m.fastwam {
+        if let Some(f) = m.fastwam() {
             paths.extend(f.world_model.clone());
             if let Some(c) = &f.chain {
                 paths.insert(c.tables.clone());

@@ -226,6 +226,15 @@ impl PolicyError {
             error => PolicyError::Qnn { component, error },
         }
     }
+
+    /// The QNN binding's error under this one, if loading or executing a context failed
+    /// (what a caller classifies NPU faults by).
+    pub fn qnn_error(&self) -> Option<&vla_qnn::QnnError> {
+        match self {
+            PolicyError::Qnn { error, .. } => Some(error),
+            _ => None,
+        }
+    }
 }
 
 impl std::error::Error for PolicyError {
@@ -233,9 +242,9 @@ impl std::error::Error for PolicyError {
         match self {
             // The npz error is this error's whole message: its causes are this error's.
             PolicyError::Npz(e) => e.source(),
-            // Named in the message too: the daemon walks the chain down to the failed QNN
-            // call (its NPU fault handling).
-            PolicyError::Qnn { error, .. } => Some(error),
+            // Named in the message (`qnn_error` hands it out typed): only the causes the
+            // QNN error leaves out of its own message come next.
+            PolicyError::Qnn { error, .. } => error.source(),
             _ => None,
         }
     }

@@ -97,16 +97,27 @@ pub(crate) enum Dst<'a> {
     Shared(&'a mut Region),
 }
 
+/// Where a graph takes its inputs and puts its outputs: `inputs[k]` is the graph position
+/// of the pipeline's k-th input (the pipeline's order is the caller's), `outputs[k]` of
+/// its k-th output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GraphIo<const N: usize, const M: usize> {
+    /// Graph input positions, in the pipeline's order.
+    pub(crate) inputs: [usize; N],
+    /// Graph output positions, in the pipeline's order.
+    pub(crate) outputs: [usize; M],
+}
+
 /// Executes `graph` on `ins` and `outs` (in the pipeline's order, put at the graph
-/// positions `idx`). A graph bound to registered memory takes regions only, read and
+/// positions `io`). A graph bound to registered memory takes regions only, read and
 /// written in place; otherwise every buffer goes to QNN as a client buffer.
 pub(crate) fn execute<const N: usize, const M: usize>(
     graph: &mut Graph,
-    idx: ([usize; N], [usize; M]),
+    io: GraphIo<N, M>,
     ins: [Src<'_>; N],
     outs: [Dst<'_>; M],
 ) -> Result<(), QnnError> {
-    let (ins, outs) = (permute(idx.0, ins), permute(idx.1, outs));
+    let (ins, outs) = (permute(io.inputs, ins), permute(io.outputs, outs));
     if graph.is_shared() {
         let ins = ins.map(|s| match s {
             Src::Shared(r) => Some(r),

@@ -22,7 +22,7 @@ pub mod state;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, GraphIo, Timings};
 use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
@@ -46,7 +46,7 @@ pub struct FastWam {
     bundle_version: String,
     pub(crate) chain: Option<WorldModel>,
     pub(crate) action_step: LoadedGraph,
-    io: ([usize; 6], [usize; 1]),
+    io: GraphIo<6, 1>,
     latents: Buf,
     timestep: Buf,
     /// action_step's video_keys, video_values, context, context_mask: written by the
@@ -129,13 +129,14 @@ pub fn wan_actions(
 impl FastWam {
     /// Makes the bundle's Fast-WAM contexts resident (action_step, and the world-model chain
     /// when the bundle has one), checks their tensors against the manifest and allocates every
-    /// buffer.
-    pub fn load(bundle: &Bundle, backend: &Backend) -> Result<Self, PolicyError> {
-        let f = bundle
-            .manifest
-            .fastwam
-            .clone()
-            .expect("validated: fastwam settings present");
+    /// buffer; `settings` is the bundle's `fastwam` block (what [`crate::Policy::load`]
+    /// passes).
+    pub fn load(
+        bundle: &Bundle,
+        settings: &FastWamSettings,
+        backend: &Backend,
+    ) -> Result<Self, PolicyError> {
+        let f = settings.clone();
         let g = bundle.load_component(backend, "action_step")?;
         g.expect_counts(6, 1)?;
         let latent_shape = [1, f.action_horizon, f.action_dims];
@@ -200,8 +201,8 @@ impl FastWam {
         let mut names = chain.as_ref().map_or_else(Vec::new, WorldModel::names);
         names.push("action_step".to_string());
         Ok(Self {
-            io: (
-                [
+            io: GraphIo {
+                inputs: [
                     la,
                     ts,
                     world_idx[0],
@@ -209,8 +210,8 @@ impl FastWam {
                     world_idx[2],
                     world_idx[3],
                 ],
-                [pn],
-            ),
+                outputs: [pn],
+            },
             latents: Buf::Host(AlignedBuf::zeroed(n * 4)),
             timestep: Buf::Host(AlignedBuf::zeroed(4)),
             world: world.map(Buf::Host),
@@ -281,7 +282,7 @@ impl FastWam {
             .try_into()
             .unwrap_or_else(|_| unreachable!("seven action_step regions"));
         let [lat, ts, k, v, ctx, mask, pred] = &step;
-        let (ii, oi) = self.io;
+        let (ii, oi) = (self.io.inputs, self.io.outputs);
         let mut bound = self
             .action_step
             .graph

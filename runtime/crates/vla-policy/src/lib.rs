@@ -39,7 +39,8 @@ pub use fastwam::state::quat2axisangle;
 pub use fastwam::{map_gripper, proprio_row, wan_actions, wan_sigmas, wan_update, FastWam};
 pub use keystone::KeyStoneSelector;
 pub use manifest::{
-    Manifest, OutputGate, ParityGate, PolicyKind, Threshold, ANY_OUTPUT, GATE_FLOOR,
+    Manifest, OutputGate, ParityGate, PolicyKind, PolicySettings, RawManifest, Threshold,
+    ANY_OUTPUT, GATE_FLOOR,
 };
 pub use molmoact2::{
     initial_trajectory, integrate_step, state_token_ids, MolmoAct2, TextSlot, TEXT_SLOTS,
@@ -193,10 +194,9 @@ impl Manifest {
     /// The geometry a validated manifest's policy needs, without loading any context
     /// (what `Policy::geometry` reports once loaded).
     pub fn geometry(&self) -> Geometry {
-        match (&self.molmoact2, &self.fastwam) {
-            (Some(m), _) => molmoact2_geometry(m),
-            (None, Some(f)) => fastwam_geometry(f),
-            (None, None) => unreachable!("validated manifests carry their policy's settings"),
+        match &self.policy {
+            PolicySettings::Molmoact2(m) => molmoact2_geometry(m),
+            PolicySettings::Fastwam(f) => fastwam_geometry(f),
         }
     }
 }
@@ -230,11 +230,13 @@ impl Policy {
         backend: &Backend,
         options: &LoadOptions,
     ) -> Result<Self, PolicyError> {
-        Ok(match bundle.manifest.policy {
-            PolicyKind::Molmoact2 => {
-                Policy::MolmoAct2(Box::new(MolmoAct2::load(bundle, backend, options)?))
+        Ok(match &bundle.manifest.policy {
+            PolicySettings::Molmoact2(m) => {
+                Policy::MolmoAct2(Box::new(MolmoAct2::load(bundle, m, backend, options)?))
             }
-            PolicyKind::Fastwam => Policy::FastWam(Box::new(FastWam::load(bundle, backend)?)),
+            PolicySettings::Fastwam(f) => {
+                Policy::FastWam(Box::new(FastWam::load(bundle, f, backend)?))
+            }
         })
     }
 

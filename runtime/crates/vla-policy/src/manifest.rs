@@ -9,11 +9,14 @@ use std::collections::BTreeMap;
 
 mod validate;
 
-/// The parsed `bundle.json`: what a bundle holds and how its policy runs. Parsed with
-/// unknown fields refused; [`Manifest::validate`] checks the cross-field rules.
+/// `bundle.json` as parsed, unknown fields refused, before the cross-field rules are
+/// checked: [`RawManifest::validate`] checks them and makes the [`Manifest`]. Its form is
+/// the file's (`policy` names the policy, its settings sit under a key of that name),
+/// kept so that serde can refuse unknown fields, which it cannot do for an enum tagged by
+/// a field of the same object.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct Manifest {
+pub struct RawManifest {
     /// Bundle format version; only 1 is accepted.
     pub format: u32,
     /// The bundle's name (for logs, metrics and the OTA manifest).
@@ -33,16 +36,64 @@ pub struct Manifest {
     pub min_runtime_version: String,
     /// The contexts by component name (`vision`, `llm_split0`, ..., `action_step`).
     pub components: BTreeMap<String, Component>,
-    /// MolmoAct2 settings; present exactly when `policy` is `molmoact2`.
+    /// MolmoAct2 settings; must be present exactly when `policy` is `molmoact2`.
     #[serde(default)]
     pub molmoact2: Option<MolmoAct2Settings>,
-    /// Fast-WAM settings; present exactly when `policy` is `fastwam`.
+    /// Fast-WAM settings; must be present exactly when `policy` is `fastwam`.
     #[serde(default)]
     pub fastwam: Option<FastWamSettings>,
     /// Cosine thresholds of the parity gates.
     pub parity: ParityGate,
     /// Bundle-relative path of the end-to-end golden (observation in, actions out).
     pub end_to_end: String,
+}
+
+/// The validated `bundle.json`: what a bundle holds and how its policy runs, with the
+/// settings of exactly the policy it names.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    /// Bundle format version (1).
+    pub format: u32,
+    /// The bundle's name (for logs, metrics and the OTA manifest).
+    pub name: String,
+    /// The bundle's version (`MAJOR.MINOR.PATCH`).
+    pub version: String,
+    /// Which policy's host glue runs the contexts, with its settings.
+    pub policy: PolicySettings,
+    /// Informational (`original`, `lp_vtp_sd`, `drift_keystone`, `operator_fused`, `fastwam`).
+    pub variant: Option<String>,
+    /// QNN SoC model the context binaries were built for (QCS9075: 77).
+    pub soc_model: u32,
+    /// Hexagon HTP architecture the context binaries were built for (v73: 73).
+    pub htp_arch: u32,
+    /// Oldest runtime version that can run this bundle.
+    pub min_runtime_version: String,
+    /// The contexts by component name (`vision`, `llm_split0`, ..., `action_step`).
+    pub components: BTreeMap<String, Component>,
+    /// Cosine thresholds of the parity gates.
+    pub parity: ParityGate,
+    /// Bundle-relative path of the end-to-end golden (observation in, actions out).
+    pub end_to_end: String,
+}
+
+/// The policy a bundle runs and its settings (`bundle.json` `policy` and the block named
+/// after it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicySettings {
+    /// `policy: molmoact2` with its `molmoact2` block.
+    Molmoact2(Box<MolmoAct2Settings>),
+    /// `policy: fastwam` with its `fastwam` block.
+    Fastwam(Box<FastWamSettings>),
+}
+
+impl PolicySettings {
+    /// Which policy these settings are for.
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            PolicySettings::Molmoact2(_) => PolicyKind::Molmoact2,
+            PolicySettings::Fastwam(_) => PolicyKind::Fastwam,
+        }
+    }
 }
 
 /// The policy a bundle runs (`bundle.json` `policy`).
@@ -53,6 +104,16 @@ pub enum PolicyKind {
     Molmoact2,
     /// Fast-WAM: an action step on a constant world model or on the world-model chain.
     Fastwam,
+}
+
+impl PolicyKind {
+    /// The name `bundle.json` spells it with.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Molmoact2 => "molmoact2",
+            PolicyKind::Fastwam => "fastwam",
+        }
+    }
 }
 
 /// One context of the bundle.
@@ -650,29 +711,49 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Invalid {
 /// Most LLM splits (one context binary each) a MolmoAct2 bundle may have.
 pub const MAX_LLM_SPLITS: usize = 64;
 
-impl Manifest {
+impl RawManifest {
     /// Parses `bundle.json` bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(bytes)
     }
+}
+
+impl Manifest {
+    /// MolmoAct2's settings, when the bundle runs MolmoAct2.
+    pub fn molmoact2(&self) -> Option<&MolmoAct2Settings> {
+        match &self.policy {
+            PolicySettings::Molmoact2(m) => Some(m),
+            PolicySettings::Fastwam(_) => None,
+        }
+    }
+
+    /// Fast-WAM's settings, when the bundle runs Fast-WAM.
+    pub fn fastwam(&self) -> Option<&FastWamSettings> {
+        match &self.policy {
+            PolicySettings::Fastwam(f) => Some(f),
+            PolicySettings::Molmoact2(_) => None,
+        }
+    }
 
     /// The component names this policy needs, in pipeline order.
     pub fn required_components(&self) -> Vec<String> {
-        match (self.policy, &self.molmoact2, &self.fastwam) {
-            (PolicyKind::Molmoact2, Some(m), _) => {
+        match &self.policy {
+            PolicySettings::Molmoact2(m) => {
                 let mut v = vec!["vision".to_string()];
                 v.extend((0..m.llm_splits).map(|i| format!("llm_split{i}")));
                 v.push("action_context".into());
                 v.push("action_step".into());
                 v
             }
-            (PolicyKind::Fastwam, _, Some(FastWamSettings { chain: Some(c), .. })) => {
-                let mut v = vec!["wm_vae_enc".to_string(), "wm_embed".to_string()];
-                v.extend((0..c.prefill_layers.len()).map(|i| format!("wm_prefill_split{i}")));
-                v.push("action_step".into());
-                v
-            }
-            _ => vec!["action_step".to_string()],
+            PolicySettings::Fastwam(f) => match &f.chain {
+                Some(c) => {
+                    let mut v = vec!["wm_vae_enc".to_string(), "wm_embed".to_string()];
+                    v.extend((0..c.prefill_layers.len()).map(|i| format!("wm_prefill_split{i}")));
+                    v.push("action_step".into());
+                    v
+                }
+                None => vec!["action_step".to_string()],
+            },
         }
     }
 }
@@ -682,7 +763,7 @@ mod tests {
     use super::*;
 
     /// The closed-loop fixture's manifest, edited by `edit`.
-    fn closed_loop(edit: impl FnOnce(&mut serde_json::Value)) -> Manifest {
+    fn closed_loop(edit: impl FnOnce(&mut serde_json::Value)) -> RawManifest {
         let path =
             vla_test_support::repo_root().join("golden/bundles/fastwam-closed-loop/bundle.json");
         let mut v: serde_json::Value =
@@ -696,10 +777,10 @@ mod tests {
         let m = closed_loop(|_| {});
         let c = m.fastwam.as_ref().unwrap().chain.as_ref().unwrap();
         assert_eq!(c.state_input, StateInput::State);
-        assert_eq!(m.geometry().state_dims, 8);
+        assert_eq!(m.validate().unwrap().geometry().state_dims, 8);
         let m =
             closed_loop(|v| v["fastwam"]["chain"]["state_input"] = "eef_pos_quat_gripper".into());
-        m.validate().unwrap();
+        let m = m.validate().unwrap();
         assert_eq!(
             m.geometry().state_dims,
             9,
@@ -719,7 +800,7 @@ mod tests {
         let mut v: serde_json::Value =
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         v["fastwam"]["chain"]["state_input"] = "eef_pos_quat".into();
-        let e = serde_json::from_value::<Manifest>(v)
+        let e = serde_json::from_value::<RawManifest>(v)
             .unwrap_err()
             .to_string();
         assert!(
@@ -757,6 +838,7 @@ mod tests {
             v["parity"]["allow_low_gate"] = allow_low.into();
         })
         .validate()
+        .map(drop)
     }
 
     #[test]
@@ -862,7 +944,7 @@ mod tests {
         let m = closed_loop(|v| {
             v["parity"]["stages"] = json!({"latents": {"cosine": 0.9995, "reason": "fp16"}})
         });
-        m.validate().unwrap();
+        let m = m.validate().unwrap();
         let t = m.parity.stage_threshold("latents");
         assert_eq!(t.cosine, 0.9995);
         assert_eq!(t.entry.unwrap().0, "parity.stages.latents");

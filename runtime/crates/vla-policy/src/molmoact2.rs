@@ -34,7 +34,7 @@
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Src, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, GraphIo, Src, Timings};
 use crate::guard::{ScanGuard, Verdict};
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
@@ -64,13 +64,13 @@ pub struct MolmoAct2 {
     state_norm: Normalizer,
     action_norm: Normalizer,
     pub(crate) vision: LoadedGraph,
-    vision_io: ([usize; 1], [usize; 1]),
+    vision_io: GraphIo<1, 1>,
     pub(crate) splits: Vec<LoadedGraph>,
-    split_io: Vec<([usize; 2], [usize; 3])>,
+    split_io: Vec<GraphIo<2, 3>>,
     pub(crate) action_context: LoadedGraph,
-    context_io: ([usize; 2], [usize; 2]),
+    context_io: GraphIo<2, 2>,
     pub(crate) action_step: LoadedGraph,
-    step_io: ([usize; 6], [usize; 1]),
+    step_io: GraphIo<6, 1>,
     pixel_values: Buf,
     image_embeds: Buf,
     /// Split 0's input: the scaffold of `prompt_instruction` plus the observation rows.
@@ -192,17 +192,16 @@ fn poison(fault: &Option<String>, component: &str, buf: &mut Buf) {
 
 impl MolmoAct2 {
     /// Makes every MolmoAct2 context resident, checks their tensors against the manifest,
-    /// reads the prompt tables and allocates every buffer; `options` sets up the helper threads.
+    /// reads the prompt tables and allocates every buffer; `settings` is the bundle's
+    /// `molmoact2` block (what [`crate::Policy::load`] passes), `options` sets up the helper
+    /// threads.
     pub fn load(
         bundle: &Bundle,
+        settings: &MolmoAct2Settings,
         backend: &Backend,
         options: &LoadOptions,
     ) -> Result<Self, PolicyError> {
-        let m = bundle
-            .manifest
-            .molmoact2
-            .clone()
-            .expect("validated: molmoact2 settings present");
+        let m = settings.clone();
         let (s, d) = (m.seq_len, m.hidden);
         let grid = m.crop_size / m.patch_size;
         let layers = m.llm_splits * m.layers_per_split;
@@ -233,7 +232,10 @@ impl MolmoAct2 {
             let (ho, _) = g.output("hidden_out", Some(&[1, s, d]))?;
             let (k, _) = g.output("keys", Some(&kv_split))?;
             let (v, _) = g.output("values", Some(&kv_split))?;
-            split_io.push(([hs, ab], [ho, k, v]));
+            split_io.push(GraphIo {
+                inputs: [hs, ab],
+                outputs: [ho, k, v],
+            });
             splits.push(g);
         }
 
@@ -300,10 +302,19 @@ impl MolmoAct2 {
             ),
             state_norm: Normalizer::new(&m.state_norm, m.state_dims),
             action_norm: Normalizer::new(&m.action_norm, m.action_dims),
-            vision_io: ([pv], [ie]),
+            vision_io: GraphIo {
+                inputs: [pv],
+                outputs: [ie],
+            },
             split_io,
-            context_io: ([ck, cv], [kc, vc]),
-            step_io: ([st, ts, sk, sv, em, ip], [nt]),
+            context_io: GraphIo {
+                inputs: [ck, cv],
+                outputs: [kc, vc],
+            },
+            step_io: GraphIo {
+                inputs: [st, ts, sk, sv, em, ip],
+                outputs: [nt],
+            },
             pixel_values: f32s(m.cameras * grid * grid * m.patch_size * m.patch_size * 3),
             image_embeds: f32s(m.image_tokens * d),
             prompt_hidden: f32s(s * d),
@@ -395,11 +406,11 @@ impl MolmoAct2 {
         let kv = self.split_kv_bytes;
         let bound = (|| {
             let g = &mut self.vision.graph;
-            let (vi, vo) = self.vision_io;
+            let (vi, vo) = (self.vision_io.inputs, self.vision_io.outputs);
             g.bind_regions(&permute(vi, [(pv, 0)]), &permute(vo, [(ie, 0)]))
                 .map_err(qnn("vision"))?;
             for (i, split) in self.splits.iter_mut().enumerate() {
-                let (si, so) = self.split_io[i];
+                let (si, so) = (self.split_io[i].inputs, self.split_io[i].outputs);
                 let (src, dst) = match i {
                     0 => (ph, h0),
                     _ if i % 2 == 1 => (h0, h1),
@@ -413,7 +424,7 @@ impl MolmoAct2 {
                     )
                     .map_err(qnn(&split.component))?;
             }
-            let (xi, xo) = self.context_io;
+            let (xi, xo) = (self.context_io.inputs, self.context_io.outputs);
             self.action_context
                 .graph
                 .bind_regions(
@@ -421,7 +432,7 @@ impl MolmoAct2 {
                     &permute(xo, [(kc, 0), (vc, 0)]),
                 )
                 .map_err(qnn("action_context"))?;
-            let (pi, po) = self.step_io;
+            let (pi, po) = (self.step_io.inputs, self.step_io.outputs);
             self.action_step
                 .graph
                 .bind_regions(

@@ -551,7 +551,7 @@ mod tests {
         // The fixture's prompt: "Image 1" <im_start> <im_patch> <im_patch> <im_col> ...
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../../golden/bundles/molmoact2-original");
-        let manifest: crate::manifest::Manifest =
+        let manifest: crate::manifest::RawManifest =
             serde_json::from_slice(&std::fs::read(root.join("bundle.json")).unwrap()).unwrap();
         let m = manifest.molmoact2.unwrap();
         let tables = PromptTables::load(&Npz::open(root.join(&m.prompt)).unwrap(), &m).unwrap();

@@ -4,7 +4,7 @@
 //! act on: every component the policy needs listed, every file it names inside the bundle.
 
 use std::path::{Path, PathBuf};
-use vla_policy::{Manifest, PolicyError};
+use vla_policy::{PolicyError, RawManifest};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz_regressions/bundle_manifest")
@@ -21,14 +21,14 @@ fn inside_bundle(rel: &str) -> bool {
 /// What `Bundle::open` would report for these bytes, or `None` if it accepts them.
 fn check(bytes: &[u8]) -> Option<String> {
     let path = PathBuf::from("bundle.json");
-    let error = match Manifest::from_json(bytes) {
+    let error = match RawManifest::from_json(bytes) {
         Err(e) => PolicyError::ManifestSyntax {
             path,
             reason: e.to_string(),
         },
         Ok(manifest) => match manifest.validate() {
             Err(invalid) => PolicyError::ManifestInvalid { path, invalid },
-            Ok(()) => {
+            Ok(manifest) => {
                 for name in manifest.required_components() {
                     assert!(manifest.components.contains_key(&name), "`{name}`");
                 }
@@ -36,13 +36,8 @@ fn check(bytes: &[u8]) -> Option<String> {
                 for c in manifest.components.values() {
                     files.extend([c.binary.as_str(), c.golden.as_str()]);
                 }
-                files.extend(manifest.molmoact2.as_ref().map(|m| m.prompt.as_str()));
-                files.extend(
-                    manifest
-                        .fastwam
-                        .as_ref()
-                        .and_then(|f| f.world_model.as_deref()),
-                );
+                files.extend(manifest.molmoact2().map(|m| m.prompt.as_str()));
+                files.extend(manifest.fastwam().and_then(|f| f.world_model.as_deref()));
                 for rel in files {
                     assert!(inside_bundle(rel), "accepted `{rel}`");
                 }

@@ -58,14 +58,7 @@ fn a_pack_instruction_by_id_or_text_gives_the_actions_of_the_same_rows_fixed() {
         return;
     };
     let bundle = Bundle::open(common::fixture(BUNDLE)).unwrap();
-    let chain = bundle
-        .manifest
-        .fastwam
-        .as_ref()
-        .unwrap()
-        .chain
-        .clone()
-        .unwrap();
+    let chain = bundle.manifest.fastwam().unwrap().chain.clone().unwrap();
     let (m, e) = (chain.text_tokens, chain.context_width);
     let tables = Npz::open(bundle.path(&chain.tables)).unwrap();
     let text_rows = tables.array("text_rows").unwrap().to_f32().unwrap();

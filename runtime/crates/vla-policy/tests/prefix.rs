@@ -92,7 +92,7 @@ fn fastwam_closed_loop_with_the_libero_gripper_map_continues_the_prefix() {
     let dir = common::copy_fixture("fastwam-closed-loop", "prefix-libero");
     common::edit_manifest(&dir, |v| v["fastwam"]["gripper_binarize"] = false.into());
     let bundle = Bundle::open(&dir).unwrap();
-    let f = bundle.manifest.fastwam.as_ref().unwrap();
+    let f = bundle.manifest.fastwam().unwrap();
     assert_eq!(f.gripper_map, vla_policy::manifest::GripperMap::Libero);
     assert!(!f.gripper_binarize);
     conditioned_at("fastwam-closed-loop", &dir, PrefixMethod::VelocityMask);

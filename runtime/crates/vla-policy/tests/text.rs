@@ -62,13 +62,7 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     assert!(g.texts.len() >= 2);
     let bundle = Bundle::open(common::fixture("molmoact2-upstream-original")).unwrap();
     let gate = bundle.manifest.parity.end_to_end_cosine;
-    let fixed = bundle
-        .manifest
-        .molmoact2
-        .as_ref()
-        .unwrap()
-        .instructions
-        .clone();
+    let fixed = bundle.manifest.molmoact2().unwrap().instructions.clone();
     let mut policy = Policy::load(&bundle, &backend).unwrap();
     // Two of the golden's texts run here (CI time); all four were measured at 0.99999.
     for (text, want) in g.texts.iter().zip(&g.actions).take(2) {

@@ -86,13 +86,14 @@ pub enum QnnError {
         dir: PathBuf,
     },
     /// `dlopen` or a symbol lookup failed (`source`: the loader's own error, when it
-    /// has one), or the library is not a usable QNN library.
+    /// has one, named in the message; [`QnnError::loader_error`] hands it out), or the
+    /// library is not a usable QNN library.
     LibraryLoad {
         /// The library file.
         path: PathBuf,
         /// What went wrong, in a few words.
         reason: String,
-        /// The loader's error, kept as [`std::error::Error::source`].
+        /// The loader's error, kept typed ([`QnnError::loader_error`]).
         source: Option<libloading::Error>,
     },
     /// No provider with a usable API version.
@@ -319,14 +320,26 @@ impl core::fmt::Display for QnnError {
     }
 }
 
+impl QnnError {
+    /// The loader's own error under a [`QnnError::LibraryLoad`], when it has one.
+    pub fn loader_error(&self) -> Option<&libloading::Error> {
+        match self {
+            QnnError::LibraryLoad { source, .. } => source.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+// Each message names its cause (the loader's error, the checker's refusal), so `source()`
+// hands out only the causes that cause leaves out of its own message.
 impl std::error::Error for QnnError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             QnnError::LibraryLoad {
                 source: Some(cause),
                 ..
-            } => Some(cause),
-            QnnError::Refused { source, .. } => Some(source.as_ref()),
+            } => cause.source(),
+            QnnError::Refused { source, .. } => source.source(),
             _ => None,
         }
     }

@@ -405,13 +405,11 @@ fn missing_or_unloadable_libraries_are_named() {
         "cannot load QNN library {}: dlopen failed: ",
         tmp.join("libQnnHtp.so").display()
     )));
-    // The loader's own error is kept as the cause, not only as text.
-    use std::error::Error;
-    let cause = err.source().expect("the loader's error as source()");
-    assert!(
-        cause.downcast_ref::<libloading::Error>().is_some(),
-        "{cause:?}"
-    );
+    // The loader's own error is kept typed, not only as text.
+    let cause = err.loader_error().expect("the loader's error kept");
+    assert!(err.to_string().ends_with(&cause.to_string()), "{cause:?}");
+    // Named in the message, so not handed out again as the source.
+    assert!(std::error::Error::source(&err).is_none());
     let _ = std::fs::remove_dir_all(&tmp);
 }
 

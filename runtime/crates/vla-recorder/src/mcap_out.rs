@@ -182,8 +182,9 @@ impl std::fmt::Display for WriteError {
 impl std::error::Error for WriteError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            WriteError::Io(_, e) => Some(e),
-            WriteError::Mcap(e) => Some(e),
+            // Named in the message: only its own causes come next.
+            WriteError::Io(_, e) => e.source(),
+            WriteError::Mcap(e) => e.source(),
         }
     }
 }

@@ -112,12 +112,13 @@ impl std::fmt::Display for RecordingError {
     }
 }
 
+// Each message names its cause, so `source()` hands out only that cause's own causes.
 impl std::error::Error for RecordingError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            RecordingError::Io { source, .. } => Some(source),
-            RecordingError::Mcap { source, .. } => Some(source),
-            RecordingError::Message { source, .. } => Some(source),
+            RecordingError::Io { source, .. } => source.source(),
+            RecordingError::Mcap { source, .. } => source.source(),
+            RecordingError::Message { source, .. } => source.source(),
             _ => None,
         }
     }

@@ -312,7 +312,7 @@ fn bench(
             json!({"component": n, "p50_us": p50, "p99_us": p99, "samples_us": s})
         })
         .collect();
-    let policy_name = format!("{:?}", bundle.manifest.policy).to_lowercase();
+    let policy_name = bundle.manifest.policy.kind().name();
     let vote_stats = votes.as_ref().map(|g| g.stats());
     Ok(json!({
         "performance": o.performance.as_str(),

@@ -159,7 +159,7 @@ pub fn parity_json(bundle: &Bundle, r: &BundleParity, load_ms: f64) -> serde_jso
     json!({
         "bundle": bundle.manifest.name,
         "version": bundle.manifest.version,
-        "policy": format!("{:?}", bundle.manifest.policy).to_lowercase(),
+        "policy": bundle.manifest.policy.kind().name(),
         "load_ms": load_ms,
         "context_gate": r.context_gate,
         "end_to_end_gate": r.end_to_end_gate,

@@ -6,7 +6,7 @@
 //! holds) before anything here runs (`Engine::after_failure`).
 
 use super::engine::PolicyEngine;
-use crate::gate::LoadError;
+use crate::gate::{LoadError, QnnCause};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -194,18 +194,13 @@ pub(super) struct Npu {
 }
 
 /// The QNN call and code at the root of a failure, if a QNN call failed.
-pub(super) fn failed_call(e: &(dyn std::error::Error + 'static)) -> Option<(&'static str, u64)> {
-    let mut at = Some(e);
-    while let Some(e) = at {
-        if let Some(QnnError::Call {
+pub(super) fn failed_call(e: &dyn QnnCause) -> Option<(&'static str, u64)> {
+    match e.qnn_error()? {
+        QnnError::Call {
             operation, code, ..
-        }) = e.downcast_ref::<QnnError>()
-        {
-            return Some((operation, *code));
-        }
-        at = e.source();
+        } => Some((operation, *code)),
+        _ => None,
     }
-    None
 }
 
 impl Npu {
@@ -232,7 +227,7 @@ impl Npu {
 
     /// A failed inference: counts a failed QNN call and decides whether the session is
     /// to be re-created (on the inference thread: no allocation, no logging here).
-    pub(super) fn failed(&mut self, e: &(dyn std::error::Error + 'static)) {
+    pub(super) fn failed(&mut self, e: &dyn QnnCause) {
         let Some((op, code)) = failed_call(e) else {
             return;
         };

@@ -18,7 +18,7 @@ use super::norm::FastWamNormalizer;
 use super::state::build_state;
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Dst, Src, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Dst, GraphIo, Src, Timings};
 use crate::manifest::FastWamChain;
 use crate::pack::InstructionPacks;
 use crate::Observation;
@@ -28,9 +28,18 @@ use vla_npz::{DType, Npz};
 use vla_qnn::{Backend, Region};
 use vla_tensor::AlignedBuf;
 
-/// A prefill split's graph positions: inputs (tokens, context embedding), outputs
-/// (tokens out, None for the last split; keys; values).
-type SplitIo = ([usize; 2], (Option<usize>, usize, usize));
+/// A prefill split's graph positions.
+#[derive(Clone, Copy, Debug)]
+struct SplitIo {
+    /// Inputs: tokens, context embedding.
+    inputs: [usize; 2],
+    /// Output `video_tokens_out`; None for the last split, which has none.
+    tokens_out: Option<usize>,
+    /// Output `keys`.
+    keys: usize,
+    /// Output `values`.
+    values: usize,
+}
 
 /// The state's context row: `row = bias + weight @ normalize(state)`, the proprio Linear
 /// (`weight` is `[E, state_dims]` row-major). `normalized` is scratch of `state_dims`.
@@ -54,12 +63,10 @@ pub fn proprio_row(
 pub struct WorldModel {
     pub settings: FastWamChain,
     pub(crate) vae: LoadedGraph,
-    vae_io: ([usize; 1], [usize; 1]),
+    vae_io: GraphIo<1, 1>,
     pub(crate) embed: LoadedGraph,
-    embed_io: ([usize; 2], [usize; 2]),
+    embed_io: GraphIo<2, 2>,
     pub(crate) splits: Vec<LoadedGraph>,
-    /// Inputs (tokens, context embedding), outputs (tokens out or None for the last,
-    /// keys, values) in graph positions.
     split_io: Vec<SplitIo>,
     /// Byte offset and length of each split's layer slice of video_keys/video_values.
     split_kv: Vec<(usize, usize)>,
@@ -217,7 +224,12 @@ impl WorldModel {
             };
             let (sk, _) = g.output("keys", Some(&[l, 1, t, w]))?;
             let (sv, _) = g.output("values", Some(&[l, 1, t, w]))?;
-            split_io.push(([st, se], (so, sk, sv)));
+            split_io.push(SplitIo {
+                inputs: [st, se],
+                tokens_out: so,
+                keys: sk,
+                values: sv,
+            });
             let bytes = l * t * w * 4;
             split_kv.push((offset, bytes));
             offset += bytes;
@@ -231,8 +243,14 @@ impl WorldModel {
             &c.rotate_180,
         );
         Ok(Self {
-            vae_io: ([vi], [vo]),
-            embed_io: ([el, ec], [et, ee]),
+            vae_io: GraphIo {
+                inputs: [vi],
+                outputs: [vo],
+            },
+            embed_io: GraphIo {
+                inputs: [el, ec],
+                outputs: [et, ee],
+            },
             split_io,
             split_kv,
             image: f32s(pre.output_len()),
@@ -381,9 +399,13 @@ impl WorldModel {
         poison("wm_embed", &mut a[0]);
         finite("wm_embed", "video_tokens", &a[0])?;
 
-        for (i, (split, (si, (so, sk, sv)))) in
-            self.splits.iter_mut().zip(&self.split_io).enumerate()
-        {
+        for (i, (split, io)) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
+            let SplitIo {
+                inputs: si,
+                tokens_out: so,
+                keys: sk,
+                values: sv,
+            } = io;
             let (src, dst) = if i % 2 == 0 {
                 (&a[0], &mut b[0])
             } else {
@@ -398,11 +420,22 @@ impl WorldModel {
             match so {
                 Some(o) => execute(
                     &mut split.graph,
-                    (*si, [*o, *sk, *sv]),
+                    GraphIo {
+                        inputs: *si,
+                        outputs: [*o, *sk, *sv],
+                    },
                     inputs,
                     [dst.dst(), k, v],
                 ),
-                None => execute(&mut split.graph, (*si, [*sk, *sv]), inputs, [k, v]),
+                None => execute(
+                    &mut split.graph,
+                    GraphIo {
+                        inputs: *si,
+                        outputs: [*sk, *sv],
+                    },
+                    inputs,
+                    [k, v],
+                ),
             }
             .map_err(|error| PolicyError::Qnn {
                 component: split.component.clone(),
@@ -465,12 +498,12 @@ impl WorldModel {
             let component = component.to_string();
             move |error| PolicyError::Qnn { component, error }
         };
-        let (vi, vo) = self.vae_io;
+        let (vi, vo) = (self.vae_io.inputs, self.vae_io.outputs);
         self.vae
             .graph
             .bind_regions(&permute(vi, [(image, 0)]), &permute(vo, [(latents, 0)]))
             .map_err(qnn("wm_vae_enc"))?;
-        let (ei, eo) = self.embed_io;
+        let (ei, eo) = (self.embed_io.inputs, self.embed_io.outputs);
         self.embed
             .graph
             .bind_regions(
@@ -478,9 +511,13 @@ impl WorldModel {
                 &permute(eo, [(t0, 0), (emb, 0)]),
             )
             .map_err(qnn("wm_embed"))?;
-        for (i, (split, (si, (so, sk, sv)))) in
-            self.splits.iter_mut().zip(&self.split_io).enumerate()
-        {
+        for (i, (split, io)) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
+            let SplitIo {
+                inputs: si,
+                tokens_out: so,
+                keys: sk,
+                values: sv,
+            } = io;
             let (src, dst) = if i % 2 == 0 { (t0, t1) } else { (t1, t0) };
             let off = self.split_kv[i].0;
             let inputs = permute(*si, [(src, 0), (emb, 0)]);

@@ -110,9 +110,10 @@ impl Normalization {
     }
 }
 
-impl Manifest {
-    /// Checks every rule that does not need the files.
-    pub fn validate(&self) -> Result<(), Invalid> {
+impl RawManifest {
+    /// Checks every rule that does not need the files and makes the [`Manifest`]: the one
+    /// place the policy named by `policy` is paired with its settings.
+    pub fn validate(self) -> Result<Manifest, Invalid> {
         if self.format != 1 {
             return Err(invalid(
                 "format",
@@ -131,30 +132,44 @@ impl Manifest {
             self.gate_in_range(field, v)?;
         }
         self.output_gates()?;
-        match self.policy {
-            PolicyKind::Molmoact2 => {
-                let m = self
-                    .molmoact2
-                    .as_ref()
-                    .ok_or_else(|| invalid("molmoact2", "required for policy molmoact2"))?;
-                if self.fastwam.is_some() {
-                    return Err(invalid("fastwam", "not allowed for policy molmoact2"));
-                }
-                molmoact2(m)?;
+        let policy = match (self.policy, self.molmoact2, self.fastwam) {
+            (PolicyKind::Molmoact2, None, _) => {
+                return Err(invalid("molmoact2", "required for policy molmoact2"))
             }
-            PolicyKind::Fastwam => {
-                let f = self
-                    .fastwam
-                    .as_ref()
-                    .ok_or_else(|| invalid("fastwam", "required for policy fastwam"))?;
-                if self.molmoact2.is_some() {
-                    return Err(invalid("molmoact2", "not allowed for policy fastwam"));
-                }
-                fastwam(f)?;
+            (PolicyKind::Molmoact2, Some(_), Some(_)) => {
+                return Err(invalid("fastwam", "not allowed for policy molmoact2"))
             }
-        }
-        self.components_present()?;
-        self.paths_inside_bundle()
+            (PolicyKind::Molmoact2, Some(m), None) => {
+                molmoact2(&m)?;
+                PolicySettings::Molmoact2(Box::new(m))
+            }
+            (PolicyKind::Fastwam, _, None) => {
+                return Err(invalid("fastwam", "required for policy fastwam"))
+            }
+            (PolicyKind::Fastwam, Some(_), Some(_)) => {
+                return Err(invalid("molmoact2", "not allowed for policy fastwam"))
+            }
+            (PolicyKind::Fastwam, None, Some(f)) => {
+                fastwam(&f)?;
+                PolicySettings::Fastwam(Box::new(f))
+            }
+        };
+        let manifest = Manifest {
+            format: self.format,
+            name: self.name,
+            version: self.version,
+            policy,
+            variant: self.variant,
+            soc_model: self.soc_model,
+            htp_arch: self.htp_arch,
+            min_runtime_version: self.min_runtime_version,
+            components: self.components,
+            parity: self.parity,
+            end_to_end: self.end_to_end,
+        };
+        manifest.components_present()?;
+        manifest.paths_inside_bundle()?;
+        Ok(manifest)
     }
 
     /// Every per-output (and per-stage) threshold names a listed context, is a number in (floor, 1] (the
@@ -229,7 +244,9 @@ impl Manifest {
         }
         Ok(())
     }
+}
 
+impl Manifest {
     /// Every context the policy needs is listed.
     fn components_present(&self) -> Result<(), Invalid> {
         for name in self.required_components() {
@@ -250,15 +267,15 @@ impl Manifest {
             inside_bundle(|| format!("components.{name}.golden"), &c.golden)?;
         }
         inside_bundle(|| "end_to_end".into(), &self.end_to_end)?;
-        if let Some(m) = &self.molmoact2 {
-            inside_bundle(|| "molmoact2.prompt".into(), &m.prompt)?;
-        }
-        if let Some(f) = &self.fastwam {
-            if let Some(w) = &f.world_model {
-                inside_bundle(|| "fastwam.world_model".into(), w)?;
-            }
-            if let Some(c) = &f.chain {
-                inside_bundle(|| "fastwam.chain.tables".into(), &c.tables)?;
+        match &self.policy {
+            PolicySettings::Molmoact2(m) => inside_bundle(|| "molmoact2.prompt".into(), &m.prompt)?,
+            PolicySettings::Fastwam(f) => {
+                if let Some(w) = &f.world_model {
+                    inside_bundle(|| "fastwam.world_model".into(), w)?;
+                }
+                if let Some(c) = &f.chain {
+                    inside_bundle(|| "fastwam.chain.tables".into(), &c.tables)?;
+                }
             }
         }
         Ok(())

@@ -14,7 +14,7 @@
 use crate::Failure;
 use sha2::{Digest, Sha256};
 use std::path::Path;
-use vla_policy::Manifest;
+use vla_policy::{Manifest, RawManifest};
 
 /// The format tag of the bring-up kit's gate proposals.
 const REPORT_FORMAT: &str = "vla-bringup-gates/1";
@@ -223,7 +223,7 @@ pub fn calibrate(dir: &Path, report: &Path) -> Result<(), Failure> {
         written.push(p);
     }
     let out = serde_json::to_vec_pretty(&edited).expect("JSON of plain values");
-    let checked = Manifest::from_json(&out)
+    let checked = RawManifest::from_json(&out)
         .map_err(|e| Failure::Error(format!("{}: {e}", manifest_path.display())))?;
     checked.validate().map_err(|invalid| {
         refuse(
