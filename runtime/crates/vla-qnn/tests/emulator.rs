@@ -471,18 +471,22 @@ fn performance_votes_are_made_released_and_refused() {
     drop(vote);
 
     // The governor: one vote at start, graphs execute under it, released when idle,
-    // voted again by the next inference.
-    let gov = PerfGovernor::start(&backend, PerformanceMode::Burst, Duration::from_millis(50))
-        .unwrap()
-        .unwrap();
-    assert_eq!(gov.stats().votes, 1);
+    // voted again by the next inference. The context exists before the governor starts,
+    // and the counts are compared with what was released, not with fixed numbers: on a
+    // loaded machine more than the idle time may pass before the first inference, which
+    // releases and votes again as it should.
     let mut graph = Context::create(&backend, ContextBinary::open(&lib, vision_bin()).unwrap())
         .unwrap()
         .graph(None)
         .unwrap();
     let mut io = graph.allocate_io();
+    let gov = PerfGovernor::start(&backend, PerformanceMode::Burst, Duration::from_millis(50))
+        .unwrap()
+        .unwrap();
+    assert_eq!(gov.stats().votes, 1);
     {
         let _vote = gov.inference();
+        assert!(gov.is_voted());
         graph.execute_io(&mut io).unwrap();
     }
     let t = Instant::now();
@@ -491,14 +495,20 @@ fn performance_votes_are_made_released_and_refused() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(!gov.is_voted(), "released after the idle time");
-    assert_eq!(gov.stats().releases, 1);
+    let idle = gov.stats();
+    assert!(idle.releases >= 1, "{idle:?}");
+    assert_eq!(idle.votes, idle.releases, "every vote released: {idle:?}");
     {
         let _vote = gov.inference();
         assert!(gov.is_voted());
         graph.execute_io(&mut io).unwrap();
     }
     let stats = gov.stats();
-    assert_eq!((stats.votes, stats.refused), (2, 0), "{stats:?}");
+    assert_eq!(
+        (stats.votes, stats.refused),
+        (idle.votes + 1, 0),
+        "{stats:?}"
+    );
 
     // Teardown: the governor outlives graph, context and backend handles; its id is
     // destroyed before the backend it keeps alive.
