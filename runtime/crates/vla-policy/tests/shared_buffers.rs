@@ -6,9 +6,9 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use vla_policy::{Bundle, ObservationFile, Policy, PolicyError};
+use vla_policy::{Bundle, Observation, ObservationFile, Policy, PolicyError};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary, RpcMem};
 use vla_test_support::{qnn_lib_dir, qnn_mem_shim, rpcmem_standin};
 
@@ -66,6 +66,66 @@ fn shim_registrations(shim_dir: &Path) -> std::ffi::c_long {
     unsafe { f() }
 }
 
+/// The bytes of client buffers `policy`'s graphs have handed to QNN.
+fn client_bytes(policy: &mut Policy) -> u64 {
+    policy
+        .graphs_mut()
+        .iter()
+        .map(|g| g.graph.client_buffer_bytes())
+        .sum()
+}
+
+/// The memory shim in front of the emulator, with the rpcmem stand-in, under a fresh
+/// scratch directory.
+struct Shimmed {
+    /// The scratch directory (the caller removes it).
+    tmp: PathBuf,
+    /// The rpcmem stand-in's allocator.
+    rpc: Arc<RpcMem>,
+    /// The shim's library directory.
+    shim: PathBuf,
+    /// A backend through the shim.
+    backend: Backend,
+}
+
+/// [`Shimmed`] in a scratch directory named for `tag`, or `None` where the emulator, the
+/// stand-in or the shim is not there (each says why).
+fn shimmed(tag: &str) -> Option<Shimmed> {
+    let dir = qnn_lib_dir()?;
+    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let standin = rpcmem_standin(&tmp)?;
+    let shim = qnn_mem_shim(&tmp.join("qnn"), &dir)?;
+    let rpc = RpcMem::load(&standin).unwrap();
+    let backend = backend(&shim);
+    Some(Shimmed {
+        tmp,
+        rpc,
+        shim,
+        backend,
+    })
+}
+
+/// For each (component, tensor): a non-finite value injected into `component`'s output
+/// fails the inference naming both, and no action is written into `a`.
+fn non_finite_found_and_named(
+    policy: &mut Policy,
+    obs: &Observation<'_>,
+    a: &mut [f32],
+    cases: &[(&str, &str)],
+) {
+    for &(component, tensor) in cases {
+        policy.inject_non_finite(Some(component));
+        let e = policy.infer(obs, a).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
+                if c == component && t == tensor),
+            "{component}: {e}"
+        );
+        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
+    }
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -105,18 +165,10 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
     assert_eq!(bits(&actions(&mut policy, &bundle)), bits(&client));
     policy.use_shared_buffers(&rpc).unwrap();
     assert!(policy.on_shared_buffers());
-    let counted: u64 = policy
-        .graphs_mut()
-        .iter()
-        .map(|g| g.graph.client_buffer_bytes())
-        .sum();
+    let counted = client_bytes(&mut policy);
     let shared = actions(&mut policy, &bundle);
     assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    let after: u64 = policy
-        .graphs_mut()
-        .iter()
-        .map(|g| g.graph.client_buffer_bytes())
-        .sum();
+    let after = client_bytes(&mut policy);
     assert_eq!(after, counted, "no client buffer was handed to QNN");
     // The parity gate still passes on the bound policy.
     assert!(bundle.parity(&mut policy).unwrap().passed());
@@ -128,25 +180,17 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
 #[test]
 fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dir) = qnn_lib_dir() else { return };
-    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-c-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let Some(standin) = rpcmem_standin(&tmp) else {
+    let Some(Shimmed {
+        tmp,
+        rpc,
+        shim,
+        backend: shimmed,
+    }) = shimmed("c")
+    else {
         return;
     };
-    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
-        return;
-    };
-    let rpc = RpcMem::load(&standin).unwrap();
     let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
-    let shimmed = backend(&shim);
     let mut policy = Policy::load(&bundle, &shimmed).unwrap();
-    let client_bytes = |p: &mut Policy| -> u64 {
-        p.graphs_mut()
-            .iter()
-            .map(|g| g.graph.client_buffer_bytes())
-            .sum()
-    };
     // One inference per mode (the emulator takes seconds each); the recovery below is the
     // second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
@@ -201,19 +245,15 @@ fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_c
     obs.seed = 0;
     let g = policy.geometry();
     let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    for (component, tensor) in [
-        ("wm_prefill_split0", "video_tokens_out"),
-        ("action_step", "pred_noise"),
-    ] {
-        policy.inject_non_finite(Some(component));
-        let e = policy.infer(&obs, &mut a).unwrap_err();
-        assert!(
-            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
-                if c == component && t == tensor),
-            "{component}: {e}"
-        );
-        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
-    }
+    non_finite_found_and_named(
+        &mut policy,
+        &obs,
+        &mut a,
+        &[
+            ("wm_prefill_split0", "video_tokens_out"),
+            ("action_step", "pred_noise"),
+        ],
+    );
     policy.inject_non_finite(None);
     policy.infer(&obs, &mut a).unwrap();
     assert_eq!(bits(&a), bits(&client), "recovered, bit-identical");
@@ -226,28 +266,20 @@ fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_c
 #[test]
 fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dir) = qnn_lib_dir() else { return };
-    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-m-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let Some(standin) = rpcmem_standin(&tmp) else {
+    let Some(Shimmed {
+        tmp,
+        rpc,
+        shim: _,
+        backend: shimmed,
+    }) = shimmed("m")
+    else {
         return;
     };
-    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
-        return;
-    };
-    let rpc = RpcMem::load(&standin).unwrap();
     let bundle = Bundle::open(common::fixture("molmoact2-original")).unwrap();
-    let shimmed = backend(&shim);
     let mut policy = Policy::load(&bundle, &shimmed).unwrap();
     // One inference per mode here (the emulator takes seconds each); the recovery below is
     // the second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
-    let client_bytes = |p: &mut Policy| -> u64 {
-        p.graphs_mut()
-            .iter()
-            .map(|g| g.graph.client_buffer_bytes())
-            .sum()
-    };
     let counted = client_bytes(&mut policy);
     assert!(counted > 0, "client buffers are counted");
     policy.use_shared_buffers(&rpc).unwrap();
@@ -283,16 +315,12 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let mut obs = file.observation();
     obs.seed = 0; // `client` starts with seed 0's actions
     let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    for (component, tensor) in [("llm_split1", "hidden_out"), ("action_context", "v_ctx")] {
-        policy.inject_non_finite(Some(component));
-        let e = policy.infer(&obs, &mut a).unwrap_err();
-        assert!(
-            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
-                if c == component && t == tensor),
-            "{component}: {e}"
-        );
-        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
-    }
+    non_finite_found_and_named(
+        &mut policy,
+        &obs,
+        &mut a,
+        &[("llm_split1", "hidden_out"), ("action_context", "v_ctx")],
+    );
     policy.inject_non_finite(None);
     policy.infer(&obs, &mut a).unwrap();
     assert_eq!(
