@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use vla_policy::{Bundle, Observation, ObservationFile, Policy, PolicyError};
+use vla_policy::{Bundle, ObservationFile, Policy, PolicyError};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary, RpcMem};
 use vla_test_support::{qnn_lib_dir, qnn_mem_shim, rpcmem_standin};
 
@@ -106,17 +106,35 @@ fn shimmed(tag: &str) -> Option<Shimmed> {
     })
 }
 
+/// One inference (seed 0) of `policy` on registered memory: bit for bit `client`'s, and
+/// still `counted` bytes of client buffers (none handed to QNN since).
+fn acts_as_on_client_buffers(policy: &mut Policy, bundle: &Bundle, client: &[f32], counted: u64) {
+    let shared = actions_of(policy, bundle, &[0]);
+    assert_eq!(bits(&shared), bits(client), "shared-buffer actions differ");
+    assert_eq!(
+        client_bytes(policy),
+        counted,
+        "no client buffer was handed to QNN"
+    );
+}
+
 /// For each (component, tensor): a non-finite value injected into `component`'s output
-/// fails the inference naming both, and no action is written into `a`.
-fn non_finite_found_and_named(
+/// fails the inference on the golden observation (seed 0) naming both, and no action is
+/// written; the next inference recovers, bit for bit the start of `client`.
+fn non_finite_found_named_and_recovered(
     policy: &mut Policy,
-    obs: &Observation<'_>,
-    a: &mut [f32],
+    bundle: &Bundle,
     cases: &[(&str, &str)],
+    client: &[f32],
 ) {
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let mut obs = file.observation();
+    obs.seed = 0; // `client` starts with seed 0's actions
+    let g = policy.geometry();
+    let mut a = vec![0f32; g.chunk_len * g.action_dims];
     for &(component, tensor) in cases {
         policy.inject_non_finite(Some(component));
-        let e = policy.infer(obs, a).unwrap_err();
+        let e = policy.infer(&obs, &mut a).unwrap_err();
         assert!(
             matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
                 if c == component && t == tensor),
@@ -124,6 +142,13 @@ fn non_finite_found_and_named(
         );
         assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
     }
+    policy.inject_non_finite(None);
+    policy.infer(&obs, &mut a).unwrap();
+    assert_eq!(
+        bits(&a),
+        bits(&client[..a.len()]),
+        "recovered, bit-identical"
+    );
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -180,17 +205,11 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
 #[test]
 fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(Shimmed {
-        tmp,
-        rpc,
-        shim,
-        backend: shimmed,
-    }) = shimmed("c")
-    else {
+    let Some(arena) = shimmed("c") else {
         return;
     };
     let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
-    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
+    let mut policy = Policy::load(&bundle, &arena.backend).unwrap();
     // One inference per mode (the emulator takes seconds each); the recovery below is the
     // second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
@@ -212,90 +231,71 @@ fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_c
     let tensors = |g: &vla_policy::LoadedGraph| g.graph.inputs().len() + g.graph.outputs().len();
     let graphs = policy.graphs_mut(); // wm_vae_enc, wm_embed, the splits, action_step
     let before_split0 = tensors(graphs[graphs.len() - 1]) + tensors(graphs[0]) + tensors(graphs[1]);
-    refuse_registrations_after(&shim, before_split0 as std::ffi::c_long);
-    let e = policy.use_shared_buffers(&rpc).unwrap_err().to_string();
-    refuse_registrations_after(&shim, -1);
+    refuse_registrations_after(&arena.shim, before_split0 as std::ffi::c_long);
+    let e = policy
+        .use_shared_buffers(&arena.rpc)
+        .unwrap_err()
+        .to_string();
+    refuse_registrations_after(&arena.shim, -1);
     assert!(e.contains("wm_prefill_split0") && e.contains("1000"), "{e}");
     assert!(!policy.on_shared_buffers());
     assert!(policy.graphs_mut().iter().all(|g| !g.graph.is_shared()));
-    assert_eq!(shim_registrations(&shim), 0, "every registration dropped");
+    assert_eq!(
+        shim_registrations(&arena.shim),
+        0,
+        "every registration dropped"
+    );
 
-    policy.use_shared_buffers(&rpc).unwrap();
+    policy.use_shared_buffers(&arena.rpc).unwrap();
     assert!(policy.on_shared_buffers());
     assert_eq!(policy.graphs_mut().len(), 2 + c.prefill_layers.len() + 1);
     assert!(
         policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
         "every context on registered memory"
     );
-    let shared = actions_of(&mut policy, &bundle, &[0]);
-    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    assert_eq!(
-        client_bytes(&mut policy),
-        counted,
-        "no client buffer was handed to QNN"
-    );
+    acts_as_on_client_buffers(&mut policy, &bundle, &client, counted);
     // The text rows moved over with the context region: nothing copied this time.
     assert_eq!(policy.host_copy_bytes(), text, "no host copy on the arena");
 
     // The NaN/Inf scans read the regions the next context reads: a NaN in split 0's
     // tokens and an Inf in action_step's prediction are found and named, no action is
     // written, and the next inference recovers bit-identically.
-    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
-    let mut obs = file.observation();
-    obs.seed = 0;
-    let g = policy.geometry();
-    let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    non_finite_found_and_named(
+    non_finite_found_named_and_recovered(
         &mut policy,
-        &obs,
-        &mut a,
+        &bundle,
         &[
             ("wm_prefill_split0", "video_tokens_out"),
             ("action_step", "pred_noise"),
         ],
+        &client,
     );
-    policy.inject_non_finite(None);
-    policy.infer(&obs, &mut a).unwrap();
-    assert_eq!(bits(&a), bits(&client), "recovered, bit-identical");
     drop(policy);
-    assert_eq!(shim_registrations(&shim), 0, "deregistered at drop");
-    drop(shimmed);
-    let _ = std::fs::remove_dir_all(&tmp);
+    assert_eq!(shim_registrations(&arena.shim), 0, "deregistered at drop");
+    drop(arena.backend);
+    let _ = std::fs::remove_dir_all(&arena.tmp);
 }
 
 #[test]
 fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(Shimmed {
-        tmp,
-        rpc,
-        shim: _,
-        backend: shimmed,
-    }) = shimmed("m")
-    else {
+    let Some(arena) = shimmed("m") else {
         return;
     };
     let bundle = Bundle::open(common::fixture("molmoact2-original")).unwrap();
-    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
+    let mut policy = Policy::load(&bundle, &arena.backend).unwrap();
     // One inference per mode here (the emulator takes seconds each); the recovery below is
     // the second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
     let counted = client_bytes(&mut policy);
     assert!(counted > 0, "client buffers are counted");
-    policy.use_shared_buffers(&rpc).unwrap();
+    policy.use_shared_buffers(&arena.rpc).unwrap();
     assert!(policy.on_shared_buffers());
     assert!(
         policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
         "every context on registered memory"
     );
     let copied = policy.host_copy_bytes();
-    let shared = actions_of(&mut policy, &bundle, &[0]);
-    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    assert_eq!(
-        client_bytes(&mut policy),
-        counted,
-        "no client buffer was handed to QNN"
-    );
+    acts_as_on_client_buffers(&mut policy, &bundle, &client, counted);
     // The first inference of an instruction: its scaffold, bias and mask, and the
     // candidate's rows.
     let g = policy.geometry();
@@ -311,24 +311,13 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     // The guard's scans read regions while the next context runs: a NaN in a split's
     // hidden_out (scanned during the next split) and in v_ctx (during the flow loop) is
     // found and named, no action is written, and the next inference recovers.
-    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
-    let mut obs = file.observation();
-    obs.seed = 0; // `client` starts with seed 0's actions
-    let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    non_finite_found_and_named(
+    non_finite_found_named_and_recovered(
         &mut policy,
-        &obs,
-        &mut a,
+        &bundle,
         &[("llm_split1", "hidden_out"), ("action_context", "v_ctx")],
-    );
-    policy.inject_non_finite(None);
-    policy.infer(&obs, &mut a).unwrap();
-    assert_eq!(
-        bits(&a),
-        bits(&client[..a.len()]),
-        "recovered, bit-identical"
+        &client,
     );
     drop(policy);
-    drop(shimmed);
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(arena.backend);
+    let _ = std::fs::remove_dir_all(&arena.tmp);
 }
