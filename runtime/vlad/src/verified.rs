@@ -614,24 +614,23 @@ mod tests {
     /// instructions, rows `[2, 8, 24]` f32; returns its rows and digests (every file
     /// deferred, as the daemon's pack scan defers them).
     fn signed_pack(dir: &Path) -> (Vec<f32>, DeferredDigests) {
-        std::fs::create_dir_all(dir).unwrap();
         let flag = vla_policy::PACK_INSTRUCTION_FLAG;
         let rows: Vec<f32> = (0..2 * 8 * 24)
             .map(|i| (i % 17) as f32 / 16.0 - 0.5)
             .collect();
-        let array = vla_npz::Array::from_f32("rows", &[2, 8, 24], &rows).unwrap();
-        std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-        let pack = serde_json::json!({
-            "format": 1, "kind": "instruction-pack", "label": "extra",
-            "name": "fastwam-closed-loop-tiny", "version": "0.1.0", "policy": "fastwam",
-            "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
-            "rows": "rows.npy", "text_tokens": 8, "context_width": 24,
-            "instructions": [
-                {"id": flag | 1, "text": "open the drawer", "normalized": "open the drawer"},
-                {"id": flag | 2, "text": "close the drawer", "normalized": "close the drawer"},
+        vla_test_support::InstructionPack {
+            label: "extra",
+            name: "fastwam-closed-loop-tiny",
+            version: "0.1.0",
+            min_runtime_version: "0.1.0",
+            shape: [8, 24],
+            instructions: &[
+                (flag | 1, "open the drawer"),
+                (flag | 2, "close the drawer"),
             ],
-        });
-        std::fs::write(dir.join("pack.json"), serde_json::to_vec(&pack).unwrap()).unwrap();
+            rows: &rows,
+        }
+        .write(dir);
         let public = signed(dir, &dir.with_extension("key"));
         let target = device_target();
         let defer = BTreeSet::from(["pack.json".to_owned(), "rows.npy".to_owned()]);

@@ -17,9 +17,9 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use vla_npz::{Array, Npz};
+use vla_npz::Npz;
 use vla_ring::{text_instruction_id, ActionStatus, Geometry, PACK_ID_FLAG};
-use vla_test_support::{copy_dir, repo_root};
+use vla_test_support::{copy_dir, repo_root, InstructionPack};
 
 const BUNDLE: &str = "golden/bundles/fastwam-upstream";
 
@@ -39,24 +39,18 @@ fn signed_pack(dir: &Path, bundle: &Path, label: &str, key: &Path, items: &[(u32
         .iter()
         .flat_map(|i| fixed[i.2 * m * e..(i.2 + 1) * m * e].iter().copied())
         .collect();
-    std::fs::create_dir_all(dir).unwrap();
-    let array = Array::from_f32("rows", &[items.len(), m, e], &rows).unwrap();
-    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-    let instructions: Vec<serde_json::Value> = items
-        .iter()
-        .map(|(id, text, _)| serde_json::json!({"id": id, "text": text, "normalized": text}))
-        .collect();
-    let pack = serde_json::json!({
-        "format": 1, "kind": "instruction-pack", "label": label,
-        "name": manifest["name"], "version": manifest["version"], "policy": "fastwam",
-        "soc_model": 77, "htp_arch": 73, "min_runtime_version": manifest["min_runtime_version"],
-        "rows": "rows.npy", "text_tokens": m, "context_width": e, "instructions": instructions,
-    });
-    std::fs::write(
-        dir.join("pack.json"),
-        serde_json::to_vec_pretty(&pack).unwrap(),
-    )
-    .unwrap();
+    let instructions: Vec<(u32, &str)> = items.iter().map(|i| (i.0, i.1)).collect();
+    let field = |k: &str| manifest[k].as_str().unwrap();
+    InstructionPack {
+        label,
+        name: field("name"),
+        version: field("version"),
+        min_runtime_version: field("min_runtime_version"),
+        shape: [m, e],
+        instructions: &instructions,
+        rows: &rows,
+    }
+    .write(dir);
     let d = dir.to_str().unwrap();
     vlad_ok(&["bundle", "pack", d]);
     vlad_ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);

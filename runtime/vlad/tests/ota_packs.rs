@@ -7,28 +7,22 @@ mod common;
 
 use common::{hash_in, text, vlad, vlad_ok, write_config, OtaScratch};
 use std::path::{Path, PathBuf};
-use vla_npz::Array;
-use vla_test_support::{copy_dir, repo_root};
+use vla_test_support::{copy_dir, repo_root, InstructionPack};
 
 /// An unsigned pack of one instruction for bundle `name` `version` (24 x 32 rows, the
 /// tiny upstream Fast-WAM's).
 fn write_pack(dir: &Path, name: &str, version: &str) {
-    std::fs::create_dir_all(dir).unwrap();
     let rows: Vec<f32> = (0..24 * 32).map(|i| (i as f32 * 0.01).sin()).collect();
-    let array = Array::from_f32("rows", &[1, 24, 32], &rows).unwrap();
-    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-    let pack = serde_json::json!({
-        "format": 1, "kind": "instruction-pack", "label": "extra",
-        "name": name, "version": version, "policy": "fastwam",
-        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
-        "rows": "rows.npy", "text_tokens": 24, "context_width": 32,
-        "instructions": [{"id": 1 << 30, "text": "wipe the table", "normalized": "wipe the table"}],
-    });
-    std::fs::write(
-        dir.join("pack.json"),
-        serde_json::to_vec_pretty(&pack).unwrap(),
-    )
-    .unwrap();
+    InstructionPack {
+        label: "extra",
+        name,
+        version,
+        min_runtime_version: "0.1.0",
+        shape: [24, 32],
+        instructions: &[(1 << 30, "wipe the table")],
+        rows: &rows,
+    }
+    .write(dir);
 }
 
 #[test]
