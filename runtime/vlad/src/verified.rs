@@ -222,7 +222,49 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
     use std::os::unix::fs::FileExt;
+    use std::path::PathBuf;
     use vla_qnn::Context;
+
+    /// The fixture bundle `name` copied into `bundle` under a fresh directory named for
+    /// `tag` and this process; returns that directory and the copy.
+    fn fixture_copy(name: &str, tag: &str) -> (PathBuf, PathBuf) {
+        let tmp = std::env::temp_dir().join(format!("vlad-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let b = tmp.join("bundle");
+        vla_test_support::copy_dir(
+            &vla_test_support::repo_root()
+                .join("golden/bundles")
+                .join(name),
+            &b,
+        );
+        (tmp, b)
+    }
+
+    /// `dir` packed and signed with a new key written to `key`; returns its public key.
+    fn signed(dir: &Path, key: &Path) -> vla_ota::PublicKey {
+        vla_ota::pack_until(dir, u64::MAX / 2).unwrap();
+        let public = vla_ota::keygen(key).unwrap();
+        vla_ota::sign(dir, key).unwrap();
+        public
+    }
+
+    /// The device the fixtures are built for (QCS9075, v73) at this runtime's version.
+    fn device_target() -> vla_ota::DeviceTarget {
+        vla_ota::DeviceTarget {
+            soc_model: 77,
+            htp_arch: 73,
+            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// The QNN backend from `lib_dir`, loaded as the daemon loads it.
+    fn qnn_backend(lib_dir: PathBuf) -> (Arc<QnnLibrary>, vla_qnn::Backend) {
+        let common = crate::cli::Common {
+            lib_dir: Some(lib_dir),
+            log_level: None,
+        };
+        crate::qnn_setup::load_backend(&common).expect("QNN backend")
+    }
 
     /// A writer of the store's files (the vla user owns them) changes a context binary in
     /// place after its bytes were taken and hashed, before QNN creates the context.
@@ -231,30 +273,13 @@ mod tests {
         let Some(lib_dir) = vla_test_support::qnn_lib_dir() else {
             return;
         };
-        let tmp = std::env::temp_dir().join(format!("vlad-hashed-bin-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let b = tmp.join("bundle");
-        vla_test_support::copy_dir(
-            &vla_test_support::repo_root().join("golden/bundles/fastwam"),
-            &b,
-        );
-        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
-        let key = tmp.join("signing.key");
-        let public = vla_ota::keygen(&key).unwrap();
-        vla_ota::sign(&b, &key).unwrap();
-        let target = vla_ota::DeviceTarget {
-            soc_model: 77,
-            htp_arch: 73,
-            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+        let (tmp, b) = fixture_copy("fastwam", "hashed-bin");
+        let public = signed(&b, &tmp.join("signing.key"));
+        let target = device_target();
         let rel = "ctx/action_step_socid77_archv73.bin";
         let defer = BTreeSet::from([rel.to_owned()]);
         let (_, digests) = vla_ota::verify_deferring(&b, &[public], 1, &target, &defer).unwrap();
-        let common = crate::cli::Common {
-            lib_dir: Some(lib_dir),
-            log_level: None,
-        };
-        let (lib, backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
+        let (lib, backend) = qnn_backend(lib_dir);
         let signed = std::fs::read(b.join(rel)).unwrap();
         let binaries = HashedBinaries {
             digests,
@@ -334,34 +359,15 @@ mod tests {
         vla_qnn::Backend,
     )> {
         let lib_dir = vla_test_support::qnn_lib_dir()?;
-        let tmp = std::env::temp_dir().join(format!("vlad-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let b = tmp.join("bundle");
-        vla_test_support::copy_dir(
-            &vla_test_support::repo_root()
-                .join("golden/bundles")
-                .join(name),
-            &b,
-        );
-        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
-        let key = tmp.join("signing.key");
-        let public = vla_ota::keygen(&key).unwrap();
-        vla_ota::sign(&b, &key).unwrap();
-        let target = vla_ota::DeviceTarget {
-            soc_model: 77,
-            htp_arch: 73,
-            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+        let (tmp, b) = fixture_copy(name, tag);
+        let public = signed(&b, &tmp.join("signing.key"));
+        let target = device_target();
         let bundle = Bundle::open(&b).unwrap();
         // What a load under OTA defers: every file it reads.
         let mut deferred = bundle.binary_paths();
         deferred.extend(bundle.data_paths());
         let (_, digests) = vla_ota::verify_deferring(&b, &[public], 1, &target, &deferred).unwrap();
-        let common = crate::cli::Common {
-            lib_dir: Some(lib_dir),
-            log_level: None,
-        };
-        let (lib, backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
+        let (lib, backend) = qnn_backend(lib_dir);
         Some((tmp, bundle, digests, lib, backend))
     }
 
@@ -608,33 +614,25 @@ mod tests {
     /// instructions, rows `[2, 8, 24]` f32; returns its rows and digests (every file
     /// deferred, as the daemon's pack scan defers them).
     fn signed_pack(dir: &Path) -> (Vec<f32>, DeferredDigests) {
-        std::fs::create_dir_all(dir).unwrap();
         let flag = vla_policy::PACK_INSTRUCTION_FLAG;
         let rows: Vec<f32> = (0..2 * 8 * 24)
             .map(|i| (i % 17) as f32 / 16.0 - 0.5)
             .collect();
-        let array = vla_npz::Array::from_f32("rows", &[2, 8, 24], &rows).unwrap();
-        std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-        let pack = serde_json::json!({
-            "format": 1, "kind": "instruction-pack", "label": "extra",
-            "name": "fastwam-closed-loop-tiny", "version": "0.1.0", "policy": "fastwam",
-            "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
-            "rows": "rows.npy", "text_tokens": 8, "context_width": 24,
-            "instructions": [
-                {"id": flag | 1, "text": "open the drawer", "normalized": "open the drawer"},
-                {"id": flag | 2, "text": "close the drawer", "normalized": "close the drawer"},
+        vla_test_support::InstructionPack {
+            label: "extra",
+            name: "fastwam-closed-loop-tiny",
+            version: "0.1.0",
+            min_runtime_version: "0.1.0",
+            shape: [8, 24],
+            instructions: &[
+                (flag | 1, "open the drawer"),
+                (flag | 2, "close the drawer"),
             ],
-        });
-        std::fs::write(dir.join("pack.json"), serde_json::to_vec(&pack).unwrap()).unwrap();
-        vla_ota::pack_until(dir, u64::MAX / 2).unwrap();
-        let key = dir.with_extension("key");
-        let public = vla_ota::keygen(&key).unwrap();
-        vla_ota::sign(dir, &key).unwrap();
-        let target = vla_ota::DeviceTarget {
-            soc_model: 77,
-            htp_arch: 73,
-            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+            rows: &rows,
+        }
+        .write(dir);
+        let public = signed(dir, &dir.with_extension("key"));
+        let target = device_target();
         let defer = BTreeSet::from(["pack.json".to_owned(), "rows.npy".to_owned()]);
         let (_, digests) = vla_ota::verify_deferring(dir, &[public], 1, &target, &defer).unwrap();
         (rows, digests)
@@ -739,29 +737,14 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(256);
-        let tmp = std::env::temp_dir().join(format!("vlad-verify-cost-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let b = tmp.join("bundle");
-        vla_test_support::copy_dir(
-            &vla_test_support::repo_root()
-                .join("golden/bundles")
-                .join(&name),
-            &b,
-        );
+        let (tmp, b) = fixture_copy(&name, "verify-cost");
         let pad: Vec<u8> = (0..pad_mib << 20)
             .map(|i| ((i * 2654435761usize) >> 13) as u8)
             .collect();
         std::fs::write(b.join("pad.bin"), &pad).unwrap();
         drop(pad);
-        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
-        let key = tmp.join("signing.key");
-        let public = vla_ota::keygen(&key).unwrap();
-        vla_ota::sign(&b, &key).unwrap();
-        let target = vla_ota::DeviceTarget {
-            soc_model: 77,
-            htp_arch: 73,
-            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+        let public = signed(&b, &tmp.join("signing.key"));
+        let target = device_target();
         let bundle = Bundle::open(&b).unwrap();
         let mut rels: Vec<String> = bundle.binary_paths().into_iter().collect();
         let binary_bytes: u64 = rels
@@ -770,11 +753,7 @@ mod tests {
             .sum();
         rels.push("pad.bin".into());
         let defer: BTreeSet<String> = rels.iter().cloned().collect();
-        let common = crate::cli::Common {
-            lib_dir: Some(lib_dir),
-            log_level: None,
-        };
-        let (lib, _backend) = crate::qnn_setup::load_backend(&common).expect("QNN backend");
+        let (lib, _backend) = qnn_backend(lib_dir);
         let touch = |bytes: &[u8]| bytes.iter().step_by(4096).fold(0u8, |a, &x| a ^ x);
         let before = || {
             let t = Instant::now();
@@ -855,28 +834,15 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(256);
-        let tmp = std::env::temp_dir().join(format!("vlad-table-cost-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let b = tmp.join("bundle");
-        vla_test_support::copy_dir(
-            &vla_test_support::repo_root().join("golden/bundles/fastwam"),
-            &b,
-        );
+        let (tmp, b) = fixture_copy("fastwam", "table-cost");
         let rows = (mib << 20) / (2560 * 2);
         let values: Vec<u16> = (0..rows * 2560).map(|i| (i * 40503) as u16).collect();
         let array = vla_npz::Array::from_slice("wte", &[rows, 2560], &values).unwrap();
         drop(values);
         std::fs::write(b.join("table.npy"), vla_npz::write_npy(&array)).unwrap();
         drop(array);
-        vla_ota::pack_until(&b, u64::MAX / 2).unwrap();
-        let key = tmp.join("signing.key");
-        let public = vla_ota::keygen(&key).unwrap();
-        vla_ota::sign(&b, &key).unwrap();
-        let target = vla_ota::DeviceTarget {
-            soc_model: 77,
-            htp_arch: 73,
-            runtime_version: env!("CARGO_PKG_VERSION").to_owned(),
-        };
+        let public = signed(&b, &tmp.join("signing.key"));
+        let target = device_target();
         let defer = BTreeSet::from(["table.npy".to_owned()]);
         let touch = |bytes: &[u8]| bytes.iter().step_by(4096).fold(0u8, |a, &x| a ^ x);
         let before = || {

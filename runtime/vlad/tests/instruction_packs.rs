@@ -9,38 +9,19 @@
 
 mod common;
 
-use common::text::{build_c_peer, ok, write_text, Actions};
-use common::{qnn_dir, running, Drained, HANG_GUARD};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use vla_npz::{Array, Npz};
-use vla_ring::{
-    monotonic_ns, text_instruction_id, Action, ActionStatus, Geometry, Observation, RingReader,
-    RingWriter, PACK_ID_FLAG,
+use common::text::{
+    build_c_peer, ok, text_daemon_config, write_text, Actions, Firmware, RingPaths,
 };
-use vla_test_support::{copy_dir, repo_root};
+use common::{hash_in, qnn_dir, running, vlad_ok, write_config, Drained, OtaScratch, HANG_GUARD};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use vla_npz::Npz;
+use vla_ring::{text_instruction_id, ActionStatus, Geometry, PACK_ID_FLAG};
+use vla_test_support::{copy_dir, repo_root, InstructionPack};
 
 const BUNDLE: &str = "golden/bundles/fastwam-upstream";
-
-fn vlad_ok(args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(args)
-        .output()
-        .unwrap();
-    let (out, err) = common::text(&o);
-    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
-    out + &err
-}
-
-fn hash_in(out: &str) -> String {
-    out.split(|c: char| !c.is_ascii_hexdigit())
-        .find(|w| w.len() == 64)
-        .unwrap_or_else(|| panic!("no hash in: {out}"))
-        .to_owned()
-}
 
 /// Writes, packs and signs a pack of `items` (id, text, fixed instruction whose rows it
 /// reuses) for the bundle in `bundle`.
@@ -58,24 +39,18 @@ fn signed_pack(dir: &Path, bundle: &Path, label: &str, key: &Path, items: &[(u32
         .iter()
         .flat_map(|i| fixed[i.2 * m * e..(i.2 + 1) * m * e].iter().copied())
         .collect();
-    std::fs::create_dir_all(dir).unwrap();
-    let array = Array::from_f32("rows", &[items.len(), m, e], &rows).unwrap();
-    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-    let instructions: Vec<serde_json::Value> = items
-        .iter()
-        .map(|(id, text, _)| serde_json::json!({"id": id, "text": text, "normalized": text}))
-        .collect();
-    let pack = serde_json::json!({
-        "format": 1, "kind": "instruction-pack", "label": label,
-        "name": manifest["name"], "version": manifest["version"], "policy": "fastwam",
-        "soc_model": 77, "htp_arch": 73, "min_runtime_version": manifest["min_runtime_version"],
-        "rows": "rows.npy", "text_tokens": m, "context_width": e, "instructions": instructions,
-    });
-    std::fs::write(
-        dir.join("pack.json"),
-        serde_json::to_vec_pretty(&pack).unwrap(),
-    )
-    .unwrap();
+    let instructions: Vec<(u32, &str)> = items.iter().map(|i| (i.0, i.1)).collect();
+    let field = |k: &str| manifest[k].as_str().unwrap();
+    InstructionPack {
+        label,
+        name: field("name"),
+        version: field("version"),
+        min_runtime_version: field("min_runtime_version"),
+        shape: [m, e],
+        instructions: &instructions,
+        rows: &rows,
+    }
+    .write(dir);
     let d = dir.to_str().unwrap();
     vlad_ok(&["bundle", "pack", d]);
     vlad_ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);
@@ -84,10 +59,8 @@ fn signed_pack(dir: &Path, bundle: &Path, label: &str, key: &Path, items: &[(u32
 #[test]
 fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     let Some(lib) = qnn_dir() else { return };
-    let dir = std::env::temp_dir().join(format!("vlad-packs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let Some(peer) = build_c_peer(&dir) else {
+    let store = OtaScratch::new("vlad-packs");
+    let Some(peer) = build_c_peer(&store.tmp) else {
         return;
     };
     let v: serde_json::Value = serde_json::from_slice(
@@ -107,34 +80,14 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     };
 
     // The store: the bundle installed and current, a pack of two instructions beside it.
-    let root = dir.join("ota");
-    let key = dir.join("fleet.key");
-    let public = hash_in(&vlad_ok(&["bundle", "keygen", key.to_str().unwrap()]));
-    let shm =
-        |what: &str| PathBuf::from(format!("/dev/shm/vlad-packs-{}-{what}", std::process::id()));
-    let (obs_path, act_path, txt_path) = (shm("obs"), shm("act"), shm("txt"));
-    let mut cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    cfg["qnn"]["lib_dir"] = lib.into();
-    cfg["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    cfg["ota"]["root"] = root.to_str().unwrap().into();
-    cfg["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let rings = RingPaths::new("vlad-packs");
+    let txt_path = &rings.txt;
+    let mut cfg = store.config();
     cfg["ota"]["trial_inferences"] = 1.into();
-    cfg["rings"]["observation_path"] = obs_path.to_str().unwrap().into();
-    cfg["rings"]["action_path"] = act_path.to_str().unwrap().into();
-    cfg["rings"]["instruction_path"] = txt_path.to_str().unwrap().into();
-    cfg["rings"]["action_slots"] = 1024.into();
-    cfg["control"] = serde_json::json!({
-        "publish_hz": 20.0, "max_observation_age_ms": 60000, "max_chunk_age_ms": 60000,
-        "hold_after_chunk_end_ms": 0, "action_valid_ms": 60000,
-        "writer_heartbeat_timeout_ms": 60000, "merge": "skip",
-        "trigger": "synchronous", "execute_steps": 3
-    });
-    cfg["log"]["level"] = "info".into();
-    let config = dir.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+    text_daemon_config(&mut cfg, lib, &rings);
+    let config = write_config(&store.tmp, &cfg);
     let config = config.to_str().unwrap();
+    let OtaScratch { tmp: dir, key, .. } = store;
     let bundle = dir.join("bundle");
     copy_dir(&repo_root().join(BUNDLE), &bundle);
     let b = bundle.to_str().unwrap();
@@ -158,64 +111,17 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     // The firmware: observations at 20 Hz naming `instruction`.
     // The firmware names a pack instruction by its text (normalized as upstream's cleaning)
     // from the start; by id below, after the reload.
-    write_text(&peer, &txt_path, &g, 1, b"  open the drawer\ton top ");
-    let instruction = Arc::new(AtomicU32::new(text_instruction_id(1).unwrap()));
-    let newest_seq = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let (instruction, newest_seq, stop, obs_path) = (
-            instruction.clone(),
-            newest_seq.clone(),
-            stop.clone(),
-            obs_path.clone(),
-        );
-        std::thread::spawn(move || {
-            let mut w = RingWriter::<Observation>::create(&obs_path, g, 8).unwrap();
-            let mut obs = Observation::for_geometry(&g).unwrap();
-            for (i, b) in obs.frames.iter_mut().enumerate() {
-                *b = (i * 7 % 251) as u8;
-            }
-            for (i, s) in obs.state.iter_mut().enumerate() {
-                *s = 0.01 * i as f32;
-            }
-            while !stop.load(Ordering::Acquire) {
-                obs.instruction_id = instruction.load(Ordering::Acquire);
-                obs.capture_time_ns = monotonic_ns();
-                obs.seed = 7;
-                let seq = w.publish(&obs).unwrap();
-                newest_seq.store(seq, Ordering::Release);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
+    write_text(&peer, txt_path, &g, 1, b"  open the drawer\ton top ");
+    let firmware = Firmware::start(&rings.obs, g, text_instruction_id(1).unwrap(), 0.01);
     // The seq of the first observation naming `id`.
-    let switch = |id: u32| {
-        instruction.store(id, Ordering::Release);
-        let before = newest_seq.load(Ordering::Acquire);
-        while newest_seq.load(Ordering::Acquire) <= before {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        before + 1
-    };
+    let switch = |id: u32| firmware.switch(id).0;
 
     let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
     c.args(["run", "--config", config]);
     let daemon = Drained::spawn(&mut c);
     let pid = daemon.id();
+    let mut actions = Actions::open(&rings.act, g, pid);
     let end = Instant::now() + HANG_GUARD;
-    let ring = loop {
-        if let Ok(r) = RingReader::<Action>::open(&act_path, g) {
-            break r;
-        }
-        assert!(running(pid) && Instant::now() < end, "no action ring");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut actions = Actions {
-        ring,
-        buf: Action::for_geometry(&g),
-        last: 0,
-        all: Vec::new(),
-    };
     actions.until(
         "ok steps of a pack instruction named by its text",
         pid,
@@ -232,11 +138,11 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     let holds = |actions: &mut Actions, what: &str, id: u32| {
         let at = switch(id);
         let from = actions.all.len();
-        let observations = newest_seq.load(Ordering::Acquire);
+        let observations = firmware.newest_seq.load(Ordering::Acquire);
         actions.until(what, pid, from, |a| {
             a.iter().filter(|x| x.status == ActionStatus::Hold).count() > 20
         });
-        while newest_seq.load(Ordering::Acquire) < observations + 20 {
+        while firmware.newest_seq.load(Ordering::Acquire) < observations + 20 {
             std::thread::sleep(Duration::from_millis(10));
         }
         actions.poll();
@@ -249,7 +155,7 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     };
 
     // A text in no pack, and an id no pack holds: the daemon holds.
-    write_text(&peer, &txt_path, &g, 2, b"fly to the moon");
+    write_text(&peer, txt_path, &g, 2, b"fly to the moon");
     holds(
         &mut actions,
         "a text in no pack",
@@ -284,7 +190,7 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     }
     // A text the robot sends before its pack is installed: refused (the robot still names
     // the pack id meanwhile); looked up again once the pack is attached.
-    write_text(&peer, &txt_path, &g, 3, b"close the drawer");
+    write_text(&peer, txt_path, &g, 3, b"close the drawer");
     while !daemon.stderr_so_far().contains("instruction text 3:") {
         assert!(running(pid) && Instant::now() < end, "text 3 never refused");
         std::thread::sleep(Duration::from_millis(20));
@@ -320,14 +226,8 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
         text_instruction_id(3).unwrap(),
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let (_, out, err) = daemon.finish();
-    stop.store(true, Ordering::Release);
-    feeder.join().unwrap();
+    let (_, out, err) = daemon.terminate();
+    firmware.stop();
     let attached: Vec<&str> = err
         .lines()
         .filter(|l| l.contains("instruction pack "))
@@ -368,8 +268,6 @@ fn pack_instructions_by_text_and_id_drive_and_unknown_ones_hold() {
     assert_eq!(refused.len(), 1, "{err}");
     assert!(refused[0].contains("instruction pack"), "{}", refused[0]);
     assert!(out.contains("control loop report"), "{out}");
-    for p in [&obs_path, &act_path, &txt_path] {
-        let _ = std::fs::remove_file(p);
-    }
+    rings.remove();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,17 +9,15 @@
 
 mod common;
 
-use common::text::{build_c_peer, ok, write_text, Actions};
-use common::{qnn_dir, running, Drained, HANG_GUARD};
+use common::text::{
+    build_c_peer, ok, text_daemon_config, write_text, Actions, Firmware, RingPaths,
+};
+use common::{qnn_dir, write_config, Drained};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use vla_ring::{
-    monotonic_ns, text_instruction_id, Action, ActionStatus, Geometry, Observation, RingReader,
-    RingWriter,
-};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use vla_ring::{text_instruction_id, Action, ActionStatus, Geometry};
 use vla_test_support::repo_root;
 
 const BUNDLE: &str = "golden/bundles/molmoact2-upstream-original";
@@ -77,95 +75,25 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         return;
     };
     let g = geometry();
-    let shm =
-        |what: &str| PathBuf::from(format!("/dev/shm/vlad-text-{}-{what}", std::process::id()));
-    let (obs_path, act_path, txt_path) = (shm("obs"), shm("act"), shm("txt"));
+    let rings = RingPaths::new("vlad-text");
+    let txt_path = &rings.txt;
     let mut v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
             .unwrap();
-    v["qnn"]["lib_dir"] = lib.into();
     v["bundle"]["path"] = repo_root().join(BUNDLE).to_str().unwrap().into();
-    v["rings"]["observation_path"] = obs_path.to_str().unwrap().into();
-    v["rings"]["action_path"] = act_path.to_str().unwrap().into();
-    v["rings"]["instruction_path"] = txt_path.to_str().unwrap().into();
-    v["rings"]["action_slots"] = 1024.into();
-    // Each chunk plays its first rows whatever the emulator's latency, then the daemon
-    // holds for an observation captured after them (the lockstep eval's trigger).
-    v["control"] = serde_json::json!({
-        "publish_hz": 20.0, "max_observation_age_ms": 60000, "max_chunk_age_ms": 60000,
-        "hold_after_chunk_end_ms": 0, "action_valid_ms": 60000,
-        "writer_heartbeat_timeout_ms": 60000, "merge": "skip",
-        "trigger": "synchronous", "execute_steps": 3
-    });
-    v["log"]["level"] = "info".into();
-    let config = dir.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    text_daemon_config(&mut v, lib, &rings);
+    let config = write_config(&dir, &v);
 
     // The firmware: observations at 20 Hz naming `instruction`; its first text before
     // vlad starts (the segment is the C writer's).
-    write_text(&peer, &txt_path, &g, 90, b"warm up the text path");
-    let instruction = Arc::new(AtomicU32::new(0));
-    let newest_seq = Arc::new(AtomicU64::new(0));
-    // When the newest observation was in the ring (stored before its seq).
-    let newest_ns = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let feeder = {
-        let (instruction, newest_seq, newest_ns, stop, obs_path) = (
-            instruction.clone(),
-            newest_seq.clone(),
-            newest_ns.clone(),
-            stop.clone(),
-            obs_path.clone(),
-        );
-        std::thread::spawn(move || {
-            let mut w = RingWriter::<Observation>::create(&obs_path, g, 8).unwrap();
-            let mut obs = Observation::for_geometry(&g).unwrap();
-            for (i, b) in obs.frames.iter_mut().enumerate() {
-                *b = (i * 7 % 251) as u8;
-            }
-            for (i, s) in obs.state.iter_mut().enumerate() {
-                *s = 0.1 * i as f32;
-            }
-            while !stop.load(Ordering::Acquire) {
-                obs.instruction_id = instruction.load(Ordering::Acquire);
-                obs.capture_time_ns = monotonic_ns();
-                obs.seed = 7;
-                let seq = w.publish(&obs).unwrap();
-                newest_ns.store(monotonic_ns(), Ordering::Release);
-                newest_seq.store(seq, Ordering::Release);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    // Switches the firmware to `id`; the first observation naming it and when it was in
-    // the ring (or a later one's time, if one followed already: a looser bound only).
-    let switch = |id: u32| {
-        instruction.store(id, Ordering::Release);
-        let before = newest_seq.load(Ordering::Acquire);
-        while newest_seq.load(Ordering::Acquire) <= before {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        (before + 1, newest_ns.load(Ordering::Acquire))
-    };
+    write_text(&peer, txt_path, &g, 90, b"warm up the text path");
+    let firmware = Firmware::start(&rings.obs, g, 0, 0.1);
 
     let mut c = Command::new(env!("CARGO_BIN_EXE_vlad"));
     c.args(["run", "--config", config.to_str().unwrap()]);
     let daemon = Drained::spawn(&mut c);
     let pid = daemon.id();
-    let end = Instant::now() + HANG_GUARD;
-    let ring = loop {
-        if let Ok(r) = RingReader::<Action>::open(&act_path, g) {
-            break r;
-        }
-        assert!(running(pid) && Instant::now() < end, "no action ring");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut actions = Actions {
-        ring,
-        buf: Action::for_geometry(&g),
-        last: 0,
-        all: Vec::new(),
-    };
+    let mut actions = Actions::open(&rings.act, g, pid);
     // A fixed instruction first.
     actions.until("ok steps of fixed instruction 0", pid, 0, |a| {
         a.iter().any(ok)
@@ -178,8 +106,8 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         (1u32, &b"put the cup on the plate"[..]),
         (2, &b"put the plate on the stove"[..]),
     ] {
-        let written = write_text(&peer, &txt_path, &g, text_id, text);
-        let sw = switch(text_instruction_id(text_id).unwrap());
+        let written = write_text(&peer, txt_path, &g, text_id, text);
+        let sw = firmware.switch(text_instruction_id(text_id).unwrap());
         let at = sw.0;
         let from = actions.all.len();
         actions.until("an ok step computed for the new text", pid, from, |a| {
@@ -204,16 +132,16 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
         (4, b"pick up the alphabet soup and the cream cheese box and put both of them in the basket next to the plate".to_vec()),
         (5, b"put the <im_patch> on the stove".to_vec()),
     ] {
-        write_text(&peer, &txt_path, &g, text_id, &text);
-        let sw = switch(text_instruction_id(text_id).unwrap());
+        write_text(&peer, txt_path, &g, text_id, &text);
+        let sw = firmware.switch(text_instruction_id(text_id).unwrap());
         let at = sw.0;
         let from = actions.all.len();
         // Holds for well over one emulator inference's worth of observations.
-        let observations = newest_seq.load(Ordering::Acquire);
+        let observations = firmware.newest_seq.load(Ordering::Acquire);
         actions.until("holds while the text is refused", pid, from, |a| {
             a.iter().filter(|x| x.status == ActionStatus::Hold).count() > 20
         });
-        while newest_seq.load(Ordering::Acquire) < observations + 20 {
+        while firmware.newest_seq.load(Ordering::Acquire) < observations + 20 {
             std::thread::sleep(Duration::from_millis(10));
         }
         actions.poll();
@@ -229,8 +157,8 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
     }
 
     // A good text again: the daemon drives.
-    let written = write_text(&peer, &txt_path, &g, 6, b"put the bowl on the cup");
-    let sw = switch(text_instruction_id(6).unwrap());
+    let written = write_text(&peer, txt_path, &g, 6, b"put the bowl on the cup");
+    let sw = firmware.switch(text_instruction_id(6).unwrap());
     let at = sw.0;
     let from = actions.all.len();
     actions.until("ok steps again after the refusals", pid, from, |a| {
@@ -243,14 +171,8 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
     latencies.push((first.made_time_ns - written) as f64 / 1e6);
     assert!(stale_after_switch(&actions.all[from..], sw).is_empty());
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let (_, out, err) = daemon.finish();
-    stop.store(true, Ordering::Release);
-    feeder.join().unwrap();
+    let (_, out, err) = daemon.terminate();
+    firmware.stop();
     for (id, reason) in [
         (3, "invalid UTF-8"),
         (4, "too many tokens"),
@@ -278,8 +200,6 @@ fn instructions_switch_over_the_c_channel_with_no_stale_step_and_bad_texts_hold(
     for line in err.lines().filter(|l| l.contains(" rendered in ")) {
         println!("{}", line.split("] ").nth(1).unwrap_or(line));
     }
-    for p in [&obs_path, &act_path, &txt_path] {
-        let _ = std::fs::remove_file(p);
-    }
+    rings.remove();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,39 +5,15 @@
 
 mod common;
 
-use common::{qnn, wait_while_running, Drained, HANG_GUARD};
+use common::{
+    hash_in, qnn, vlad, vlad_ok, wait_while_running, write_config, Drained, OtaScratch, HANG_GUARD,
+};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use vla_npz::{write_npz, Array, Npz};
 use vla_test_support::copy_dir;
 use vla_test_support::repo_root;
-
-fn vlad(args: &[&str]) -> Output {
-    let o = Command::new(env!("CARGO_BIN_EXE_vlad"))
-        .args(args)
-        .output()
-        .unwrap();
-    o
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = vlad(args);
-    let (out, err) = (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    );
-    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
-    out + &err
-}
-
-/// The 64-hex content hash `vlad ota install` printed.
-fn installed_hash(out: &str) -> String {
-    out.split(|c: char| !c.is_ascii_hexdigit())
-        .find(|w| w.len() == 64)
-        .unwrap_or_else(|| panic!("no hash in: {out}"))
-        .to_owned()
-}
 
 fn current_target(root: &Path) -> PathBuf {
     std::fs::read_link(root.join("current")).unwrap()
@@ -48,25 +24,10 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     if !qnn() {
         return;
     }
-    let tmp = std::env::temp_dir().join(format!("vlad-ota-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let root = tmp.join("ota");
-    let key = tmp.join("fleet.key");
-    let keygen = ok(&["bundle", "keygen", key.to_str().unwrap()]);
-    let public = keygen
-        .split(|c: char| !c.is_ascii_hexdigit())
-        .find(|w| w.len() == 64)
-        .unwrap()
-        .to_owned();
-
     // Config: OTA mode (bundle.path = <root>/current), the fleet key trusted.
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    v["ota"]["root"] = root.to_str().unwrap().into();
-    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let store = OtaScratch::new("vlad-ota");
+    let mut v = store.config();
+    let OtaScratch { tmp, root, key, .. } = store;
     v["ota"]["trial_inferences"] = 1.into();
     v["rings"]["observation_path"] = format!("/dev/shm/vlad-ota-{}-obs", std::process::id()).into();
     v["rings"]["action_path"] = format!("/dev/shm/vlad-ota-{}-act", std::process::id()).into();
@@ -74,8 +35,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
     v["log"]["level"] = "info".into();
     let textfile = tmp.join("vlad.prom");
     v["metrics"] = serde_json::json!({"textfile": textfile.to_str().unwrap(), "interval_ms": 100});
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let config = write_config(&tmp, &v);
     let cfg = config.to_str().unwrap();
     // What a fleet's scrape sees: the running bundle's version and hash, and its OTA state.
     let metrics_name = |version: &str, hash: &str, state: &str| {
@@ -92,15 +52,15 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         let dir = tmp.join(name);
         copy_dir(&repo_root().join("golden/bundles/fastwam"), &dir);
         edit(&dir);
-        ok(&["bundle", "pack", dir.to_str().unwrap()]);
-        ok(&[
+        vlad_ok(&["bundle", "pack", dir.to_str().unwrap()]);
+        vlad_ok(&[
             "bundle",
             "sign",
             dir.to_str().unwrap(),
             "--key",
             key.to_str().unwrap(),
         ]);
-        installed_hash(&ok(&[
+        hash_in(&vlad_ok(&[
             "ota",
             "install",
             dir.to_str().unwrap(),
@@ -115,7 +75,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
     };
     let a = sign("bundle-a", &|d| set_version(d, "1.0.0"));
-    ok(&["ota", "activate", &a, "--config", cfg]);
+    vlad_ok(&["ota", "activate", &a, "--config", cfg]);
     assert!(current_target(&root).ends_with(&a));
 
     // The daemon and the robot run until this test stops them: however slowly this
@@ -249,7 +209,7 @@ fn sighup_reloads_a_new_bundle_and_a_failing_one_is_rolled_back() {
         err.contains(&format!("bundle {c} rejected")) && err.contains("parity gate"),
         "C was refused by its gate: {log}"
     );
-    let status = ok(&["ota", "status", "--config", cfg]);
+    let status = vlad_ok(&["ota", "status", "--config", cfg]);
     assert!(status.contains(&b), "{status}");
     for p in [
         v["rings"]["observation_path"].as_str().unwrap(),
@@ -268,15 +228,15 @@ fn signed_install(tmp: &Path, key: &Path, cfg: &str, name: &str, version: &str) 
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     m["version"] = version.into();
     std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
-    ok(&["bundle", "pack", dir.to_str().unwrap()]);
-    ok(&[
+    vlad_ok(&["bundle", "pack", dir.to_str().unwrap()]);
+    vlad_ok(&[
         "bundle",
         "sign",
         dir.to_str().unwrap(),
         "--key",
         key.to_str().unwrap(),
     ]);
-    installed_hash(&ok(&[
+    hash_in(&vlad_ok(&[
         "ota",
         "install",
         dir.to_str().unwrap(),
@@ -300,18 +260,9 @@ fn an_install_during_a_trial_never_stalls_inference() {
         return;
     }
     let pid = std::process::id();
-    let tmp = std::env::temp_dir().join(format!("vlad-ota-trial-{pid}"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let root = tmp.join("ota");
-    let key = tmp.join("fleet.key");
-    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    v["ota"]["root"] = root.to_str().unwrap().into();
-    v["ota"]["trusted_keys"] = serde_json::json!([public]);
+    let store = OtaScratch::new("vlad-ota-trial");
+    let mut v = store.config();
+    let OtaScratch { tmp, root, key, .. } = store;
     // The trial never completes during the test: every inference is one on trial.
     v["ota"]["trial_inferences"] = 1_000_000.into();
     let act_path = format!("/dev/shm/vlad-ota-trial-{pid}-act");
@@ -319,13 +270,12 @@ fn an_install_during_a_trial_never_stalls_inference() {
     v["rings"]["action_path"] = act_path.clone().into();
     v["control"]["publish_hz"] = 10.into();
     v["log"]["level"] = "info".into();
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let config = write_config(&tmp, &v);
     let cfg = config.to_str().unwrap();
 
     // A is activated before the daemon starts: it starts on trial.
     let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
-    ok(&["ota", "activate", &a, "--config", cfg]);
+    vlad_ok(&["ota", "activate", &a, "--config", cfg]);
     // Both run until this test stops them; every wait below lasts while they run.
     let daemon =
         Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args(["run", "--config", cfg]));
@@ -390,8 +340,8 @@ fn an_install_during_a_trial_never_stalls_inference() {
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     m["version"] = "1.1.0".into();
     std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
-    ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
-    ok(&[
+    vlad_ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
+    vlad_ok(&[
         "bundle",
         "sign",
         b_dir.to_str().unwrap(),
@@ -451,24 +401,12 @@ fn state_healthy(root: &Path) -> u64 {
 /// Only lower bounds on time are asserted, and a bound that only ends a hang.
 #[test]
 fn the_verdict_wait_follows_the_daemon_named_in_the_pid_file() {
-    let pid = std::process::id();
-    let tmp = std::env::temp_dir().join(format!("vlad-ota-wait-{pid}"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let root = tmp.join("ota");
-    let key = tmp.join("fleet.key");
-    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    v["ota"]["root"] = root.to_str().unwrap().into();
-    v["ota"]["trusted_keys"] = serde_json::json!([public]);
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let store = OtaScratch::new("vlad-ota-wait");
+    let config = write_config(&store.tmp, &store.config());
+    let OtaScratch { tmp, root, key, .. } = store;
     let cfg = config.to_str().unwrap();
     let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
-    ok(&["ota", "activate", &a, "--config", cfg]);
+    vlad_ok(&["ota", "activate", &a, "--config", cfg]);
     let pid_file = root.join("vlad.pid");
     let verdict = |secs: &str| {
         Drained::spawn(
@@ -570,12 +508,9 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
     const ROBOT_UID: u32 = 64_321;
     const ROBOT_GID: u32 = 64_322;
     let pid = std::process::id();
-    let tmp = std::env::temp_dir().join(format!("vlad-attacks-{pid}"));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let root = tmp.join("ota");
-    let key = tmp.join("fleet.key");
-    let public = installed_hash(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
+    let store = OtaScratch::new("vlad-attacks");
+    let mut v = store.config();
+    let OtaScratch { tmp, root, key, .. } = store;
     let obs_path = format!("/dev/shm/vlad-attacks-{pid}-obs");
     let act_path = format!("/dev/shm/vlad-attacks-{pid}-act");
     // As vla-tmpfiles.conf makes them: obs 0660 and act 0640, group the robot's.
@@ -584,22 +519,15 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
         std::os::unix::fs::chown(path, Some(0), Some(ROBOT_GID)).unwrap();
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     }
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    v["ota"]["root"] = root.to_str().unwrap().into();
-    v["ota"]["trusted_keys"] = serde_json::json!([public]);
     v["ota"]["trial_inferences"] = 1.into();
     v["rings"]["observation_path"] = obs_path.clone().into();
     v["rings"]["action_path"] = act_path.clone().into();
     v["control"]["publish_hz"] = 10.into();
     v["log"]["level"] = "info".into();
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let config = write_config(&tmp, &v);
     let cfg = config.to_str().unwrap();
     let a = signed_install(&tmp, &key, cfg, "bundle-a", "1.0.0");
-    ok(&["ota", "activate", &a, "--config", cfg]);
+    vlad_ok(&["ota", "activate", &a, "--config", cfg]);
 
     let mut daemon =
         Drained::spawn(Command::new(env!("CARGO_BIN_EXE_vlad")).args(["run", "--config", cfg]));
@@ -700,7 +628,7 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
 
     // A bundle signed by a key the daemon does not trust, put on with --trusted-key.
     let rogue = tmp.join("rogue.key");
-    let rogue_public = installed_hash(&ok(&["bundle", "keygen", rogue.to_str().unwrap()]));
+    let rogue_public = hash_in(&vlad_ok(&["bundle", "keygen", rogue.to_str().unwrap()]));
     // With the configuration, --trusted-key may only narrow what it trusts.
     let widen = vlad(&[
         "ota",
@@ -719,15 +647,15 @@ fn local_attacks_on_a_running_daemon_leave_it_holding_or_driving_the_trusted_bun
     let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
     m["version"] = "1.1.0".into();
     std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
-    ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
-    ok(&[
+    vlad_ok(&["bundle", "pack", b_dir.to_str().unwrap()]);
+    vlad_ok(&[
         "bundle",
         "sign",
         b_dir.to_str().unwrap(),
         "--key",
         rogue.to_str().unwrap(),
     ]);
-    let b = installed_hash(&ok(&[
+    let b = hash_in(&vlad_ok(&[
         "ota",
         "install",
         b_dir.to_str().unwrap(),
@@ -841,8 +769,7 @@ fn a_published_key_is_refused_at_start_and_on_the_command_line() {
         serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
             .unwrap();
     v["ota"]["trusted_keys"] = serde_json::json!([RFC8032_TEST_1]);
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let config = write_config(&tmp, &v);
     let run = vlad(&[
         "run",
         "--config",

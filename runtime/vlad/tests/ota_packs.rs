@@ -5,68 +5,35 @@
 
 mod common;
 
-use common::{text, vlad};
+use common::{hash_in, text, vlad, vlad_ok, write_config, OtaScratch};
 use std::path::{Path, PathBuf};
-use vla_npz::Array;
-use vla_test_support::{copy_dir, repo_root};
-
-fn ok(args: &[&str]) -> String {
-    let o = vlad(args);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
-    out + &err
-}
-
-fn hash_in(out: &str) -> String {
-    out.split(|c: char| !c.is_ascii_hexdigit())
-        .find(|w| w.len() == 64)
-        .unwrap_or_else(|| panic!("no hash in: {out}"))
-        .to_owned()
-}
+use vla_test_support::{copy_dir, repo_root, InstructionPack};
 
 /// An unsigned pack of one instruction for bundle `name` `version` (24 x 32 rows, the
 /// tiny upstream Fast-WAM's).
 fn write_pack(dir: &Path, name: &str, version: &str) {
-    std::fs::create_dir_all(dir).unwrap();
     let rows: Vec<f32> = (0..24 * 32).map(|i| (i as f32 * 0.01).sin()).collect();
-    let array = Array::from_f32("rows", &[1, 24, 32], &rows).unwrap();
-    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-    let pack = serde_json::json!({
-        "format": 1, "kind": "instruction-pack", "label": "extra",
-        "name": name, "version": version, "policy": "fastwam",
-        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
-        "rows": "rows.npy", "text_tokens": 24, "context_width": 32,
-        "instructions": [{"id": 1 << 30, "text": "wipe the table", "normalized": "wipe the table"}],
-    });
-    std::fs::write(
-        dir.join("pack.json"),
-        serde_json::to_vec_pretty(&pack).unwrap(),
-    )
-    .unwrap();
+    InstructionPack {
+        label: "extra",
+        name,
+        version,
+        min_runtime_version: "0.1.0",
+        shape: [24, 32],
+        instructions: &[(1 << 30, "wipe the table")],
+        rows: &rows,
+    }
+    .write(dir);
 }
 
 #[test]
 fn a_signed_pack_installs_beside_the_current_bundle_and_is_listed() {
-    let tmp = std::env::temp_dir().join(format!("vlad-ota-packs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).unwrap();
-    let root = tmp.join("ota");
-    let key = tmp.join("fleet.key");
-    let public = hash_in(&ok(&["bundle", "keygen", key.to_str().unwrap()]));
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(repo_root().join("config/dev.json")).unwrap())
-            .unwrap();
-    v["bundle"]["path"] = root.join("current").to_str().unwrap().into();
-    v["ota"]["root"] = root.to_str().unwrap().into();
-    v["ota"]["trusted_keys"] = serde_json::json!([public]);
-    let config = tmp.join("vlad.json");
-    std::fs::write(&config, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let store = OtaScratch::new("vlad-ota-packs");
+    let (tmp, root) = (&store.tmp, &store.root);
+    let config = write_config(tmp, &store.config());
     let cfg = config.to_str().unwrap();
     let sign = |dir: &Path| {
-        let d = dir.to_str().unwrap();
-        ok(&["bundle", "pack", d]);
-        ok(&["bundle", "sign", d, "--key", key.to_str().unwrap()]);
-        ok(&["bundle", "verify", d, "--config", cfg]);
+        store.sign(dir);
+        vlad_ok(&["bundle", "verify", dir.to_str().unwrap(), "--config", cfg]);
     };
 
     // The bundle, installed and current (no daemon runs: it would load it at start).
@@ -76,14 +43,14 @@ fn a_signed_pack_installs_beside_the_current_bundle_and_is_listed() {
         &bundle,
     );
     sign(&bundle);
-    let b = hash_in(&ok(&[
+    let b = hash_in(&vlad_ok(&[
         "ota",
         "install",
         bundle.to_str().unwrap(),
         "--config",
         cfg,
     ]));
-    ok(&["ota", "activate", &b, "--config", cfg]);
+    vlad_ok(&["ota", "activate", &b, "--config", cfg]);
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(bundle.join("bundle.json")).unwrap()).unwrap();
     let (name, version) = (
@@ -95,17 +62,17 @@ fn a_signed_pack_installs_beside_the_current_bundle_and_is_listed() {
     let pack = tmp.join("pack");
     write_pack(&pack, name, version);
     sign(&pack);
-    let out = ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
+    let out = vlad_ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
     let p = hash_in(&out);
     assert!(out.contains("installed instruction pack"), "{out}");
     assert!(out.contains("goes with the current bundle"), "{out}");
     assert!(root.join("packs").join(&p).join("rows.npy").is_file());
     assert!(!root.join("bundles").join(&p).exists());
-    let again = ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
+    let again = vlad_ok(&["ota", "install", pack.to_str().unwrap(), "--config", cfg]);
     assert!(again.contains("already installed"), "{again}");
 
     // Listed, as a pack of the current bundle; the bundle's roles are unchanged.
-    let status = ok(&["ota", "status", "--config", cfg]);
+    let status = vlad_ok(&["ota", "status", "--config", cfg]);
     let line = status
         .lines()
         .skip_while(|l| !l.starts_with("instruction packs:"))
@@ -138,5 +105,5 @@ fn a_signed_pack_installs_beside_the_current_bundle_and_is_listed() {
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(packs.len(), 1, "{packs:?}");
-    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = std::fs::remove_dir_all(tmp);
 }

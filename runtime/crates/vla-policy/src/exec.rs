@@ -7,6 +7,17 @@ use std::time::Duration;
 use vla_qnn::{Graph, QnnError, Region};
 use vla_tensor::AlignedBuf;
 
+use crate::PolicyError;
+
+/// What turns the QNN binding's `error` into [`PolicyError::Qnn`] for `component` (for
+/// `map_err`); the name is copied only on failure.
+pub(crate) fn qnn(component: &str) -> impl FnOnce(QnnError) -> PolicyError + '_ {
+    move |error| PolicyError::Qnn {
+        component: component.to_string(),
+        error,
+    }
+}
+
 /// Puts `items` (in the pipeline's order) at the graph positions `idx` (a permutation,
 /// checked at load).
 pub(crate) fn permute<T, const N: usize>(idx: [usize; N], items: [T; N]) -> [T; N] {

@@ -22,7 +22,7 @@ pub mod state;
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, GraphIo, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, qnn, Buf, GraphIo, Timings};
 use crate::manifest::{FastWamSettings, GripperMap};
 use crate::noise::fill_gaussian;
 use crate::prefix::{ActionPrefix, PrefixBuffers, PrefixMethod};
@@ -238,10 +238,6 @@ impl FastWam {
         if self.on_shared_buffers() {
             return Ok(());
         }
-        let qnn = |component: &str| {
-            let component = component.to_string();
-            move |error| PolicyError::Qnn { component, error }
-        };
         // One region per buffer: action_step's six inputs and its output, then the
         // chain's own buffers.
         let mut lens = vec![

@@ -34,7 +34,7 @@
 
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, GraphIo, Src, Timings};
+use crate::exec::{count_non_finite, execute, move_buf, permute, qnn, Buf, GraphIo, Src, Timings};
 use crate::guard::{ScanGuard, Verdict};
 use crate::keystone::KeyStoneSelector;
 use crate::manifest::{MolmoAct2Settings, StepOutput};
@@ -366,10 +366,6 @@ impl MolmoAct2 {
         if self.on_shared_buffers() {
             return Ok(());
         }
-        let qnn = |component: &str| {
-            let component = component.to_string();
-            move |error| PolicyError::Qnn { component, error }
-        };
         // No scan may hold a buffer that is about to be replaced.
         let _ = self.guard.verdict();
         let instr = &self.prompt.instructions[0];
@@ -616,13 +612,6 @@ impl MolmoAct2 {
         Ok(())
     }
 
-    fn qnn(component: &str) -> impl FnOnce(vla_qnn::QnnError) -> PolicyError + '_ {
-        move |error| PolicyError::Qnn {
-            component: component.to_string(),
-            error,
-        }
-    }
-
     /// Runs one inference; writes `[H, action_dims]` de-normalized actions to `actions`.
     pub fn infer(&mut self, obs: &Observation<'_>, actions: &mut [f32]) -> Result<(), PolicyError> {
         self.infer_conditioned(obs, None, actions)
@@ -691,7 +680,7 @@ impl MolmoAct2 {
             [self.pixel_values.src()],
             [self.image_embeds.dst()],
         )
-        .map_err(Self::qnn("vision"))?;
+        .map_err(qnn("vision"))?;
         self.timings.add(0, t.elapsed());
         poison(&self.fault, "vision", &mut self.image_embeds);
         Ok(())
@@ -762,7 +751,7 @@ impl MolmoAct2 {
                     self.values.part_mut(i * kv..(i + 1) * kv),
                 ],
             )
-            .map_err(Self::qnn(&split.component))?;
+            .map_err(qnn(&split.component))?;
             self.timings.add(1 + i, t.elapsed());
             poison(&self.fault, &split.component, out);
             // The hidden state is small next to the KV and carries any overflow of the
@@ -785,7 +774,7 @@ impl MolmoAct2 {
             // Unique here: the scan outstanding is the last split's hidden_out.
             [unique(&mut self.k_ctx).dst(), unique(&mut self.v_ctx).dst()],
         )
-        .map_err(Self::qnn("action_context"))?;
+        .map_err(qnn("action_context"))?;
         self.timings.add(ci, t.elapsed());
         poison(&self.fault, "action_context", unique(&mut self.v_ctx));
         // Scanned beside the flow loop, which only reads them; verdict before the chunk.
@@ -857,7 +846,7 @@ impl MolmoAct2 {
             ],
             [self.step_out.dst()],
         )
-        .map_err(Self::qnn("action_step"))?;
+        .map_err(qnn("action_step"))?;
         self.timings.add(2 + self.splits.len(), t.elapsed());
         poison(&self.fault, "action_step", &mut self.step_out);
         let out = self.step_out.as_f32();

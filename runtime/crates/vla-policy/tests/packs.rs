@@ -7,10 +7,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use vla_npz::{Array, Npz};
+use vla_npz::Npz;
 use vla_policy::{
     Bundle, ObservationFile, Policy, RenderedText, PACK_INSTRUCTION_FLAG, TEXT_INSTRUCTION_FLAG,
 };
+use vla_test_support::InstructionPack;
 
 const BUNDLE: &str = "fastwam-upstream";
 const EXTRA: u32 = PACK_INSTRUCTION_FLAG | 5;
@@ -24,26 +25,18 @@ fn write_pack(
     shape: [usize; 2],
     items: &[(u32, &str, &[f32])],
 ) {
-    std::fs::create_dir_all(dir).unwrap();
     let rows: Vec<f32> = items.iter().flat_map(|i| i.2.iter().copied()).collect();
-    let array = Array::from_f32("rows", &[items.len(), shape[0], shape[1]], &rows).unwrap();
-    std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
-    let instructions: Vec<serde_json::Value> = items
-        .iter()
-        .map(|(id, text, _)| serde_json::json!({"id": id, "text": text, "normalized": text}))
-        .collect();
-    let pack = serde_json::json!({
-        "format": 1, "kind": "instruction-pack", "label": "extra",
-        "name": name, "version": version, "policy": "fastwam",
-        "soc_model": 77, "htp_arch": 73, "min_runtime_version": "0.1.0",
-        "rows": "rows.npy", "text_tokens": shape[0], "context_width": shape[1],
-        "instructions": instructions,
-    });
-    std::fs::write(
-        dir.join("pack.json"),
-        serde_json::to_vec_pretty(&pack).unwrap(),
-    )
-    .unwrap();
+    let instructions: Vec<(u32, &str)> = items.iter().map(|i| (i.0, i.1)).collect();
+    InstructionPack {
+        label: "extra",
+        name,
+        version,
+        min_runtime_version: "0.1.0",
+        shape,
+        instructions: &instructions,
+        rows: &rows,
+    }
+    .write(dir);
 }
 
 fn temp(tag: &str) -> PathBuf {

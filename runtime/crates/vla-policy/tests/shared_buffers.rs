@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use vla_policy::{Bundle, ObservationFile, Policy, PolicyError};
 use vla_qnn::{Backend, LoadOptions, QnnLibrary, RpcMem};
@@ -66,6 +66,91 @@ fn shim_registrations(shim_dir: &Path) -> std::ffi::c_long {
     unsafe { f() }
 }
 
+/// The bytes of client buffers `policy`'s graphs have handed to QNN.
+fn client_bytes(policy: &mut Policy) -> u64 {
+    policy
+        .graphs_mut()
+        .iter()
+        .map(|g| g.graph.client_buffer_bytes())
+        .sum()
+}
+
+/// The memory shim in front of the emulator, with the rpcmem stand-in, under a fresh
+/// scratch directory.
+struct Shimmed {
+    /// The scratch directory (the caller removes it).
+    tmp: PathBuf,
+    /// The rpcmem stand-in's allocator.
+    rpc: Arc<RpcMem>,
+    /// The shim's library directory.
+    shim: PathBuf,
+    /// A backend through the shim.
+    backend: Backend,
+}
+
+/// [`Shimmed`] in a scratch directory named for `tag`, or `None` where the emulator, the
+/// stand-in or the shim is not there (each says why).
+fn shimmed(tag: &str) -> Option<Shimmed> {
+    let dir = qnn_lib_dir()?;
+    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let standin = rpcmem_standin(&tmp)?;
+    let shim = qnn_mem_shim(&tmp.join("qnn"), &dir)?;
+    let rpc = RpcMem::load(&standin).unwrap();
+    let backend = backend(&shim);
+    Some(Shimmed {
+        tmp,
+        rpc,
+        shim,
+        backend,
+    })
+}
+
+/// One inference (seed 0) of `policy` on registered memory: bit for bit `client`'s, and
+/// still `counted` bytes of client buffers (none handed to QNN since).
+fn acts_as_on_client_buffers(policy: &mut Policy, bundle: &Bundle, client: &[f32], counted: u64) {
+    let shared = actions_of(policy, bundle, &[0]);
+    assert_eq!(bits(&shared), bits(client), "shared-buffer actions differ");
+    assert_eq!(
+        client_bytes(policy),
+        counted,
+        "no client buffer was handed to QNN"
+    );
+}
+
+/// For each (component, tensor): a non-finite value injected into `component`'s output
+/// fails the inference on the golden observation (seed 0) naming both, and no action is
+/// written; the next inference recovers, bit for bit the start of `client`.
+fn non_finite_found_named_and_recovered(
+    policy: &mut Policy,
+    bundle: &Bundle,
+    cases: &[(&str, &str)],
+    client: &[f32],
+) {
+    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
+    let mut obs = file.observation();
+    obs.seed = 0; // `client` starts with seed 0's actions
+    let g = policy.geometry();
+    let mut a = vec![0f32; g.chunk_len * g.action_dims];
+    for &(component, tensor) in cases {
+        policy.inject_non_finite(Some(component));
+        let e = policy.infer(&obs, &mut a).unwrap_err();
+        assert!(
+            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
+                if c == component && t == tensor),
+            "{component}: {e}"
+        );
+        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
+    }
+    policy.inject_non_finite(None);
+    policy.infer(&obs, &mut a).unwrap();
+    assert_eq!(
+        bits(&a),
+        bits(&client[..a.len()]),
+        "recovered, bit-identical"
+    );
+}
+
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
@@ -105,18 +190,10 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
     assert_eq!(bits(&actions(&mut policy, &bundle)), bits(&client));
     policy.use_shared_buffers(&rpc).unwrap();
     assert!(policy.on_shared_buffers());
-    let counted: u64 = policy
-        .graphs_mut()
-        .iter()
-        .map(|g| g.graph.client_buffer_bytes())
-        .sum();
+    let counted = client_bytes(&mut policy);
     let shared = actions(&mut policy, &bundle);
     assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    let after: u64 = policy
-        .graphs_mut()
-        .iter()
-        .map(|g| g.graph.client_buffer_bytes())
-        .sum();
+    let after = client_bytes(&mut policy);
     assert_eq!(after, counted, "no client buffer was handed to QNN");
     // The parity gate still passes on the bound policy.
     assert!(bundle.parity(&mut policy).unwrap().passed());
@@ -128,25 +205,11 @@ fn fastwam_on_shared_buffers_acts_bit_identically_and_falls_back_where_refused()
 #[test]
 fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dir) = qnn_lib_dir() else { return };
-    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-c-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let Some(standin) = rpcmem_standin(&tmp) else {
+    let Some(arena) = shimmed("c") else {
         return;
     };
-    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
-        return;
-    };
-    let rpc = RpcMem::load(&standin).unwrap();
     let bundle = Bundle::open(common::fixture("fastwam-closed-loop")).unwrap();
-    let shimmed = backend(&shim);
-    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
-    let client_bytes = |p: &mut Policy| -> u64 {
-        p.graphs_mut()
-            .iter()
-            .map(|g| g.graph.client_buffer_bytes())
-            .sum()
-    };
+    let mut policy = Policy::load(&bundle, &arena.backend).unwrap();
     // One inference per mode (the emulator takes seconds each); the recovery below is the
     // second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
@@ -168,102 +231,71 @@ fn fastwam_world_model_chain_on_one_chained_arena_acts_bit_identically_with_no_c
     let tensors = |g: &vla_policy::LoadedGraph| g.graph.inputs().len() + g.graph.outputs().len();
     let graphs = policy.graphs_mut(); // wm_vae_enc, wm_embed, the splits, action_step
     let before_split0 = tensors(graphs[graphs.len() - 1]) + tensors(graphs[0]) + tensors(graphs[1]);
-    refuse_registrations_after(&shim, before_split0 as std::ffi::c_long);
-    let e = policy.use_shared_buffers(&rpc).unwrap_err().to_string();
-    refuse_registrations_after(&shim, -1);
+    refuse_registrations_after(&arena.shim, before_split0 as std::ffi::c_long);
+    let e = policy
+        .use_shared_buffers(&arena.rpc)
+        .unwrap_err()
+        .to_string();
+    refuse_registrations_after(&arena.shim, -1);
     assert!(e.contains("wm_prefill_split0") && e.contains("1000"), "{e}");
     assert!(!policy.on_shared_buffers());
     assert!(policy.graphs_mut().iter().all(|g| !g.graph.is_shared()));
-    assert_eq!(shim_registrations(&shim), 0, "every registration dropped");
+    assert_eq!(
+        shim_registrations(&arena.shim),
+        0,
+        "every registration dropped"
+    );
 
-    policy.use_shared_buffers(&rpc).unwrap();
+    policy.use_shared_buffers(&arena.rpc).unwrap();
     assert!(policy.on_shared_buffers());
     assert_eq!(policy.graphs_mut().len(), 2 + c.prefill_layers.len() + 1);
     assert!(
         policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
         "every context on registered memory"
     );
-    let shared = actions_of(&mut policy, &bundle, &[0]);
-    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    assert_eq!(
-        client_bytes(&mut policy),
-        counted,
-        "no client buffer was handed to QNN"
-    );
+    acts_as_on_client_buffers(&mut policy, &bundle, &client, counted);
     // The text rows moved over with the context region: nothing copied this time.
     assert_eq!(policy.host_copy_bytes(), text, "no host copy on the arena");
 
     // The NaN/Inf scans read the regions the next context reads: a NaN in split 0's
     // tokens and an Inf in action_step's prediction are found and named, no action is
     // written, and the next inference recovers bit-identically.
-    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
-    let mut obs = file.observation();
-    obs.seed = 0;
-    let g = policy.geometry();
-    let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    for (component, tensor) in [
-        ("wm_prefill_split0", "video_tokens_out"),
-        ("action_step", "pred_noise"),
-    ] {
-        policy.inject_non_finite(Some(component));
-        let e = policy.infer(&obs, &mut a).unwrap_err();
-        assert!(
-            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
-                if c == component && t == tensor),
-            "{component}: {e}"
-        );
-        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
-    }
-    policy.inject_non_finite(None);
-    policy.infer(&obs, &mut a).unwrap();
-    assert_eq!(bits(&a), bits(&client), "recovered, bit-identical");
+    non_finite_found_named_and_recovered(
+        &mut policy,
+        &bundle,
+        &[
+            ("wm_prefill_split0", "video_tokens_out"),
+            ("action_step", "pred_noise"),
+        ],
+        &client,
+    );
     drop(policy);
-    assert_eq!(shim_registrations(&shim), 0, "deregistered at drop");
-    drop(shimmed);
-    let _ = std::fs::remove_dir_all(&tmp);
+    assert_eq!(shim_registrations(&arena.shim), 0, "deregistered at drop");
+    drop(arena.backend);
+    let _ = std::fs::remove_dir_all(&arena.tmp);
 }
 
 #[test]
 fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(dir) = qnn_lib_dir() else { return };
-    let tmp = std::env::temp_dir().join(format!("vla-policy-shm-m-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let Some(standin) = rpcmem_standin(&tmp) else {
+    let Some(arena) = shimmed("m") else {
         return;
     };
-    let Some(shim) = qnn_mem_shim(&tmp.join("qnn"), &dir) else {
-        return;
-    };
-    let rpc = RpcMem::load(&standin).unwrap();
     let bundle = Bundle::open(common::fixture("molmoact2-original")).unwrap();
-    let shimmed = backend(&shim);
-    let mut policy = Policy::load(&bundle, &shimmed).unwrap();
+    let mut policy = Policy::load(&bundle, &arena.backend).unwrap();
     // One inference per mode here (the emulator takes seconds each); the recovery below is
     // the second one on shared buffers.
     let client = actions_of(&mut policy, &bundle, &[0]);
-    let client_bytes = |p: &mut Policy| -> u64 {
-        p.graphs_mut()
-            .iter()
-            .map(|g| g.graph.client_buffer_bytes())
-            .sum()
-    };
     let counted = client_bytes(&mut policy);
     assert!(counted > 0, "client buffers are counted");
-    policy.use_shared_buffers(&rpc).unwrap();
+    policy.use_shared_buffers(&arena.rpc).unwrap();
     assert!(policy.on_shared_buffers());
     assert!(
         policy.graphs_mut().iter().all(|g| g.graph.is_shared()),
         "every context on registered memory"
     );
     let copied = policy.host_copy_bytes();
-    let shared = actions_of(&mut policy, &bundle, &[0]);
-    assert_eq!(bits(&shared), bits(&client), "shared-buffer actions differ");
-    assert_eq!(
-        client_bytes(&mut policy),
-        counted,
-        "no client buffer was handed to QNN"
-    );
+    acts_as_on_client_buffers(&mut policy, &bundle, &client, counted);
     // The first inference of an instruction: its scaffold, bias and mask, and the
     // candidate's rows.
     let g = policy.geometry();
@@ -279,28 +311,13 @@ fn molmoact2_on_one_chained_arena_acts_bit_identically_with_no_client_buffer() {
     // The guard's scans read regions while the next context runs: a NaN in a split's
     // hidden_out (scanned during the next split) and in v_ctx (during the flow loop) is
     // found and named, no action is written, and the next inference recovers.
-    let file = ObservationFile::load(&bundle.path(&bundle.manifest.end_to_end)).unwrap();
-    let mut obs = file.observation();
-    obs.seed = 0; // `client` starts with seed 0's actions
-    let mut a = vec![0f32; g.chunk_len * g.action_dims];
-    for (component, tensor) in [("llm_split1", "hidden_out"), ("action_context", "v_ctx")] {
-        policy.inject_non_finite(Some(component));
-        let e = policy.infer(&obs, &mut a).unwrap_err();
-        assert!(
-            matches!(&e, PolicyError::NonFinite { component: c, tensor: t, .. }
-                if c == component && t == tensor),
-            "{component}: {e}"
-        );
-        assert!(a.iter().all(|v| *v == 0.0), "{component}: actions written");
-    }
-    policy.inject_non_finite(None);
-    policy.infer(&obs, &mut a).unwrap();
-    assert_eq!(
-        bits(&a),
-        bits(&client[..a.len()]),
-        "recovered, bit-identical"
+    non_finite_found_named_and_recovered(
+        &mut policy,
+        &bundle,
+        &[("llm_split1", "hidden_out"), ("action_context", "v_ctx")],
+        &client,
     );
     drop(policy);
-    drop(shimmed);
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(arena.backend);
+    let _ = std::fs::remove_dir_all(&arena.tmp);
 }

@@ -6,7 +6,8 @@
 //! it fails instead, so CI never passes a test that did not run. And the one bound on a
 //! test's wait for an event ([`HANG_GUARD`]). And the one way a test builds a C file
 //! ([`compile_c`]), or a C client of the rings against the C ring client library
-//! ([`compile_ring_client_program`]).
+//! ([`compile_ring_client_program`]). And the one writer of a test's instruction pack
+//! ([`InstructionPack`]).
 
 #![forbid(unsafe_code)]
 
@@ -265,4 +266,52 @@ pub fn qnn_mem_shim(dir: &Path, real_lib_dir: &Path) -> Option<PathBuf> {
     std::os::unix::fs::symlink("libQnnHtp.so", &system)
         .unwrap_or_else(|e| panic!("{}: {e}", system.display()));
     Some(dir.to_owned())
+}
+
+/// An instruction pack's two files as the importer lays them out (`pack.json` and
+/// `rows.npy`), unsigned: `rows` holds `[instructions, text_tokens, context_width]` f32,
+/// one block per instruction in order.
+pub struct InstructionPack<'a> {
+    /// The pack's label.
+    pub label: &'a str,
+    /// The bundle's name it goes with.
+    pub name: &'a str,
+    /// The bundle's version it goes with.
+    pub version: &'a str,
+    /// The oldest runtime that may attach it.
+    pub min_runtime_version: &'a str,
+    /// `[text_tokens, context_width]` of each instruction's rows.
+    pub shape: [usize; 2],
+    /// (id, text) per instruction; the text is its own normalized form.
+    pub instructions: &'a [(u32, &'a str)],
+    /// The rows, `instructions.len() * shape[0] * shape[1]` values.
+    pub rows: &'a [f32],
+}
+
+impl InstructionPack<'_> {
+    /// Writes the pack's files into `dir` (made if missing).
+    pub fn write(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        let [m, e] = self.shape;
+        let array =
+            vla_npz::Array::from_f32("rows", &[self.instructions.len(), m, e], self.rows).unwrap();
+        std::fs::write(dir.join("rows.npy"), vla_npz::write_npy(&array)).unwrap();
+        let instructions: Vec<serde_json::Value> = self
+            .instructions
+            .iter()
+            .map(|(id, text)| serde_json::json!({"id": id, "text": text, "normalized": text}))
+            .collect();
+        let pack = serde_json::json!({
+            "format": 1, "kind": "instruction-pack", "label": self.label,
+            "name": self.name, "version": self.version, "policy": "fastwam",
+            "soc_model": 77, "htp_arch": 73, "min_runtime_version": self.min_runtime_version,
+            "rows": "rows.npy", "text_tokens": m, "context_width": e,
+            "instructions": instructions,
+        });
+        std::fs::write(
+            dir.join("pack.json"),
+            serde_json::to_vec_pretty(&pack).unwrap(),
+        )
+        .unwrap();
+    }
 }

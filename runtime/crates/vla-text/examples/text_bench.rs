@@ -8,7 +8,7 @@
 //! TABLE.npy: a u16 (bf16 bit patterns) `[V, 2560]` table; without it only the render runs.
 
 use std::time::Instant;
-use vla_text::molmoact2::{ActionMode, Template, Upstream, CONTROL, SETUP};
+use vla_text::molmoact2::Template;
 
 fn rss_kb() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -31,20 +31,7 @@ fn main() {
         t.elapsed().as_secs_f64() * 1e3,
         (rss_kb() - before) / 1024
     );
-    let template = Template {
-        cameras: 2,
-        grid: (14, 14),
-        col_tokens: true,
-        state_dims: 8,
-        setup: SETUP.into(),
-        control: CONTROL.into(),
-        add_setup_tokens: true,
-        add_control_tokens: true,
-        normalize_language: true,
-        upstream: Upstream::Lerobot061,
-        max_sequence_length: None,
-        action_mode: ActionMode::Both,
-    };
+    let template = Template::libero(2, (14, 14), 8);
     let texts = [
         "put the black bowl on the plate",
         "Open the top drawer of the cabinet and put the bowl inside.",

@@ -375,6 +375,27 @@ fn wrap(text: &str, start: &str, end: &str, add: bool) -> String {
 }
 
 impl Template {
+    /// The template of the LIBERO checkpoints for `cameras` of `grid` patches and
+    /// `state_dims`: column tokens, LIBERO's setup and control texts ([`SETUP`],
+    /// [`CONTROL`]) each wrapped in its tokens, normalized language, lerobot 0.6.1's rules,
+    /// no cap on the prompt, both action modes.
+    pub fn libero(cameras: usize, grid: (usize, usize), state_dims: usize) -> Self {
+        Template {
+            cameras,
+            grid,
+            col_tokens: true,
+            state_dims,
+            setup: SETUP.into(),
+            control: CONTROL.into(),
+            add_setup_tokens: true,
+            add_control_tokens: true,
+            normalize_language: true,
+            upstream: Upstream::Lerobot061,
+            max_sequence_length: None,
+            action_mode: ActionMode::Both,
+        }
+    }
+
     fn state_clause(&self, k: usize) -> String {
         format!(
             "{STATE_START}{}{STATE_END}",

@@ -27,18 +27,10 @@ fn upstream_tokenizer() -> Tokenizer {
 
 fn template(manifest: &Value, grid: (usize, usize), col: bool) -> Template {
     Template {
-        cameras: 2,
-        grid,
         col_tokens: col,
-        state_dims: 8,
         setup: manifest["setup_type"].as_str().unwrap().into(),
         control: manifest["control_mode"].as_str().unwrap().into(),
-        add_setup_tokens: true,
-        add_control_tokens: true,
-        normalize_language: true,
-        upstream: Upstream::Lerobot061,
-        max_sequence_length: None,
-        action_mode: ActionMode::Both,
+        ..Template::libero(2, grid, 8)
     }
 }
 

@@ -10,7 +10,7 @@ use lexopt::prelude::*;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::path::PathBuf;
-use vla_text::molmoact2::{ActionMode, RenderError, Template, Upstream, CONTROL, SETUP};
+use vla_text::molmoact2::{ActionMode, RenderError, Template, Upstream};
 use vla_text::Tokenizer;
 
 const HELP: &str =
@@ -30,20 +30,8 @@ pub fn run(args: Vec<OsString>) -> Result<(), Failure> {
         Option<PathBuf>,
         Option<PathBuf>,
     ) = (None, None, None);
-    let mut t = Template {
-        cameras: 0,
-        grid: (0, 0),
-        col_tokens: true,
-        state_dims: 0,
-        setup: SETUP.into(),
-        control: CONTROL.into(),
-        add_setup_tokens: true,
-        add_control_tokens: true,
-        normalize_language: true,
-        upstream: Upstream::Lerobot061,
-        max_sequence_length: None,
-        action_mode: ActionMode::Both,
-    };
+    // Options not given keep the LIBERO checkpoints' settings.
+    let mut t = Template::libero(0, (0, 0), 0);
     let (mut cameras, mut grid, mut dims, mut upstream, mut mode) = (None, None, None, None, None);
     let mut p = cli::Parser::without_common(args, HELP);
     while let Some(arg) = p.next()? {

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -151,6 +152,16 @@ impl Drained {
         self.child.id()
     }
 
+    /// Sends the child SIGTERM (a daemon's orderly stop) and [`Drained::finish`]es it.
+    pub fn terminate(self) -> (ExitStatus, String, String) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.finish()
+    }
+
     /// Waits for the child; returns its status, stdout and stderr.
     pub fn finish(mut self) -> (ExitStatus, String, String) {
         let status = self.child.wait().unwrap();
@@ -184,4 +195,78 @@ pub fn text(o: &Output) -> (String, String) {
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
+}
+
+/// Runs vlad with `args`, which must succeed; returns its stdout then its stderr.
+pub fn vlad_ok(args: &[&str]) -> String {
+    let o = vlad(args);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "vlad {args:?} failed: {out}{err}");
+    out + &err
+}
+
+/// The first 64-hex word of `out`: the public key `vlad bundle keygen` prints, the
+/// content hash `vlad ota install` prints.
+pub fn hash_in(out: &str) -> String {
+    out.split(|c: char| !c.is_ascii_hexdigit())
+        .find(|w| w.len() == 64)
+        .unwrap_or_else(|| panic!("no hash in: {out}"))
+        .to_owned()
+}
+
+/// A test's OTA store: a fresh scratch directory, the store under it and a fleet signing
+/// key made by `vlad bundle keygen`.
+pub struct OtaScratch {
+    /// The scratch directory (`<temp>/<name>-<pid>`; the test removes it).
+    pub tmp: PathBuf,
+    /// The store's root, `<tmp>/ota`.
+    pub root: PathBuf,
+    /// The fleet's secret key file.
+    pub key: PathBuf,
+    /// Its public key, hex.
+    pub public: String,
+}
+
+impl OtaScratch {
+    /// The scratch directory `name` made afresh, with a new fleet key in it.
+    pub fn new(name: &str) -> Self {
+        let tmp = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let key = tmp.join("fleet.key");
+        let public = hash_in(&vlad_ok(&["bundle", "keygen", key.to_str().unwrap()]));
+        Self {
+            root: tmp.join("ota"),
+            tmp,
+            key,
+            public,
+        }
+    }
+
+    /// config/dev.json in OTA mode: the bundle is the store's current one, the fleet key
+    /// trusted.
+    pub fn config(&self) -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(vla_test_support::repo_root().join("config/dev.json")).unwrap(),
+        )
+        .unwrap();
+        v["bundle"]["path"] = self.root.join("current").to_str().unwrap().into();
+        v["ota"]["root"] = self.root.to_str().unwrap().into();
+        v["ota"]["trusted_keys"] = serde_json::json!([self.public]);
+        v
+    }
+
+    /// `dir` packed and signed with the fleet key, as `vlad bundle pack|sign` do.
+    pub fn sign(&self, dir: &Path) {
+        let d = dir.to_str().unwrap();
+        vlad_ok(&["bundle", "pack", d]);
+        vlad_ok(&["bundle", "sign", d, "--key", self.key.to_str().unwrap()]);
+    }
+}
+
+/// `v` written as `<dir>/vlad.json`; returns its path.
+pub fn write_config(dir: &Path, v: &serde_json::Value) -> PathBuf {
+    let config = dir.join("vlad.json");
+    std::fs::write(&config, serde_json::to_vec_pretty(v).unwrap()).unwrap();
+    config
 }

@@ -18,7 +18,9 @@ use super::norm::FastWamNormalizer;
 use super::state::build_state;
 use crate::bundle::{Bundle, LoadedGraph};
 use crate::error::PolicyError;
-use crate::exec::{count_non_finite, execute, move_buf, permute, Buf, Dst, GraphIo, Src, Timings};
+use crate::exec::{
+    count_non_finite, execute, move_buf, permute, qnn, Buf, Dst, GraphIo, Src, Timings,
+};
 use crate::manifest::FastWamChain;
 use crate::pack::InstructionPacks;
 use crate::Observation;
@@ -351,13 +353,6 @@ impl WorldModel {
         timings: &mut Timings,
         fault: Option<&str>,
     ) -> Result<(), PolicyError> {
-        // Lazy: the component name is only turned into a String on failure.
-        let qnn = |component: &'static str| {
-            move |error| PolicyError::Qnn {
-                component: component.into(),
-                error,
-            }
-        };
         let poison = |name: &str, buf: &mut Buf| {
             if cfg!(feature = "fault-injection") && fault == Some(name) {
                 buf.as_f32_mut()[0] = f32::NAN;
@@ -400,12 +395,6 @@ impl WorldModel {
         finite("wm_embed", "video_tokens", &a[0])?;
 
         for (i, (split, io)) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
-            let SplitIo {
-                inputs: si,
-                tokens_out: so,
-                keys: sk,
-                values: sv,
-            } = io;
             let (src, dst) = if i % 2 == 0 {
                 (&a[0], &mut b[0])
             } else {
@@ -417,12 +406,12 @@ impl WorldModel {
             let v: Dst<'_> = values.part_mut(off..off + len);
             let inputs: [Src<'_>; 2] = [src.src(), self.context_embedding.src()];
             let t = Instant::now();
-            match so {
+            match io.tokens_out {
                 Some(o) => execute(
                     &mut split.graph,
                     GraphIo {
-                        inputs: *si,
-                        outputs: [*o, *sk, *sv],
+                        inputs: io.inputs,
+                        outputs: [o, io.keys, io.values],
                     },
                     inputs,
                     [dst.dst(), k, v],
@@ -430,8 +419,8 @@ impl WorldModel {
                 None => execute(
                     &mut split.graph,
                     GraphIo {
-                        inputs: *si,
-                        outputs: [*sk, *sv],
+                        inputs: io.inputs,
+                        outputs: [io.keys, io.values],
                     },
                     inputs,
                     [k, v],
@@ -442,7 +431,7 @@ impl WorldModel {
                 error,
             })?;
             timings.add(2 + i, t.elapsed());
-            if so.is_some() {
+            if io.tokens_out.is_some() {
                 poison(&split.component, dst);
                 finite(&split.component, "video_tokens_out", dst)?;
             }
@@ -494,10 +483,6 @@ impl WorldModel {
         values: &Region,
     ) -> Result<(), PolicyError> {
         let [image, latents, t0, t1, emb] = own;
-        let qnn = |component: &str| {
-            let component = component.to_string();
-            move |error| PolicyError::Qnn { component, error }
-        };
         let (vi, vo) = (self.vae_io.inputs, self.vae_io.outputs);
         self.vae
             .graph
@@ -512,23 +497,21 @@ impl WorldModel {
             )
             .map_err(qnn("wm_embed"))?;
         for (i, (split, io)) in self.splits.iter_mut().zip(&self.split_io).enumerate() {
-            let SplitIo {
-                inputs: si,
-                tokens_out: so,
-                keys: sk,
-                values: sv,
-            } = io;
             let (src, dst) = if i % 2 == 0 { (t0, t1) } else { (t1, t0) };
             let off = self.split_kv[i].0;
-            let inputs = permute(*si, [(src, 0), (emb, 0)]);
-            match so {
+            let inputs = permute(io.inputs, [(src, 0), (emb, 0)]);
+            match io.tokens_out {
                 Some(o) => split.graph.bind_regions(
                     &inputs,
-                    &permute([*o, *sk, *sv], [(dst, 0), (keys, off), (values, off)]),
+                    &permute(
+                        [o, io.keys, io.values],
+                        [(dst, 0), (keys, off), (values, off)],
+                    ),
                 ),
-                None => split
-                    .graph
-                    .bind_regions(&inputs, &permute([*sk, *sv], [(keys, off), (values, off)])),
+                None => split.graph.bind_regions(
+                    &inputs,
+                    &permute([io.keys, io.values], [(keys, off), (values, off)]),
+                ),
             }
             .map_err(qnn(&split.component))?;
         }
