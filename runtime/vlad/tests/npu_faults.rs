@@ -657,15 +657,17 @@ fn refused_performance_votes_leave_the_daemon_driving() {
     );
 }
 
-#[test]
-fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
-    let Some(rig) = rig("blocked", |v| {
+/// A daemon under systemd's watchdog (notify socket, WATCHDOG_USEC 400 ms) with
+/// `inference_deadline_ms`, started and past its first WATCHDOG=1.
+fn watched(
+    name: &str,
+    inference_deadline_ms: u64,
+) -> Option<(std::os::unix::net::UnixDatagram, Run)> {
+    let rig = rig(name, |v| {
         v["systemd"]["notify"] = true.into();
         v["systemd"]["watchdog"] = true.into();
-        v["systemd"]["inference_deadline_ms"] = 5000.into();
-    }) else {
-        return;
-    };
+        v["systemd"]["inference_deadline_ms"] = inference_deadline_ms.into();
+    })?;
     let sock_path = rig.dir.join("notify.sock");
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
     let run = Run::start(
@@ -676,6 +678,14 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
         ],
     );
     notified(&sock, run.pid(), "WATCHDOG=1").unwrap();
+    Some((sock, run))
+}
+
+#[test]
+fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
+    let Some((sock, run)) = watched("blocked", 5000) else {
+        return;
+    };
     // STATUS= carries the NPU's state and counters.
     notified(&sock, run.pid(), "npu ok (0 failed calls").unwrap();
     run.driving();
@@ -720,23 +730,9 @@ fn a_blocked_call_withholds_the_watchdog_while_the_arm_holds() {
 /// by its own longer limit, the watchdog keeps being fed and the daemon drives again.
 #[test]
 fn a_re_creation_longer_than_the_inference_deadline_is_not_a_stall() {
-    let Some(rig) = rig("slowrepair", |v| {
-        v["systemd"]["notify"] = true.into();
-        v["systemd"]["watchdog"] = true.into();
-        v["systemd"]["inference_deadline_ms"] = 3000.into();
-    }) else {
+    let Some((_sock, run)) = watched("slowrepair", 3000) else {
         return;
     };
-    let sock_path = rig.dir.join("notify.sock");
-    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
-    let run = Run::start(
-        rig,
-        &[
-            ("NOTIFY_SOCKET", sock_path.to_str().unwrap().to_owned()),
-            ("WATCHDOG_USEC", "400000".to_owned()),
-        ],
-    );
-    notified(&sock, run.pid(), "WATCHDOG=1").unwrap();
     let chunk = run.driving();
     let stalls = |log: &str| {
         log.lines()

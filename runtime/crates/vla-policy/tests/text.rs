@@ -6,7 +6,7 @@
 
 mod common;
 
-use vla_policy::{Bundle, Observation, Policy, TEXT_INSTRUCTION_FLAG, TEXT_SLOTS};
+use vla_policy::{Bundle, Observation, Policy, PolicyError, TEXT_INSTRUCTION_FLAG, TEXT_SLOTS};
 
 struct Golden {
     frames: Vec<u8>,
@@ -37,7 +37,8 @@ fn golden() -> Golden {
     }
 }
 
-fn infer(policy: &mut Policy, g: &Golden, id: u32) -> Vec<f32> {
+/// One inference on the golden observation naming instruction `id`.
+fn try_infer(policy: &mut Policy, g: &Golden, id: u32) -> Result<Vec<f32>, PolicyError> {
     let geo = policy.geometry();
     let mut actions = vec![0f32; geo.chunk_len * geo.action_dims];
     let obs = Observation {
@@ -49,8 +50,12 @@ fn infer(policy: &mut Policy, g: &Golden, id: u32) -> Vec<f32> {
         instruction_id: id,
         seed: g.seed,
     };
-    policy.infer(&obs, &mut actions).unwrap();
-    actions
+    policy.infer(&obs, &mut actions)?;
+    Ok(actions)
+}
+
+fn infer(policy: &mut Policy, g: &Golden, id: u32) -> Vec<f32> {
+    try_infer(policy, g, id).unwrap()
 }
 
 #[test]
@@ -91,18 +96,7 @@ fn texts_not_in_the_bundle_give_upstreams_actions_and_bad_text_is_refused() {
     assert_eq!(infer(&mut policy, &g, id), by_id);
     // A plain id past the fixed list names no text, though texts are rendered: refused.
     for plain in fixed.len() as u32..(fixed.len() + TEXT_SLOTS) as u32 {
-        let geo = policy.geometry();
-        let mut actions = vec![0f32; geo.chunk_len * geo.action_dims];
-        let obs = Observation {
-            cameras: 2,
-            height: 48,
-            width: 64,
-            frames: &g.frames,
-            state: &g.state,
-            instruction_id: plain,
-            seed: g.seed,
-        };
-        let msg = policy.infer(&obs, &mut actions).unwrap_err().to_string();
+        let msg = try_infer(&mut policy, &g, plain).unwrap_err().to_string();
         assert!(msg.contains("instruction_id"), "{msg}");
     }
     assert_eq!(
