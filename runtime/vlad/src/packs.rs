@@ -11,7 +11,7 @@ use vla_ota::Store;
 
 // The ring's naming of pack instruction ids is the policy's.
 const _: () = assert!(vla_policy::PACK_INSTRUCTION_FLAG == vla_ring::PACK_ID_FLAG);
-use vla_policy::{AttachedPacks, Bundle, PackAttacher, Policy};
+use vla_policy::{AttachedPacks, Bundle, PackAttacher, Policy, PolicyKind};
 
 /// `(name, version, policy)` of `bundle`: what a pack names it by.
 pub fn names(bundle: &Bundle) -> (&str, &str, &'static str) {
@@ -65,7 +65,7 @@ pub fn attach_new(
         let (n, v) = attacher.bundle();
         (n.to_owned(), v.to_owned())
     };
-    let scan = match store.packs_for_deferring((&name, &version, "fastwam")) {
+    let scan = match store.packs_for_deferring((&name, &version, PolicyKind::Fastwam.name())) {
         Ok(scan) => scan,
         Err(e) => {
             log::warn!(
