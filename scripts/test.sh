@@ -83,7 +83,7 @@ step_aarch64() {
     # tests, vla-bench's, and vla-ota's crash-injection children run on x86_64 only.
     # The ring stress test starts its writer child through qemu itself; QEMU_LD_PREFIX lets
     # that child find the aarch64 loader. vla-ota's pack-signal test signals host children
-    # that qemu-user starts with SIGUSR2 blocked (it checks the mask and says so): x86_64 only.
+    # the emulated process starts; under qemu-user they showed SIGUSR2 blocked: x86_64 only.
     env -u VLA_QNN_LIB_DIR -u VLA_REQUIRE_QNN QEMU_LD_PREFIX=/usr/aarch64-linux-gnu \
         VLA_RING_TEST_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
         cargo test --locked --target aarch64-unknown-linux-gnu \
